@@ -1,0 +1,43 @@
+# Two commands for a newcomer: `make demo` and `make test`. Both set themselves up first and are
+# idempotent: a second run skips what is already installed.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+SYSDEPS := $(VENV)/.sysdeps
+export PYTHONUNBUFFERED := 1
+
+.PHONY: setup test lint demo bench check clean-demo
+
+$(STAMP): requirements.txt pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	@touch $@
+
+# Debian packages for demo speech: espeak-ng (voice `uz`) and sox; installed only where missing.
+$(SYSDEPS):
+	@bash shell/install_sysdeps.sh
+	@touch $@
+
+setup: $(STAMP) $(SYSDEPS)
+
+test: setup
+	$(PY) -m pytest tests
+
+lint: setup
+	$(PY) -m ruff check common vocoder tts vae bench tests
+
+check: setup
+	$(PY) -m common.check
+
+bench: setup
+	$(PY) -m bench.run_all
+
+# Each trainer adds its targets (prepare / train / demo) in its own file.
+-include vocoder/targets.mk tts/targets.mk vae/targets.mk
+
+DEMOS := $(filter vocoder-demo tts-demo tts-clone-demo vae-demo,$(DEMO_TARGETS))
+demo: setup $(DEMO_TARGETS)
+	@echo "demo finished: $(DEMO_TARGETS)"
