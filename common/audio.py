@@ -1,0 +1,374 @@
+"""Audio I/O, checks, mel/linear spectrograms and f0: the one implementation the vocoder and
+both TTS models share, so a mel made in preprocessing is bit-for-bit the mel made in training.
+
+I/O is soundfile (libsndfile: wav/flac/ogg/mp3, every PCM width, float) and resampling is soxr
+'HQ'; the STFT is `torch.stft` with librosa's slaney mel filterbank (the HiFi-GAN convention,
+so configs and checkpoints from that family line up); f0 is Praat's autocorrelation tracker via
+praat-parselmouth (see `extract_f0` for why).
+
+Time alignment (shared by `MelSpectrogram` and `extract_f0`): with the default `center=False`
+the waveform is reflect-padded by (n_fft - hop) // 2 on both sides, so frame i is centred on
+sample i * hop + hop / 2 and a waveform of T samples gives T // hop frames (exactly, for any T,
+when n_fft - hop is even). `extract_f0` samples the pitch at those same instants.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import librosa
+import numpy as np
+import soundfile as sf
+import soxr
+import torch
+from torch import nn
+
+F0_METHODS = ("parselmouth", "pyin")
+
+# |x| at or above this counts as "at full scale" (int16 full scale is 32767/32768 = 0.99997).
+_FULL_SCALE = 0.999
+
+
+class AudioError(ValueError):
+    """A file that cannot be used as audio. `.reason` is the short text a preprocessing report
+    lists; `str(err)` names the file too."""
+
+    def __init__(self, reason: str, path: str | os.PathLike | None = None):
+        self.reason = reason
+        self.path = None if path is None else str(path)
+        super().__init__(reason if path is None else f"{path}: {reason}")
+
+
+# ---------------------------------------------------------------------------------------------
+# I/O and conversions
+# ---------------------------------------------------------------------------------------------
+
+
+def _to_numpy(x) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.detach().float().cpu().numpy()
+    return np.asarray(x)
+
+
+def load_audio(path: str | os.PathLike, sr: int | None = None, mono: bool = True) -> tuple[np.ndarray, int]:
+    """Read any file libsndfile reads (wav/flac/ogg/mp3, 8/16/24/32-bit PCM, float) as float32.
+
+    Returns `(wav, sr)`: wav is [T] when `mono` (channels averaged) else [channels, T]; it is
+    resampled with soxr 'HQ' to `sr` when given (otherwise the file's rate is returned).
+    Raises `AudioError` (a ValueError naming the file) for a missing, unreadable or non-audio
+    file, a file with no samples, or one with NaN/Inf samples (float files can hold them).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise AudioError("file not found", path)
+    try:
+        data, file_sr = sf.read(str(path), dtype="float32", always_2d=True)  # [T, C]
+    except (sf.SoundFileError, RuntimeError, OSError, ValueError, TypeError) as e:
+        detail = str(e).splitlines()[-1] if str(e) else type(e).__name__
+        raise AudioError(f"not readable as audio ({detail})", path) from e
+    if data.shape[0] == 0 or data.shape[1] == 0:
+        raise AudioError("empty (0 samples)", path)
+    if not np.isfinite(data).all():
+        raise AudioError("non-finite samples (NaN/Inf)", path)
+    if mono:
+        data = data.mean(axis=1, keepdims=True)
+    if sr is not None and int(sr) != int(file_sr):
+        data = soxr.resample(data, file_sr, int(sr), quality="HQ")
+        file_sr = int(sr)
+    wav = data[:, 0] if mono else data.T
+    return np.ascontiguousarray(wav, dtype=np.float32), int(file_sr)
+
+
+def to_int16(wav) -> np.ndarray:
+    """float audio → int16: clip to [-1, 1], scale by 32767, round. NaN becomes 0 (clipping
+    alone would turn it into garbage), so a model's bad output can still be written and heard."""
+    x = np.nan_to_num(_to_numpy(wav).astype(np.float64), nan=0.0, posinf=1.0, neginf=-1.0)
+    return np.round(np.clip(x, -1.0, 1.0) * 32767.0).astype(np.int16)
+
+
+def to_float32(int_array) -> np.ndarray:
+    """Integer PCM → float32 in about [-1, 1], by dtype: signed ints are divided by their
+    maximum (int16 / 32767, int32 / 2147483647, …, the inverse of `to_int16`); uint8 (8-bit WAV)
+    is centred on 128 first. Float input is returned as float32."""
+    x = _to_numpy(int_array)
+    if np.issubdtype(x.dtype, np.floating):
+        return x.astype(np.float32)
+    if x.dtype == np.uint8:
+        return ((x.astype(np.float32) - 128.0) / 127.0).astype(np.float32)
+    if np.issubdtype(x.dtype, np.signedinteger):
+        return (x.astype(np.float64) / np.iinfo(x.dtype).max).astype(np.float32)
+    raise TypeError(f"to_float32: unsupported dtype {x.dtype} (expected int8/16/32/64, uint8 or float)")
+
+
+def save_wav(path: str | os.PathLike, wav, sr: int) -> Path:
+    """Write 16-bit PCM WAV (values clipped, see `to_int16`). `wav` is [T] or [channels, T]
+    (numpy or torch). The file appears atomically (temp file + os.replace), so an interrupted
+    run never leaves a truncated wav that a resumable step would mistake for a finished one."""
+    path = Path(path)
+    data = to_int16(wav)
+    if data.ndim == 2:
+        data = data.T  # soundfile wants [T, C]
+    elif data.ndim != 1:
+        raise ValueError(f"save_wav({path}): expected [T] or [channels, T], got shape {tuple(data.shape)}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        sf.write(tmp, data, int(sr), subtype="PCM_16", format="WAV")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+def resample(wav, sr_in: int, sr_out: int) -> np.ndarray:
+    """soxr 'HQ' resampling of [T] or [channels, T] float audio (returned as float32)."""
+    x = _to_numpy(wav).astype(np.float32)
+    if int(sr_in) == int(sr_out):
+        return x
+    if x.ndim == 2:
+        return np.ascontiguousarray(soxr.resample(x.T, sr_in, sr_out, quality="HQ").T, dtype=np.float32)
+    return soxr.resample(x, sr_in, sr_out, quality="HQ").astype(np.float32)
+
+
+def check_audio(
+    wav,
+    sr: int,
+    min_seconds: float = 0.0,
+    max_seconds: float | None = None,
+    silence_db: float = -60.0,
+    max_clip_fraction: float = 0.01,
+) -> str | None:
+    """The one shared data check. Returns a short reason to skip the clip, or None when usable:
+    "non-finite samples", "too short (0.12 s < 0.5 s)", "too long (31.20 s > 30 s)",
+    "silent (peak -inf dBFS)" (peak below `silence_db`), "clipped (3.2 % of samples at full
+    scale)" (more than `max_clip_fraction` of samples with |x| >= 0.999)."""
+    x = _to_numpy(wav)
+    if x.size == 0:
+        return "too short (0.00 s, no samples)"
+    if not np.isfinite(x).all():
+        return "non-finite samples"
+    seconds = x.shape[-1] / float(sr)
+    if seconds < min_seconds:
+        return f"too short ({seconds:.2f} s < {min_seconds:g} s)"
+    if max_seconds is not None and seconds > max_seconds:
+        return f"too long ({seconds:.2f} s > {max_seconds:g} s)"
+    peak = float(np.abs(x).max())
+    peak_db = 20.0 * math.log10(peak) if peak > 0 else -math.inf
+    if peak_db < silence_db:
+        return f"silent (peak {peak_db:.1f} dBFS)" if peak > 0 else "silent (peak -inf dBFS)"
+    clip_fraction = float((np.abs(x) >= _FULL_SCALE).mean())
+    if clip_fraction > max_clip_fraction:
+        return f"clipped ({100 * clip_fraction:.1f} % of samples at full scale)"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Spectrograms
+# ---------------------------------------------------------------------------------------------
+
+
+class MelSpectrogram(nn.Module):
+    """Log-mel (and linear magnitude) spectrogram in the HiFi-GAN / NSF-HiFiGAN convention.
+
+    center=False: reflect-pad (n_fft - hop) // 2 per side, so T samples → T // hop frames, frame
+    i centred on sample i * hop + hop / 2 (this is what makes mel frames and vocoder output line
+    up exactly). center=True is torch.stft's own centring: T // hop + 1 frames centred on i * hop.
+    Magnitude is sqrt(re² + im² + 1e-9) (the epsilon keeps the gradient finite at 0), the mel is
+    librosa's slaney filterbank, and the log is natural log of clamp(min=1e-5).
+
+    Always computed in fp32, also under autocast: an fp16 STFT loses the quiet bins that the mel
+    loss and the model's input depend on. The window and filterbank are non-persistent buffers:
+    they follow `.to(device)` and stay out of checkpoints (they are rebuilt from the config).
+    """
+
+    def __init__(
+        self,
+        sample_rate: int,
+        n_fft: int,
+        win_length: int,
+        hop_length: int,
+        n_mels: int,
+        fmin: float = 0.0,
+        fmax: float | None = None,
+        center: bool = False,
+    ):
+        super().__init__()
+        if win_length > n_fft:
+            raise ValueError(f"MelSpectrogram: win_length ({win_length}) must be <= n_fft ({n_fft})")
+        if hop_length <= 0 or n_mels <= 0:
+            raise ValueError("MelSpectrogram: hop_length and n_mels must be positive")
+        self.sample_rate = int(sample_rate)
+        self.n_fft = int(n_fft)
+        self.win_length = int(win_length)
+        self.hop_length = int(hop_length)
+        self.n_mels = int(n_mels)
+        self.fmin = float(fmin)
+        self.fmax = None if fmax is None else float(fmax)
+        self.center = bool(center)
+        self.pad = (self.n_fft - self.hop_length) // 2
+        mel = librosa.filters.mel(
+            sr=self.sample_rate, n_fft=self.n_fft, n_mels=self.n_mels, fmin=self.fmin, fmax=self.fmax
+        )
+        self.register_buffer("mel_basis", torch.from_numpy(mel).float(), persistent=False)
+        self.register_buffer("window", torch.hann_window(self.win_length), persistent=False)
+
+    def extra_repr(self) -> str:
+        return (
+            f"sample_rate={self.sample_rate}, n_fft={self.n_fft}, win_length={self.win_length}, "
+            f"hop_length={self.hop_length}, n_mels={self.n_mels}, fmin={self.fmin}, fmax={self.fmax}, "
+            f"center={self.center}"
+        )
+
+    def num_frames(self, num_samples: int) -> int:
+        """Frames produced for a waveform of `num_samples` samples."""
+        if self.center:
+            return num_samples // self.hop_length + 1
+        return (num_samples + 2 * self.pad - self.n_fft) // self.hop_length + 1
+
+    def linear(self, wav: torch.Tensor) -> torch.Tensor:
+        """wav [B, T], [B, 1, T] or [T] → linear magnitude [B, n_fft // 2 + 1, frames] (fp32)."""
+        if wav.dim() == 1:
+            wav = wav.unsqueeze(0)
+        elif wav.dim() == 3 and wav.size(1) == 1:
+            wav = wav.squeeze(1)
+        if wav.dim() != 2:
+            raise ValueError(f"MelSpectrogram: expected wav [B, T] or [T], got shape {tuple(wav.shape)}")
+        with torch.autocast(device_type=wav.device.type, enabled=False):
+            wav = wav.float()
+            min_len = self.n_fft // 2 + 1 if self.center else max(self.pad + 1, self.n_fft - 2 * self.pad)
+            if wav.size(-1) < min_len:
+                raise ValueError(
+                    f"MelSpectrogram: waveform of {wav.size(-1)} samples is too short for n_fft={self.n_fft} "
+                    f"(need at least {min_len})"
+                )
+            if not self.center and self.pad > 0:
+                wav = nn.functional.pad(wav.unsqueeze(1), (self.pad, self.pad), mode="reflect").squeeze(1)
+            spec = torch.stft(
+                wav,
+                self.n_fft,
+                hop_length=self.hop_length,
+                win_length=self.win_length,
+                window=self.window.float(),
+                center=self.center,
+                pad_mode="reflect",
+                normalized=False,
+                onesided=True,
+                return_complex=True,
+            )
+            spec = torch.view_as_real(spec)
+            return torch.sqrt(spec.pow(2).sum(-1) + 1e-9)
+
+    def mel_from_linear(self, spec: torch.Tensor) -> torch.Tensor:
+        """Linear magnitude [B, n_fft // 2 + 1, frames] → log-mel [B, n_mels, frames] (fp32)."""
+        with torch.autocast(device_type=spec.device.type, enabled=False):
+            mel = torch.matmul(self.mel_basis.float(), spec.float())
+            return torch.log(torch.clamp(mel, min=1e-5))
+
+    def forward(self, wav: torch.Tensor) -> torch.Tensor:
+        """wav [B, T], [B, 1, T] or [T] → log-mel [B, n_mels, frames] (fp32)."""
+        return self.mel_from_linear(self.linear(wav))
+
+
+# ---------------------------------------------------------------------------------------------
+# f0
+# ---------------------------------------------------------------------------------------------
+
+
+def _f0_parselmouth(wav: np.ndarray, sr: int, step: float, f0_min: float, f0_max: float):
+    import parselmouth
+
+    snd = parselmouth.Sound(wav.astype(np.float64), sampling_frequency=sr)
+    try:
+        pitch = snd.to_pitch_ac(
+            time_step=step, voicing_threshold=0.6, pitch_floor=f0_min, pitch_ceiling=f0_max
+        )
+    except parselmouth.PraatError:  # shorter than one analysis window (3 / f0_min seconds)
+        return np.zeros(0), np.zeros(0)
+    f0 = pitch.selected_array["frequency"]  # 0 where unvoiced
+    return np.asarray(pitch.xs(), dtype=np.float64), np.asarray(f0, dtype=np.float64)
+
+
+def _f0_pyin(wav: np.ndarray, sr: int, hop_length: int, f0_min: float, f0_max: float):
+    # yin needs frame_length // 2 > one period of f0_min.
+    frame_length = max(1024, 2 ** math.ceil(math.log2(2 * sr / f0_min + 2)))
+    if wav.size < frame_length // 2:
+        return np.zeros(0), np.zeros(0)
+    f0, voiced, _ = librosa.pyin(
+        wav, fmin=f0_min, fmax=f0_max, sr=sr, frame_length=frame_length, hop_length=hop_length, center=True
+    )
+    f0 = np.where(voiced & np.isfinite(f0), f0, 0.0)
+    return np.arange(len(f0)) * hop_length / sr, f0
+
+
+def extract_f0(
+    wav,
+    sr: int,
+    hop_length: int,
+    n_frames: int,
+    f0_min: float = 40.0,
+    f0_max: float = 1100.0,
+    method: str = "parselmouth",
+) -> tuple[np.ndarray, np.ndarray]:
+    """f0 per mel frame: `(f0 float32 [n_frames], voiced bool [n_frames])`.
+
+    Extractor: Praat's autocorrelation tracker (`praat-parselmouth`, `to_pitch_ac`, voicing
+    threshold 0.6 as in openvpi's recipes) by default: accurate and about 400× real time on one
+    CPU core. `method="pyin"` (librosa) is the alternative; it runs about 1× real time, too slow
+    to binarize a corpus. pyworld (harvest/dio) is not used: pyworld 0.3.5 fails to import with
+    setuptools >= 81 (it imports `pkg_resources`).
+
+    Alignment: frame i is sampled at time (i + 0.5) * hop / sr, the centre of mel frame i of
+    `MelSpectrogram(center=False)`; the extractor's own frames are interpolated onto that grid,
+    so the result always has exactly `n_frames` entries. A frame is voiced when the extractor's
+    nearest frame is. Unvoiced frames get f0 linearly interpolated between voiced neighbours
+    (held at the edges) — NSF's sine source wants a continuous f0 — and an all-unvoiced clip
+    gives zeros with `voiced` all False.
+    """
+    if method not in F0_METHODS:
+        raise ValueError(f"extract_f0: unknown method {method!r}; valid methods: {', '.join(F0_METHODS)}")
+    if hop_length <= 0 or n_frames < 0:
+        raise ValueError(f"extract_f0: hop_length must be > 0 and n_frames >= 0 (got {hop_length}, {n_frames})")
+    if not 0 < f0_min < f0_max:
+        raise ValueError(f"extract_f0: need 0 < f0_min < f0_max (got {f0_min}, {f0_max})")
+    arr = _to_numpy(wav)
+    if arr.ndim == 2 and 1 in arr.shape:
+        arr = arr.reshape(-1)
+    if arr.ndim != 1:
+        raise ValueError(f"extract_f0: expected a mono waveform [T], got shape {tuple(arr.shape)}")
+    x = arr.astype(np.float32)
+    if not np.isfinite(x).all():
+        raise ValueError("extract_f0: waveform has non-finite samples")
+
+    step = hop_length / sr
+    if method == "parselmouth":
+        times, raw = _f0_parselmouth(x, sr, step, f0_min, f0_max)
+    else:
+        times, raw = _f0_pyin(x, sr, hop_length, f0_min, f0_max)
+
+    f0 = np.zeros(n_frames, dtype=np.float64)
+    voiced = np.zeros(n_frames, dtype=bool)
+    raw_voiced = raw > 0
+    if n_frames == 0 or not raw_voiced.any():
+        return f0.astype(np.float32), voiced
+    targets = (np.arange(n_frames) + 0.5) * step
+    # Voiced flag from the nearest extractor frame (targets beyond its range are unvoiced); the
+    # value is interpolated between the two surrounding extractor frames when both are voiced.
+    pos = (targets - times[0]) / step
+    nearest = np.clip(np.rint(pos).astype(np.int64), 0, len(times) - 1)
+    voiced = (np.abs(targets - times[nearest]) <= 0.5 * step + 1e-9) & raw_voiced[nearest]
+    if not voiced.any():
+        return f0.astype(np.float32), voiced
+    lo = np.clip(np.floor(pos).astype(np.int64), 0, len(times) - 1)
+    hi = np.minimum(lo + 1, len(times) - 1)
+    w = np.clip(pos - lo, 0.0, 1.0)
+    both = raw_voiced[lo] & raw_voiced[hi]
+    value = np.where(both, raw[lo] * (1 - w) + raw[hi] * w, raw[nearest])
+    f0[voiced] = value[voiced]
+    idx = np.arange(n_frames)
+    f0 = np.interp(idx, idx[voiced], f0[voiced])  # fill unvoiced, edges held
+    return f0.astype(np.float32), voiced

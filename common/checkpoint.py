@@ -1,0 +1,320 @@
+"""Checkpoints that never lose a run: atomic writes, rotation, best-by-metric, exact resume.
+
+Why these rules:
+- atomic: a crash or a full disk mid-write must leave the previous checkpoint intact, so we write
+  a temp file in the same folder and `os.replace` it (atomic on one filesystem).
+- weights_only: a checkpoint is data, never code; `torch.load(weights_only=True)` refuses pickled
+  objects, and we turn that refusal into a message a user understands.
+- exact resume: models, EMA, every optimizer/scheduler, the GradScaler, counters, the data
+  position and every rank's RNG are saved, so N steps straight == N/2 + resume + N/2, bitwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from common import distributed
+from common.distributed import unwrap as _unwrap
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used, with the reason and what to do."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Atomic save / safe load
+# ---------------------------------------------------------------------------------------------
+def save_atomic(obj: Any, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        obj = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one clear message
+        text = str(exc)
+        if "Weights only load failed" in text or "weights_only" in text or "Unsupported global" in text:
+            raise CheckpointError(
+                f"{path}: refused to load: the file contains pickled code or objects, not only tensors "
+                "and plain data. Checkpoints are loaded with weights_only=True for safety; re-save it "
+                "as a plain state_dict from a trusted environment."
+            ) from None
+        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({type(exc).__name__}: {text[:200]})") from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{path}: expected a dict checkpoint, got {type(obj).__name__}")
+    return obj
+
+
+# ---------------------------------------------------------------------------------------------
+# RNG state of python / numpy / torch / cuda
+# ---------------------------------------------------------------------------------------------
+def capture_rng() -> dict:
+    np_state = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        # numpy arrays are not allowed by weights_only loading, so store the key as a tensor.
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), *rest))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The one checkpoint layout
+# ---------------------------------------------------------------------------------------------
+def make_state(
+    models: dict[str, nn.Module],
+    optimizers: dict[str, torch.optim.Optimizer] | None = None,
+    schedulers: dict[str, Any] | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+    ema: dict[str, Any] | None = None,
+    counters: dict[str, Any] | None = None,
+    config: dict | None = None,
+    extra: dict | None = None,
+) -> dict:
+    """Call on every rank (it gathers each rank's RNG), then save on the main rank."""
+    rng_all = distributed.gather_objects(capture_rng())
+    state = {
+        "models": {k: _unwrap(m).state_dict() for k, m in models.items()},
+        "optimizers": {k: o.state_dict() for k, o in (optimizers or {}).items()},
+        "schedulers": {k: s.state_dict() for k, s in (schedulers or {}).items()},
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "ema": {k: e.state_dict() for k, e in (ema or {}).items()},
+        "counters": dict(counters or {}),
+        "rng": {str(rank): s for rank, s in enumerate(rng_all)},
+        "config": config or {},
+    }
+    if extra:
+        state["extra"] = extra
+    return state
+
+
+def restore_state(
+    ckpt: dict,
+    models: dict[str, nn.Module],
+    optimizers: dict[str, torch.optim.Optimizer] | None = None,
+    schedulers: dict[str, Any] | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+    ema: dict[str, Any] | None = None,
+    rank: int = 0,
+) -> dict:
+    """Restores everything given plus this rank's RNG; returns the counters."""
+    for name, model in models.items():
+        if name not in ckpt.get("models", {}):
+            raise CheckpointError(f"checkpoint has no weights for '{name}' (has: {list(ckpt.get('models', {}))})")
+        _unwrap(model).load_state_dict(ckpt["models"][name])
+    for group, objs in (("optimizers", optimizers), ("schedulers", schedulers), ("ema", ema)):
+        for name, obj in (objs or {}).items():
+            if name not in ckpt.get(group, {}):
+                raise CheckpointError(f"checkpoint has no {group[:-1]} state for '{name}'; resume with --init_from to load weights only")
+            obj.load_state_dict(ckpt[group][name])
+    if scaler is not None and ckpt.get("scaler"):
+        scaler.load_state_dict(ckpt["scaler"])
+    rng = ckpt.get("rng", {})
+    if str(rank) in rng:
+        restore_rng(rng[str(rank)])
+    elif rng:
+        # More ranks now than when saved: derive a distinct but deterministic state per rank.
+        restore_rng(rng["0"])
+        torch.manual_seed(torch.initial_seed() + rank)
+    return dict(ckpt.get("counters", {}))
+
+
+# ---------------------------------------------------------------------------------------------
+# Rotation + best
+# ---------------------------------------------------------------------------------------------
+class CheckpointManager:
+    """Keeps the last `keep_last` step checkpoints plus `best.pt` (by a metric, after
+    `save_best_after` steps). The best value lives in `best.json` so it survives restarts."""
+
+    def __init__(
+        self,
+        ckpt_dir: str | Path,
+        keep_last: int = 5,
+        save_best_after: int = 0,
+        mode: str = "min",
+        prefix: str = "model",
+        name_fn: Any = None,
+    ) -> None:
+        if mode not in ("min", "max"):
+            raise ValueError("mode must be 'min' or 'max'")
+        if keep_last < 1:
+            raise ValueError(f"keep_last (save_n_checkpoints) must be >= 1, got {keep_last}")
+        self.dir = Path(ckpt_dir)
+        self.keep_last = keep_last
+        self.save_best_after = save_best_after
+        self.mode = mode
+        self.prefix = prefix
+        self.name_fn = name_fn or (lambda step: f"{prefix}_{step:08d}.pt")
+        self._best_file = self.dir / "best.json"
+        self.best_metric: float | None = None
+        if self._best_file.is_file():
+            self.best_metric = json.loads(self._best_file.read_text()).get("metric")
+
+    def _pattern(self) -> re.Pattern:
+        probe = self.name_fn(123456789)
+        head, tail = probe.split("123456789")
+        return re.compile(re.escape(head) + r"(\d+)" + re.escape(tail) + "$")
+
+    def checkpoints(self) -> list[tuple[int, Path]]:
+        if not self.dir.is_dir():
+            return []
+        pat = self._pattern()
+        found = [(int(m.group(1)), p) for p in self.dir.iterdir() if (m := pat.match(p.name))]
+        return sorted(found)
+
+    def latest(self) -> Path | None:
+        ckpts = self.checkpoints()
+        return ckpts[-1][1] if ckpts else None
+
+    def is_better(self, metric: float) -> bool:
+        if self.best_metric is None:
+            return True
+        return metric < self.best_metric if self.mode == "min" else metric > self.best_metric
+
+    def save(self, state: dict, step: int, metric: float | None = None) -> Path:
+        path = save_atomic(state, self.dir / self.name_fn(step))
+        for _, old in self.checkpoints()[: -self.keep_last]:
+            old.unlink(missing_ok=True)
+        if metric is not None and step >= self.save_best_after and np.isfinite(metric) and self.is_better(metric):
+            save_atomic(state, self.dir / "best.pt")
+            self.best_metric = float(metric)
+            tmp = self._best_file.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps({"metric": self.best_metric, "step": step, "mode": self.mode}))
+            os.replace(tmp, self._best_file)
+        return path
+
+
+def resolve_resume(arg: str | None, ckpt_dir: str | Path, manager: CheckpointManager | None = None) -> Path | None:
+    """`--resume auto` → the newest checkpoint in the run (or None to start fresh); a path must exist."""
+    if not arg:
+        return None
+    if arg == "auto":
+        manager = manager or CheckpointManager(ckpt_dir)
+        return manager.latest()
+    path = Path(arg)
+    if not path.is_file():
+        raise CheckpointError(f"--resume {arg}: no such checkpoint file (use --resume auto to pick the latest in {ckpt_dir})")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# --init_from: weights only, tolerant of changed layers
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class InitReport:
+    loaded: list[str] = field(default_factory=list)
+    mismatched: list[str] = field(default_factory=list)  # "name: ckpt (a,b) vs model (c,d)"
+    missing: list[str] = field(default_factory=list)  # in the model, not in the checkpoint
+    unexpected: list[str] = field(default_factory=list)  # in the checkpoint, not in the model
+    ignored: list[str] = field(default_factory=list)  # skipped on request
+
+    def __str__(self) -> str:
+        lines = [f"init_from: loaded {len(self.loaded)} tensors"]
+        for title, items in (
+            ("re-initialised (shape differs)", self.mismatched),
+            ("re-initialised (not in checkpoint)", self.missing),
+            ("ignored on request", self.ignored),
+            ("unused from checkpoint", self.unexpected),
+        ):
+            if items:
+                lines.append(f"  {title}: {len(items)}")
+                lines.extend(f"    - {name}" for name in items)
+        return "\n".join(lines)
+
+
+def load_matching(model: nn.Module, state_dict: dict[str, torch.Tensor], ignore: tuple[str, ...] = (), strict_shapes: bool = False) -> InitReport:
+    """Loads every tensor whose name and shape match; lists the rest by name. With
+    `strict_shapes`, a shape mismatch is an error instead (fine-tuning that must match)."""
+    model = _unwrap(model)
+    own = model.state_dict()
+    report = InitReport()
+    to_load = {}
+    for name, tensor in state_dict.items():
+        if any(pat and pat in name for pat in ignore):
+            report.ignored.append(name)
+        elif name not in own:
+            report.unexpected.append(name)
+        elif own[name].shape != tensor.shape:
+            msg = f"{name}: checkpoint {tuple(tensor.shape)} vs model {tuple(own[name].shape)}"
+            if strict_shapes:
+                raise CheckpointError(f"shape mismatch with strict shapes: {msg}")
+            report.mismatched.append(msg)
+        else:
+            to_load[name] = tensor
+            report.loaded.append(name)
+    report.missing = [n for n in own if n not in state_dict and not any(p and p in n for p in ignore)]
+    model.load_state_dict(to_load, strict=False)
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# SIGINT / SIGTERM → save and exit
+# ---------------------------------------------------------------------------------------------
+class GracefulExit:
+    """While active, SIGINT/SIGTERM set `.requested` instead of killing the process, so the loop
+    can finish the step, save a checkpoint and exit. A second signal exits immediately."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.signal_name = ""
+        self._old: dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: Any) -> None:  # noqa: ARG002
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.signal_name = signal.Signals(signum).name
+        print(f"\n{self.signal_name} received: saving a checkpoint after this step, then exiting "
+              "(send again to stop at once)", flush=True)
+
+    def __enter__(self) -> GracefulExit:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._old[sig] = signal.signal(sig, self._handler)
+            except ValueError:  # not the main thread: signals cannot be caught here
+                pass
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)

@@ -1,0 +1,315 @@
+"""YAML → typed dataclasses, with `base_config:` inheritance and `--set a.b=c` overrides.
+
+Why typed dataclasses: a config key that nothing reads is a silent bug (a user believes a setting
+took effect when it did not), so every key must map to a declared field, and a typo fails loudly
+with the closest valid key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import importlib
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config problem a user can fix: the message names the key, the source and a suggestion."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading YAML files with inheritance
+# ---------------------------------------------------------------------------------------------
+def _deep_merge(base: dict, child: dict) -> dict:
+    out = dict(base)
+    for key, value in child.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _read_yaml(path: Path) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML/JSON: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def read_config_file(path: str | Path, _seen: tuple[Path, ...] = ()) -> tuple[dict, dict[str, Path]]:
+    """Returns the merged mapping and, for every dotted key, the file that set it last."""
+    path = Path(path).resolve()
+    if path in _seen:
+        chain = " -> ".join(str(p) for p in (*_seen, path))
+        raise ConfigError(f"base_config cycle: {chain}")
+    data = _read_yaml(path)
+    bases = data.pop("base_config", None) or []
+    if isinstance(bases, str):
+        bases = [bases]
+    merged: dict = {}
+    sources: dict[str, Path] = {}
+    for base in bases:
+        base_path = Path(base) if Path(base).is_absolute() else path.parent / base
+        if not base_path.is_file():
+            raise ConfigError(f"{path}: base_config '{base}' not found (looked at {base_path})")
+        base_data, base_sources = read_config_file(base_path, (*_seen, path))
+        merged = _deep_merge(merged, base_data)
+        sources.update(base_sources)
+    merged = _deep_merge(merged, data)
+    for key in _dotted_keys(data):
+        sources[key] = path
+    return merged, sources
+
+
+def _dotted_keys(d: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for k, v in d.items():
+        full = f"{prefix}{k}"
+        keys.append(full)
+        if isinstance(v, dict):
+            keys.extend(_dotted_keys(v, full + "."))
+    return keys
+
+
+# ---------------------------------------------------------------------------------------------
+# Building the dataclass with type checks
+# ---------------------------------------------------------------------------------------------
+def _aliases(cls: type) -> dict[str, str]:
+    return dict(getattr(cls, "ALIASES", {}) or {})
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _convert(value: Any, tp: Any, key: str, source: str) -> Any:
+    """Converts `value` to the annotated type `tp`, or raises ConfigError naming `key`."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(value, arg, key, source)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(f"{key} ({source}): {value!r} is not a valid {_type_name(tp)}")
+    if origin is typing.Literal:
+        if value in args:
+            return value
+        raise ConfigError(f"{key} ({source}): {value!r} is not one of {list(args)}")
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key} ({source}): expected a mapping of {tp.__name__} keys, got {value!r}")
+        return _build(tp, value, key + ".", {}, source)
+    if origin in (list, tuple) or tp in (list, tuple):
+        if isinstance(value, (list, tuple)):
+            if origin is tuple and args and args[-1] is not Ellipsis:
+                if len(args) != len(value):
+                    raise ConfigError(f"{key} ({source}): expected {len(args)} values, got {len(value)}")
+                return tuple(_convert(v, a, f"{key}[{i}]", source) for i, (v, a) in enumerate(zip(value, args)))
+            item = args[0] if args else Any
+            items = [_convert(v, item, f"{key}[{i}]", source) for i, v in enumerate(value)]
+            return tuple(items) if (origin is tuple or tp is tuple) else items
+        raise ConfigError(f"{key} ({source}): expected a list, got {value!r}")
+    if origin is dict or tp is dict:
+        if isinstance(value, dict):
+            return dict(value)
+        raise ConfigError(f"{key} ({source}): expected a mapping, got {value!r}")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+            return value.lower() in ("true", "yes", "1")
+        raise ConfigError(f"{key} ({source}): expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key} ({source}): expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                number = float(value)
+            except ValueError:
+                number = None
+            if number is not None and number.is_integer():
+                return int(number)
+        raise ConfigError(f"{key} ({source}): expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key} ({source}): expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key} ({source}): expected a string, got {value!r}")
+    return value
+
+
+def _build(cls: type[T], data: dict, prefix: str, sources: dict[str, Path], default_source: str) -> T:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    aliases = _aliases(cls)
+    kwargs: dict[str, Any] = {}
+    for raw_key, value in data.items():
+        key = aliases.get(raw_key, raw_key)
+        dotted = prefix + str(raw_key)
+        source = str(sources.get(dotted, default_source))
+        if key not in fields:
+            valid = sorted(set(fields) | set(aliases))
+            close = difflib.get_close_matches(str(raw_key), valid, n=1, cutoff=0.5)
+            hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid keys here: {', '.join(valid)}"
+            raise ConfigError(f"unknown config key '{dotted}' in {source}{hint}")
+        if key in kwargs:
+            raise ConfigError(f"'{dotted}' ({source}) sets '{prefix}{key}' twice (once through an alias)")
+        kwargs[key] = _convert(value, hints[key], prefix + key, source)
+    for name, f in fields.items():
+        if name in kwargs:
+            continue
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"missing required config key '{prefix}{name}' ({default_source})")
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{prefix or 'config'} ({default_source}): {exc}") from None
+
+
+def _set_dotted(d: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = d
+    for part in parts[:-1]:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`a.b=[1,2]` → ("a.b", [1, 2]); the value is parsed as YAML so numbers and lists work."""
+    if "=" not in text:
+        raise ConfigError(f"--set '{text}': expected KEY=VALUE, e.g. --set optimizer.lr=3e-4")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"--set '{text}': the key is empty")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def load_config(
+    path: str | Path | None,
+    schema: type[T],
+    overrides: typing.Iterable[str] = (),
+    extra: dict[str, Any] | None = None,
+) -> T:
+    """Loads `path` (with its `base_config:` chain), then `extra` (dotted keys, None skipped), then
+    `--set` overrides, into `schema`. Any unknown key or bad type raises ConfigError."""
+    data: dict = {}
+    sources: dict[str, Any] = {}
+    if path is not None:
+        data, sources = read_config_file(path)
+    for dotted, value in (extra or {}).items():
+        if value is None:
+            continue
+        _set_dotted(data, dotted, value)
+        sources[dotted] = "command-line flag"
+        for i in range(1, dotted.count(".") + 1):
+            sources.setdefault(".".join(dotted.split(".")[:i]), "command-line flag")
+    for text in overrides or ():
+        dotted, value = parse_override(text)
+        _set_dotted(data, dotted, value)
+        sources[dotted] = f"--set {text}"
+    return _build(schema, data, "", sources, str(path) if path else "defaults")
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing, printing, CLI helpers
+# ---------------------------------------------------------------------------------------------
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def config_to_dict(cfg: Any) -> dict:
+    return _plain(cfg)
+
+
+def format_config(cfg: Any) -> str:
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False, allow_unicode=True).rstrip()
+
+
+def save_config(cfg: Any, run_dir: str | Path, name: str = "config.yaml") -> Path:
+    """Writes the resolved config next to the checkpoints so a run can be reproduced exactly."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    out = run_dir / name
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(format_config(cfg) + "\n", encoding="utf-8")
+    tmp.replace(out)
+    return out
+
+
+def add_config_args(parser: argparse.ArgumentParser, default_config: str | None = None) -> None:
+    parser.add_argument("--config", default=default_config, help="YAML config (base_config: inherits another)")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a config key, e.g. --set model_args.upsample_initial_channel=256 (repeatable)",
+    )
+
+
+def import_from_string(dotted: str) -> Any:
+    """`torch.optim.AdamW` → the class; a clear error when the module or name does not exist."""
+    module_name, _, attr = dotted.rpartition(".")
+    if not module_name:
+        raise ConfigError(f"'{dotted}' is not a dotted path like 'torch.optim.AdamW'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import module '{module_name}' (from '{dotted}'): {exc}") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ConfigError(f"module '{module_name}' has no '{attr}' (from '{dotted}')") from None

@@ -1,0 +1,178 @@
+"""Samplers and loaders whose order and randomness are a pure function of (seed, epoch, position).
+
+Why: exact mid-epoch resume with DataLoader workers. The sampler is the only source of data
+randomness: it hands each sample a key `(index, seed, epoch)` and the dataset draws its random
+crop/augmentation from `sample_rng(key)`. Worker processes, prefetching and restarts then cannot
+change what a sample looks like, and resuming is `set_epoch(e)` + `skip(consumed)`.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+
+SampleKey = tuple[int, int, int]  # (index, seed, epoch)
+
+
+def sample_rng(key: int | Sequence[int]) -> tuple[int, np.random.Generator]:
+    """`(index, seed, epoch)` → (index, a generator unique to that sample in that epoch).
+    A plain int index (validation, inference) gets a fixed generator, so crops are repeatable."""
+    if isinstance(key, (int, np.integer)):
+        index, seed, epoch = int(key), 0, 0
+    else:
+        index, seed, epoch = (int(k) for k in key)
+    return index, np.random.default_rng([seed, epoch, index])
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+class ResumableSampler(DistributedSampler):
+    """A DistributedSampler (shuffle per `set_epoch`, sharded by rank) that yields sample keys and
+    can skip the samples a resumed run already consumed in the current epoch."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        drop_last: bool = False,
+    ) -> None:
+        world, this_rank = _world()
+        super().__init__(
+            dataset,
+            num_replicas=world if num_replicas is None else num_replicas,
+            rank=this_rank if rank is None else rank,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+        )
+        self._skip = 0
+
+    def skip(self, n_samples: int) -> None:
+        """Skip the first `n_samples` of this rank's order for the current epoch (next iter only)."""
+        self._skip = max(0, int(n_samples))
+
+    def __iter__(self) -> Iterator[SampleKey]:
+        indices = list(super().__iter__())
+        start, self._skip = self._skip, 0
+        for index in indices[start:]:
+            yield (index, self.seed, self.epoch)
+
+    def __len__(self) -> int:
+        return self.num_samples - self._skip
+
+
+class BucketBatchSampler(Sampler[list[SampleKey]]):
+    """Batches of similar length (less padding; with `pad_to_bucket`, few distinct shapes, so
+    torch.compile and CUDA graphs do not recompile every batch). Sharded by rank, resumable."""
+
+    def __init__(
+        self,
+        lengths: Sequence[int],
+        batch_size: int,
+        num_buckets: int = 8,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        drop_last: bool = False,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if len(lengths) == 0:
+            raise ValueError("BucketBatchSampler got an empty dataset")
+        world, this_rank = _world()
+        self.lengths = np.asarray(lengths)
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.num_replicas = world if num_replicas is None else num_replicas
+        self.rank = this_rank if rank is None else rank
+        self.drop_last = drop_last
+        self.epoch = 0
+        self._skip = 0
+        order = np.argsort(self.lengths, kind="stable")
+        num_buckets = max(1, min(num_buckets, len(order)))
+        self.buckets = [b for b in np.array_split(order, num_buckets) if len(b)]
+        # The longest item of each bucket: pad to it for a fixed shape per bucket.
+        self.boundaries = sorted({int(self.lengths[b].max()) for b in self.buckets})
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def skip(self, n_batches: int) -> None:
+        self._skip = max(0, int(n_batches))
+
+    def _all_batches(self) -> list[list[int]]:
+        rng = np.random.default_rng([self.seed, self.epoch])
+        batches: list[list[int]] = []
+        for bucket in self.buckets:
+            items = rng.permutation(bucket) if self.shuffle else bucket
+            for i in range(0, len(items), self.batch_size):
+                chunk = items[i : i + self.batch_size].tolist()
+                if len(chunk) == self.batch_size or not self.drop_last:
+                    batches.append(chunk)
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        # Equal batch count on every rank, else DDP ranks deadlock at the epoch end.
+        per_rank = len(batches) // self.num_replicas
+        if per_rank == 0:
+            raise ValueError(f"{len(batches)} batches cannot feed {self.num_replicas} ranks; lower batch_size")
+        return batches[self.rank : per_rank * self.num_replicas : self.num_replicas]
+
+    def __iter__(self) -> Iterator[list[SampleKey]]:
+        batches = self._all_batches()
+        start, self._skip = self._skip, 0
+        for batch in batches[start:]:
+            yield [(i, self.seed, self.epoch) for i in batch]
+
+    def __len__(self) -> int:
+        return len(self._all_batches()) - self._skip
+
+
+def pad_to_bucket(length: int, boundaries: Sequence[int]) -> int:
+    """The smallest bucket boundary ≥ length (or length itself beyond the last)."""
+    i = bisect.bisect_left(boundaries, length)
+    return boundaries[i] if i < len(boundaries) else length
+
+
+def make_loader(
+    dataset: Dataset,
+    batch_size: int | None = None,
+    sampler: Sampler | None = None,
+    batch_sampler: Sampler | None = None,
+    num_workers: int = 0,
+    prefetch_factor: int | None = 2,
+    pin_memory: bool = False,
+    persistent_workers: bool = False,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    seed: int = 0,
+    drop_last: bool = False,
+) -> DataLoader:
+    """A DataLoader with the config's settings applied honestly: prefetch and persistent workers
+    only exist with workers, pin_memory only helps with CUDA, and an explicit generator keeps the
+    global RNG untouched (a DataLoader without one draws from it at every `iter()`)."""
+    kwargs: dict[str, Any] = {
+        "num_workers": num_workers,
+        "pin_memory": bool(pin_memory and torch.cuda.is_available()),
+        "collate_fn": collate_fn,
+        "generator": torch.Generator().manual_seed(seed),
+    }
+    if num_workers > 0:
+        kwargs["prefetch_factor"] = prefetch_factor
+        kwargs["persistent_workers"] = persistent_workers
+    if batch_sampler is not None:
+        return DataLoader(dataset, batch_sampler=batch_sampler, **kwargs)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **kwargs)

@@ -1,0 +1,101 @@
+"""torchrun → DDP, and nothing else (one way to go multi-GPU and multi-node).
+
+A plain `python train.py` is a world of one with no process group, so every helper here works
+unchanged in single-process runs and tests.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    enabled: bool
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def is_enabled() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def setup_distributed(device: str | None = None, timeout_minutes: int = 30) -> DistInfo:
+    """Reads torchrun's RANK/WORLD_SIZE/LOCAL_RANK; nccl on GPUs, gloo on CPU. `device` forces
+    "cpu" (tests, CPU clusters) even where CUDA exists."""
+    use_cuda = torch.cuda.is_available() and device != "cpu"
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        dev = torch.device(device) if device else torch.device("cuda" if use_cuda else "cpu")
+        return DistInfo(0, 1, 0, dev, False)
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if use_cuda:
+        if local_rank >= torch.cuda.device_count():
+            raise RuntimeError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPUs are visible; "
+                               "set torchrun --nproc_per_node to the GPU count")
+        torch.cuda.set_device(local_rank)
+        dev = torch.device("cuda", local_rank)
+    else:
+        dev = torch.device("cpu")
+    if not is_enabled():
+        dist.init_process_group(
+            backend="nccl" if use_cuda else "gloo",
+            timeout=datetime.timedelta(minutes=timeout_minutes),
+            device_id=dev if use_cuda else None,
+        )
+    return DistInfo(rank, world, local_rank, dev, True)
+
+
+def wrap_ddp(model: nn.Module, info: DistInfo, **kwargs: Any) -> nn.Module:
+    if not info.enabled:
+        return model
+    if not any(p.requires_grad for p in model.parameters()):
+        return model  # nothing to synchronise (e.g. a frozen network)
+    ids = [info.local_rank] if info.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids, **kwargs)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    model = getattr(model, "module", model)
+    return getattr(model, "_orig_mod", model)
+
+
+def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:
+    if not is_enabled():
+        return value
+    value = value.detach().clone()
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value / dist.get_world_size()
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    if not is_enabled():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier() -> None:
+    if is_enabled():
+        dist.barrier()
+
+
+def cleanup() -> None:
+    if is_enabled():
+        dist.destroy_process_group()

@@ -1,0 +1,354 @@
+"""What machine are we on, what will fit on it, and what to do when it does not.
+
+- `hardware_report()` answers "will this torch run on my GPU?" before a long job starts
+  (RTX 50xx cards need a torch built for sm_120; older wheels import fine and then fail on the
+  first kernel, which is the most common first-day problem).
+- `PRESETS` / `resolve_preset()` give batch size, DataLoader workers and precision per card, so a
+  user with a 4090 or 5090 does not have to tune them by hand.
+- `find_batch_size()` measures the largest batch that fits instead of guessing.
+- `is_oom()` / `oom_message()` turn a CUDA OOM traceback into the next settings to try.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import os
+import platform
+import re
+import shutil
+import sys
+from collections.abc import Callable
+
+import torch
+
+GIB = 1024**3
+
+# Per-card settings. Keys per trainer:
+#   batch_size  - per-GPU batch (DDP multiplies it by the number of GPUs)
+#   num_workers - DataLoader worker processes per GPU (the seed configs call it `ds_workers`)
+#   precision   - `32-true | 16-mixed | bf16-mixed` (see common.precision)
+#   image_size  - (vae only) square training crop in pixels
+# Why these values:
+# - vocoder (NSF-HiFiGAN, fixed mel crops): openvpi's recipe trains in fp16 and warns that bf16
+#   costs audio quality, so 16-mixed. The generator + MPD/MSD at batch 16 fits a 24 GB card;
+#   32 GB takes 32 with the same crop. Waveform crops are cheap to load but f0/mel caching
+#   still wants workers, hence 6 / 12 (the 5090 eats batches twice as fast).
+# - tts (VITS, text → wav with random slice decoding): jaywalnut310's base config is batch 64
+#   per GPU; it fits 24 GB under autocast. bf16 avoids fp16 overflow in the flow/duration losses.
+# - tts_clone (transformer text + reference → mel): full-length mel targets, so a smaller batch.
+# - vae (KL autoencoder + LPIPS + patch discriminator at 1024 px): activations dominate; 4 per
+#   24 GB card and 8 per 32 GB card in bf16.
+# - cpu: tiny settings so tests and the demo finish; fp32 because it is the safe default here.
+PRESETS: dict[str, dict[str, dict]] = {
+    "rtx4090": {  # 24 GB, Ada, sm_89
+        "vocoder": {"batch_size": 16, "num_workers": 6, "precision": "16-mixed"},
+        "tts": {"batch_size": 64, "num_workers": 6, "precision": "bf16-mixed"},
+        "tts_clone": {"batch_size": 32, "num_workers": 6, "precision": "bf16-mixed"},
+        "vae": {"batch_size": 4, "num_workers": 6, "precision": "bf16-mixed", "image_size": 1024},
+    },
+    "rtx5090": {  # 32 GB, Blackwell, sm_120
+        "vocoder": {"batch_size": 32, "num_workers": 12, "precision": "16-mixed"},
+        "tts": {"batch_size": 80, "num_workers": 12, "precision": "bf16-mixed"},
+        "tts_clone": {"batch_size": 48, "num_workers": 12, "precision": "bf16-mixed"},
+        "vae": {"batch_size": 8, "num_workers": 12, "precision": "bf16-mixed", "image_size": 1024},
+    },
+    "cpu": {
+        "vocoder": {"batch_size": 2, "num_workers": 0, "precision": "32-true"},
+        "tts": {"batch_size": 4, "num_workers": 0, "precision": "32-true"},
+        "tts_clone": {"batch_size": 4, "num_workers": 0, "precision": "32-true"},
+        "vae": {"batch_size": 2, "num_workers": 0, "precision": "32-true", "image_size": 256},
+    },
+}
+TRAINERS = ("vocoder", "tts", "tts_clone", "vae")
+
+
+# ----------------------------------------------------------------------------- detection
+
+
+def _gpu_vram_gb(device: int = 0) -> float | None:
+    """Total memory of one CUDA device in GB (10^9, as cards are sold), or None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(device).total_memory / 1e9
+
+
+def _sm(capability: tuple[int, int]) -> str:
+    return f"sm_{capability[0]}{capability[1]}"
+
+
+def arch_support(capability: tuple[int, int], arch_list: list[str] | None = None) -> tuple[bool, str]:
+    """Is this torch built for a GPU of `capability`? Returns (usable, explanation).
+
+    CUDA binaries run on the same major architecture with an equal or higher minor number
+    (sm_80 code runs on sm_86), and PTX (`compute_XY`) can be JIT-compiled for newer cards.
+    """
+    archs = torch.cuda.get_arch_list() if arch_list is None else arch_list
+    want = _sm(capability)
+    if not archs:
+        return False, "this torch has no CUDA kernels (CPU-only build)"
+    if want in archs:
+        return True, f"yes ({want} kernels built in)"
+    major, minor = capability
+    parsed = [(a, m) for a in archs if (m := re.fullmatch(r"(sm|compute)_(\d+)", a))]  # skip sm_90a etc.
+    same_major = [a for a, m in parsed
+                  if m[1] == "sm" and int(m[2]) // 10 == major and int(m[2]) % 10 <= minor]
+    if same_major:
+        return True, f"yes ({same_major[-1]} kernels run on {want})"
+    ptx = [a for a, m in parsed if m[1] == "compute" and int(m[2]) <= major * 10 + minor]
+    if ptx:
+        return True, f"only through PTX JIT ({ptx[-1]}): slow first start, consider a wheel with {want}"
+    return False, f"NO: this torch has {', '.join(archs)} but not {want}"
+
+
+def _cudnn_version() -> str | None:
+    """cuDNN's integer version as text: 92400 -> 9.24.0 (cuDNN < 9 used major*1000)."""
+    v = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    if not v:
+        return None
+    major, rest = (v // 10000, v % 10000) if v >= 90000 else (v // 1000, v % 1000)
+    return f"{major}.{rest // 100}.{rest % 100}"
+
+
+def _cpu_bf16() -> tuple[bool, str]:
+    """Does the CPU do bf16 natively (AVX512-BF16 / AMX)? Without it bf16 is emulated and slow."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    native = sorted(flags & {"avx512_bf16", "amx_bf16"})
+    if native:
+        return True, f"native ({', '.join(native)}; torch kernels: {capability})"
+    if not flags:  # not Linux: ask oneDNN (a private helper, hence guarded)
+        try:
+            if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+                return True, f"native per oneDNN (torch kernels: {capability})"
+        except Exception:
+            pass
+    return False, f"emulated, slow (torch kernels: {capability}, no AVX512-BF16/AMX)"
+
+
+def hardware_report() -> str:
+    """A human-readable report of versions, GPUs, compatibility, CPU, disk and a verdict."""
+    import torchvision  # imported here so `import common.hardware` stays light
+
+    lines = [
+        f"Python      {platform.python_version()} ({sys.executable})",
+        f"torch       {torch.__version__}",
+        f"torchvision {torchvision.__version__}",
+    ]
+    cuda_build = torch.version.cuda
+    archs = torch.cuda.get_arch_list() if cuda_build else []
+    if cuda_build:
+        cudnn = _cudnn_version()
+        lines.append(f"CUDA        {cuda_build} (build)   cuDNN {cudnn or 'not available'}")
+        lines.append(f"GPU archs   {' '.join(archs) or 'none'}")
+    else:
+        lines.append("CUDA        CPU-only build of torch (no CUDA kernels at all)")
+    sm120 = "has it" if "sm_120" in archs else "does NOT have it"
+    lines.append(f"RTX 50xx    needs sm_120 (Blackwell): this torch {sm120}")
+
+    problems: list[str] = []
+    n_gpu = torch.cuda.device_count() if cuda_build and torch.cuda.is_available() else 0
+    if n_gpu == 0:
+        lines.append("GPUs        no CUDA device found: CPU-only machine" if cuda_build
+                     else "GPUs        none usable (CPU-only build)")
+    for i in range(n_gpu):
+        p = torch.cuda.get_device_properties(i)
+        cap = (p.major, p.minor)
+        ok, why = arch_support(cap, archs)
+        if not ok:
+            problems.append(f"GPU {i} ({p.name}, {_sm(cap)}) is not supported by this torch")
+        lines.append(f"GPU {i}       {p.name}  {p.total_memory / GIB:.1f} GiB  {_sm(cap)}  "
+                     f"built for it: {why}")
+    if n_gpu:
+        lines.append(f"bf16        {'supported' if torch.cuda.is_bf16_supported() else 'NOT supported'} "
+                     "on the GPU")
+    cpu_bf16, why = _cpu_bf16()
+    lines.append(f"CPU bf16    {why}")
+
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    lines.append(f"CPUs        {os.cpu_count()} logical, {usable} usable by this process "
+                 f"(torch threads: {torch.get_num_threads()})")
+    du = shutil.disk_usage(os.getcwd())
+    lines.append(f"Disk        {du.free / GIB:.1f} GiB free of {du.total / GIB:.1f} GiB in {os.getcwd()}")
+
+    if problems:
+        verdict = ("NOT READY: " + "; ".join(problems)
+                   + ". Install a torch wheel built for your GPU (RTX 50xx: CUDA 12.8+ wheels with sm_120).")
+    elif n_gpu:
+        name = _preset_for_vram(_gpu_vram_gb(0))
+        verdict = f"ready: {n_gpu} GPU(s) usable; `--preset auto` would pick '{name}'."
+    else:
+        verdict = ("CPU-only: no CUDA GPU, so training runs on the CPU (slowly) - fine for the tests and "
+                   f"the demo, not for real training. `--preset auto` picks 'cpu'"
+                   f"{'; bf16-mixed is fast on this CPU' if cpu_bf16 else ''}.")
+    lines.append(f"Verdict     {verdict}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- presets
+
+
+def _preset_for_vram(vram_gb: float | None) -> str:
+    if vram_gb is None:
+        return "cpu"
+    if vram_gb >= 30:
+        return "rtx5090"
+    return "rtx4090"  # below 20 GB too, with a warning from resolve_preset
+
+
+def resolve_preset(name: str, trainer: str | None = None, vram_gb: float | None = None) -> dict:
+    """Settings of preset `name` for `trainer` (a copy), or the whole preset when trainer is None.
+
+    `auto` picks by GPU memory: >= 30 GB -> rtx5090, otherwise rtx4090 (a warning below 20 GB),
+    no CUDA -> cpu. `vram_gb` overrides detection (tests, or planning for another machine).
+    """
+    key = str(name).strip().lower()
+    if key == "auto":
+        vram = _gpu_vram_gb() if vram_gb is None else vram_gb
+        key = _preset_for_vram(vram)
+        where = "no CUDA GPU" if vram is None else f"GPU with {vram:.0f} GB"
+        print(f"[preset] auto -> '{key}' ({where})")
+        if vram is not None and vram < 20:
+            print(f"[preset] warning: {vram:.0f} GB is less than the 24 GB preset assumes; if it runs out "
+                  "of memory, lower batch_size or use common.hardware.find_batch_size")
+    if key not in PRESETS:
+        raise ValueError(f"unknown preset '{name}': valid presets are {', '.join(['auto', *PRESETS])}")
+    if trainer is None:
+        return copy.deepcopy(PRESETS[key])
+    if trainer not in PRESETS[key]:
+        raise ValueError(f"preset '{key}' has no settings for trainer '{trainer}': "
+                         f"valid trainers are {', '.join(PRESETS[key])}")
+    return dict(PRESETS[key][trainer])
+
+
+# ----------------------------------------------------------------------------- OOM
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True for a CUDA (or other accelerator) out-of-memory error."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    msg = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in msg or "cublas_status_alloc_failed" in msg)
+
+
+def cuda_memory_stats(device: int | torch.device | None = None) -> dict:
+    """Allocated / reserved / peak / total GiB of a CUDA device; {} without CUDA. Does not sync."""
+    if not torch.cuda.is_available():
+        return {}
+    return {
+        "allocated_gib": torch.cuda.memory_allocated(device) / GIB,
+        "reserved_gib": torch.cuda.memory_reserved(device) / GIB,
+        "peak_gib": torch.cuda.max_memory_allocated(device) / GIB,
+        "total_gib": torch.cuda.get_device_properties(device or 0).total_memory / GIB,
+    }
+
+
+def oom_message(what: str, batch_size: int, hints: dict | None = None) -> str:
+    """Explain an OOM and list concrete next settings as `--set` overrides.
+
+    `hints` (all optional) describes what the trainer can do:
+      batch_key ("batch_size"), accum_key ("accumulate_grad_batches"), accumulation (current, 1),
+      precision_key ("precision"), precision (current; bf16 suggested unless already mixed),
+      checkpointing_key (config key that enables gradient checkpointing, if the model has it),
+      crop_key + crop (config key and current value of the training crop, if it has one).
+    """
+    h = hints or {}
+    batch_key = h.get("batch_key", "batch_size")
+    accum_key = h.get("accum_key", "accumulate_grad_batches")
+    accum = int(h.get("accumulation", 1))
+    lines = [f"CUDA out of memory in {what} at {batch_key}={batch_size}."]
+    stats = cuda_memory_stats()
+    if stats:
+        lines.append(f"Peak allocated {stats['peak_gib']:.2f} GiB, reserved {stats['reserved_gib']:.2f} GiB "
+                     f"of {stats['total_gib']:.1f} GiB.")
+    lines.append("Try, in this order:")
+    if batch_size > 1:
+        lines.append(f"  --set {batch_key}={batch_size // 2} --set {accum_key}={accum * 2}   "
+                     "(half the batch, twice the accumulation: same effective batch)")
+    precision = h.get("precision")
+    if precision is None or "mixed" not in str(precision):
+        lines.append(f"  --set {h.get('precision_key', 'precision')}=bf16-mixed   "
+                     "(activations in bf16 take half the memory)")
+    if h.get("checkpointing_key"):
+        lines.append(f"  --set {h['checkpointing_key']}=true   (gradient checkpointing: recompute activations)")
+    if h.get("crop_key") and h.get("crop"):
+        lines.append(f"  --set {h['crop_key']}={max(1, int(h['crop']) // 2)}   (a smaller training crop)")
+    lines.append("Or measure what fits: common.hardware.find_batch_size. Close other programs using the GPU.")
+    return "\n".join(lines)
+
+
+def _free_cuda() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def find_batch_size(
+    try_batch: Callable[[int], None],
+    start: int = 1,
+    limit: int = 4096,
+    headroom: float = 0.9,
+    cuda_available: bool | None = None,
+) -> int:
+    """Largest batch size that fits, times `headroom` (at least 1).
+
+    `try_batch(b)` must run one full training step (forward, backward, optimizer) at batch b;
+    anything it raises that is not an OOM propagates. Doubles from `start` until an OOM or
+    `limit`, then binary-searches between the last fit and the first OOM. The headroom leaves
+    room for longer samples and allocator fragmentation later in training.
+    On a machine without CUDA nothing can be measured: returns `start` and says so.
+    `cuda_available` overrides detection (tests drive the search with a fake try_batch).
+    """
+    if start < 1 or limit < start:
+        raise ValueError(f"find_batch_size needs 1 <= start <= limit, got start={start}, limit={limit}")
+    if not 0 < headroom <= 1:
+        raise ValueError(f"find_batch_size headroom must be in (0, 1], got {headroom}")
+    if not (torch.cuda.is_available() if cuda_available is None else cuda_available):
+        print(f"[find_batch_size] no CUDA device: cannot measure memory, using batch_size={start}")
+        return start
+
+    def fits(b: int) -> bool:
+        oom = False
+        try:
+            try_batch(b)
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            oom = True  # leave the except block first so the traceback (and its tensors) is freed
+        _free_cuda()
+        print(f"[find_batch_size] batch {b}: {'OOM' if oom else 'fits'}")
+        return not oom
+
+    lo, hi = 0, limit + 1  # largest known fit, smallest known failure
+    b = start
+    while True:
+        if fits(b):
+            lo = b
+            if b >= limit:
+                break
+            b = min(2 * b, limit)
+        else:
+            hi = b
+            break
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    if lo == 0:
+        raise RuntimeError(f"find_batch_size: even batch size 1 runs out of memory.\n"
+                           f"{oom_message('find_batch_size', 1)}")
+    best = max(1, int(lo * headroom))
+    print(f"[find_batch_size] largest fit {lo}, using {best} ({headroom:.0%} headroom)")
+    return best

@@ -1,0 +1,234 @@
+"""TensorBoard logging, plots and the training progress bar.
+
+Named `log.py`, not `logging.py`, so it never shadows the standard library module.
+Only rank 0 logs: build `RunLogger(..., enabled=info.is_main)` and `Progress(..., enabled=...)`
+everywhere and call them unconditionally; on other ranks every call is a no-op.
+"""
+
+from __future__ import annotations
+
+import collections
+import resource
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from tqdm import tqdm
+
+ArrayLike = torch.Tensor | np.ndarray
+
+
+def _to_numpy(x: ArrayLike) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.detach().float().cpu().numpy()
+    return np.asarray(x)
+
+
+class RunLogger:
+    """A thin wrapper over `SummaryWriter` that accepts tensors and does nothing when disabled."""
+
+    def __init__(self, log_dir: str | Path, enabled: bool = True):
+        self.enabled = enabled
+        self.writer = None
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter  # import only where it is used
+
+            self.writer = SummaryWriter(log_dir=str(log_dir))
+
+    def scalar(self, tag: str, value: float | torch.Tensor, step: int) -> None:
+        if self.writer is not None:
+            self.writer.add_scalar(tag, float(value), step)
+
+    def scalars(self, values: dict, step: int, prefix: str = "") -> None:
+        """Log a dict of numbers; all tensors are moved to the host in one transfer (one sync)."""
+        if self.writer is None:
+            return
+        if prefix and not prefix.endswith("/"):
+            prefix += "/"
+        floats = {k: v for k, v in values.items() if not isinstance(v, torch.Tensor)}
+        tensors = {k: v for k, v in values.items() if isinstance(v, torch.Tensor)}
+        if tensors:
+            stacked = torch.stack([t.detach().float().reshape(()).to(next(iter(tensors.values())).device)
+                                   for t in tensors.values()])
+            floats.update(zip(tensors, stacked.cpu().tolist()))
+        for k, v in floats.items():
+            self.writer.add_scalar(prefix + k, float(v), step)
+
+    def audio(self, tag: str, wav: ArrayLike, sr: int, step: int) -> None:
+        """A mono clip; samples are clipped to [-1, 1] (TensorBoard would wrap around otherwise)."""
+        if self.writer is not None:
+            x = np.clip(_to_numpy(wav).astype(np.float32).reshape(-1), -1.0, 1.0)
+            self.writer.add_audio(tag, torch.from_numpy(x), step, sample_rate=int(sr))
+
+    def image(self, tag: str, img: ArrayLike, step: int) -> None:
+        """CHW float in [0, 1] (clamped), HWC (or CHW) uint8, or a 2-D grayscale HW array."""
+        if self.writer is None:
+            return
+        x = _to_numpy(img) if not (isinstance(img, torch.Tensor) and img.dtype == torch.uint8) \
+            else img.cpu().numpy()
+        if x.ndim == 2:
+            fmt = "HW"
+        elif x.ndim == 3 and x.dtype == np.uint8:
+            fmt = "CHW" if x.shape[0] in (1, 3, 4) and x.shape[-1] not in (1, 3, 4) else "HWC"
+        elif x.ndim == 3:
+            fmt = "CHW"
+        else:
+            raise ValueError(f"RunLogger.image('{tag}'): expected CHW float or HWC uint8, got shape {x.shape}")
+        if x.dtype != np.uint8:
+            x = np.clip(x.astype(np.float32), 0.0, 1.0)
+        self.writer.add_image(tag, x, step, dataformats=fmt)
+
+    def figure(self, tag: str, fig: Figure, step: int) -> None:
+        """Render a matplotlib figure as an image and close it (always, so figures never pile up)."""
+        if self.writer is not None:
+            canvas = FigureCanvasAgg(fig)
+            canvas.draw()
+            rgb = np.asarray(canvas.buffer_rgba())[..., :3]
+            self.writer.add_image(tag, rgb, step, dataformats="HWC")
+        _close(fig)
+
+    def text(self, tag: str, text: str, step: int = 0) -> None:
+        if self.writer is not None:
+            self.writer.add_text(tag, text, step)
+
+    def flush(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+    def __enter__(self) -> RunLogger:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _close(fig: Figure) -> None:
+    """Close a figure pyplot knows about; figures made with `Figure()` need nothing."""
+    if getattr(fig.canvas, "manager", None) is not None and "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close(fig)
+
+
+# ----------------------------------------------------------------------------- plots
+# Built with `Figure` + the Agg canvas directly, never pyplot: no display, no global figure list.
+
+
+def plot_spectrogram(spec: ArrayLike, title: str = "") -> Figure:
+    """A [F, T] (log-)spectrogram, low frequencies at the bottom."""
+    x = _to_numpy(spec)
+    if x.ndim != 2:
+        raise ValueError(f"plot_spectrogram expects a [F, T] array, got shape {x.shape}")
+    fig = Figure(figsize=(10, 3), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    im = ax.imshow(x, aspect="auto", origin="lower", interpolation="none")
+    fig.colorbar(im, ax=ax)
+    ax.set_xlabel("frame")
+    ax.set_ylabel("bin")
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_alignment(attn: ArrayLike, title: str = "") -> Figure:
+    """A [T_text, T_frames] alignment: text tokens on the y axis, decoder frames on the x axis."""
+    x = _to_numpy(attn)
+    if x.ndim != 2:
+        raise ValueError(f"plot_alignment expects a [T_text, T_frames] array, got shape {x.shape}")
+    fig = Figure(figsize=(6, 4), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    im = ax.imshow(x, aspect="auto", origin="lower", interpolation="none")
+    fig.colorbar(im, ax=ax)
+    ax.set_xlabel("decoder frame")
+    ax.set_ylabel("text token")
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+# ----------------------------------------------------------------------------- progress
+
+
+def _memory_text() -> str:
+    """Peak CUDA memory (allocator statistics, no device sync) or the process's peak RSS."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return f"{torch.cuda.max_memory_allocated() / 1024**3:.1f}G"
+    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    scale = 1024**3 if sys.platform == "darwin" else 1024**2  # macOS reports bytes
+    return f"{rss_kb / scale:.1f}G rss"
+
+
+def _fmt(v) -> str:
+    if isinstance(v, torch.Tensor):  # a CUDA tensor here costs a sync: pass floats you already have
+        v = v.item()
+    if isinstance(v, bool) or isinstance(v, int | np.integer):
+        return str(v)
+    if isinstance(v, float | np.floating):
+        return f"{v:.3g}" if v != 0 else "0"
+    return str(v)
+
+
+class Progress:
+    """A tqdm bar for the training loop: it/s and ETA (tqdm's), samples/s, memory, data wait.
+
+    `update(step, data_s, step_s, **metrics)`: `step` is the global step after this update,
+    `data_s` the seconds spent waiting for the batch and `step_s` the seconds of compute.
+    The data-wait fraction sum(data_s) / sum(data_s + step_s) over the last `window` updates
+    says whether the GPU is starved by the DataLoader (more workers / prefetch help) or not.
+    Nothing here synchronises the GPU; measure `step_s` where you already sync (or accept
+    that without a sync it measures launch time).
+    """
+
+    def __init__(self, total_steps: int, initial: int = 0, samples_per_step: int = 1,
+                 enabled: bool = True, desc: str = "train", window: int = 50):
+        self.samples_per_step = samples_per_step
+        self._times: collections.deque[tuple[float, float]] = collections.deque(maxlen=window)
+        self.bar = (tqdm(total=total_steps, initial=initial, desc=desc, dynamic_ncols=True,
+                         mininterval=1.0, smoothing=0.1, file=sys.stderr) if enabled else None)
+
+    @property
+    def data_wait_fraction(self) -> float:
+        data = sum(d for d, _ in self._times)
+        total = data + sum(s for _, s in self._times)
+        return data / total if total > 0 else 0.0
+
+    def samples_per_second(self) -> float | None:
+        """tqdm's smoothed step rate times samples per step (None before the rate is known)."""
+        rate = self.bar.format_dict.get("rate") if self.bar is not None else None
+        if rate is None and self._times:
+            busy = sum(d + s for d, s in self._times)
+            rate = len(self._times) / busy if busy > 0 else None
+        return rate * self.samples_per_step if rate else None
+
+    def update(self, step: int, data_s: float = 0.0, step_s: float = 0.0, **metrics) -> None:
+        self._times.append((float(data_s), float(step_s)))
+        if self.bar is None:
+            return
+        parts = [f"{k}={_fmt(v)}" for k, v in metrics.items()]
+        sps = self.samples_per_second()
+        if sps is not None:
+            parts.append(f"{sps:.3g} samples/s")
+        parts.append(f"mem={_memory_text()}")
+        parts.append(f"data_wait={self.data_wait_fraction:.0%}")
+        self.bar.set_postfix_str(" ".join(parts), refresh=False)
+        self.bar.update(step - self.bar.n)
+
+    def write(self, msg: str) -> None:
+        """Print a line without breaking the bar (nothing when disabled, like every other call)."""
+        if self.bar is not None:
+            self.bar.write(msg)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

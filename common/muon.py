@@ -1,0 +1,477 @@
+"""Muon for N-D weights, and MuonAdamW: one optimizer that sends hidden weights to Muon, the rest to AdamW.
+
+Muon (https://kellerjordan.github.io/posts/muon/) keeps SGD-momentum on a weight matrix and replaces the
+step by the matrix's nearest semi-orthogonal matrix, found with a few Newton–Schulz (NS) iterations.
+`Muon` here has exactly the hyper-parameters and arithmetic of `torch.optim.Muon` (the test oracle on 2-D
+weights: momentum as `lerp`, Nesterov, decoupled weight decay `p *= 1 - lr * wd`, `adjust_lr_fn`
+None/"original" | "match_rms_adamw" | "spectral_unclamped", `ns_coefficients`, `eps`, `ns_steps`, NS in
+bf16). It differs only where torch cannot go:
+
+Why reshape N-D weights to (out, -1).
+    `torch.optim.Muon` refuses anything but 2-D. A Conv1d weight (out, in, k) *is* the matrix
+    (out, in*k) acting on unfolded input patches, so that is what must be orthogonalised. Running the NS
+    matmuls on the 3-D tensor instead (batched `@`) orthogonalises each output channel's (in, k) slice
+    separately — a different, wrong update that ignores how output channels relate. The learning-rate
+    adjustment is also computed from the 2-D view (torch's reads only `shape[:2]`, i.e. would drop k).
+    (out, -1) is right for ConvTranspose weights (in, out, k) too: that view is the matrix of the adjoint
+    convolution, and orthogonalisation commutes with transposition.
+
+Why the step size ignores the gradient's magnitude.
+    NS first divides by the Frobenius norm, then pushes every singular value towards 1: the update's size
+    is set by lr and the weight's shape alone. `clip_grad_norm_` rescales the gradient, which NS undoes,
+    so clipping does NOT bound a Muon step; learning-rate warmup, the schedule and weight decay do. A
+    spike (or NaN) gradient still moves the weights a full step, so a non-finite step must be skipped
+    before it reaches the momentum buffer: step through `GradScaler.step` or
+    `common.training.step_optimizer`, both of which skip it.
+
+Why NS never runs in fp16.
+    The iteration squares the matrix and applies a polynomial with coefficients near 4.8; fp16's 5-bit
+    exponent (max 65504) overflows or underflows on real gradients, while bf16 has fp32's range and the
+    iteration is built to tolerate bf16's short mantissa. NS runs in bf16 like torch (or fp32 on request);
+    fp16 weights/gradients are orthogonalised in fp32, as are weights on a GPU without bf16.
+
+MuonAdamW is one `torch.optim.Optimizer` (one object to checkpoint, schedule, scale and clip) with
+param_groups[0] = Muon (hidden >=2-D weights) and param_groups[1] = AdamW (everything else), the AdamW
+half being torch's own functional AdamW, so it works unchanged with LambdaLR, GradScaler, clip_grad_norm_
+and state_dict/load_state_dict.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.optim import Optimizer
+from torch.optim.adamw import adamw as functional_adamw
+
+DEFAULT_NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+MUON_EPS = 1e-7
+ADJUST_LR_FNS = (None, "original", "match_rms_adamw", "spectral_unclamped")
+NS_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+# ----------------------------------------------------------------------------------------------- maths
+
+
+def zeropower_via_newtonschulz(
+    g: Tensor, ns_coefficients: Sequence[float], ns_steps: int, eps: float, dtype: torch.dtype = torch.bfloat16
+) -> Tensor:
+    """Approximately orthogonalise a 2-D matrix (U S V^T -> U S' V^T, S' ~ 1), same ops as torch's."""
+    if g.ndim != 2:
+        raise ValueError(f"Newton–Schulz needs a 2-D matrix, got shape {tuple(g.shape)}")
+    if dtype == torch.float16:
+        raise ValueError("Newton–Schulz must not run in float16 (overflows); use bfloat16 or float32")
+    a, b, c = ns_coefficients
+    x = g.to(dtype, copy=True)  # a copy: never normalise the caller's momentum buffer in place
+    tall = g.size(0) > g.size(1)
+    if tall:
+        x = x.T
+    x.div_(x.norm().clamp(min=eps))  # spectral norm <= Frobenius norm <= 1
+    for _ in range(ns_steps):
+        gram = x @ x.T
+        poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)
+        x = torch.addmm(x, poly, x, beta=a)
+    return x.T if tall else x
+
+
+def adjust_lr(lr: float, adjust_lr_fn: str | None, rows: int, cols: int) -> float:
+    """torch.optim.Muon's shape-dependent step size, for the (rows, cols) matrix being orthogonalised."""
+    if adjust_lr_fn is None or adjust_lr_fn == "original":
+        ratio = math.sqrt(max(1, rows / cols))
+    elif adjust_lr_fn == "match_rms_adamw":
+        ratio = 0.2 * math.sqrt(max(rows, cols))
+    elif adjust_lr_fn == "spectral_unclamped":
+        ratio = math.sqrt(rows / cols)
+    else:
+        raise ValueError(f"adjust_lr_fn must be one of {ADJUST_LR_FNS}, got {adjust_lr_fn!r}")
+    return lr * ratio
+
+
+@functools.cache
+def _cuda_has_bf16(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 8
+
+
+def ns_compute_dtype(t: Tensor, ns_dtype: str) -> torch.dtype:
+    """The dtype NS runs in for this gradient: `ns_dtype`, but fp32 for fp16 tensors or a GPU without bf16."""
+    if ns_dtype not in NS_DTYPES:
+        raise ValueError(f"ns_dtype must be one of {list(NS_DTYPES)} (never float16), got {ns_dtype!r}")
+    dtype = NS_DTYPES[ns_dtype]
+    if t.dtype == torch.float16:
+        return torch.float32
+    if dtype == torch.bfloat16 and t.is_cuda and not _cuda_has_bf16(t.device.index or 0):
+        return torch.float32
+    return dtype
+
+
+def _muon_group_step(state: dict, group: dict) -> None:
+    """One Muon step over a param group (torch.optim.Muon's `_single_tensor_muon`, for N-D weights)."""
+    lr = float(group["lr"])
+    weight_decay, momentum = group["weight_decay"], group["momentum"]
+    for p in group["params"]:
+        if p.grad is None:
+            continue
+        grad = p.grad
+        if grad.is_sparse or torch.is_complex(p):
+            raise RuntimeError("Muon supports only dense real gradients")
+        st = state[p]
+        if "momentum_buffer" not in st:
+            st["momentum_buffer"] = torch.zeros_like(grad, memory_format=torch.preserve_format)
+        buf = st["momentum_buffer"]
+        buf.lerp_(grad, 1 - momentum)
+        update = grad.lerp(buf, momentum) if group["nesterov"] else buf
+        matrix = update.reshape(update.shape[0], -1)
+        ortho = zeropower_via_newtonschulz(
+            matrix, group["ns_coefficients"], group["ns_steps"], group["eps"],
+            ns_compute_dtype(matrix, group["ns_dtype"]),
+        )
+        step_lr = adjust_lr(lr, group["adjust_lr_fn"], matrix.shape[0], matrix.shape[1])
+        p.mul_(1 - lr * weight_decay)
+        p.add_(ortho.reshape(p.shape), alpha=-step_lr)
+
+
+def _check_muon_args(lr: float, momentum: float, weight_decay: float, ns_coefficients: Sequence[float],
+                     ns_steps: int, adjust_lr_fn: str | None, ns_dtype: str) -> None:
+    if not 0.0 <= float(lr):
+        raise ValueError(f"Muon lr must be >= 0, got {lr}")
+    if not 0.0 <= momentum:
+        raise ValueError(f"Muon momentum must be >= 0, got {momentum}")
+    if not 0.0 <= weight_decay:
+        raise ValueError(f"Muon weight_decay must be >= 0, got {weight_decay}")
+    if len(ns_coefficients) != 3:
+        raise ValueError(f"ns_coefficients must be 3 numbers (a, b, c), got {ns_coefficients}")
+    if not 0 <= ns_steps < 100:
+        raise ValueError(f"ns_steps must be in [0, 100), got {ns_steps}")
+    if adjust_lr_fn not in ADJUST_LR_FNS:
+        raise ValueError(f"adjust_lr_fn must be one of {ADJUST_LR_FNS}, got {adjust_lr_fn!r}")
+    if ns_dtype not in NS_DTYPES:
+        raise ValueError(f"ns_dtype must be one of {list(NS_DTYPES)} (never float16), got {ns_dtype!r}")
+
+
+class Muon(Optimizer):
+    """`torch.optim.Muon` for N-D weights: each weight is orthogonalised as its (out, -1) view.
+
+    Only for hidden >=2-D weights; biases, norms, embeddings, first/last layers belong to AdamW (use
+    `MuonAdamW`). `ns_dtype` ("bfloat16" as torch, or "float32") is the extra knob; fp16 is refused.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        lr: float = 1e-3,
+        weight_decay: float = 0.1,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_coefficients: tuple[float, float, float] = DEFAULT_NS_COEFFICIENTS,
+        eps: float = MUON_EPS,
+        ns_steps: int = 5,
+        adjust_lr_fn: str | None = None,
+        ns_dtype: str = "bfloat16",
+    ) -> None:
+        _check_muon_args(lr, momentum, weight_decay, ns_coefficients, ns_steps, adjust_lr_fn, ns_dtype)
+        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+                        ns_coefficients=tuple(ns_coefficients), eps=eps, ns_steps=ns_steps,
+                        adjust_lr_fn=adjust_lr_fn, ns_dtype=ns_dtype)
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.ndim < 2:
+                    raise ValueError(
+                        f"Muon needs >=2-D weights, got a parameter of shape {tuple(p.shape)}; "
+                        "send biases and norm gains to AdamW (MuonAdamW does this split for you)"
+                    )
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            _muon_group_step(self.state, group)
+        return loss
+
+
+# ------------------------------------------------------------------------------------------ the split
+
+_EMBEDDINGS = (nn.Embedding, nn.EmbeddingBag)
+_NORMS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm, nn.RMSNorm)
+
+
+def _layer_name(param_name: str) -> str:
+    """The module a parameter belongs to: `a.conv.parametrizations.weight.original0` -> `a.conv`."""
+    parts = param_name.split(".")
+    if "parametrizations" in parts:
+        cut = len(parts) - 1 - parts[::-1].index("parametrizations")
+        return ".".join(parts[:cut])
+    return ".".join(parts[:-1])
+
+
+def _is_weight_norm_magnitude(name: str) -> bool:
+    parts = name.split(".")
+    old_style = parts[-1] == "weight_g"
+    new_style = len(parts) >= 3 and parts[-3] == "parametrizations" and parts[-1] == "original0"
+    return old_style or new_style
+
+
+def _adamw_reason(name: str, p: Tensor, layer: nn.Module | None, excluded_by_module: bool,
+                  exclude: Sequence[str], edge_layers: set[str]) -> str | None:
+    """Why `name` goes to AdamW, or None when it is a hidden weight for Muon."""
+    if p.ndim < 2:
+        return "1-D"
+    if torch.is_complex(p):
+        return "complex"
+    if getattr(p, "_no_muon", False):
+        return "_no_muon"
+    if excluded_by_module:
+        return "muon_exclude"
+    hit = next((s for s in exclude if s in name), None)
+    if hit is not None:
+        return f"exclude {hit!r}"
+    if _is_weight_norm_magnitude(name):
+        return "weight-norm magnitude"
+    if _layer_name(name) in edge_layers:
+        return "first/last layer"
+    if isinstance(layer, _EMBEDDINGS):
+        return "embedding"
+    if isinstance(layer, _NORMS):
+        return "norm"
+    if isinstance(layer, nn.modules.conv._ConvNd) and layer.groups > 1:
+        return "grouped conv"
+    if min(p.shape[0], p.numel() // max(p.shape[0], 1)) == 1:
+        return "vector"  # orthogonalising a single row/column only normalises it
+    return None
+
+
+def _named_split(model: nn.Module, exclude: Sequence[str]) -> list[tuple[str, Tensor, str | None]]:
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"MuonAdamW/split_params need the model (an nn.Module) to tell hidden weights from the rest, "
+            f"got {type(model).__name__}; for a plain parameter list use Muon or torch.optim.AdamW"
+        )
+    if isinstance(exclude, str):
+        exclude = (exclude,)
+    exclude = tuple(exclude)
+    if not all(isinstance(s, str) and s for s in exclude):
+        raise ValueError(f"exclude must be a list of non-empty name substrings, got {exclude!r}")
+    all_named = list(model.named_parameters())
+    names = [n for n, _ in all_named]
+    for s in exclude:
+        if not any(s in n for n in names):
+            raise ValueError(
+                f"exclude entry {s!r} matches no parameter name (e.g. {names[:3]}); fix or drop it"
+            )
+    modules = dict(model.named_modules())
+    # First and last layer = the first/last module owning parameters, in registration order.
+    edge_layers = {_layer_name(all_named[0][0]), _layer_name(all_named[-1][0])} if all_named else set()
+
+    out = []
+    for name, p in all_named:
+        if not p.requires_grad:
+            continue
+        layer_name = _layer_name(name)
+        parts = layer_name.split(".") if layer_name else []
+        ancestors = [modules.get(".".join(parts[:i])) for i in range(len(parts) + 1)]
+        by_module = any(getattr(m, "muon_exclude", False) for m in ancestors if m is not None)
+        reason = _adamw_reason(name, p, modules.get(layer_name), by_module, exclude, edge_layers)
+        out.append((name, p, reason))
+    return out
+
+
+def check_split(model: nn.Module, muon_named: list[tuple[str, Tensor]],
+                adamw_named: list[tuple[str, Tensor]]) -> None:
+    """Every trainable parameter in exactly one group, nothing else; else a RuntimeError naming them."""
+    trainable = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
+    seen: dict[int, int] = {}
+    for _, p in muon_named + adamw_named:
+        seen[id(p)] = seen.get(id(p), 0) + 1
+    twice = [trainable.get(i, "?") for i, c in seen.items() if c > 1]
+    missing = [n for i, n in trainable.items() if i not in seen]
+    foreign = [n for n, p in muon_named + adamw_named if id(p) not in trainable]
+    if twice or missing or foreign:
+        raise RuntimeError(
+            "Muon/AdamW split is broken: every trainable parameter must be in exactly one group. "
+            f"In both: {twice}; in neither: {missing}; frozen or not in the model: {foreign}"
+        )
+
+
+def split_params(
+    model: nn.Module, exclude: Sequence[str] = ()
+) -> tuple[list[tuple[str, Tensor]], list[tuple[str, Tensor]]]:
+    """(muon_named, adamw_named) over the trainable parameters of `model`, registration order.
+
+    AdamW gets: 1-D params (biases, norm gains), embeddings, norm layers, weight-norm magnitudes (old
+    `weight_g` and new `parametrizations.weight.original0`), every parameter of the first and last
+    module that owns parameters (e.g. a vocoder's conv_pre/conv_post), grouped/depthwise convs (their
+    (out, -1) view mixes unrelated groups), vectors (a side of 1), and whatever the model marks: `exclude`
+    name substrings, `muon_exclude = True` on a module (covers its children), `_no_muon = True` on a
+    parameter. Everything else (hidden >=2-D weights, incl. weight-norm direction `original1`) -> Muon.
+    """
+    split = _named_split(model, exclude)
+    muon_named = [(n, p) for n, p, reason in split if reason is None]
+    adamw_named = [(n, p) for n, p, reason in split if reason is not None]
+    check_split(model, muon_named, adamw_named)
+    return muon_named, adamw_named
+
+
+def describe_split(model: nn.Module, exclude: Sequence[str] = ()) -> str:
+    """One line per trainable parameter: where it goes and why (print it when tuning a new model)."""
+    return "\n".join(
+        f"{'Muon ' if r is None else 'AdamW'} {n} {tuple(p.shape)}{'' if r is None else f' ({r})'}"
+        for n, p, r in _named_split(model, exclude)
+    )
+
+
+# -------------------------------------------------------------------------------------------- MuonAdamW
+
+
+def _scalar_dtype() -> torch.dtype:
+    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+
+
+class MuonAdamW(Optimizer):
+    """Muon on hidden >=2-D weights (param_groups[0]) + torch's AdamW on the rest (param_groups[1]).
+
+    `lr`, `betas`, `eps`, `weight_decay` are AdamW's; Muon uses `muon_lr` (default `lr`: with
+    adjust_lr_fn="match_rms_adamw" Muon reuses AdamW's lr and weight decay, Moonshot's recipe) and
+    `muon_weight_decay` (default `weight_decay`). See `split_params` for who goes where.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_steps: int = 5,
+        adjust_lr_fn: str | None = "match_rms_adamw",
+        muon_lr: float | None = None,
+        muon_weight_decay: float | None = None,
+        exclude: Sequence[str] = (),
+        ns_coefficients: tuple[float, float, float] = DEFAULT_NS_COEFFICIENTS,
+        ns_dtype: str = "bfloat16",
+    ) -> None:
+        muon_lr = lr if muon_lr is None else muon_lr
+        muon_weight_decay = weight_decay if muon_weight_decay is None else muon_weight_decay
+        _check_muon_args(muon_lr, momentum, muon_weight_decay, ns_coefficients, ns_steps, adjust_lr_fn,
+                         ns_dtype)
+        betas = tuple(float(b) for b in betas)
+        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {betas}")
+        if not 0.0 <= lr or not 0.0 <= eps or not 0.0 <= weight_decay:
+            raise ValueError(f"lr, eps and weight_decay must be >= 0, got {lr}, {eps}, {weight_decay}")
+        muon_named, adamw_named = split_params(model, exclude)
+        if not muon_named and not adamw_named:
+            raise ValueError("MuonAdamW got a model with no trainable parameters")
+        groups = [
+            dict(params=[p for _, p in muon_named], param_names=[n for n, _ in muon_named], use_muon=True,
+                 lr=muon_lr, weight_decay=muon_weight_decay, momentum=momentum, nesterov=nesterov,
+                 ns_coefficients=tuple(ns_coefficients), eps=MUON_EPS, ns_steps=ns_steps,
+                 adjust_lr_fn=adjust_lr_fn, ns_dtype=ns_dtype),
+            dict(params=[p for _, p in adamw_named], param_names=[n for n, _ in adamw_named],
+                 use_muon=False, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay),
+        ]
+        super().__init__(groups, dict(lr=lr))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            if group["use_muon"]:
+                _muon_group_step(self.state, group)
+            else:
+                self._adamw_group_step(group)
+        return loss
+
+    def _adamw_group_step(self, group: dict) -> None:
+        """torch.optim.AdamW's step (same state keys, same functional kernel, same foreach default)."""
+        params, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise RuntimeError("AdamW does not support sparse gradients")
+            st = self.state[p]
+            if not st:
+                st["step"] = torch.tensor(0.0, dtype=_scalar_dtype())
+                st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            params.append(p)
+            grads.append(p.grad)
+            exp_avgs.append(st["exp_avg"])
+            exp_avg_sqs.append(st["exp_avg_sq"])
+            steps.append(st["step"])
+        if not params:
+            return
+        beta1, beta2 = group["betas"]
+        functional_adamw(
+            params, grads, exp_avgs, exp_avg_sqs, [], steps,
+            has_complex=any(torch.is_complex(p) for p in params),
+            amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
+            eps=group["eps"], maximize=False,
+        )
+
+
+Muon_AdamW = MuonAdamW
+
+# ------------------------------------------------------------------------------------------ from config
+
+OPTIMIZER_ALIASES = {
+    "AdamW": "torch.optim.AdamW",
+    "Adam": "torch.optim.Adam",
+    "MuonAdamW": "common.muon.MuonAdamW",
+    "Muon_AdamW": "common.muon.MuonAdamW",
+}
+
+
+def build_optimizer(cls_name: str, model: nn.Module, **kwargs: Any) -> Optimizer:
+    """The optimizer a config names (`optimizer_cls` + its args) over `model`'s trainable parameters.
+
+    `cls_name`: an alias (AdamW, Adam, MuonAdamW, Muon_AdamW) or a dotted path to a torch.optim.Optimizer
+    subclass. `beta1`/`beta2` (SingingVocoders configs) become `betas`.
+    """
+    from common.config import import_from_string
+
+    valid = f"aliases {sorted(OPTIMIZER_ALIASES)} or a dotted path such as 'torch.optim.AdamW'"
+    if not isinstance(cls_name, str) or not cls_name:
+        raise ValueError(f"optimizer class must be a name: {valid}; got {cls_name!r}")
+    if cls_name in OPTIMIZER_ALIASES:
+        cls = import_from_string(OPTIMIZER_ALIASES[cls_name])
+    elif "." in cls_name:
+        try:
+            cls = import_from_string(cls_name)
+        except (ValueError, ImportError) as exc:
+            raise ValueError(f"unknown optimizer class {cls_name!r} ({exc}); use {valid}") from None
+    else:
+        raise ValueError(f"unknown optimizer class {cls_name!r}; use {valid}")
+    if not (inspect.isclass(cls) and issubclass(cls, Optimizer)):
+        raise ValueError(f"{cls_name!r} is not a torch.optim.Optimizer subclass; use {valid}")
+
+    if "beta1" in kwargs or "beta2" in kwargs:
+        if "betas" in kwargs:
+            raise ValueError("give either betas or beta1/beta2 in the optimizer arguments, not both")
+        kwargs["betas"] = (float(kwargs.pop("beta1", 0.9)), float(kwargs.pop("beta2", 0.999)))
+    if "betas" in kwargs:
+        kwargs["betas"] = tuple(kwargs["betas"])
+
+    if issubclass(cls, MuonAdamW):
+        target: Any = model
+    else:
+        target = [p for p in model.parameters() if p.requires_grad]
+        if not target:
+            raise ValueError(f"{cls_name}: the model has no trainable parameters")
+    try:
+        return cls(target, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"{cls_name}{inspect.signature(cls)} rejected the arguments {sorted(kwargs)}: {exc}") from None

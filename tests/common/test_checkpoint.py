@@ -1,0 +1,102 @@
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from common.checkpoint import (CheckpointError, CheckpointManager, GracefulExit, load_checkpoint, load_matching,
+                               resolve_resume, save_atomic)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_atomic_save_survives_crash_mid_write(tmp_path, monkeypatch):
+    path = tmp_path / "model.pt"
+    save_atomic({"w": torch.ones(3)}, path)
+
+    def exploding_save(obj, f, *a, **k):
+        f.write(b"partial garbage")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", exploding_save)
+    with pytest.raises(OSError, match="disk full"):
+        save_atomic({"w": torch.zeros(3)}, path)
+    monkeypatch.undo()
+    assert torch.equal(load_checkpoint(path)["w"], torch.ones(3))  # old checkpoint intact
+    assert [p.name for p in tmp_path.iterdir()] == ["model.pt"]  # no temp file left behind
+
+
+def test_atomic_save_survives_killed_process(tmp_path):
+    """A process killed (SIGKILL) while writing leaves the previous file readable."""
+    path = tmp_path / "big.pt"
+    save_atomic({"step": 1}, path)
+    code = (
+        "import os, torch, common.checkpoint as c\n"
+        "orig = torch.save\n"
+        "def slow(obj, f, *a, **k):\n"
+        "    f.write(b'x' * 1000); f.flush(); os.kill(os.getpid(), 9)\n"
+        "torch.save = slow\n"
+        f"c.save_atomic({{'step': 2}}, {str(path)!r})\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO)
+    assert proc.returncode != 0
+    assert load_checkpoint(path)["step"] == 1
+
+
+def test_rotation_keeps_last_n_and_best_after(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=3, save_best_after=30, mode="min")
+    metrics = {10: 0.1, 20: 5.0, 30: 3.0, 40: 4.0, 50: 2.0, 60: 2.5}
+    for step, metric in metrics.items():
+        mgr.save({"step": step}, step, metric=metric)
+    names = sorted(p.name for p in tmp_path.glob("model_*.pt"))
+    assert names == ["model_00000040.pt", "model_00000050.pt", "model_00000060.pt"]
+    # 0.1 at step 10 is before save_best_after, so the best is step 50's 2.0
+    assert load_checkpoint(tmp_path / "best.pt")["step"] == 50
+    again = CheckpointManager(tmp_path, keep_last=3, save_best_after=30)
+    assert again.best_metric == 2.0 and again.latest().name == "model_00000060.pt"
+    assert resolve_resume("auto", tmp_path, again) == tmp_path / "model_00000060.pt"
+    assert resolve_resume("auto", tmp_path / "empty") is None
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
+        resolve_resume(str(tmp_path / "missing.pt"), tmp_path)
+
+
+class Evil:
+    def __reduce__(self):
+        return (os.system, ("echo pwned > /tmp/should_not_exist_marker",))
+
+
+def test_malicious_pickle_is_refused(tmp_path):
+    path = tmp_path / "evil.pt"
+    with open(path, "wb") as f:
+        torch.save({"model": Evil()}, f, pickle_module=pickle)
+    with pytest.raises(CheckpointError, match="refused to load"):
+        load_checkpoint(path)
+    assert not Path("/tmp/should_not_exist_marker").exists()
+    (tmp_path / "text.pt").write_text("hello")
+    with pytest.raises(CheckpointError, match="not a readable"):
+        load_checkpoint(tmp_path / "text.pt")
+
+
+def test_load_matching_lists_mismatched_and_missing():
+    src = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 4))
+    dst = nn.Sequential(nn.Embedding(12, 4), nn.Linear(4, 4), nn.Linear(4, 2))
+    report = load_matching(dst, src.state_dict())
+    assert torch.equal(dst[1].weight, src[1].weight)
+    assert any(m.startswith("0.weight") for m in report.mismatched)
+    assert "2.weight" in report.missing and "2.bias" in report.missing
+    assert "0.weight" in str(report) and "re-initialised" in str(report)
+    with pytest.raises(CheckpointError, match="strict"):
+        load_matching(dst, src.state_dict(), strict_shapes=True)
+    ignored = load_matching(dst, src.state_dict(), ignore=("1.",))
+    assert "1.weight" in ignored.ignored
+
+
+def test_graceful_exit_flags_sigterm():
+    import signal
+    with GracefulExit() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested and stop.signal_name == "SIGTERM"

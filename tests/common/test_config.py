@@ -1,0 +1,97 @@
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+import pytest
+
+from common.config import ConfigError, load_config, save_config, import_from_string
+
+
+@dataclass
+class Optim:
+    optimizer_cls: str = "torch.optim.AdamW"
+    lr: float = 1e-4
+    betas: list[float] = field(default_factory=lambda: [0.8, 0.99])
+
+
+@dataclass
+class Schema:
+    ALIASES: ClassVar[dict[str, str]] = {"max_steps": "max_updates"}
+    max_updates: int = 100
+    crop_mel_frames: int = 32
+    precision: Literal["32-true", "16-mixed", "bf16-mixed"] = "32-true"
+    clip_grad_norm: float | None = None
+    use_stftloss: bool = False
+    optim: Optim = field(default_factory=Optim)
+    extra: dict = field(default_factory=dict)
+
+
+def write(path, text):
+    path.write_text(text)
+    return path
+
+
+def test_inheritance_list_and_relative_paths(tmp_path):
+    (tmp_path / "sub").mkdir()
+    write(tmp_path / "base.yaml", "max_updates: 10\noptim:\n  lr: 0.001\n  betas: [0.9, 0.99]\n")
+    write(tmp_path / "sub" / "mid.yaml", "crop_mel_frames: 48\n")
+    child = write(tmp_path / "sub" / "child.yaml", "base_config: [../base.yaml, mid.yaml]\noptim:\n  lr: 0.0003\n")
+    cfg = load_config(child, Schema)
+    assert cfg.max_updates == 10 and cfg.crop_mel_frames == 48
+    assert cfg.optim.lr == 3e-4 and cfg.optim.betas == [0.9, 0.99]  # deep merge kept betas
+
+
+def test_overrides_convert_types_and_extra(tmp_path):
+    f = write(tmp_path / "c.yaml", "max_updates: 10\n")
+    cfg = load_config(f, Schema, overrides=["optim.lr=3e-4", "clip_grad_norm=1", "use_stftloss=true", "optim.betas=[0.5,0.9]"],
+                      extra={"crop_mel_frames": 80, "max_updates": None})
+    assert cfg.optim.lr == pytest.approx(3e-4) and isinstance(cfg.optim.lr, float)
+    assert cfg.clip_grad_norm == 1.0 and cfg.use_stftloss is True and cfg.optim.betas == [0.5, 0.9]
+    assert cfg.crop_mel_frames == 80 and cfg.max_updates == 10  # None in extra is skipped
+
+
+def test_unknown_key_names_key_file_and_suggestion(tmp_path):
+    f = write(tmp_path / "bad.yaml", "optim:\n  lrr: 0.1\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(f, Schema)
+    msg = str(e.value)
+    assert "optim.lrr" in msg and "bad.yaml" in msg and "optim.lr" in msg
+
+
+def test_unknown_key_from_override_and_inherited_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"crop_mel_frame.*--set.*crop_mel_frames"):
+        load_config(None, Schema, overrides=["crop_mel_frame=3"])
+    write(tmp_path / "base.yaml", "use_stft_loss: true\n")
+    child = write(tmp_path / "child.yaml", "base_config: base.yaml\n")
+    with pytest.raises(ConfigError, match=r"use_stft_loss.*base\.yaml.*use_stftloss"):
+        load_config(child, Schema)
+
+
+def test_bad_types_and_literals():
+    with pytest.raises(ConfigError, match="max_updates"):
+        load_config(None, Schema, overrides=["max_updates=abc"])
+    with pytest.raises(ConfigError, match="precision"):
+        load_config(None, Schema, overrides=["precision=fp64"])
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        load_config(None, Schema, overrides=["max_updates"])
+
+
+def test_alias_and_missing_file(tmp_path):
+    assert load_config(None, Schema, overrides=["max_steps=7"]).max_updates == 7
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml", Schema)
+    bad = write(tmp_path / "cyc.yaml", "base_config: cyc.yaml\n")
+    with pytest.raises(ConfigError, match="cycle"):
+        load_config(bad, Schema)
+
+
+def test_save_config_round_trip(tmp_path):
+    cfg = load_config(None, Schema, overrides=["optim.lr=0.01"])
+    path = save_config(cfg, tmp_path / "run")
+    assert load_config(path, Schema) == cfg
+
+
+def test_import_from_string():
+    import torch
+    assert import_from_string("torch.optim.AdamW") is torch.optim.AdamW
+    with pytest.raises(ConfigError, match="no 'Nope'"):
+        import_from_string("torch.optim.Nope")

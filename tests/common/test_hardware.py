@@ -1,0 +1,133 @@
+"""Hardware report, presets, batch-size finder and OOM handling, all on the CPU."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from common import hardware
+from common.hardware import (
+    PRESETS,
+    arch_support,
+    cuda_memory_stats,
+    find_batch_size,
+    hardware_report,
+    is_oom,
+    oom_message,
+    resolve_preset,
+)
+
+CUDA = torch.cuda.is_available()
+
+
+def fake_trainer(threshold, calls):
+    """try_batch that 'runs out of memory' above `threshold`, recording every size it saw."""
+    def try_batch(b):
+        calls.append(b)
+        if b > threshold:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {b} MiB")
+    return try_batch
+
+
+def test_find_batch_size_search():
+    calls = []
+    got = find_batch_size(fake_trainer(37, calls), start=1, limit=4096, headroom=0.9, cuda_available=True)
+    assert got == int(37 * 0.9) == 33
+    assert max(calls) <= 4096
+    assert 37 in calls and 38 in calls  # the boundary was actually located
+    assert calls[:7] == [1, 2, 4, 8, 16, 32, 64]  # doubling first
+
+
+def test_find_batch_size_respects_limit_and_start():
+    calls = []
+    assert find_batch_size(fake_trainer(10**6, calls), start=3, limit=20, headroom=1.0,
+                           cuda_available=True) == 20
+    assert max(calls) == 20 and calls[0] == 3
+    calls = []  # start already too big: search below it
+    assert find_batch_size(fake_trainer(5, calls), start=16, headroom=1.0, cuda_available=True) == 5
+    assert max(calls) == 16
+    assert find_batch_size(fake_trainer(1, []), start=1, headroom=0.5, cuda_available=True) == 1
+    with pytest.raises(RuntimeError, match="even batch size 1"):
+        find_batch_size(fake_trainer(0, []), cuda_available=True)
+
+
+def test_find_batch_size_other_errors_propagate_and_cpu_returns_start(capsys):
+    def broken(b):
+        raise ValueError("shape mismatch")
+    with pytest.raises(ValueError, match="shape mismatch"):
+        find_batch_size(broken, cuda_available=True)
+    calls = []
+    assert find_batch_size(fake_trainer(37, calls), start=4, cuda_available=False) == 4
+    assert calls == [] and "cannot measure" in capsys.readouterr().out
+
+
+def test_is_oom():
+    assert is_oom(torch.OutOfMemoryError("x"))
+    assert is_oom(RuntimeError("CUDA error: out of memory"))
+    assert not is_oom(RuntimeError("size mismatch"))
+    assert not is_oom(ValueError("out of memory"))  # only runtime errors come from the allocator
+
+
+def test_oom_message_gives_next_settings():
+    msg = oom_message("vocoder train step", 16, {"accumulation": 2, "precision": "32-true",
+                                                  "checkpointing_key": "model.checkpointing",
+                                                  "crop_key": "crop_mel_frames", "crop": 64})
+    assert "batch_size=8" in msg and "accumulate_grad_batches=4" in msg
+    assert "bf16-mixed" in msg and "model.checkpointing=true" in msg and "crop_mel_frames=32" in msg
+    plain = oom_message("vae step", 1, {"precision": "bf16-mixed"})
+    assert "batch_size=0" not in plain and "bf16-mixed" not in plain and "crop" not in plain
+
+
+def test_cuda_memory_stats_shape():
+    stats = cuda_memory_stats()
+    assert (stats == {}) if not CUDA else {"allocated_gib", "reserved_gib", "peak_gib"} <= set(stats)
+
+
+def test_arch_support():
+    archs = ["sm_80", "sm_86", "sm_90", "sm_90a", "compute_90"]
+    assert arch_support((8, 6), archs)[0]
+    assert arch_support((8, 9), archs) == (True, "yes (sm_86 kernels run on sm_89)")
+    assert "PTX" in arch_support((12, 0), archs)[1]
+    assert not arch_support((12, 0), ["sm_80", "sm_90"])[0]
+    assert not arch_support((7, 0), archs)[0]
+    assert not arch_support((12, 0), [])[0]
+
+
+@pytest.mark.skipif(CUDA, reason="checks the CPU-only wording")
+def test_hardware_report_on_cpu():
+    text = hardware_report()
+    assert "CPU-only" in text and "sm_120" in text
+    assert f"torch       {torch.__version__}" in text
+    has = "sm_120" in torch.cuda.get_arch_list()
+    assert ("this torch has it" in text) == has
+    assert text.splitlines()[-1].startswith("Verdict")
+
+
+def test_presets_and_resolve(capsys):
+    for name in ("rtx4090", "rtx5090", "cpu"):
+        for trainer in ("vocoder", "tts", "tts_clone", "vae"):
+            s = PRESETS[name][trainer]
+            assert {"batch_size", "num_workers", "precision"} <= set(s)
+    assert PRESETS["rtx5090"]["vocoder"]["batch_size"] > PRESETS["rtx4090"]["vocoder"]["batch_size"]
+    got = resolve_preset("rtx5090", "vocoder")
+    got["batch_size"] = -1  # a copy: the table is not modified
+    assert PRESETS["rtx5090"]["vocoder"]["batch_size"] == 32
+    assert resolve_preset("auto", "vae", vram_gb=32.6) == PRESETS["rtx5090"]["vae"]
+    assert resolve_preset("auto", "tts", vram_gb=25.3) == PRESETS["rtx4090"]["tts"]
+    assert "rtx4090" in capsys.readouterr().out
+    if not CUDA:
+        assert resolve_preset("auto", "tts") == PRESETS["cpu"]["tts"]
+        assert "'cpu'" in capsys.readouterr().out
+    assert set(resolve_preset("RTX4090")) == {"vocoder", "tts", "tts_clone", "vae"}
+    with pytest.raises(ValueError, match="valid presets are auto, rtx4090, rtx5090, cpu"):
+        resolve_preset("a100", "tts")
+    with pytest.raises(ValueError, match="valid trainers"):
+        resolve_preset("rtx4090", "gpt")
+    assert hardware._preset_for_vram(None) == "cpu"
+
+
+def test_check_module_exits_zero():
+    out = subprocess.run([sys.executable, "-m", "common.check"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "Verdict" in out.stdout and "sm_120" in out.stdout

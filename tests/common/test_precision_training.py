@@ -1,0 +1,79 @@
+import torch
+from torch import nn
+
+from common.precision import Precision, normalize_precision
+from common.training import EMA, NonFiniteError, NonFiniteGuard, step_optimizer
+import pytest
+
+
+def test_precision_aliases_and_cpu_report():
+    assert normalize_precision("fp16") == "16-mixed" and normalize_precision("bf16") == "bf16-mixed"
+    assert normalize_precision(True) == "bf16-mixed" and normalize_precision(False) == "32-true"
+    with pytest.raises(ValueError, match="unknown precision"):
+        normalize_precision("fp8")
+    p = Precision("16-mixed", "cpu", tf32=True, cudnn_benchmark=True)
+    report = "\n".join(p.report())
+    assert p.scaler.is_enabled() and "tf32" in report and "cudnn_benchmark" in report and "not applied" in report
+    assert not Precision("bf16-mixed", "cpu").scaler.is_enabled()
+
+
+def test_autocast_bf16_runs_linear_in_bf16_and_no_autocast_is_fp32():
+    p = Precision("bf16-mixed", "cpu")
+    lin = nn.Linear(4, 4)
+    with p.autocast():
+        assert lin(torch.randn(2, 4)).dtype == torch.bfloat16
+        with p.no_autocast():
+            assert lin(torch.randn(2, 4)).dtype == torch.float32
+
+
+def test_fp16_grad_scaler_skips_injected_inf_on_cpu():
+    torch.manual_seed(0)
+    p = Precision("16-mixed", "cpu")
+    model = nn.Linear(4, 1)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    before = [t.clone() for t in model.parameters()]
+    with p.autocast():
+        loss = model(torch.randn(8, 4)).float().pow(2).mean() * torch.tensor(float("inf"))
+    scale_before = p.scaler.get_scale()
+    norm, stepped = step_optimizer(loss, opt, model.parameters(), scaler=p.scaler, guard=NonFiniteGuard())
+    p.scaler.update()
+    assert not stepped and not torch.isfinite(norm)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert opt.state == {} or all(len(s) == 0 for s in opt.state.values())  # Adam moments untouched
+    assert p.scaler.get_scale() < scale_before  # the scaler backed off
+    with p.autocast():
+        loss = model(torch.randn(8, 4)).float().pow(2).mean()
+    _, stepped = step_optimizer(loss, opt, model.parameters(), scaler=p.scaler)
+    p.scaler.update()
+    assert stepped and not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_clip_really_clips_and_guard_stops():
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    loss = model(torch.full((2, 4), 100.0)).sum()
+    w0 = model.weight.detach().clone()
+    norm, stepped = step_optimizer(loss, opt, model.parameters(), clip_grad_norm=0.5)
+    assert stepped and norm > 0.5
+    assert (model.weight.detach() - w0).norm() <= 0.5 + 1e-5  # SGD lr 1: the update is the clipped grad
+    guard = NonFiniteGuard(max_consecutive=3)
+    assert guard.check(True)
+    assert not guard.check(torch.tensor(float("nan")))
+    assert not guard.check(False)
+    with pytest.raises(NonFiniteError, match="consecutive"):
+        guard.check(False)
+    assert guard.skipped_total == 3
+
+
+def test_ema_tracks_and_round_trips():
+    model = nn.Linear(3, 3)
+    ema = EMA(model, decay=0.5)
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    ema.update(model)
+    target = nn.Linear(3, 3)
+    ema2 = EMA(target, decay=0.9)
+    ema2.load_state_dict(ema.state_dict())
+    ema2.copy_to(target)
+    expected = model.weight.detach() - 0.5
+    assert torch.allclose(target.weight, expected, atol=1e-6)

@@ -1,0 +1,154 @@
+"""Configuration of the voice-cloning model and of `tts/train_main.py`, as typed dataclasses.
+
+One schema, loaded by `common.config.load_config` from YAML (`tts/configs/clone_*.yaml`) and then
+overridden by the script's flags. The defaults ARE the documented "after" values of tts/CLONE.md
+(what we recommend instead of the XTTS-style settings users arrive with); the `fast_convergence`
+preset is applied on top by train_main, never hidden in here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+# size -> (text dim, layers, heads), (audio/reference dim, layers, heads), (decoder dim, layers, heads)
+SIZES: dict[str, dict[str, tuple[int, int, int]]] = {
+    "tiny": {"text": (64, 2, 2), "audio": (64, 2, 2), "decoder": (96, 2, 2)},
+    "small": {"text": (256, 4, 4), "audio": (256, 4, 4), "decoder": (384, 6, 6)},
+    "normal": {"text": (512, 6, 8), "audio": (512, 6, 8), "decoder": (768, 8, 12)},
+}
+# postnet (channels, layers) and duration-predictor width per size
+POSTNET: dict[str, tuple[int, int]] = {"tiny": (64, 3), "small": (256, 5), "normal": (512, 5)}
+DURATION_HIDDEN: dict[str, int] = {"tiny": 64, "small": 256, "normal": 256}
+
+
+@dataclass
+class ModelConfig:
+    """Architecture. `size` picks the table above; the other fields are shared by all sizes."""
+
+    size: Literal["tiny", "small", "normal"] = "normal"
+    ffn_mult: int = 2          # feed-forward width = ffn_mult * dim (conv kernel 3, then 1)
+    kernel_size: int = 3
+    dropout: float = 0.1
+    max_log_duration: float = 6.0  # clamp of the predicted log-duration at inference (e^6 ≈ 400 frames)
+
+
+@dataclass
+class AudioConfig:
+    """Mel/f0 settings. They must equal the vocoder's (checked when the vocoder is loaded)."""
+
+    sample_rate: int = 44100
+    n_fft: int = 2048
+    win_length: int = 2048
+    hop_length: int = 512
+    n_mels: int = 128
+    fmin: float = 40.0
+    fmax: float = 16000.0
+    f0_min: float = 60.0
+    f0_max: float = 800.0
+    f0_method: str = "parselmouth"
+
+
+@dataclass
+class DataConfig:
+    train: str = ""            # --train-data: train.jsonl or a prepared folder (then its train.jsonl)
+    val: str = ""              # --val-data: eval.jsonl; default: the prepared folder's eval.jsonl
+    cache_dir: str = ""        # mel/f0 cache; default <checkpoint_dir>/features (input is never modified)
+    min_seconds: float = 0.5   # the shared data check (common.audio.check_audio) limits
+    max_seconds: float = 20.0
+    ref_seconds: float = 3.0   # reference crop during training (fixed length: a static shape)
+    min_ref_seconds: float = 1.0  # a reference clip shorter than this is refused
+    num_buckets: int = 8       # length buckets: every batch is padded to its bucket's fixed lengths
+    frame_multiple: int = 16   # bucket frame lengths are rounded up to this
+    text_multiple: int = 8     # bucket text lengths are rounded up to this
+    prefetch_factor: int = 4   # only with num_workers > 0
+    pin_memory: bool = True    # only on CUDA
+    stats_items: int = 256     # training items used for the mel mean/std at a fresh start
+
+
+@dataclass
+class OptimConfig:
+    optimizer: Literal["adamw", "muon_adamw"] = "adamw"
+    lr: float = 2e-4
+    beta1: float = 0.9
+    beta2: float = 0.98
+    eps: float = 1e-9
+    weight_decay: float = 0.01
+    clip_grad_norm: float = 1.0  # 0 disables clipping (the norm is still logged)
+
+
+@dataclass
+class SchedulerConfig:
+    name: Literal["noam", "cosine_with_warmup", "exponential", "constant"] = "cosine_with_warmup"
+    warmup_steps: int = 1000
+    min_ratio: float = 0.05    # cosine floor, as a fraction of the peak LR
+    gamma: float = 0.99995     # exponential decay per optimizer step
+
+
+@dataclass
+class LossConfig:
+    mel: float = 1.0           # L1 on the decoder mel and on the post-net mel (normalised units)
+    duration: float = 1.0      # MSE on log-durations from MAS
+    prior: float = 1.0         # Gaussian prior under the MAS path (what teaches the aligner)
+    f0: float = 0.5            # L1 on normalised log-f0
+    voiced: float = 0.1        # BCE on the voiced flag
+
+
+@dataclass
+class TrainConfig:
+    checkpoint_dir: str = "runs/tts_clone"
+    epochs: int = 1000
+    max_updates: int = 0       # optimizer steps; 0 = run until --epochs
+    batch_size: int = 32
+    grad_accum: int = 1
+    num_workers: int = 4
+    precision: str = "auto"    # auto = bf16-mixed on a bf16 GPU, else 32-true
+    device: str = "auto"
+    seed: int = 1234
+    log_interval: int = 50     # optimizer steps
+    val_check_interval: int = 1000
+    save_interval: int = 1000  # also saved at every validation and at the end
+    save_n_checkpoints: int = 5
+    save_best_after: int = 0
+    max_gpu_memory: float = 0.0  # fraction of the GPU for this process; 0 = no cap
+    max_nonfinite: int = 20    # this many non-finite steps in a row stop the run
+    compile: bool = False      # torch.compile the model (bucketed shapes keep recompiles bounded)
+    tf32: bool = True
+    cudnn_benchmark: bool = True
+
+
+@dataclass
+class ValConfig:
+    batch_size: int = 16
+    max_batches: int = 0       # 0 = the whole eval set
+    sentences: list[str] = field(default_factory=lambda: [
+        "Salom, bugun havo juda yaxshi.",
+        "Men o'zbek tilida gapirishni yaxshi ko'raman.",
+    ])
+    reference: str = ""        # fixed reference voice (wav); "" = the first eval item's audio
+    plateau_patience: int = 5  # validations without improvement before the plateau notice
+    plateau_min_delta: float = 0.005  # relative improvement that counts
+
+
+@dataclass
+class VocoderConfig:
+    path: str = ""             # exported NSF-HiFiGAN (vocoder/export.py) for validation/inference audio
+
+
+@dataclass
+class CloneConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    audio: AudioConfig = field(default_factory=AudioConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    val: ValConfig = field(default_factory=ValConfig)
+    vocoder: VocoderConfig = field(default_factory=VocoderConfig)
+
+
+def mel_kwargs(audio: AudioConfig) -> dict:
+    """The keyword arguments of `common.audio.MelSpectrogram` for these settings."""
+    return dict(sample_rate=audio.sample_rate, n_fft=audio.n_fft, win_length=audio.win_length,
+                hop_length=audio.hop_length, n_mels=audio.n_mels, fmin=audio.fmin, fmax=audio.fmax)

@@ -1,0 +1,165 @@
+"""Save/load our AutoencoderKL in diffusers' `AutoencoderKL` folder layout (config.json + weights).
+
+Why: users train a VAE to put it into a diffusion pipeline (`AutoencoderKL.from_pretrained(folder)`).
+The key names below are diffusers' (`encoder.down_blocks.{i}.resnets.{j}.conv_shortcut`,
+`decoder.up_blocks.{i}` counted from the LOWEST resolution, `mid_block.attentions.0.to_q`, ...);
+ours are CompVis-like (`encoder.down.{i}.blocks.{j}.skip`, `decoder.up.{level}` counted from full
+resolution). The mapping is a pure rename: every tensor keeps its shape. diffusers itself is not
+needed to write or read the folder.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+
+from common.checkpoint import load_checkpoint
+from vae.model import AutoencoderKL, build_vae
+
+WEIGHTS_SAFETENSORS = "diffusion_pytorch_model.safetensors"
+WEIGHTS_BIN = "diffusion_pytorch_model.bin"
+
+_RES = {"skip": "conv_shortcut"}  # ResBlock parts that are renamed; norm1/conv1/norm2/conv2 match
+_ATTN = {"norm": "group_norm", "q": "to_q", "k": "to_k", "v": "to_v", "proj": "to_out.0"}
+_TOP = {"conv_in": "conv_in", "norm_out": "conv_norm_out", "conv_out": "conv_out"}
+
+
+def _mid_to_diffusers(rest: str) -> str:
+    part, tail = rest.split(".", 1)
+    if part == "block_1":
+        return f"mid_block.resnets.0.{_res(tail)}"
+    if part == "block_2":
+        return f"mid_block.resnets.1.{_res(tail)}"
+    if part == "attn":
+        name, param = tail.rsplit(".", 1)
+        return f"mid_block.attentions.0.{_ATTN[name]}.{param}"
+    raise KeyError(rest)
+
+
+def _res(tail: str) -> str:
+    name, param = tail.split(".", 1)
+    return f"{_RES.get(name, name)}.{param}"
+
+
+def to_diffusers_key(key: str, num_levels: int) -> str:
+    """One of our state-dict keys → the diffusers AutoencoderKL key."""
+    if key.startswith(("quant_conv.", "post_quant_conv.")):
+        return key
+    side, rest = key.split(".", 1)
+    head = rest.split(".", 1)[0]
+    if head in _TOP:
+        return f"{side}.{_TOP[head]}.{rest.split('.', 1)[1]}"
+    if head == "mid":
+        return f"{side}.{_mid_to_diffusers(rest.split('.', 1)[1])}"
+    m = re.fullmatch(r"(down|up)\.(\d+)\.(blocks\.(\d+)|downsample|upsample)\.(.+)", rest)
+    if m is None:
+        raise KeyError(f"no diffusers name for '{key}'")
+    kind, level, part, block, tail = m.group(1), int(m.group(2)), m.group(3), m.group(4), m.group(5)
+    if kind == "down":
+        prefix = f"down_blocks.{level}"
+    else:  # diffusers runs the decoder's up_blocks from the lowest resolution
+        prefix = f"up_blocks.{num_levels - 1 - level}"
+    if block is not None:
+        return f"{side}.{prefix}.resnets.{block}.{_res(tail)}"
+    sampler = "downsamplers" if kind == "down" else "upsamplers"
+    return f"{side}.{prefix}.{sampler}.0.{tail}"
+
+
+def to_diffusers(state_dict: dict[str, torch.Tensor], num_levels: int) -> dict[str, torch.Tensor]:
+    return {to_diffusers_key(k, num_levels): v for k, v in state_dict.items()}
+
+
+def from_diffusers(state_dict: dict[str, torch.Tensor], model: AutoencoderKL) -> dict[str, torch.Tensor]:
+    """diffusers keys → ours, checked against `model`: a missing, extra or wrongly shaped tensor is
+    an error naming the key (a folder from another architecture must not half-load)."""
+    n = len(model.channels)
+    own = model.state_dict()
+    inverse = {to_diffusers_key(k, n): k for k in own}
+    out: dict[str, torch.Tensor] = {}
+    unexpected = [k for k in state_dict if k not in inverse]
+    missing = [k for k in inverse if k not in state_dict]
+    if unexpected or missing:
+        raise KeyError(f"diffusers weights do not match this architecture: missing {missing[:5]}, "
+                       f"unexpected {unexpected[:5]} ({len(missing)} missing, {len(unexpected)} unexpected)")
+    for dkey, ours in inverse.items():
+        tensor = state_dict[dkey]
+        if tuple(tensor.shape) != tuple(own[ours].shape):
+            raise ValueError(f"{dkey}: shape {tuple(tensor.shape)} but the model expects {tuple(own[ours].shape)}")
+        out[ours] = tensor
+    return out
+
+
+def diffusers_config(model: AutoencoderKL, sample_size: int = 512, scaling_factor: float = 0.18215,
+                     shift_factor: float | None = None) -> dict:
+    """The `config.json` diffusers' AutoencoderKL reads (newer keys are ignored by older diffusers)."""
+    n = len(model.channels)
+    return {
+        "_class_name": "AutoencoderKL",
+        "_diffusers_version": "0.30.0",
+        "act_fn": "silu",
+        "block_out_channels": list(model.channels),
+        "down_block_types": ["DownEncoderBlock2D"] * n,
+        "up_block_types": ["UpDecoderBlock2D"] * n,
+        "in_channels": model.in_channels,
+        "out_channels": model.out_channels,
+        "latent_channels": model.z_channels,
+        "layers_per_block": model.layers_per_block,
+        "norm_num_groups": model.norm_num_groups,
+        "sample_size": int(sample_size),
+        "scaling_factor": float(scaling_factor),
+        "shift_factor": None if shift_factor is None else float(shift_factor),
+        "latents_mean": None,
+        "latents_std": None,
+        "force_upcast": True,
+        "use_quant_conv": model.use_quant_conv,
+        "use_post_quant_conv": model.use_quant_conv,
+        "mid_block_add_attention": model.mid_attention,
+    }
+
+
+def save_diffusers(model: AutoencoderKL, folder: str | Path, sample_size: int = 512,
+                   scaling_factor: float = 0.18215, shift_factor: float | None = None) -> Path:
+    """Writes `folder/config.json` and the weights (safetensors when installed, else a .bin
+    state dict, which diffusers also loads)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.detach().float().cpu().contiguous() for k, v in to_diffusers(model.state_dict(), len(model.channels)).items()}
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        torch.save(sd, folder / WEIGHTS_BIN)
+    else:
+        save_file(sd, str(folder / WEIGHTS_SAFETENSORS))
+    cfg = diffusers_config(model, sample_size, scaling_factor, shift_factor)
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+    return folder
+
+
+def load_diffusers(folder: str | Path) -> tuple[AutoencoderKL, dict]:
+    """Reads a diffusers AutoencoderKL folder into our model; returns (model, config.json dict)."""
+    folder = Path(folder)
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"{folder}: no config.json; expected a diffusers AutoencoderKL folder")
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    if cfg.get("_class_name", "AutoencoderKL") != "AutoencoderKL":
+        raise ValueError(f"{cfg_path}: _class_name is {cfg.get('_class_name')!r}, not AutoencoderKL")
+    model = build_vae({
+        "channels": cfg["block_out_channels"], "z_channels": cfg.get("latent_channels", 4),
+        "layers_per_block": cfg.get("layers_per_block", 1), "in_channels": cfg.get("in_channels", 3),
+        "out_channels": cfg.get("out_channels", 3), "norm_num_groups": cfg.get("norm_num_groups", 32),
+        "mid_attention": cfg.get("mid_block_add_attention", True),
+        "use_quant_conv": cfg.get("use_quant_conv", True),
+    })
+    if (folder / WEIGHTS_SAFETENSORS).is_file():
+        from safetensors.torch import load_file
+        sd = load_file(str(folder / WEIGHTS_SAFETENSORS))
+    elif (folder / WEIGHTS_BIN).is_file():
+        sd = load_checkpoint(folder / WEIGHTS_BIN)
+    else:
+        raise FileNotFoundError(f"{folder}: neither {WEIGHTS_SAFETENSORS} nor {WEIGHTS_BIN} found")
+    model.load_state_dict(from_diffusers(sd, model))
+    return model, cfg

@@ -1,0 +1,118 @@
+"""GAN vocoder losses: LSGAN adversarial, feature matching, mel L1 and multi-resolution STFT.
+
+All of them run in fp32 even inside an autocast region: a log-spectrum or a squared logit in
+fp16 loses exactly the small differences the losses exist to measure (and overflows), so each
+function disables autocast and upcasts its inputs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from common.audio import MelSpectrogram
+from common.precision import no_autocast
+
+Output = tuple[list[torch.Tensor], list[list[torch.Tensor]]]
+
+
+def discriminator_loss(real: dict[str, Output], fake: dict[str, Output]) -> tuple[torch.Tensor, dict]:
+    """LSGAN critic loss: real logits -> 1, fake logits -> 0, summed over every sub-critic.
+    Returns (loss, per-critic {name/real, name/fake} tensors for logging)."""
+    device = next(iter(real.values()))[0][0].device
+    with no_autocast(device.type):
+        total = torch.zeros((), device=device)
+        logs = {}
+        for name in real:
+            r_loss = sum(torch.mean((1 - r.float()) ** 2) for r in real[name][0])
+            f_loss = sum(torch.mean(f.float() ** 2) for f in fake[name][0])
+            total = total + r_loss + f_loss
+            logs[f"D_{name}_real"] = r_loss.detach()
+            logs[f"D_{name}_fake"] = f_loss.detach()
+    return total, logs
+
+
+def generator_adv_loss(fake: dict[str, Output]) -> tuple[torch.Tensor, dict]:
+    """LSGAN generator loss: push every fake logit towards 1."""
+    device = next(iter(fake.values()))[0][0].device
+    with no_autocast(device.type):
+        total = torch.zeros((), device=device)
+        logs = {}
+        for name, (logits, _) in fake.items():
+            loss = sum(torch.mean((1 - f.float()) ** 2) for f in logits)
+            total = total + loss
+            logs[f"G_{name}_adv"] = loss.detach()
+    return total, logs
+
+
+def feature_matching_loss(real: dict[str, Output], fake: dict[str, Output]) -> tuple[torch.Tensor, dict]:
+    """L1 between the critics' hidden activations on real and generated audio (x2, HiFi-GAN)."""
+    device = next(iter(fake.values()))[0][0].device
+    with no_autocast(device.type):
+        total = torch.zeros((), device=device)
+        logs = {}
+        for name in fake:
+            loss = sum(
+                torch.mean(torch.abs(r.detach().float() - g.float()))
+                for r_maps, g_maps in zip(real[name][1], fake[name][1])
+                for r, g in zip(r_maps, g_maps)
+            )
+            total = total + 2 * loss
+            logs[f"G_{name}_fm"] = (2 * loss).detach()
+    return total, logs
+
+
+class MelLoss(nn.Module):
+    """L1 between log-mels of generated and real audio (mel settings of the data, fmax_for_loss)."""
+
+    def __init__(self, mel: MelSpectrogram):
+        super().__init__()
+        self.mel = mel
+
+    def forward(self, fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+        with no_autocast(fake.device.type):
+            return F.l1_loss(self.mel(fake.float().flatten(1)), self.mel(real.float().flatten(1)))
+
+
+class MultiResolutionSTFTLoss(nn.Module):
+    """Parallel WaveGAN's multi-resolution STFT loss: for each (fft, hop, win), spectral
+    convergence ||S_r - S_g||_F / ||S_r||_F plus L1 of log magnitudes; averaged over resolutions.
+
+    The same quantity (without gradients) is the held-out "MR-STFT distance" that validation
+    reports and the demo tracks.
+    """
+
+    def __init__(self, fft_sizes: list[int], hop_sizes: list[int], win_lengths: list[int]):
+        super().__init__()
+        if not len(fft_sizes) == len(hop_sizes) == len(win_lengths) or not fft_sizes:
+            raise ValueError("loss_fft_sizes, loss_hop_sizes and loss_win_lengths must be non-empty and of equal length")
+        for n, w in zip(fft_sizes, win_lengths):
+            if w > n:
+                raise ValueError(f"loss_win_lengths entry {w} is larger than its loss_fft_sizes entry {n}")
+        self.resolutions = list(zip(fft_sizes, hop_sizes, win_lengths))
+        for i, (_, _, w) in enumerate(self.resolutions):
+            self.register_buffer(f"window_{i}", torch.hann_window(w), persistent=False)
+
+    def _magnitude(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        n_fft, hop, win = self.resolutions[i]
+        spec = torch.stft(x, n_fft, hop, win, getattr(self, f"window_{i}"), center=True, return_complex=True)
+        return torch.sqrt(torch.view_as_real(spec).pow(2).sum(-1).clamp(min=1e-7))
+
+    def forward(self, fake: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """fake, real: [B, T] or [B, 1, T] -> (spectral convergence, log-magnitude L1), each the
+        mean over resolutions."""
+        with no_autocast(fake.device.type):
+            fake, real = fake.float().flatten(1), real.float().flatten(1)
+            sc = torch.zeros((), device=fake.device)
+            mag = torch.zeros((), device=fake.device)
+            for i in range(len(self.resolutions)):
+                g, r = self._magnitude(fake, i), self._magnitude(real, i)
+                sc = sc + torch.linalg.norm(r - g) / torch.linalg.norm(r).clamp(min=1e-7)
+                mag = mag + F.l1_loss(torch.log(g), torch.log(r))
+            n = len(self.resolutions)
+            return sc / n, mag / n
+
+    def distance(self, fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+        sc, mag = self(fake, real)
+        return sc + mag
