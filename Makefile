@@ -36,8 +36,7 @@ bench: setup
 	$(PY) -m bench.run_all
 
 # Each trainer adds its targets (prepare / train / demo) in its own file.
--include vocoder/targets.mk tts/targets.mk vae/targets.mk
+-include vocoder/targets.mk tts/targets.mk vae/targets.mk tts/clone_targets.mk
 
-DEMOS := $(filter vocoder-demo tts-demo tts-clone-demo vae-demo,$(DEMO_TARGETS))
 demo: setup $(DEMO_TARGETS)
 	@echo "demo finished: $(DEMO_TARGETS)"

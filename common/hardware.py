@@ -287,8 +287,9 @@ def oom_message(what: str, batch_size: int, hints: dict | None = None) -> str:
 
 
 def _free_cuda() -> None:
-    gc.collect()
+    """Give the failed try's memory back before the next one (cycles first, then the cache)."""
     if torch.cuda.is_available():
+        gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
 

@@ -474,4 +474,5 @@ def build_optimizer(cls_name: str, model: nn.Module, **kwargs: Any) -> Optimizer
     try:
         return cls(target, **kwargs)
     except TypeError as exc:
-        raise TypeError(f"{cls_name}{inspect.signature(cls)} rejected the arguments {sorted(kwargs)}: {exc}") from None
+        accepted = [n for n in inspect.signature(cls).parameters if n not in ("self", "params", "model")]
+        raise TypeError(f"{cls_name} rejected the arguments {sorted(kwargs)} ({exc}); it accepts {accepted}") from None

@@ -8,8 +8,15 @@ import pytest
 import torch
 from torch import nn
 
-from common.checkpoint import (CheckpointError, CheckpointManager, GracefulExit, load_checkpoint, load_matching,
-                               resolve_resume, save_atomic)
+from common.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    GracefulExit,
+    load_checkpoint,
+    load_matching,
+    resolve_resume,
+    save_atomic,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 

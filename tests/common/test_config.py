@@ -3,7 +3,7 @@ from typing import ClassVar, Literal
 
 import pytest
 
-from common.config import ConfigError, load_config, save_config, import_from_string
+from common.config import ConfigError, import_from_string, load_config, save_config
 
 
 @dataclass

@@ -1,9 +1,9 @@
+import pytest
 import torch
 from torch import nn
 
 from common.precision import Precision, normalize_precision
 from common.training import EMA, NonFiniteError, NonFiniteGuard, step_optimizer
-import pytest
 
 
 def test_precision_aliases_and_cpu_report():
