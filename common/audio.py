@@ -332,7 +332,9 @@ def extract_f0(
     if method not in F0_METHODS:
         raise ValueError(f"extract_f0: unknown method {method!r}; valid methods: {', '.join(F0_METHODS)}")
     if hop_length <= 0 or n_frames < 0:
-        raise ValueError(f"extract_f0: hop_length must be > 0 and n_frames >= 0 (got {hop_length}, {n_frames})")
+        raise ValueError(
+            f"extract_f0: hop_length must be > 0 and n_frames >= 0 (got {hop_length}, {n_frames})"
+        )
     if not 0 < f0_min < f0_max:
         raise ValueError(f"extract_f0: need 0 < f0_min < f0_max (got {f0_min}, {f0_max})")
     arr = _to_numpy(wav)

@@ -185,8 +185,23 @@ def speak(
     fd, raw = tempfile.mkstemp(prefix=f".{out_path.stem}.", suffix=".espeak.wav", dir=out_path.parent)
     os.close(fd)
     try:
-        cmd = [exe, "-v", voice, "-s", str(int(speed)), "-p", str(int(pitch)), "-b", "1", "-w", raw, "--stdin"]
-        proc = subprocess.run(cmd, input=to_espeak_text(text).encode("utf-8"), capture_output=True, timeout=120)
+        cmd = [
+            exe,
+            "-v",
+            voice,
+            "-s",
+            str(int(speed)),
+            "-p",
+            str(int(pitch)),
+            "-b",
+            "1",
+            "-w",
+            raw,
+            "--stdin",
+        ]
+        proc = subprocess.run(
+            cmd, input=to_espeak_text(text).encode("utf-8"), capture_output=True, timeout=120
+        )
         if proc.returncode != 0:
             err = proc.stderr.decode("utf-8", "replace").strip()
             raise RuntimeError(f"{ESPEAK} failed (exit {proc.returncode}) for voice {voice!r}: {err}")
@@ -232,7 +247,9 @@ def make_corpus(
     for i, spk in enumerate(speakers):
         missing = {"name", "voice", "speed", "pitch"} - set(spk)
         if missing:
-            raise ValueError(f"make_corpus: speaker #{i} lacks keys {sorted(missing)} (need name, voice, speed, pitch)")
+            raise ValueError(
+                f"make_corpus: speaker #{i} lacks keys {sorted(missing)} (need name, voice, speed, pitch)"
+            )
         if not spk["name"] or "/" in spk["name"] or "\\" in spk["name"]:
             raise ValueError(f"make_corpus: speaker name {spk['name']!r} must be a plain folder name")
     items, todo = [], []

@@ -168,8 +168,11 @@ def hardware_report() -> str:
         lines.append(f"GPU {i}       {p.name}  {p.total_memory / GIB:.1f} GiB  {_sm(cap)}  "
                      f"built for it: {why}")
     if n_gpu:
-        lines.append(f"bf16        {'supported' if torch.cuda.is_bf16_supported() else 'NOT supported'} "
-                     "on the GPU")
+        try:  # may launch a tiny kernel, which fails on a GPU this torch was not built for
+            bf16 = "supported" if torch.cuda.is_bf16_supported(including_emulation=False) else "NOT supported"
+        except Exception as exc:
+            bf16 = f"unknown ({type(exc).__name__})"
+        lines.append(f"bf16        {bf16} on the GPU")
     cpu_bf16, why = _cpu_bf16()
     lines.append(f"CPU bf16    {why}")
 

@@ -221,9 +221,10 @@ def test_extract_f0_alignment_and_interpolation():
     # unvoiced gap: linear between the voiced neighbours, monotone from 200 to 300
     gap_f0 = f0[in_gap]
     assert (np.diff(gap_f0) > 0).all() and 200 < gap_f0.min() and gap_f0.max() < 300
-    # the first voiced frame after the gap lies near 1.3 s (frame alignment, within ~2 frames)
-    first = centres[np.argmax(voiced & (centres > 1.0))]
-    assert abs(first - 1.3) < 2.5 * HOP / SR
+    # voicing edges sit at 1.0 s and 1.3 s (frame alignment, within ~2 frames)
+    last = centres[in_gap.argmax() - 1 - np.argmax(voiced[: in_gap.argmax()][::-1])]
+    first = centres[np.argmax(voiced & (centres > 1.15))]
+    assert abs(last - 1.0) < 2.5 * HOP / SR and abs(first - 1.3) < 2.5 * HOP / SR, (last, first)
 
 
 def test_extract_f0_silence_pyin_and_bad_method():
@@ -252,7 +253,9 @@ def test_sentences_are_normalised():
     assert len({(s["voice"], s["pitch"]) for s in DEMO_SPEAKERS}) == len(DEMO_SPEAKERS) >= 4
 
 
-needs_espeak = pytest.mark.skipif(not espeak_available(), reason="espeak-ng is not installed (apt-get install espeak-ng)")
+needs_espeak = pytest.mark.skipif(
+    not espeak_available(), reason="espeak-ng is not installed (apt-get install espeak-ng)"
+)
 
 
 @needs_espeak
@@ -279,3 +282,14 @@ def test_make_corpus_resumes(tmp_path):
     again = make_corpus(UZBEK_SENTENCES[:2], tmp_path, speakers=speakers, sample_rate=16000, num_workers=2)
     assert again == items
     assert all((tmp_path / i["path"]).stat().st_mtime_ns == mtimes[i["path"]] for i in items)
+
+
+def test_missing_espeak_says_how_to_install(tmp_path, monkeypatch):
+    import common.demo_speech as demo
+
+    monkeypatch.setattr(demo.shutil, "which", lambda name: None)
+    assert not demo.espeak_available()
+    with pytest.raises(RuntimeError, match="make setup.*apt-get install espeak-ng"):
+        make_corpus(UZBEK_SENTENCES[:1], tmp_path)
+    with pytest.raises(RuntimeError, match="espeak-ng not found"):
+        speak("salom", tmp_path / "x.wav")

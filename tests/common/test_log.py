@@ -1,14 +1,17 @@
 """RunLogger writes what TensorBoard reads back; plots render headless; Progress arithmetic."""
 
+import io
+
 import numpy as np
 import pytest
+import soundfile as sf
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from common.log import Progress, RunLogger, plot_alignment, plot_spectrogram
 
 
-def test_run_logger_round_trip(tmp_path):
+def test_run_logger_round_trip(tmp_path, capsys):
     log = RunLogger(tmp_path / "tb")
     log.scalar("loss/total", torch.tensor(1.5), 3)
     log.scalars({"mel": torch.tensor(0.25), "fm": 2.0, "lr": np.float32(1e-4)}, step=3, prefix="train")
@@ -34,6 +37,10 @@ def test_run_logger_round_trip(tmp_path):
     assert acc.Images("val/mel")[0].width == 1000  # 10 in at 100 dpi
     audio = acc.Audio("val/wav")[0]
     assert audio.sample_rate == 8000 and audio.length_frames == 800
+    wav, _ = sf.read(io.BytesIO(audio.encoded_audio_string))
+    assert wav.min() == pytest.approx(-1, abs=1e-3) and wav.max() == pytest.approx(1, abs=1e-3)
+    assert np.mean(np.abs(wav) > 0.999) > 0.5  # two thirds of the ramp clipped
+    assert "out of range" not in capsys.readouterr().out  # we clipped, not TensorBoard
 
 
 def test_disabled_logger_is_a_no_op(tmp_path):

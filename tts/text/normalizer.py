@@ -49,6 +49,7 @@ ABBREVIATIONS = {
     "mlrd.": "milliard", "mln": "million", "mlrd": "milliard", "sh.": "shahri",
     "yy.": "yillar", "masl.": "masalan",
 }
+TITLES = {"professor", "dotsent", "akademik", "doktor"}  # never end a sentence
 # Acronyms (matched case-sensitively).
 ACRONYMS = {
     "AQSH": f"amerika qo{OKINA}shma shtatlari", "AQSh": f"amerika qo{OKINA}shma shtatlari",
@@ -70,7 +71,7 @@ LETTER_NAMES = {
 UNITS = {
     "km/soat": "kilometr soatiga", "km/s": "kilometr soatiga", "km": "kilometr",
     "m": "metr", "sm": "santimetr", "mm": "millimetr", "kg": "kilogramm", "g": "gramm",
-    "mg": "milligramm", "t": "tonna", "l": "litr", "ml": "millilitr", "ga": "gektar",
+    "mg": "milligramm", "t": "tonna", "l": "litr", "ml": "millilitr",
     "°C": "gradus", "°": "gradus", "kVt": "kilovatt", "mln": "million", "mlrd": "milliard",
     "ming": "ming", "y.": "yil", "mln.": "million", "mlrd.": "milliard",
 }
@@ -119,8 +120,11 @@ def _abbreviations(text: str) -> str:
         text = re.sub(rf"(?<![\w{OKINA}]){re.escape(abbr)}(?![\w{OKINA}])", ACRONYMS[abbr], text)
     for abbr in sorted(ABBREVIATIONS, key=len, reverse=True):
         pat = re.escape(abbr).replace(r"\ ", r"\s*")
-        text = re.sub(rf"(?<![\w{OKINA}]){pat}(?!\w)", " " + ABBREVIATIONS[abbr] + " ", text,
-                      flags=re.IGNORECASE)
+        # the abbreviation's dot also ends the sentence when a capitalised word follows
+        text = re.sub(rf"(?<![\w{OKINA}]){pat}(?!\w)((?-i:\s+[A-ZЀ-Я]))?",
+                      lambda m, w=ABBREVIATIONS[abbr]: f" {w}." + m.group(1)
+                      if m.group(1) and w not in TITLES else f" {w} " + (m.group(1) or ""),
+                      text, flags=re.IGNORECASE)
 
     def spell(m: re.Match) -> str:
         word = m.group(0)
@@ -259,6 +263,7 @@ def _punctuation(text: str) -> str:
     text = re.sub(r"\s+([.,!?;:])", r"\1", text)  # no space before punctuation
     text = re.sub(r"([.,!?;:])(?=[^\s.,!?;:])", r"\1 ", text)  # one after it
     text = re.sub(r",\s*([.!?;:])", r"\1", text)  # ", ." from brackets → "."
+    text = re.sub(r"([.!?;:])\s*,", r"\1", text)
     text = re.sub(r"^[\s,.;:!?-]+", "", text)  # nothing to say before the first word
     text = re.sub(r"\s*-\s*-+\s*", " - ", text)
     text = re.sub(r"\s+", " ", text)
@@ -269,7 +274,7 @@ def normalize(text: str) -> str:
     """Any-script, any-spelling Uzbek → canonical lower-case Latin with words for numbers.
 
     >>> normalize("Ўзбекистон 1991-йил 31-августда мустақил бўлди!")
-    'oʻzbekiston bir ming toʻqqiz yuz toʻqson birinchi yil oʻttiz birinchi avgustda mustaqil boʻldi!'
+    'oʻzbekiston ming toʻqqiz yuz toʻqson birinchi yil oʻttiz birinchi avgustda mustaqil boʻldi!'
     """
     text = unicodedata.normalize("NFC", text)
     text = _SPACES.sub(" ", text)

@@ -1,0 +1,237 @@
+"""Image loading and the training/validation datasets.
+
+One loader (`open_image_rgb`) serves preprocessing, training and `reconstruct.py`, so every entry
+point treats odd files the same way: EXIF orientation applied, any mode → 8-bit RGB with alpha
+composited on a background, 16-bit data scaled (not clipped to white), and anything it cannot read
+raised as `BadImage` with a reason a user can act on. Why so strict: a silently black (or white)
+training image teaches the VAE nothing and hides a broken dataset.
+
+Randomness: a training sample's crop and flip come from `common.data.sample_rng(key)`, where the
+key comes from the `ResumableSampler`, so an exact resume (even with workers) sees identical crops.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
+from torch.utils.data import Dataset
+
+from common.data import sample_rng
+
+IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".jfif", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
+DEFAULT_MAX_PIXELS = 2**28  # ~268 Mpx (16384²): beyond that a file is a decompression bomb or a scan
+
+
+class BadImage(Exception):
+    """An image that cannot be used; `reason` says why (shown in reports)."""
+
+    def __init__(self, reason: str, kind: str = "corrupt") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.kind = kind  # corrupt | not_image | too_large | too_small | animated | unsupported | blank | empty
+
+
+def list_images(root: str | Path) -> list[Path]:
+    """Image files under `root` (recursive, sorted, hidden files skipped)."""
+    root = Path(root)
+    files = [p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS
+             and not any(part.startswith(".") for part in p.relative_to(root).parts)]
+    return sorted(files)
+
+
+def _to_8bit_rgb(im: Image.Image, background: tuple[int, int, int]) -> Image.Image:
+    mode = im.mode
+    if mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
+        arr = np.asarray(im).astype(np.float64)
+        peak = arr.max() if arr.size else 0
+        if mode.startswith("I;16") or peak > 255:
+            if peak > 65535 or arr.min() < 0:
+                raise BadImage(f"32-bit integer image with values {arr.min():.0f}..{peak:.0f}: unknown range",
+                               "unsupported")
+            arr = arr / 257.0  # 16-bit → 8-bit, full range kept
+        return Image.fromarray(np.clip(np.rint(arr), 0, 255).astype(np.uint8), "L").convert("RGB")
+    if mode == "F":
+        raise BadImage("floating-point image (mode F): its value range is unknown; export it as 8/16-bit",
+                       "unsupported")
+    has_alpha = mode in ("RGBA", "LA", "PA", "RGBa", "La") or (mode == "P" and "transparency" in im.info)
+    if has_alpha:
+        rgba = im.convert("RGBA")
+        canvas = Image.new("RGBA", rgba.size, (*background, 255))
+        return Image.alpha_composite(canvas, rgba).convert("RGB")
+    if mode != "RGB":
+        return im.convert("RGB")  # L, 1, P, CMYK, YCbCr, LAB, HSV
+    return im
+
+
+def open_image_rgb(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS, min_size: int = 0,
+                   background: tuple[int, int, int] = (255, 255, 255), draft_size: int = 0,
+                   allow_blank: bool = False) -> tuple[Image.Image, dict]:
+    """Decode `path` into an oriented 8-bit RGB image, or raise BadImage with the reason.
+
+    Returns (image, info) where info has the original `width`, `height`, `mode` and `format`.
+    `draft_size`: for JPEGs much larger than needed, let libjpeg decode at 1/2, 1/4 or 1/8 scale
+    (never below `draft_size` on the short side) - a 50 Mpx photo then decodes ~10× faster.
+    """
+    path = Path(path)
+    try:
+        if path.stat().st_size == 0:
+            raise BadImage("empty file (0 bytes)", "empty")
+    except OSError as exc:
+        raise BadImage(f"cannot read file: {exc.strerror or exc}", "corrupt") from None
+    ImageFile.LOAD_TRUNCATED_IMAGES = False  # a truncated file is an error, never a grey half-image
+    old_limit = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = max_pixels
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            try:
+                im = Image.open(path)
+            except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+                raise BadImage(f"too large: {exc}. Raise --max_pixels if this image is intended", "too_large") from None
+            except UnidentifiedImageError:
+                raise BadImage("not an image (Pillow cannot identify the format; wrong extension or a "
+                               "different file type)", "not_image") from None
+            except OSError as exc:
+                raise BadImage(f"cannot open: {exc}", "corrupt") from None
+        with im:
+            info = {"width": im.width, "height": im.height, "mode": im.mode, "format": im.format or "?"}
+            if im.width * im.height > max_pixels:
+                raise BadImage(f"too large: {im.width}x{im.height} = {im.width * im.height} pixels > "
+                               f"--max_pixels {max_pixels}", "too_large")
+            frames = getattr(im, "n_frames", 1)
+            if frames > 1:
+                raise BadImage(f"animated/multi-frame image ({frames} frames): export a single still frame",
+                               "animated")
+            if min(im.size) < min_size:
+                raise BadImage(f"too small: {im.width}x{im.height}, shorter side < --min_size {min_size}",
+                               "too_small")
+            if draft_size and im.format == "JPEG" and min(im.size) > 2 * draft_size:
+                scale = draft_size / min(im.size)
+                im.draft(im.mode, (int(im.width * scale) + 1, int(im.height * scale) + 1))
+            try:
+                im.load()
+                im = ImageOps.exif_transpose(im)
+                rgb = _to_8bit_rgb(im, background)
+            except BadImage:
+                raise
+            except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+                raise BadImage(f"corrupt or truncated: {exc}", "corrupt") from None
+    finally:
+        Image.MAX_IMAGE_PIXELS = old_limit
+    if not allow_blank:
+        extrema = rgb.getextrema()
+        if all(lo == hi for lo, hi in extrema):
+            raise BadImage(f"blank: every pixel has the same colour {tuple(lo for lo, _ in extrema)}", "blank")
+    return rgb, info
+
+
+def image_to_tensor(im: Image.Image) -> torch.Tensor:
+    """8-bit RGB PIL image → float CHW tensor in [-1, 1] (the VAE's input range)."""
+    arr = np.asarray(im, dtype=np.uint8)
+    return torch.from_numpy(arr.copy()).permute(2, 0, 1).float().div_(127.5).sub_(1.0)
+
+
+def tensor_to_uint8(x: torch.Tensor) -> np.ndarray:
+    """CHW tensor in [-1, 1] → HWC uint8 array."""
+    x = ((x.detach().float().clamp(-1, 1) + 1.0) * 127.5).round().to(torch.uint8)
+    return x.permute(1, 2, 0).cpu().numpy()
+
+
+def read_manifest(root: Path) -> list[Path] | None:
+    """Files listed by `prepare_data.py` (manifest.json), or None for a plain folder of images."""
+    manifest = root / "manifest.json"
+    if not manifest.is_file():
+        return None
+    data = json.loads(manifest.read_text(encoding="utf-8"))
+    return [root / item["path"] for item in data.get("files", [])]
+
+
+def find_training_images(data_path: str | Path) -> list[Path]:
+    root = Path(data_path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"--data_path {data_path}: no such folder. Point it at images, or at the "
+                                "output of `python vae/prepare_data.py --mode preprocess`")
+    files = read_manifest(root)
+    if files is None:
+        files = list_images(root)
+    if not files:
+        raise FileNotFoundError(f"--data_path {data_path}: no images found ({', '.join(sorted(IMAGE_EXTENSIONS))})")
+    return files
+
+
+def split_train_val(files: list[Path], num_val: int, seed: int = 1234) -> tuple[list[Path], list[Path]]:
+    """A fixed held-out set (same files every run and every resume), disjoint from training."""
+    if num_val <= 0:
+        return list(files), []
+    if len(files) < 2:
+        raise ValueError(f"only {len(files)} image(s): need at least 2 to hold one out for validation "
+                         "(or set num_val_images: 0)")
+    num_val = min(num_val, max(1, len(files) // 5))
+    order = np.random.default_rng(seed).permutation(len(files))
+    val_idx = set(order[:num_val].tolist())
+    train = [f for i, f in enumerate(files) if i not in val_idx]
+    val = [f for i, f in enumerate(files) if i in val_idx]
+    return train, val
+
+
+class ImageDataset(Dataset):
+    """Square crops of `image_size` px: random crop + flip for training, centre crop for validation.
+
+    An image smaller than the crop is upscaled (short side → image_size) with a warning; an image that
+    fails to load is reported by name and replaced by the next file (never by a black tensor).
+    """
+
+    def __init__(self, files: list[Path], image_size: int, train: bool = True, random_flip: bool = True,
+                 max_pixels: int = DEFAULT_MAX_PIXELS, max_failures: int = 50) -> None:
+        if not files:
+            raise ValueError("ImageDataset got no files")
+        self.files = [Path(f) for f in files]
+        self.image_size = int(image_size)
+        self.train = train
+        self.random_flip = random_flip
+        self.max_pixels = max_pixels
+        self.max_failures = max_failures
+        self._failures = 0
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def _load(self, index: int) -> Image.Image:
+        for attempt in range(len(self.files)):
+            path = self.files[(index + attempt) % len(self.files)]
+            try:
+                im, _ = open_image_rgb(path, self.max_pixels, draft_size=self.image_size, allow_blank=True)
+                return im
+            except BadImage as exc:
+                self._failures += 1
+                warnings.warn(f"skipping unreadable training image {path}: {exc.reason} "
+                              "(run `vae/prepare_data.py --mode validate` on the data)", stacklevel=2)
+                if self._failures > self.max_failures:
+                    raise RuntimeError(f"more than {self.max_failures} training images failed to load "
+                                       f"(last: {path}: {exc.reason}); fix the dataset") from None
+        raise RuntimeError("no training image could be loaded")
+
+    def __getitem__(self, key) -> torch.Tensor:
+        index, rng = sample_rng(key)
+        im = self._load(index)
+        size = self.image_size
+        w, h = im.size
+        if min(w, h) < size:
+            scale = size / min(w, h)
+            im = im.resize((max(size, round(w * scale)), max(size, round(h * scale))), Image.Resampling.BICUBIC)
+            w, h = im.size
+        if self.train:
+            left = int(rng.integers(0, w - size + 1))
+            top = int(rng.integers(0, h - size + 1))
+        else:
+            left, top = (w - size) // 2, (h - size) // 2
+        im = im.crop((left, top, left + size, top + size))
+        x = image_to_tensor(im)
+        if self.train and self.random_flip and rng.random() < 0.5:
+            x = x.flip(-1)
+        return x

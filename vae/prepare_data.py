@@ -1,0 +1,327 @@
+"""Prepare or validate an image folder for VAE training.
+
+    python vae/prepare_data.py --mode preprocess --input_dir raw/ --output_dir data/vae --target_size 1024
+    python vae/prepare_data.py --mode validate --input_dir raw/ --output_file validation_report.json
+
+preprocess: every image → 8-bit RGB (EXIF orientation applied, alpha composited on white), resized
+by `--resize_mode` (cover: fill the square and centre-crop; contain: fit inside and pad; stretch:
+ignore the aspect ratio), written losslessly (PNG; `--format webp` is lossless WebP) under
+`output_dir/images/` with `manifest.json` and `preprocess_report.json`. Bad files are skipped and
+reported with the reason; the input folder is never modified. Re-running skips finished files
+(outputs are written atomically, so a finished file is a complete file).
+
+validate: reads every image and writes counts, sizes, modes, formats, exact duplicates, corrupt,
+too-small and too-large files (each with its name) to a JSON report. Nothing is written elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from PIL import Image
+from tqdm import tqdm
+
+from vae.data import DEFAULT_MAX_PIXELS, BadImage, list_images, open_image_rgb
+
+SETTINGS_KEYS = ("target_size", "resize_mode", "format", "min_size", "background")
+
+
+def file_sha1(path: Path) -> str:
+    h = hashlib.sha1()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def resize_image(im: Image.Image, target: int, mode: str, background: tuple[int, int, int]) -> Image.Image:
+    """Square `target`×`target` output (or the image unchanged when target is 0)."""
+    if target <= 0:
+        return im
+    w, h = im.size
+    lanczos = Image.Resampling.LANCZOS
+    if mode == "stretch":
+        return im.resize((target, target), lanczos, reducing_gap=3.0)
+    if mode == "cover":
+        scale = target / min(w, h)
+        nw, nh = max(target, round(w * scale)), max(target, round(h * scale))
+        im = im.resize((nw, nh), lanczos, reducing_gap=3.0)
+        left, top = (nw - target) // 2, (nh - target) // 2
+        return im.crop((left, top, left + target, top + target))
+    if mode == "contain":
+        scale = target / max(w, h)
+        nw, nh = max(1, round(w * scale)), max(1, round(h * scale))
+        im = im.resize((nw, nh), lanczos, reducing_gap=3.0)
+        canvas = Image.new("RGB", (target, target), background)
+        canvas.paste(im, ((target - nw) // 2, (target - nh) // 2))
+        return canvas
+    raise ValueError(f"--resize_mode must be cover, contain or stretch, got {mode!r}")
+
+
+def _save_atomic(im: Image.Image, dst: Path, fmt: str) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
+    os.close(fd)
+    try:
+        if fmt == "png":
+            im.save(tmp, format="PNG", compress_level=4)
+        else:
+            im.save(tmp, format="WEBP", lossless=True, quality=80, method=4)
+        os.replace(tmp, dst)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def process_one(task: tuple[str, str, dict]) -> dict:
+    """One input file → one output file, or a skip record. Runs in a worker process."""
+    src, dst, s = task
+    record = {"source": src, "path": dst}
+    try:
+        im, info = open_image_rgb(src, s["max_pixels"], s["min_size"], tuple(s["background"]),
+                                  draft_size=s["target_size"])
+        record.update(orig_width=info["width"], orig_height=info["height"], orig_mode=info["mode"])
+        if s["target_size"] and min(im.size) < s["target_size"]:
+            record["upscaled"] = True
+        out = resize_image(im, s["target_size"], s["resize_mode"], tuple(s["background"]))
+        _save_atomic(out, Path(s["output_dir"]) / dst, s["format"])
+        record.update(status="ok", width=out.width, height=out.height)
+    except BadImage as exc:
+        record.update(status="skipped", kind=exc.kind, reason=exc.reason)
+    except Exception as exc:  # noqa: BLE001 - one bad file must never stop the whole run
+        record.update(status="skipped", kind="error", reason=f"{type(exc).__name__}: {exc}")
+    return record
+
+
+def _run_parallel(fn, tasks: list, num_workers: int, desc: str) -> list:
+    if num_workers <= 1 or len(tasks) < 2:
+        return [fn(t) for t in tqdm(tasks, desc=desc, disable=not tasks, mininterval=1.0)]
+    with ProcessPoolExecutor(max_workers=num_workers) as pool:
+        return list(tqdm(pool.map(fn, tasks, chunksize=4), total=len(tasks), desc=desc, mininterval=1.0))
+
+
+def _output_names(files: list[Path], root: Path, fmt: str) -> list[str]:
+    """`a/b.jpg` → `images/a/b.png`; if two inputs collide (b.jpg and b.png), the later one keeps
+    its old extension in the name (`b.png.png`) so nothing is overwritten."""
+    names, used = [], set()
+    for f in files:
+        rel = f.relative_to(root)
+        name = (Path("images") / rel).with_suffix(f".{fmt}").as_posix()
+        if name in used:
+            name = (Path("images") / rel.parent / f"{rel.name}.{fmt}").as_posix()
+        used.add(name)
+        names.append(name)
+    return names
+
+
+def preprocess(args: argparse.Namespace) -> int:
+    src_root, out_root = Path(args.input_dir).resolve(), Path(args.output_dir).resolve()
+    if out_root == src_root or src_root in out_root.parents:
+        # Allowed only as a sibling/outside folder: writing inside the input would re-read outputs.
+        print(f"error: --output_dir {args.output_dir} is inside --input_dir; choose a folder outside it")
+        return 2
+    settings = {"target_size": args.target_size, "resize_mode": args.resize_mode, "format": args.format,
+                "min_size": args.min_size, "background": list(args.background)}
+    settings_file = out_root / "prepare_settings.json"
+    if settings_file.is_file():
+        old = json.loads(settings_file.read_text(encoding="utf-8"))
+        diff = {k: (old.get(k), settings[k]) for k in SETTINGS_KEYS if old.get(k) != settings[k]}
+        if diff:
+            print(f"error: {out_root} was prepared with other settings {diff} (old, new); use a new "
+                  "--output_dir so the dataset is not a mix of both")
+            return 2
+    out_root.mkdir(parents=True, exist_ok=True)
+    settings_file.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+
+    files = list_images(src_root)
+    print(f"found {len(files)} image files in {src_root}")
+    names = _output_names(files, src_root, args.format)
+
+    # Exact duplicates (same bytes) would be seen twice per epoch and leak into validation.
+    first_by_hash: dict[str, str] = {}
+    records: list[dict] = []
+    tasks = []
+    common = {**settings, "max_pixels": args.max_pixels, "output_dir": str(out_root)}
+    for f, name in zip(files, names):
+        rel = f.relative_to(src_root).as_posix()
+        try:
+            digest = file_sha1(f)
+        except OSError as exc:
+            records.append({"source": str(f), "status": "skipped", "kind": "corrupt", "reason": f"unreadable: {exc}"})
+            continue
+        if digest in first_by_hash:
+            records.append({"source": str(f), "status": "skipped", "kind": "duplicate",
+                            "reason": f"exact duplicate of {first_by_hash[digest]}"})
+            continue
+        first_by_hash[digest] = rel
+        if (out_root / name).is_file():
+            with Image.open(out_root / name) as done:
+                records.append({"source": str(f), "path": name, "status": "done", "width": done.width,
+                                "height": done.height})
+            continue
+        tasks.append((str(f), name, common))
+    records += _run_parallel(process_one, tasks, args.num_workers, "preprocess")
+
+    ok = [r for r in records if r["status"] in ("ok", "done")]
+    skipped = [r for r in records if r["status"] == "skipped"]
+    ok.sort(key=lambda r: r["path"])
+    manifest = {"settings": settings, "files": [{"path": r["path"], "source": r["source"], "width": r["width"],
+                                                 "height": r["height"]} for r in ok]}
+    (out_root / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+    report = {
+        "input_dir": str(src_root), "output_dir": str(out_root), "settings": settings,
+        "counts": {"found": len(files), "written": sum(r["status"] == "ok" for r in records),
+                   "already_done": sum(r["status"] == "done" for r in records), "skipped": len(skipped),
+                   "upscaled": sum(bool(r.get("upscaled")) for r in records),
+                   "skipped_by_kind": dict(Counter(r["kind"] for r in skipped))},
+        "input_modes": dict(Counter(r["orig_mode"] for r in records if "orig_mode" in r)),
+        "skipped": [{"file": r["source"], "kind": r["kind"], "reason": r["reason"]} for r in skipped],
+        "upscaled": [r["source"] for r in records if r.get("upscaled")],
+    }
+    (out_root / "preprocess_report.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    c = report["counts"]
+    print(f"written {c['written']}, already done {c['already_done']}, skipped {c['skipped']}, "
+          f"upscaled {c['upscaled']} -> {out_root}")
+    for r in report["skipped"][:50]:
+        print(f"  skipped {r['file']}: {r['reason']}")
+    if len(skipped) > 50:
+        print(f"  ... and {len(skipped) - 50} more: see {out_root / 'preprocess_report.json'}")
+    if c["upscaled"]:
+        print(f"  note: {c['upscaled']} image(s) were smaller than --target_size and were upscaled")
+    if not ok:
+        print("error: no usable image was produced")
+        return 1
+    return 0
+
+
+def inspect_one(task: tuple[str, int, int]) -> dict:
+    path, min_size, max_pixels = task
+    rec: dict = {"file": path}
+    try:
+        rec["sha1"] = file_sha1(Path(path))
+        rec["bytes"] = Path(path).stat().st_size
+        im, info = open_image_rgb(path, max_pixels, min_size=0, allow_blank=True)
+        rec.update(status="ok", width=info["width"], height=info["height"], mode=info["mode"], format=info["format"])
+        if min(info["width"], info["height"]) < min_size:
+            rec.update(status="problem", kind="too_small",
+                       reason=f"too small: {info['width']}x{info['height']} < --min_size {min_size}")
+        elif all(lo == hi for lo, hi in im.getextrema()):
+            rec.update(status="problem", kind="blank", reason="blank: every pixel has the same colour")
+    except BadImage as exc:
+        rec.update(status="problem", kind=exc.kind, reason=exc.reason)
+    except Exception as exc:  # noqa: BLE001
+        rec.update(status="problem", kind="error", reason=f"{type(exc).__name__}: {exc}")
+    return rec
+
+
+def validate(args: argparse.Namespace) -> int:
+    root = Path(args.input_dir)
+    files = list_images(root)
+    known = set(files)
+    others = [p for p in root.rglob("*") if p.is_file() and p not in known]
+    tasks = [(str(f), args.min_size, args.max_pixels) for f in files]
+    recs = _run_parallel(inspect_one, tasks, args.num_workers, "validate")
+    good = [r for r in recs if r["status"] == "ok"]
+    by_hash: dict[str, list[str]] = {}
+    for r in recs:
+        if "sha1" in r:
+            by_hash.setdefault(r["sha1"], []).append(r["file"])
+    duplicates = [group for group in by_hash.values() if len(group) > 1]
+    sized = [r for r in recs if "width" in r]
+    widths = sorted(r["width"] for r in sized)
+    heights = sorted(r["height"] for r in sized)
+    buckets = Counter()
+    for r in sized:
+        short = min(r["width"], r["height"])
+        buckets["<256" if short < 256 else "256-511" if short < 512 else "512-1023" if short < 1024
+                else "1024-2047" if short < 2048 else ">=2048"] += 1
+    problems = [r for r in recs if r["status"] == "problem"]
+    kinds = Counter(r["kind"] for r in problems)
+
+    def listing(kind: str) -> list[dict]:
+        return [{"file": r["file"], "reason": r["reason"]} for r in problems if r["kind"] == kind]
+
+    report = {
+        "input_dir": str(root.resolve()),
+        "settings": {"min_size": args.min_size, "max_pixels": args.max_pixels},
+        "counts": {"files": len(files), "valid": len(good), "problems": len(problems),
+                   "duplicate_groups": len(duplicates), "non_image_files_ignored": len(others), **dict(kinds)},
+        "sizes": {
+            "min_width": widths[0] if widths else None, "max_width": widths[-1] if widths else None,
+            "min_height": heights[0] if heights else None, "max_height": heights[-1] if heights else None,
+            "median_width": widths[len(widths) // 2] if widths else None,
+            "median_height": heights[len(heights) // 2] if heights else None,
+            "short_side_histogram": dict(buckets),
+        },
+        "modes": dict(Counter(r["mode"] for r in sized)),
+        "formats": dict(Counter(r["format"] for r in sized)),
+        "duplicates": duplicates,
+        "corrupt": listing("corrupt") + listing("empty") + listing("error"),
+        "not_images": listing("not_image"),
+        "too_small": listing("too_small"),
+        "too_large": listing("too_large"),
+        "animated": listing("animated"),
+        "unsupported": listing("unsupported"),
+        "blank": listing("blank"),
+        "problems": [{"file": r["file"], "kind": r["kind"], "reason": r["reason"]} for r in problems],
+        "ignored_files": [str(p) for p in others[:1000]],
+    }
+    out = Path(args.output_file)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    print(f"{len(files)} image files: {len(good)} valid, {len(problems)} with problems, "
+          f"{len(duplicates)} duplicate group(s) -> {out}")
+    for r in problems[:50]:
+        print(f"  {r['file']}: {r['reason']}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", choices=("preprocess", "validate"), required=True)
+    p.add_argument("--input_dir", required=True, help="folder of images (searched recursively; never modified)")
+    p.add_argument("--output_dir", help="preprocess: where images/, manifest.json and the report go")
+    p.add_argument("--output_file", default="validation_report.json", help="validate: the JSON report")
+    p.add_argument("--target_size", type=int, default=1024, help="square output size in px; 0 keeps each size")
+    p.add_argument("--resize_mode", choices=("cover", "contain", "stretch"), default="cover")
+    p.add_argument("--format", choices=("png", "webp"), default="png", help="lossless output format")
+    p.add_argument("--min_size", type=int, default=None,
+                   help="skip images whose shorter side is below this (default: min(256, target_size))")
+    p.add_argument("--max_pixels", type=int, default=DEFAULT_MAX_PIXELS,
+                   help="decompression-bomb limit: larger images are reported, not decoded")
+    p.add_argument("--background", type=int, nargs=3, default=(255, 255, 255), metavar=("R", "G", "B"),
+                   help="colour that transparent pixels are composited onto")
+    p.add_argument("--num_workers", type=int, default=min(8, os.cpu_count() or 1))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not Path(args.input_dir).is_dir():
+        print(f"error: --input_dir {args.input_dir}: no such folder")
+        return 2
+    if args.min_size is None:
+        args.min_size = min(256, args.target_size) if args.target_size > 0 else 256
+    if args.target_size < 0 or args.min_size < 1:
+        print("error: --target_size must be >= 0 and --min_size >= 1")
+        return 2
+    if args.target_size and args.target_size % 8:
+        print(f"warning: --target_size {args.target_size} is not a multiple of 8; the VAE needs crops that are")
+    if args.mode == "preprocess":
+        if not args.output_dir:
+            print("error: --mode preprocess needs --output_dir")
+            return 2
+        return preprocess(args)
+    return validate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

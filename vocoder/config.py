@@ -1,0 +1,243 @@
+"""The vocoder's config schema: every key a YAML may contain, with the SingingVocoders /
+DiffSinger name and meaning, and the code that reads it.
+
+Loaded by ``common.config.load_config(path, VocoderConfig, overrides)``; an unknown key is an
+error naming the closest valid key, so a typo never silently does nothing. The seed configs'
+misspelt optimizer keys (``generater_optimizer_args``, ``discriminate_optimizer_args``) and
+``save_n_checkpoints`` are accepted as aliases.
+
+Step semantics: one "step" (``max_updates``, ``val_check_interval``, ``log_interval``,
+``warmup_steps``, ``save_best_after``) is one training iteration = one discriminator update
+followed by one generator update.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from common.config import ConfigError, load_config  # noqa: F401 (re-exported for callers)
+
+TASKS = {
+    "nsf_HiFigan_task.nsf_HiFigan": "standard",
+    "nsf_HiFigan_fast_task.nsf_HiFigan": "fast",
+}
+DEFAULT_DISCRIMINATORS = {"standard": ["mpd", "msd"], "fast": ["fast_mpd", "mrd"]}
+SCHEDULER_NAMES = {
+    # seed spelling -> common.schedulers name
+    "lr_scheduler.scheduler.WarmupLR": "warmup",
+    "WarmupLR": "warmup",
+    "torch.optim.lr_scheduler.ExponentialLR": "exponential",
+    "ExponentialLR": "exponential",
+    "warmup": "warmup",
+    "constant": "constant",
+    "exponential": "exponential",
+    "cosine_with_warmup": "cosine_with_warmup",
+}
+
+
+def task_kind(task_cls: str) -> str:
+    """'standard' (MPD+MSD) or 'fast' (fast MPD + MRD) for a seed task name, with or without the
+    seeds' ``training.`` prefix."""
+    name = task_cls.removeprefix("training.")
+    if name not in TASKS:
+        raise ConfigError(
+            f"task_cls '{task_cls}' is not a vocoder task; use one of {sorted(TASKS)} "
+            "(a 'training.' prefix is accepted)"
+        )
+    return TASKS[name]
+
+
+@dataclass
+class ModelArgs:
+    mini_nsf: bool = False  # one sine injected once after the 2nd upsampling layer (needed by pc_aug)
+    noise_sigma: float = 0.0  # std of Gaussian noise added to the mel embedding while training
+    upsample_rates: list[int] = field(default_factory=lambda: [8, 8, 2, 2, 2])  # product == hop_size
+    upsample_kernel_sizes: list[int] = field(default_factory=lambda: [16, 16, 4, 4, 4])
+    upsample_initial_channel: int = 512
+    resblock: str = "1"  # "1" = HiFi-GAN V1 block, "2" = the lighter V3 block
+    resblock_kernel_sizes: list[int] = field(default_factory=lambda: [3, 7, 11])
+    resblock_dilation_sizes: list[list[int]] = field(default_factory=lambda: [[1, 3, 5], [1, 3, 5], [1, 3, 5]])
+    harmonic_num: int = 8  # overtones of the full NSF source (ignored with mini_nsf)
+    # Critics. None -> the task's default (standard: [mpd, msd]; fast: [fast_mpd, mrd]).
+    discriminators: list[str] | None = None
+    discriminator_periods: list[int] = field(default_factory=lambda: [3, 5, 7, 11, 17, 23, 37])
+    fast_mpd_strides: list[int] = field(default_factory=lambda: [4, 4, 4])
+    fast_mpd_kernel_size: int = 11
+    fast_mpd_init_channel: int = 8
+    mrd_fft_sizes: list[int] = field(default_factory=lambda: [512, 1024, 2048])
+    mrd_hop_sizes: list[int] = field(default_factory=lambda: [64, 128, 256])
+    mrd_win_lengths: list[int] = field(default_factory=lambda: [512, 1024, 2048])
+
+
+@dataclass
+class OptimizerArgs:
+    # torch.optim.AdamW / AdamW, or common.muon.MuonAdamW / Muon_AdamW (Muon on hidden weights,
+    # AdamW - with beta1/beta2 below - on the rest).
+    optimizer_cls: str = "torch.optim.AdamW"
+    lr: float = 1e-4
+    beta1: float = 0.8  # HiFi-GAN's betas; also the AdamW half of Muon_AdamW
+    beta2: float = 0.99
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    muon_weight_decay: float | None = None  # Muon_AdamW only; None = weight_decay
+
+    def __post_init__(self) -> None:
+        # The seeds name their own copy of the optimizer; ours lives in common.muon.
+        if self.optimizer_cls.endswith("Muon_AdamW") or self.optimizer_cls.endswith("MuonAdamW"):
+            self.optimizer_cls = "common.muon.MuonAdamW"
+
+    @property
+    def is_muon(self) -> bool:
+        return self.optimizer_cls == "common.muon.MuonAdamW"
+
+
+@dataclass
+class LRSchedulerArgs:
+    # warmup (linear warmup, then constant; the seeds' lr_scheduler.scheduler.WarmupLR),
+    # exponential (warmup, then gamma**step), cosine_with_warmup (to min_lr at max_updates), constant.
+    scheduler_cls: str = "warmup"
+    warmup_steps: int = 5000
+    min_lr: float = 1e-5  # floor of cosine_with_warmup (as a fraction of each optimizer's lr)
+    gamma: float = 0.999996  # per-step decay of "exponential"
+
+    def __post_init__(self) -> None:
+        if self.scheduler_cls not in SCHEDULER_NAMES:
+            raise ValueError(f"lr_scheduler_args.scheduler_cls '{self.scheduler_cls}' unknown; use one of "
+                             f"{sorted(SCHEDULER_NAMES)}")
+
+    @property
+    def name(self) -> str:
+        return SCHEDULER_NAMES[self.scheduler_cls]
+
+
+@dataclass
+class BinarizationArgs:
+    num_workers: int = 8  # processes for prepare_data.py (its --num_workers overrides)
+    shuffle: bool = True  # shuffle files (seeded) before taking the val_num validation files
+    min_seconds: float = 0.5  # shorter files are skipped (reported)
+    max_seconds: float | None = None  # longer files are skipped (None = no limit)
+    silence_db: float = -60.0  # peak below this -> skipped as silent
+    max_clip_fraction: float = 0.01  # more samples than this at full scale -> skipped as clipped
+
+
+@dataclass
+class VocoderConfig:
+    ALIASES: ClassVar[dict[str, str]] = {
+        "generater_optimizer_args": "generator_optimizer_args",
+        "discriminate_optimizer_args": "discriminator_optimizer_args",
+        "save_n_checkpoints": "num_ckpt_keep",
+    }
+
+    # ---- task
+    task_cls: str = "nsf_HiFigan_task.nsf_HiFigan"  # or nsf_HiFigan_fast_task.nsf_HiFigan (fast MPD + MRD)
+    seed: int = 114514
+
+    # ---- preprocessing (prepare_data.py)
+    data_input_path: list[str] = field(default_factory=list)  # folders of raw audio
+    binary_data_dir: str | None = None  # the prepared dataset (train.py --data_dir overrides)
+    val_num: int = 1  # files held out for validation
+    pe: str = "parselmouth"  # f0 extractor: parselmouth (fast, default) or pyin
+    f0_min: float = 65.0
+    f0_max: float = 1100.0
+    binarization_args: BinarizationArgs = field(default_factory=BinarizationArgs)
+
+    # ---- audio / mel (the generator's input contract; exported with the model)
+    audio_sample_rate: int = 44100
+    audio_num_mel_bins: int = 128
+    hop_size: int = 512
+    fft_size: int = 2048
+    win_size: int = 2048
+    fmin: float = 40.0
+    fmax: float | None = 16000.0
+    fmax_for_loss: float | None = None  # mel loss upper frequency (None = Nyquist)
+    mel_vmin: float = -6.0  # colour range of logged mel plots
+    mel_vmax: float = 1.5
+
+    # ---- data loading and augmentation
+    crop_mel_frames: int = 48  # random training crop, in mel frames (x hop_size samples)
+    batch_size: int = 16
+    ds_workers: int = 4  # DataLoader worker processes
+    dataloader_prefetch_factor: int = 2  # batches each worker keeps ready
+    volume_aug: bool = True  # random gain (and the matching log-mel shift)
+    volume_aug_prob: float = 0.5
+    key_aug: bool = False  # speed/key augmentation: resample the crop by aug_min..aug_max
+    key_aug_prob: float = 0.5
+    aug_min: float = 0.9
+    aug_max: float = 1.4
+    pc_aug: bool = False  # pitch-controllable NSF training (needs mini_nsf)
+    pc_aug_rate: float = 0.5  # fraction of each batch used for the pitch-shift cycle losses
+    pc_aug_key: float = 5.0  # max shift, semitones
+
+    # ---- losses
+    use_stftloss: bool = False
+    loss_fft_sizes: list[int] = field(default_factory=lambda: [2048, 2048, 4096, 1024, 512, 256, 128, 1024])
+    loss_hop_sizes: list[int] = field(default_factory=lambda: [512, 240, 480, 100, 50, 25, 12, 120])
+    loss_win_lengths: list[int] = field(default_factory=lambda: [2048, 1200, 2400, 480, 240, 120, 60, 600])
+    lab_aux_melloss: float = 45.0
+    lab_aux_stftloss: float = 2.5
+
+    # ---- model
+    model_args: ModelArgs = field(default_factory=ModelArgs)
+
+    # ---- optimisation
+    generator_optimizer_args: OptimizerArgs = field(default_factory=OptimizerArgs)
+    discriminator_optimizer_args: OptimizerArgs = field(default_factory=OptimizerArgs)
+    lr_scheduler_args: LRSchedulerArgs = field(default_factory=LRSchedulerArgs)
+    clip_grad_norm: float | None = None  # max grad norm per network (None = measure only)
+    max_nonfinite_steps: int = 20  # consecutive non-finite steps before the run stops
+    pl_trainer_precision: str = "32-true"  # 32-true | 16-mixed | bf16-mixed
+    tf32: bool = False  # CUDA only
+    cudnn_benchmark: bool = True  # CUDA only; crops have a fixed shape
+    compile: bool = False  # torch.compile the generator and critics (fixed-shape crops)
+
+    # ---- loop, logging, checkpoints (all in steps = one D + one G update)
+    max_updates: int = 150000
+    log_interval: int = 100
+    val_check_interval: int = 2000  # validate + checkpoint every this many steps
+    num_sanity_val_steps: int = 1  # >0: validate that many files before the first step
+    num_valid_plots: int = 10  # validation files logged as audio + mel plots
+    valid_max_seconds: float = 20.0  # validation files are cut to this length
+    num_ckpt_keep: int = 5
+    save_best_after: int = 0  # best.pt (lowest held-out MR-STFT distance) only from this step on
+
+    # ---- fine-tuning and freezing
+    finetune_enabled: bool = False
+    finetune_ckpt_path: str | None = None
+    finetune_ignored_params: list[str] = field(default_factory=list)  # name substrings not loaded
+    finetune_strict_shapes: bool = True
+    freezing_enabled: bool = False
+    frozen_params: list[str] = field(default_factory=list)  # name prefixes, e.g. discriminator.mpd
+
+    def __post_init__(self) -> None:
+        task_kind(self.task_cls)
+        if self.crop_mel_frames < 1 or self.batch_size < 1:
+            raise ValueError("crop_mel_frames and batch_size must be >= 1")
+        if math.prod(self.model_args.upsample_rates) != self.hop_size:
+            raise ValueError(
+                f"model_args.upsample_rates {self.model_args.upsample_rates} multiply to "
+                f"{math.prod(self.model_args.upsample_rates)} but hop_size is {self.hop_size}; make them equal"
+            )
+        if self.win_size > self.fft_size:
+            raise ValueError(f"win_size ({self.win_size}) must be <= fft_size ({self.fft_size})")
+        if self.pc_aug and not self.model_args.mini_nsf:
+            raise ValueError("pc_aug needs model_args.mini_nsf: true (the pitch-shift cycle uses the mini-NSF source)")
+        if not 0 < self.aug_min <= self.aug_max:
+            raise ValueError("need 0 < aug_min <= aug_max")
+        if self.val_check_interval < 1 or self.log_interval < 1:
+            raise ValueError("val_check_interval and log_interval must be >= 1")
+
+    @property
+    def task(self) -> str:
+        return task_kind(self.task_cls)
+
+    @property
+    def discriminator_names(self) -> list[str]:
+        return list(self.model_args.discriminators or DEFAULT_DISCRIMINATORS[self.task])
+
+    @property
+    def mel_kwargs(self) -> dict:
+        """Arguments of common.audio.MelSpectrogram for this config's mel."""
+        return dict(sample_rate=self.audio_sample_rate, n_fft=self.fft_size, win_length=self.win_size,
+                    hop_length=self.hop_size, n_mels=self.audio_num_mel_bins, fmin=self.fmin, fmax=self.fmax)
