@@ -1,0 +1,205 @@
+"""Typed configuration of the Uzbek VITS trainer, and the model presets.
+
+One schema serves prepare_data.py, train.py, synthesize.py and export_onnx.py, so the YAML a
+user trains with is also the one that prepared the data (same sample rate, hop, filters).
+Key names follow Coqui TTS / jaywalnut310 VITS where those exist (``batch_size``,
+``eval_batch_size``, ``num_loader_workers``, ``print_step``, ``save_step``,
+``save_n_checkpoints``, ``save_best_after``, ``test_delay_epochs``, ``test_sentences``,
+``mixed_precision``, ``filter_length``/``sampling_rate`` as aliases) so their configs read
+naturally here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from common.config import ConfigError
+
+
+@dataclass
+class VitsArgs:
+    """Architecture hyper-parameters (the paper's / jaywalnut310's names)."""
+
+    hidden_channels: int = 192
+    inter_channels: int = 192
+    filter_channels: int = 768
+    n_heads: int = 2
+    n_layers: int = 6
+    kernel_size: int = 3
+    p_dropout: float = 0.1
+    window_size: int = 4  # relative-position window of the text encoder's attention
+    # HiFi-GAN generator ("decoder")
+    resblock: Literal["1", "2"] = "1"
+    resblock_kernel_sizes: list[int] = field(default_factory=lambda: [3, 7, 11])
+    resblock_dilation_sizes: list[list[int]] = field(default_factory=lambda: [[1, 3, 5]] * 3)
+    upsample_rates: list[int] = field(default_factory=lambda: [8, 8, 2, 2])
+    upsample_initial_channel: int = 512
+    upsample_kernel_sizes: list[int] = field(default_factory=lambda: [16, 16, 4, 4])
+    # posterior encoder (WaveNet) and flow
+    posterior_kernel_size: int = 5
+    n_layers_q: int = 16
+    n_flows: int = 4
+    flow_n_layers: int = 4
+    flow_kernel_size: int = 5
+    # durations
+    use_sdp: bool = True  # stochastic duration predictor (else the deterministic one)
+    dp_filter_channels: int = 256
+    # speakers
+    gin_channels: int = 256  # speaker embedding size (used when the data has > 1 speaker)
+    # training crop of the latent, in spectrogram frames (segment_size / hop in jaywalnut310)
+    segment_frames: int = 32
+    # discriminator: periods of the MPD plus one scale discriminator (as VITS)
+    mpd_periods: list[int] = field(default_factory=lambda: [2, 3, 5, 7, 11])
+    disc_channel_scale: float = 1.0  # width multiplier of every discriminator layer
+    use_spectral_norm: bool = False
+
+
+# Presets. vits_base is jaywalnut310's ljs_base/vctk_base; x_low/medium/high follow Piper's
+# quality levels (piper_train --quality); tiny is for CPU tests and the demo.
+PRESETS: dict[str, dict[str, Any]] = {
+    "vits_base": {},
+    "x_low": {
+        "hidden_channels": 96, "inter_channels": 96, "filter_channels": 384,
+        "resblock": "2", "resblock_kernel_sizes": [3, 5, 7],
+        "resblock_dilation_sizes": [[1, 2], [2, 6], [3, 12]], "upsample_rates": [8, 8, 4],
+        "upsample_initial_channel": 256, "upsample_kernel_sizes": [16, 16, 8],
+    },
+    "medium": {
+        "resblock": "2", "resblock_kernel_sizes": [3, 5, 7],
+        "resblock_dilation_sizes": [[1, 2], [2, 6], [3, 12]], "upsample_rates": [8, 8, 4],
+        "upsample_initial_channel": 256, "upsample_kernel_sizes": [16, 16, 8],
+    },
+    "high": {},  # Piper "high" is the full VITS decoder (resblock 1, 512 channels)
+    "tiny": {
+        "hidden_channels": 48, "inter_channels": 48, "filter_channels": 128, "n_heads": 2,
+        "n_layers": 2, "p_dropout": 0.0, "resblock": "2", "resblock_kernel_sizes": [3, 5],
+        "resblock_dilation_sizes": [[1, 2], [2, 6]], "upsample_rates": [8, 8, 4],
+        "upsample_initial_channel": 64, "upsample_kernel_sizes": [16, 16, 8],
+        "n_layers_q": 4, "n_flows": 2, "flow_n_layers": 2, "use_sdp": False,
+        "dp_filter_channels": 64, "gin_channels": 32, "segment_frames": 24,
+        "mpd_periods": [2, 3, 5], "disc_channel_scale": 0.125,
+    },
+}
+
+
+def model_args(preset: str, overrides: dict[str, Any] | None = None) -> VitsArgs:
+    """Preset + ``model_args`` overrides → VitsArgs; unknown names fail with a suggestion."""
+    if preset not in PRESETS:
+        close = difflib.get_close_matches(preset, list(PRESETS), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(f"unknown model preset '{preset}' (config key 'model'); valid: "
+                          f"{', '.join(PRESETS)}{hint}")
+    args = {**PRESETS[preset], **(overrides or {})}
+    names = {f.name for f in dataclasses.fields(VitsArgs)}
+    for key in args:
+        if key not in names:
+            close = difflib.get_close_matches(key, sorted(names), n=1, cutoff=0.5)
+            hint = f"; did you mean 'model_args.{close[0]}'?" if close else ""
+            raise ConfigError(f"unknown config key 'model_args.{key}'{hint}")
+    return VitsArgs(**args)
+
+
+@dataclass
+class AudioConfig:
+    sample_rate: int = 22050
+    n_fft: int = 1024
+    win_length: int = 1024
+    hop_length: int = 256
+    n_mels: int = 80
+    fmin: float = 0.0
+    fmax: float | None = None
+    ALIASES: ClassVar[dict[str, str]] = {
+        "sampling_rate": "sample_rate", "filter_length": "n_fft", "num_mels": "n_mels",
+        "mel_fmin": "fmin", "mel_fmax": "fmax", "n_mel_channels": "n_mels",
+    }
+
+
+@dataclass
+class DataConfig:
+    """What prepare_data.py keeps (filters) and how it splits; read again by the data loader."""
+
+    min_audio_len: float = 0.5  # seconds
+    max_audio_len: float = 15.0
+    min_text_len: int = 2  # tokens of the normalised text
+    max_text_len: int = 400
+    min_chars_per_second: float = 4.0  # normalised letters per second: catches wrong transcripts
+    max_chars_per_second: float = 30.0
+    silence_db: float = -50.0
+    max_clip_fraction: float = 0.01
+    eval_split_size: float = 0.02  # a fraction (< 1) or a count (>= 1) of utterances
+    eval_split_max_size: int = 64
+    split_seed: int = 1234
+    add_blank: bool = True  # intersperse a blank token between symbols (VITS)
+    num_buckets: int = 8  # length buckets of the training batches
+
+
+@dataclass
+class TrainConfig:
+    """Everything train.py reads. Defaults are the RTX 4090 recipe's (tts/configs/uzbek_vits.yaml)."""
+
+    run_name: str = "uzbek_vits"
+    seed: int = 1234
+    model: str = "vits_base"  # preset name, see PRESETS
+    model_args: dict[str, Any] = field(default_factory=dict)
+    audio: AudioConfig = field(default_factory=AudioConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    # batches and loading
+    batch_size: int = 64
+    eval_batch_size: int = 16
+    num_loader_workers: int = 6
+    num_eval_loader_workers: int = 2
+    pin_memory: bool = True
+    prefetch_factor: int = 2
+    persistent_workers: bool = True
+    # optimisation (separate G and D optimizers and schedulers)
+    optimizer_cls: str = "AdamW"
+    lr: float = 2e-4  # both networks unless lr_gen / lr_disc are set
+    lr_gen: float | None = None
+    lr_disc: float | None = None
+    betas: list[float] = field(default_factory=lambda: [0.8, 0.99])
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    lr_gamma: float = 0.999875  # exponential decay factor ...
+    lr_scheduler_per: Literal["step", "epoch"] = "step"  # ... applied once per step or per epoch
+    grad_clip: float | None = 1.0  # max total gradient norm per network (None: measure only)
+    mixed_precision: bool = True
+    amp_dtype: Literal["fp16", "bf16"] = "bf16"
+    tf32: bool = True
+    cudnn_benchmark: bool = False  # variable lengths: benchmark would re-tune every batch
+    max_nonfinite_steps: int = 20  # consecutive skipped steps before the run stops
+    # losses
+    c_mel: float = 45.0
+    c_kl: float = 1.0
+    # schedule
+    epochs: int = 200
+    max_steps: int | None = None  # stop after this many steps (None: run the epochs)
+    max_minutes: float | None = None  # stop (and save) after this much wall time
+    print_step: int = 50
+    save_step: int = 500
+    save_n_checkpoints: int = 8
+    save_best_after: int = 5000
+    eval_interval: int = 500
+    test_delay_epochs: int = 3
+    run_eval: bool = True
+    eval_max_items: int = 32  # eval utterances used for MCD/alignment metrics
+    test_sentences: list[str] = field(default_factory=list)
+    test_speaker: str | None = None  # speaker name for test sentences (default: the first)
+    noise_scale: float = 0.667
+    noise_scale_w: float = 0.8
+    length_scale: float = 1.0
+    # data location (usually from the command line)
+    data_dir: str | None = None
+    run_dir: str | None = None
+    ALIASES: ClassVar[dict[str, str]] = {
+        "num_workers": "num_loader_workers", "ds_workers": "num_loader_workers",
+        "max_updates": "max_steps", "val_check_interval": "eval_interval",
+        "checkpoint_interval": "save_step", "log_interval": "print_step",
+        "learning_rate": "lr", "lr_decay": "lr_gamma", "grad_clip_norm": "grad_clip",
+        "precision": "amp_dtype",
+    }
+
+    def args(self) -> VitsArgs:
+        return model_args(self.model, self.model_args)
