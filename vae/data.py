@@ -44,6 +44,20 @@ def list_images(root: str | Path) -> list[Path]:
     return sorted(files)
 
 
+# Leading bytes of the formats we accept: a file that starts like one but does not parse is corrupt,
+# anything else (text, PDF, a video renamed .jpg) is simply not an image.
+_MAGIC = {b"\x89PNG": "PNG", b"\xff\xd8\xff": "JPEG", b"GIF8": "GIF", b"BM": "BMP", b"II*\x00": "TIFF",
+          b"MM\x00*": "TIFF", b"RIFF": "WebP"}
+
+
+def _sniff(path: Path) -> str | None:
+    with open(path, "rb") as f:
+        head = f.read(16)
+    if head.startswith(b"RIFF") and head[8:12] != b"WEBP":
+        return None
+    return next((fmt for magic, fmt in _MAGIC.items() if head.startswith(magic)), None)
+
+
 def _to_8bit_rgb(im: Image.Image, background: tuple[int, int, int]) -> Image.Image:
     mode = im.mode
     if mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
@@ -94,6 +108,9 @@ def open_image_rgb(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS, min_s
             except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
                 raise BadImage(f"too large: {exc}. Raise --max_pixels if this image is intended", "too_large") from None
             except UnidentifiedImageError:
+                fmt = _sniff(path)
+                if fmt:
+                    raise BadImage(f"corrupt: starts like a {fmt} file but cannot be parsed", "corrupt") from None
                 raise BadImage("not an image (Pillow cannot identify the format; wrong extension or a "
                                "different file type)", "not_image") from None
             except OSError as exc:

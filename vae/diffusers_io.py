@@ -57,7 +57,7 @@ def to_diffusers_key(key: str, num_levels: int) -> str:
     m = re.fullmatch(r"(down|up)\.(\d+)\.(blocks\.(\d+)|downsample|upsample)\.(.+)", rest)
     if m is None:
         raise KeyError(f"no diffusers name for '{key}'")
-    kind, level, part, block, tail = m.group(1), int(m.group(2)), m.group(3), m.group(4), m.group(5)
+    kind, level, block, tail = m.group(1), int(m.group(2)), m.group(4), m.group(5)
     if kind == "down":
         prefix = f"down_blocks.{level}"
     else:  # diffusers runs the decoder's up_blocks from the lowest resolution

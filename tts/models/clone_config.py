@@ -43,7 +43,7 @@ class AudioConfig:
     hop_length: int = 512
     n_mels: int = 128
     fmin: float = 40.0
-    fmax: float = 16000.0
+    fmax: float | None = 16000.0  # None = sample_rate / 2
     f0_min: float = 60.0
     f0_max: float = 800.0
     f0_method: str = "parselmouth"
@@ -54,8 +54,16 @@ class DataConfig:
     train: str = ""            # --train-data: train.jsonl or a prepared folder (then its train.jsonl)
     val: str = ""              # --val-data: eval.jsonl; default: the prepared folder's eval.jsonl
     cache_dir: str = ""        # mel/f0 cache; default <checkpoint_dir>/features (input is never modified)
-    min_seconds: float = 0.5   # the shared data check (common.audio.check_audio) limits
-    max_seconds: float = 20.0
+    # Limits of the one shared data check (tts.prepare_data.check_item, the VITS trainer's);
+    # same defaults as the VITS DataConfig.
+    min_seconds: float = 0.5
+    max_seconds: float = 15.0
+    min_text_len: int = 2          # symbols of the normalised text
+    max_text_len: int = 400
+    min_chars_per_second: float = 4.0
+    max_chars_per_second: float = 30.0
+    silence_db: float = -50.0
+    max_clip_fraction: float = 0.01
     ref_seconds: float = 3.0   # reference crop during training (fixed length: a static shape)
     min_ref_seconds: float = 1.0  # a reference clip shorter than this is refused
     num_buckets: int = 8       # length buckets: every batch is padded to its bucket's fixed lengths
@@ -152,3 +160,24 @@ def mel_kwargs(audio: AudioConfig) -> dict:
     """The keyword arguments of `common.audio.MelSpectrogram` for these settings."""
     return dict(sample_rate=audio.sample_rate, n_fft=audio.n_fft, win_length=audio.win_length,
                 hop_length=audio.hop_length, n_mels=audio.n_mels, fmin=audio.fmin, fmax=audio.fmax)
+
+
+def config_from_dict(d: dict) -> CloneConfig:
+    """Rebuild the typed config saved inside a checkpoint (`config_to_dict` output), strictly:
+    an unknown key is an error, as everywhere else. Values go in as JSON `--set` overrides so
+    None (e.g. `audio.fmax: null`) survives."""
+    import json
+
+    from common.config import load_config
+
+    overrides: list[str] = []
+
+    def walk(prefix: str, node: dict) -> None:
+        for k, v in node.items():
+            if isinstance(v, dict):
+                walk(f"{prefix}{k}.", v)
+            else:
+                overrides.append(f"{prefix}{k}={json.dumps(v, ensure_ascii=False)}")
+
+    walk("", d)
+    return load_config(None, CloneConfig, overrides=overrides)

@@ -52,38 +52,38 @@ class CondLayerNorm(nn.Module):
 class SelfAttention(nn.Module):
     """Multi-head self-attention through F.scaled_dot_product_attention with a key-padding mask."""
 
-    def __init__(self, dim: int, heads: int, dropout: float) -> None:
+    def __init__(self, dim: int, heads: int) -> None:
         super().__init__()
         if dim % heads:
             raise ValueError(f"attention dim {dim} is not divisible by {heads} heads")
         self.heads = heads
         self.qkv = nn.Linear(dim, 3 * dim)
         self.out = nn.Linear(dim, dim)
-        self.dropout = dropout
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """x [B, T, D]; mask [B, T] bool (True = real position)."""
         b, t, d = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         attn_mask = mask[:, None, None, :]  # keys only: padded queries are zeroed by the caller
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        # No dropout on the attention weights: on the CPU it costs as much as the attention itself
+        # (a Bernoulli draw per [B, heads, T, T] entry); residual dropout regularises enough.
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
         return self.out(y.transpose(1, 2).reshape(b, t, d))
 
 
 class ConvFeedForward(nn.Module):
-    """Conv1d(k) → GELU → Conv1d(1): the FastSpeech feed-forward, masked so padding never leaks in."""
+    """Conv1d(k) → GELU → Conv1d(1): the FastSpeech feed-forward, masked so padding never leaks in.
+    (Dropout only on the residual branch, in the block: one Bernoulli draw per sub-layer is enough.)"""
 
-    def __init__(self, dim: int, hidden: int, kernel_size: int, dropout: float) -> None:
+    def __init__(self, dim: int, hidden: int, kernel_size: int) -> None:
         super().__init__()
         self.conv1 = nn.Conv1d(dim, hidden, kernel_size, padding=kernel_size // 2)
         self.conv2 = nn.Conv1d(hidden, dim, 1)
-        self.drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         m = mask.unsqueeze(1).to(x.dtype)
         h = self.conv1(x.transpose(1, 2) * m)
-        h = self.drop(F.gelu(h))
+        h = F.gelu(h)
         return (self.conv2(h) * m).transpose(1, 2)
 
 
@@ -94,9 +94,9 @@ class TransformerBlock(nn.Module):
                  dropout: float = 0.1, cond_dim: int = 0) -> None:
         super().__init__()
         self.norm1 = CondLayerNorm(dim, cond_dim)
-        self.attn = SelfAttention(dim, heads, dropout)
+        self.attn = SelfAttention(dim, heads)
         self.norm2 = CondLayerNorm(dim, cond_dim)
-        self.ffn = ConvFeedForward(dim, ffn_mult * dim, kernel_size, dropout)
+        self.ffn = ConvFeedForward(dim, ffn_mult * dim, kernel_size)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, cond: torch.Tensor | None = None) -> torch.Tensor:

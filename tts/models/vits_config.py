@@ -184,6 +184,8 @@ class TrainConfig:
     eval_interval: int = 500
     test_delay_epochs: int = 3
     run_eval: bool = True
+    eval_at_start: bool = False  # evaluate the untrained model too (the demo's "step 0" figures)
+    progress_bar: bool = True
     eval_max_items: int = 32  # eval utterances used for MCD/alignment metrics
     test_sentences: list[str] = field(default_factory=list)
     test_speaker: str | None = None  # speaker name for test sentences (default: the first)
@@ -198,7 +200,6 @@ class TrainConfig:
         "max_updates": "max_steps", "val_check_interval": "eval_interval",
         "checkpoint_interval": "save_step", "log_interval": "print_step",
         "learning_rate": "lr", "lr_decay": "lr_gamma", "grad_clip_norm": "grad_clip",
-        "precision": "amp_dtype",
     }
 
     def args(self) -> VitsArgs:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from tts.text.symbols import OKINA
 
-O = "o" + OKINA  # oʻ
+OO = "o" + OKINA  # oʻ
 
-UNITS = ["nol", "bir", "ikki", "uch", f"t{O}rt", "besh", "olti", "yetti", "sakkiz", f"t{O}qqiz"]
-TENS = ["", f"{O}n", "yigirma", f"{O}ttiz", "qirq", "ellik", "oltmish", "yetmish", "sakson", f"t{O}qson"]
+UNITS = ["nol", "bir", "ikki", "uch", f"t{OO}rt", "besh", "olti", "yetti", "sakkiz", f"t{OO}qqiz"]
+TENS = ["", f"{OO}n", "yigirma", f"{OO}ttiz", "qirq", "ellik", "oltmish", "yetmish", "sakson", f"t{OO}qson"]
 SCALES = [(10**12, "trillion"), (10**9, "milliard"), (10**6, "million"), (10**3, "ming")]
 MONTHS = ["yanvar", "fevral", "mart", "aprel", "may", "iyun", "iyul", "avgust", "sentabr",
           "oktabr", "noyabr", "dekabr"]

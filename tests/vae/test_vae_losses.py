@@ -1,0 +1,118 @@
+"""The loss: KL reduction, adaptive GAN weight, disc_start gating, LPIPS frozen/eval, backbone errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from vae.losses import (FrozenLPIPS, PatchDiscriminator, PerceptualWeightsError, VAELoss, adaptive_gan_weight,
+                        find_backbone_weights, hinge_d_loss)
+from vae.model import DiagonalGaussian
+
+
+def known_posterior(batch: int = 2) -> DiagonalGaussian:
+    mean = torch.full((batch, 4, 2, 2), 1.0)
+    logvar = torch.zeros(batch, 4, 2, 2)
+    return DiagonalGaussian(torch.cat([mean, logvar], 1))  # KL per element = 0.5 * 1 = 0.5
+
+
+def test_kl_reduction_is_latent_diffusions():
+    post = known_posterior(batch=3)
+    x = torch.zeros(3, 3, 8, 8)
+    loss_fn = VAELoss(kl_weight=1e-6, perceptual_weight=0.0, disc_weight=0.0)
+    loss, logs = loss_fn.generator_loss(x, x.clone(), post, step=0)
+    # latent-diffusion: sum over latent elements (4*2*2 = 16 → 8.0), mean over the batch.
+    assert logs["kl"].item() == pytest.approx(8.0)
+    # our total = LDM total / (C*H*W): rec is 0 here, so loss = kl_weight * kl / 192.
+    assert loss.item() == pytest.approx(1e-6 * 8.0 / 192)
+
+
+def test_reconstruction_terms_and_logvar():
+    x = torch.zeros(2, 3, 4, 4)
+    rec = torch.full_like(x, 0.5)
+    post = known_posterior()
+    l1 = VAELoss(kl_weight=0, perceptual_weight=0, disc_weight=0)
+    l2 = VAELoss(kl_weight=0, perceptual_weight=0, disc_weight=0, rec_loss="l2")
+    assert l1.generator_loss(x, rec, post, 0)[0].item() == pytest.approx(0.5)
+    assert l2.generator_loss(x, rec, post, 0)[0].item() == pytest.approx(0.25)
+    lv = VAELoss(kl_weight=0, perceptual_weight=0, disc_weight=0, learn_logvar=True, logvar_init=1.0)
+    loss, _ = lv.generator_loss(x, rec, post, 0)
+    assert loss.item() == pytest.approx(0.5 / torch.e + 1.0, rel=1e-5)  # rec / exp(lv) + lv
+    loss.backward()
+    assert lv.logvar.logvar.grad is not None
+
+
+def test_adaptive_weight_is_the_gradient_norm_ratio():
+    last = nn.Parameter(torch.randn(3, 3))
+    a, b = (last * 2.0).sum(), (last * 0.5).sum()  # gradients 2·1 and 0.5·1 everywhere
+    w = adaptive_gan_weight(a, b, last)
+    assert w.item() == pytest.approx(4.0 * 1.5 / (1.5 + 1e-4), rel=1e-4)
+    # The GradScaler's scale cancels out.
+    assert adaptive_gan_weight(a, b, last, grad_scale=1024.0).item() == pytest.approx(w.item(), rel=1e-4)
+    # Clamped and NaN-safe.
+    assert adaptive_gan_weight((last * 1e9).sum(), (last * 1e-9).sum(), last).item() == 1e4
+
+
+def test_disc_start_gates_the_gan_terms():
+    torch.manual_seed(0)
+    disc = PatchDiscriminator(3, 8, 2)
+    last = nn.Parameter(torch.randn(3, 3, 3, 3))
+    x = torch.randn(2, 3, 32, 32)
+    rec = nn.functional.conv2d(x, last, padding=1)
+    loss_fn = VAELoss(kl_weight=0, perceptual_weight=0, disc_start=5, disc_weight=0.5)
+    post = known_posterior()
+    before, logs_b = loss_fn.generator_loss(x, rec, post, 4, disc, last)
+    after, logs_a = loss_fn.generator_loss(x, rec, post, 5, disc, last)
+    assert "g_loss" not in logs_b and "g_loss" in logs_a and logs_a["d_weight"].item() > 0
+    assert after.item() != pytest.approx(before.item())
+    d_before, _ = loss_fn.discriminator_loss(disc, x, rec, 4)
+    d_after, _ = loss_fn.discriminator_loss(disc, x, rec, 5)
+    assert d_before.item() == 0.0 and d_after.item() > 0
+    assert not VAELoss(perceptual_weight=0, disc_weight=0.0, disc_start=0).gan_active(100)
+
+
+def test_hinge_loss_values():
+    assert hinge_d_loss(torch.full((4,), 2.0), torch.full((4,), -2.0)).item() == 0.0
+    assert hinge_d_loss(torch.zeros(4), torch.zeros(4)).item() == pytest.approx(1.0)
+
+
+def test_lpips_frozen_eval_and_differentiable():
+    lp = FrozenLPIPS("vgg", random_backbone=True)
+    assert not any(p.requires_grad for p in lp.parameters())
+    lp.train()
+    assert not lp.training and not any(m.training for m in lp.modules())
+    x = torch.rand(2, 3, 32, 32) * 2 - 1
+    y = (x + 0.3 * torch.randn_like(x)).clamp(-1, 1).requires_grad_(True)
+    d = lp(y, x)
+    assert d.shape == (2, 1, 1, 1) and (d > 0).all()
+    assert lp(x, x).abs().max().item() < 1e-6
+    d.sum().backward()
+    assert y.grad is not None and y.grad.abs().sum() > 0
+    loss_fn = VAELoss(perceptual_weight=1.0, perceptual=lp, disc_weight=0)
+    _, logs = loss_fn.generator_loss(x, y.detach(), known_posterior(), 0)
+    assert logs["lpips"].item() > 0
+
+
+def test_missing_backbone_says_how_to_provide_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
+    with pytest.raises(PerceptualWeightsError) as err:
+        find_backbone_weights("vgg")
+    msg = str(err.value)
+    assert "vgg16-397923af.pth" in msg and "--perceptual_weights" in msg and "--perceptual_weight 0" in msg
+    with pytest.raises(PerceptualWeightsError, match="no such file"):
+        find_backbone_weights("vgg", tmp_path / "nope.pth")
+
+
+def test_backbone_loaded_from_a_torchvision_state_dict(tmp_path):
+    import torchvision
+    torch.manual_seed(1)
+    vgg = torchvision.models.vgg16(weights=None)
+    sd = {k: v for k, v in vgg.state_dict().items() if k.startswith("features.")}
+    torch.save(sd, tmp_path / "vgg16-397923af.pth")
+    lp = FrozenLPIPS("vgg", weights_path=tmp_path / "vgg16-397923af.pth")
+    assert torch.equal(lp.net.net.slice3.state_dict()["10.weight"], sd["features.10.weight"])
+    assert lp.source.endswith("vgg16-397923af.pth")
+    torch.save({"features.0.weight": torch.zeros(1)}, tmp_path / "bad.pth")
+    with pytest.raises(PerceptualWeightsError, match="not a torchvision"):
+        FrozenLPIPS("vgg", weights_path=tmp_path / "bad.pth")

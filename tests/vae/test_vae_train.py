@@ -1,0 +1,259 @@
+"""train_vae.py: the guide's flags and config paths, precision/layout flags, accumulation, clipping,
+non-finite handling, exact resume with rotation, multi-resolution stages, the RTX 5090 script."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+from helpers import REPO, TINY_CONFIG
+
+import vae.train_vae as tv
+from common.checkpoint import load_checkpoint
+from vae.config import VAEConfig
+from vae.losses import VAELoss
+
+
+def run(data, out, *args) -> int:
+    return tv.main(["--config", str(TINY_CONFIG), "--data_path", str(data), "--output_dir", str(out), *args])
+
+
+def weights(path) -> dict:
+    return load_checkpoint(path)["models"]
+
+
+def same_state(a: dict, b: dict) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    return a == b
+
+
+def tiny_cfg(**kw) -> VAEConfig:
+    base = yaml.safe_load(TINY_CONFIG.read_text())
+    base.update(kw)
+    return VAEConfig(**base)
+
+
+# ----------------------------------------------------------------------------- config paths
+
+
+def test_guide_flags_override_config_and_resolved_config_is_saved(image_dir, tmp_path):
+    out = tmp_path / "run"
+    rc = run(image_dir, out, "--image_size", "40", "--batch_size", "2", "--num_epochs", "1", "--learning_rate", "3e-4",
+             "--z_channels", "8", "--kl_weight", "1e-5", "--perceptual_weight", "0", "--no-mixed_precision",
+             "--no-use_bf16", "--no-use_torch_compile", "--no-enable_tf32", "--no-channels_last",
+             "--no-persistent_workers", "--gradient_clip", "0.5", "--num_workers", "0", "--checkpoint_freq", "1",
+             "--save_samples_freq", "2", "--accumulation_steps", "2", "--disc_start", "0", "--disc_weight", "0.25",
+             "--set", "ema_decay=0.5")
+    assert rc == 0
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["image_size"] == 40 and saved["z_channels"] == 8 and saved["kl_weight"] == 1e-5
+    assert saved["accumulation_steps"] == 2 and saved["ema_decay"] == 0.5 and saved["disc_weight"] == 0.25
+    assert saved["channels"] == [16, 32]  # from the YAML
+    assert (out / "checkpoint_epoch_1.pt").is_file() and (out / "vae_final.pt").is_file()
+    assert sorted(p.name for p in (out / "samples").iterdir())[-1] == "step_0000002.png"
+    diff_cfg = json.loads((out / "diffusers" / "config.json").read_text())
+    assert diff_cfg["latent_channels"] == 8 and diff_cfg["block_out_channels"] == [16, 32]
+    stats = json.loads((out / "latent_stats.json").read_text())
+    assert len(stats["per_channel_std"]) == 8 and stats["scaling_factor"] == pytest.approx(1 / stats["std"])
+
+
+def test_guide_json_config(image_dir, tmp_path):
+    cfg = tmp_path / "guide.json"
+    cfg.write_text(json.dumps({"channels": [8, 16], "z_channels": 4, "image_size": 32, "batch_size": 4}))
+    out = tmp_path / "run"
+    rc = tv.main(["--config", str(cfg), "--data_path", str(image_dir), "--output_dir", str(out), "--batch_size", "2",
+                  "--max_steps", "1", "--perceptual_weight", "0", "--num_workers", "0", "--set", "norm_num_groups=4",
+                  "--set", "num_val_images=2", "--no-export_diffusers"])
+    assert rc == 0
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["channels"] == [8, 16] and saved["batch_size"] == 2  # the flag beats the JSON
+
+
+def test_bad_config_key_is_named(tmp_path, capsys):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("kl_weigth: 1.0e-6\n")
+    assert tv.main(["--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "kl_weigth" in err and "kl_weight" in err
+    assert tv.main(["--config", str(TINY_CONFIG), "--image_size", "30"]) == 2
+    assert "multiple of 8" in capsys.readouterr().err
+
+
+def test_batch_size_auto_on_cpu_degrades_with_a_message(image_dir, tmp_path, capsys):
+    assert run(image_dir, tmp_path / "run", "--batch_size", "auto", "--max_steps", "1", "--no-export_diffusers") == 0
+    printed = capsys.readouterr().out
+    assert "--batch_size auto: no CUDA device" in printed
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["batch_size"] == 2
+
+
+def test_missing_lpips_backbone_is_a_clear_error(image_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "empty_hub"))
+    assert run(image_dir, tmp_path / "run", "--perceptual_weight", "1.0") == 2
+    assert "--perceptual_weights" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- the step
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_and_channels_last_steps(precision):
+    cfg = tiny_cfg(mixed_precision=True, use_bf16=precision == "bf16", channels_last=True)
+    t = tv.VAETrainer(cfg, torch.device("cpu"), total_steps=4, quiet=True)
+    assert t.precision.amp_dtype == (torch.bfloat16 if precision == "bf16" else torch.float16)
+    assert t.precision.scaler.is_enabled() == (precision == "fp16")
+    assert t.vae_module.encoder.conv_in.weight.is_contiguous(memory_format=torch.channels_last)
+    seen = {}
+    hook = t.vae_module.decoder.conv_out.register_forward_hook(lambda m, i, o: seen.setdefault("dtype", o.dtype))
+    before = t.vae_module.decoder.conv_out.weight.detach().clone()
+    x = torch.rand(2, 3, 32, 32) * 2 - 1
+    for s in range(3):
+        logs, stepped = t.step([x], s)
+    hook.remove()
+    assert seen["dtype"] == t.precision.amp_dtype  # autocast really ran
+    assert torch.isfinite(logs["total"]) and "d_loss" in logs  # GAN on (disc_start 1)
+    assert not torch.equal(before, t.vae_module.decoder.conv_out.weight)
+
+
+def _grads_of_one_step(cfg, micro, monkeypatch):
+    monkeypatch.setattr("vae.model.DiagonalGaussian.sample", lambda self, generator=None: self.mean)
+    torch.manual_seed(0)
+    t = tv.VAETrainer(cfg, torch.device("cpu"), total_steps=4, quiet=True)
+    captured = {}
+    real_step = t.opt_g.step
+
+    def spy(*a, **k):
+        captured["g"] = torch.cat([p.grad.flatten() for p in t.g_params if p.grad is not None]).clone()
+        return real_step(*a, **k)
+
+    t.opt_g.step = spy
+    logs, _ = t.step(micro, 0)
+    return captured["g"], logs
+
+
+def test_accumulation_divides_the_loss(monkeypatch):
+    cfg = tiny_cfg(disc_weight=0.0, ema_decay=0.0, gradient_clip=0.0)
+    torch.manual_seed(1)
+    x = torch.rand(4, 3, 32, 32) * 2 - 1
+    whole, logs_whole = _grads_of_one_step(cfg, [x], monkeypatch)
+    accum, logs_accum = _grads_of_one_step(cfg, [x[:2], x[2:]], monkeypatch)
+    assert torch.allclose(whole, accum, rtol=1e-4, atol=1e-7)  # mean over the effective batch, not a sum
+    assert logs_whole["total"].item() == pytest.approx(logs_accum["total"].item(), rel=1e-5)
+
+
+def test_gradient_clip_really_clips(monkeypatch):
+    x = torch.rand(2, 3, 32, 32) * 2 - 1
+    clipped, logs = _grads_of_one_step(tiny_cfg(disc_weight=0.0, gradient_clip=1e-3), [x], monkeypatch)
+    assert logs["grad_norm"].item() > 1e-2  # the reported norm is the one before clipping
+    assert clipped.norm().item() == pytest.approx(1e-3, rel=1e-3)
+    free, _ = _grads_of_one_step(tiny_cfg(disc_weight=0.0, gradient_clip=0.0), [x], monkeypatch)
+    assert free.norm().item() == pytest.approx(logs["grad_norm"].item(), rel=1e-4)
+
+
+# ----------------------------------------------------------------------------- non-finite losses
+
+
+def _nan_after(step_from: int, step_to: int = 10**9):
+    real = VAELoss.generator_loss
+
+    def fake(self, x, x_rec, posterior, step, *a, **k):
+        loss, logs = real(self, x, x_rec, posterior, step, *a, **k)
+        if step_from <= step < step_to:
+            loss = loss * float("nan")
+        return loss, logs
+    return fake
+
+
+def test_single_nonfinite_step_is_skipped(image_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(VAELoss, "generator_loss", _nan_after(2, 3))
+    out = tmp_path / "run"
+    assert run(image_dir, out, "--num_epochs", "1", "--no-export_diffusers") == 0
+    ckpt = load_checkpoint(out / "checkpoint_last.pt")
+    assert ckpt["extra"]["guard"]["skipped_total"] == 1
+    assert all(torch.isfinite(v).all() for v in ckpt["models"]["vae"].values())
+
+
+def test_repeated_nonfinite_stops_with_last_good_checkpoint(image_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(VAELoss, "generator_loss", _nan_after(5))  # epoch 1 = steps 0-3 is clean
+    out = tmp_path / "run"
+    rc = run(image_dir, out, "--num_epochs", "3", "--set", "max_nonfinite=3")
+    assert rc == 1
+    assert "consecutive" in capsys.readouterr().err
+    assert sorted(p.name for p in out.glob("checkpoint_*.pt")) == ["checkpoint_epoch_1.pt"]
+    ckpt = load_checkpoint(out / "checkpoint_epoch_1.pt")
+    assert ckpt["counters"]["step"] == 4
+    assert all(torch.isfinite(v).all() for v in ckpt["models"]["vae"].values())
+
+
+# ----------------------------------------------------------------------------- resume
+
+
+def test_exact_resume_is_bitwise_with_rotation(image_dir, tmp_path):
+    straight, resumed, split = tmp_path / "straight", tmp_path / "resumed", tmp_path / "split"
+    assert run(image_dir, straight, "--num_epochs", "3", "--set", "keep_checkpoints=2") == 0
+    # Rotation: epochs 1..3 were written, the newest 2 kept.
+    assert sorted(p.name for p in straight.glob("checkpoint_epoch_*.pt")) == ["checkpoint_epoch_2.pt",
+                                                                             "checkpoint_epoch_3.pt"]
+    # 2 epochs + resume for the 3rd (from an epoch checkpoint) == 3 epochs straight.
+    assert run(image_dir, resumed, "--num_epochs", "3", "--stop_at_step", "8") == 0
+    assert run(image_dir, resumed, "--num_epochs", "3", "--resume_from", str(resumed / "checkpoint_epoch_2.pt")) == 0
+    # Mid-epoch: stop after 2 steps (half an epoch), resume with --resume_from auto, with a worker.
+    assert run(image_dir, split, "--num_epochs", "3", "--stop_at_step", "2", "--num_workers", "1") == 0
+    assert load_checkpoint(split / "checkpoint_last.pt")["counters"]["micro_in_epoch"] == 2
+    assert run(image_dir, split, "--num_epochs", "3", "--resume_from", "auto", "--num_workers", "1") == 0
+    a = load_checkpoint(straight / "checkpoint_last.pt")
+    for other in (resumed, split):
+        b = load_checkpoint(other / "checkpoint_last.pt")
+        assert b["counters"]["step"] == a["counters"]["step"] == 12
+        for key in ("models", "optimizers", "schedulers", "ema"):
+            assert same_state(a[key], b[key]), f"{other.name}: {key} differs"
+
+
+def test_multi_resolution_resume_replans(image_dir, tmp_path, capsys):
+    low, high = tmp_path / "low", tmp_path / "high"
+    assert run(image_dir, low, "--num_epochs", "1", "--image_size", "32") == 0
+    capsys.readouterr()
+    rc = run(image_dir, high, "--num_epochs", "2", "--image_size", "48", "--learning_rate", "0", "--set",
+             "ema_decay=0", "--resume_from", str(low / "checkpoint_epoch_1.pt"), "--set", "disc_weight=0")
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "trained at 32 px, now 48 px" in printed and "re-planned" in printed
+    ckpt = load_checkpoint(high / "checkpoint_last.pt")
+    c = ckpt["counters"]
+    assert (c["stage"], c["steps_before_stage"], c["step"], c["image_size"]) == (2, 4, 8, 48)
+    assert ckpt["schedulers"]["vae"]["last_epoch"] == 8  # a fresh schedule for this run's 8 steps
+    # learning_rate 0: the weights are exactly the 32 px run's, so they were carried over, not re-initialised.
+    assert same_state(ckpt["models"]["vae"], load_checkpoint(low / "checkpoint_epoch_1.pt")["models"]["vae"])
+
+
+# ----------------------------------------------------------------------------- scripts
+
+
+def test_train_rtx5090_sh_runs_tiny(image_dir, tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.run(["bash", str(REPO / "vae" / "train_rtx5090.sh"), "--data_path", str(image_dir),
+                        "--output_dir", str(out), "--channels", "16", "32", "--set", "norm_num_groups=8",
+                        "--image_size", "32", "--batch_size", "2", "--max_steps", "2", "--perceptual_weight", "0",
+                        "--num_workers", "0", "--accumulation_steps", "1", "--set", "num_val_images=2",
+                        "--no-gradient_checkpointing", "--no-export_diffusers"],
+                       capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["use_bf16"] and saved["enable_tf32"] and saved["channels_last"]  # the RTX 5090 profile
+    assert load_checkpoint(out / "checkpoint_last.pt")["counters"]["step"] == 2
+
+
+def test_profile_memory_on_cpu_says_it_needs_cuda(tmp_path, capsys):
+    assert tv.main(["--config", str(TINY_CONFIG), "--output_dir", str(tmp_path), "--profile_memory"]) == 0
+    assert "needs a CUDA GPU" in capsys.readouterr().out
+    assert sys.modules["vae.train_vae"] is tv

@@ -1,0 +1,351 @@
+"""Data for the voice-cloning model: manifests → checked, cached features → bucketed static batches.
+
+Three stages, each for a reason the XTTS-style users felt:
+1. `build_features` runs every utterance once through the ONE shared data check
+   (`tts.prepare_data.check_item`, the VITS trainer's) and caches log-mel + f0 + voiced + token
+   ids per utterance under the cache folder (the input is never touched). Bad items are skipped
+   and reported, never fatal. After that, a training step only reads small .npz files: no audio
+   decoding, no pitch tracking in the loop, so the GPU is not starved by the DataLoader.
+2. `CloneDataset` returns one utterance plus a reference crop from ANOTHER utterance of the same
+   speaker (so the reference encoder must learn the voice, not copy the content), drawn from
+   `common.data.sample_rng(key)`: exactly reproducible on resume, with workers.
+3. `BucketCollate` pads every batch to its length bucket's fixed (text, frames) size, and the
+   reference to one fixed length: a handful of shapes for the whole run, so `torch.compile`,
+   cuDNN autotuning and CUDA graphs never see a new shape after the first epoch.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import io
+import json
+import math
+import os
+from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from common.audio import AudioError, MelSpectrogram, check_audio, extract_f0, load_audio
+from common.data import sample_rng
+from tts.models.clone_config import AudioConfig, DataConfig, mel_kwargs
+from tts.models.vits_config import DataConfig as SharedCheckConfig
+from tts.prepare_data import check_item
+
+LOG_FLOOR = math.log(1e-5)  # the log-mel value of silence (MelSpectrogram's clamp)
+
+
+class DataError(ValueError):
+    """A data input that cannot be used at all (missing manifest, nothing usable, bad reference clip)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Manifests
+# ---------------------------------------------------------------------------------------------
+def resolve_manifests(train: str, val: str) -> tuple[Path, Path]:
+    """`--train-data` (train.jsonl or a prepared folder) and `--val-data` → two jsonl paths."""
+    if not train:
+        raise DataError("no training data: pass --train-data (a train.jsonl from tts/prepare_data.py, "
+                        "or the prepared folder that holds it)")
+    tr = Path(train)
+    if tr.is_dir():
+        folder, tr = tr, tr / "train.jsonl"
+        if not tr.is_file():
+            raise DataError(f"--train-data {train}: the folder has no train.jsonl; run tts/prepare_data.py first")
+        va = Path(val) if val else folder / "eval.jsonl"
+    else:
+        if not tr.is_file():
+            raise DataError(f"--train-data {train}: no such file or folder")
+        va = Path(val) if val else tr.with_name("eval.jsonl")
+    if va.is_dir():
+        va = va / "eval.jsonl"
+    if not va.is_file():
+        raise DataError(f"validation manifest {va} not found: pass --val-data (an eval.jsonl from "
+                        "tts/prepare_data.py)")
+    return tr, va
+
+
+def read_manifest(path: Path) -> tuple[list[dict], list[str]]:
+    """Rows with absolute wav paths, and one problem line per row that could not be used."""
+    rows, problems = [], []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            problems.append(f"{path}:{n}: not valid JSON ({e.msg})")
+            continue
+        missing = [k for k in ("id", "wav", "text") if not isinstance(row, dict) or k not in row]
+        if missing:
+            problems.append(f"{path}:{n}: missing field(s) {missing} (expected id, wav, text, speaker)")
+            continue
+        wav = Path(row["wav"])
+        row["wav"] = str(wav if wav.is_absolute() else path.parent / wav)
+        row["speaker"] = str(row.get("speaker", "speaker"))
+        row["source"] = f"{path}:{n}"
+        rows.append(row)
+    return rows, problems
+
+
+# ---------------------------------------------------------------------------------------------
+# Features (computed once, cached)
+# ---------------------------------------------------------------------------------------------
+def shared_check_config(data: DataConfig) -> SharedCheckConfig:
+    """Our data limits in the VITS trainer's DataConfig, for the one shared `check_item`.
+    No blank tokens: this model aligns symbols directly (frames >= symbols is the MAS condition)."""
+    return SharedCheckConfig(
+        min_audio_len=data.min_seconds, max_audio_len=data.max_seconds, min_text_len=data.min_text_len,
+        max_text_len=data.max_text_len, min_chars_per_second=data.min_chars_per_second,
+        max_chars_per_second=data.max_chars_per_second, silence_db=data.silence_db,
+        max_clip_fraction=data.max_clip_fraction, add_blank=False)
+
+
+def features_tag(audio: AudioConfig) -> str:
+    """Cache sub-folder name: a hash of every setting the features depend on."""
+    blob = json.dumps(asdict(audio), sort_keys=True).encode()
+    return "feat_" + hashlib.sha1(blob).hexdigest()[:10]
+
+
+_MEL: tuple[str, MelSpectrogram] | None = None
+
+
+def _mel_module(audio: AudioConfig) -> MelSpectrogram:
+    global _MEL
+    tag = features_tag(audio)
+    if _MEL is None or _MEL[0] != tag:
+        _MEL = (tag, MelSpectrogram(**mel_kwargs(audio)))
+    return _MEL[1]
+
+
+def compute_features(wav: np.ndarray, audio: AudioConfig) -> dict[str, np.ndarray]:
+    """Log-mel [n_mels, T], f0 [T] (Hz, continuous) and voiced [T] of a waveform at audio.sample_rate."""
+    with torch.no_grad():
+        mel = _mel_module(audio)(torch.from_numpy(wav).float())[0].numpy()
+    f0, voiced = extract_f0(wav, audio.sample_rate, audio.hop_length, mel.shape[1], audio.f0_min,
+                            audio.f0_max, method=audio.f0_method)
+    return {"mel": mel.astype(np.float32), "f0": f0.astype(np.float32), "voiced": voiced.astype(bool)}
+
+
+def _feature_job(job: tuple[dict, AudioConfig, DataConfig, str]) -> tuple[dict, str | None]:
+    """One utterance: check (shared), compute or reuse its cached features. Runs in a worker process."""
+    row, audio, data, cache_dir = job
+    out = Path(cache_dir) / (row["id"].replace("/", "__") + ".npz")
+    item = {"id": row["id"], "speaker": row["speaker"], "path": str(out), "wav": row["wav"]}
+    if out.is_file():
+        with np.load(out) as z:
+            item.update(frames=int(z["mel"].shape[1]), n_text=int(z["ids"].shape[0]))
+        return item, None
+    try:
+        wav, _ = load_audio(row["wav"], sr=audio.sample_rate)
+    except AudioError as e:
+        return item, f"audio {e.reason}"
+    chk = check_item(row.get("raw_text") or row["text"], wav, audio.sample_rate, shared_check_config(data),
+                     audio.hop_length)
+    if not chk.ok:
+        return item, chk.reason
+    feats = compute_features(wav, audio)
+    if feats["mel"].shape[1] < len(chk.ids):
+        return item, f"audio too short to align ({feats['mel'].shape[1]} frames < {len(chk.ids)} symbols)"
+    buf = io.BytesIO()
+    np.savez(buf, ids=np.asarray(chk.ids, dtype=np.int64), **feats)
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_bytes(buf.getvalue())
+    os.replace(tmp, out)  # atomic: an interrupted run never leaves a half-written cache entry
+    item.update(frames=int(feats["mel"].shape[1]), n_text=len(chk.ids))
+    return item, None
+
+
+def _init_worker() -> None:
+    torch.set_num_threads(1)
+
+
+def build_features(manifest: Path, audio: AudioConfig, data: DataConfig, cache_root: Path,
+                   num_workers: int = 1, log=print) -> list[dict]:
+    """Check + featurise every row of `manifest` (cached); returns the usable items.
+
+    Each dropped row is reported with its manifest line and reason; none usable → DataError.
+    """
+    rows, problems = read_manifest(manifest)
+    n_rows = len(rows) + len(problems)
+    cache_dir = cache_root / features_tag(audio)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    jobs = [(row, audio, data, str(cache_dir)) for row in rows]
+    if num_workers > 1 and len(jobs) > 1:
+        with ProcessPoolExecutor(max_workers=num_workers, initializer=_init_worker) as pool:
+            results = list(pool.map(_feature_job, jobs, chunksize=max(1, len(jobs) // (8 * num_workers))))
+    else:
+        results = [_feature_job(j) for j in jobs]
+    items = []
+    for row, (item, reason) in zip(rows, results):
+        if reason is None:
+            items.append(item)
+        else:
+            problems.append(f"{row['source']} [{row['id']}]: {reason}")
+    for p in problems:
+        log(f"skipped {p}")
+    if not items:
+        raise DataError(f"nothing usable in {manifest}: all {n_rows} rows were "
+                        "skipped (reasons above)")
+    log(f"{manifest}: {len(items)} utterances usable, {len(problems)} skipped; features cached in {cache_dir}")
+    return items
+
+
+def load_item(item: dict) -> dict[str, np.ndarray]:
+    with np.load(item["path"]) as z:
+        return {k: z[k] for k in ("ids", "mel", "f0", "voiced")}
+
+
+def feature_stats(items: list[dict], max_items: int) -> tuple[torch.Tensor, torch.Tensor, float, float]:
+    """Per-bin log-mel mean/std and voiced log-f0 mean/std over (up to) `max_items` utterances,
+    picked evenly across the list so every speaker contributes."""
+    picks = items if len(items) <= max_items else [items[i] for i in np.linspace(0, len(items) - 1, max_items).astype(int)]
+    mels, logf0 = [], []
+    for it in picks:
+        f = load_item(it)
+        mels.append(f["mel"])
+        if f["voiced"].any():
+            logf0.append(np.log(np.maximum(f["f0"][f["voiced"]], 1.0)))
+    mel = np.concatenate(mels, axis=1)
+    lf = np.concatenate(logf0) if logf0 else np.array([math.log(150.0)])
+    return (torch.from_numpy(mel.mean(1)).float(), torch.from_numpy(mel.std(1)).float(),
+            float(lf.mean()), float(max(lf.std(), 0.05)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Dataset
+# ---------------------------------------------------------------------------------------------
+class CloneDataset(Dataset):
+    """Utterance + a reference crop of `ref_frames` from another utterance of the same speaker."""
+
+    def __init__(self, items: list[dict], ref_frames: int) -> None:
+        self.items = items
+        self.ref_frames = ref_frames
+        self.by_speaker: dict[str, list[int]] = defaultdict(list)
+        for i, it in enumerate(items):
+            self.by_speaker[it["speaker"]].append(i)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def lengths(self) -> list[int]:
+        return [it["frames"] for it in self.items]
+
+    def __getitem__(self, key) -> dict:
+        index, rng = sample_rng(key)
+        feats = load_item(self.items[index])
+        same = self.by_speaker[self.items[index]["speaker"]]
+        others = [j for j in same if j != index] or [index]
+        ref_index = others[int(rng.integers(len(others)))]
+        ref = feats["mel"] if ref_index == index else load_item(self.items[ref_index])["mel"]
+        if ref.shape[1] > self.ref_frames:
+            start = int(rng.integers(ref.shape[1] - self.ref_frames + 1))
+            ref = ref[:, start:start + self.ref_frames]
+        feats["ref_mel"] = ref
+        feats["id"] = self.items[index]["id"]
+        return feats
+
+
+def round_up(n: int, multiple: int) -> int:
+    return int(math.ceil(n / multiple) * multiple)
+
+
+class BucketCollate:
+    """Pads a batch to its bucket's fixed (text, frames) lengths; the reference to `ref_frames`.
+
+    `frame_bounds` are the bucket boundaries of `common.data.BucketBatchSampler` (longest item per
+    bucket) rounded up to `frame_multiple`; the text length for a frame boundary is the longest text
+    among ALL items that short or shorter (so it always fits), rounded up to `text_multiple`.
+    """
+
+    def __init__(self, frames: list[int], n_text: list[int], boundaries: list[int], ref_frames: int,
+                 frame_multiple: int = 16, text_multiple: int = 8) -> None:
+        self.frame_bounds = sorted({round_up(b, frame_multiple) for b in boundaries})
+        order = np.argsort(frames)
+        sorted_frames = np.asarray(frames)[order]
+        running_max_text = np.maximum.accumulate(np.asarray(n_text)[order])
+        self.text_bounds = []
+        for fb in self.frame_bounds:
+            k = int(np.searchsorted(sorted_frames, fb, side="right")) - 1
+            self.text_bounds.append(round_up(int(running_max_text[max(k, 0)]), text_multiple))
+        self.ref_frames = ref_frames
+        self.frame_multiple, self.text_multiple = frame_multiple, text_multiple
+
+    def shapes(self) -> list[tuple[int, int]]:
+        """Every (text, frames) shape a batch can have."""
+        return list(zip(self.text_bounds, self.frame_bounds))
+
+    def shape_for(self, max_frames: int, max_text: int) -> tuple[int, int]:
+        i = bisect.bisect_left(self.frame_bounds, max_frames)
+        if i < len(self.frame_bounds) and max_text <= self.text_bounds[i]:
+            return self.text_bounds[i], self.frame_bounds[i]
+        # Longer than every bucket (an item not seen when the buckets were made): still a rounded shape.
+        return round_up(max_text, self.text_multiple), round_up(max_frames, self.frame_multiple)
+
+    def __call__(self, samples: list[dict]) -> dict:
+        b = len(samples)
+        n_mels = samples[0]["mel"].shape[0]
+        t_text, t_frames = self.shape_for(max(s["mel"].shape[1] for s in samples),
+                                          max(len(s["ids"]) for s in samples))
+        batch = {
+            "text": torch.zeros(b, t_text, dtype=torch.long),
+            "text_mask": torch.zeros(b, t_text, dtype=torch.bool),
+            "mel": torch.full((b, n_mels, t_frames), LOG_FLOOR),
+            "mel_mask": torch.zeros(b, t_frames, dtype=torch.bool),
+            "f0": torch.zeros(b, t_frames),
+            "voiced": torch.zeros(b, t_frames, dtype=torch.bool),
+            "ref_mel": torch.full((b, n_mels, self.ref_frames), LOG_FLOOR),
+            "ref_mask": torch.zeros(b, self.ref_frames, dtype=torch.bool),
+        }
+        for i, s in enumerate(samples):
+            n, t, r = len(s["ids"]), s["mel"].shape[1], s["ref_mel"].shape[1]
+            batch["text"][i, :n] = torch.from_numpy(s["ids"])
+            batch["text_mask"][i, :n] = True
+            batch["mel"][i, :, :t] = torch.from_numpy(s["mel"])
+            batch["mel_mask"][i, :t] = True
+            batch["f0"][i, :t] = torch.from_numpy(s["f0"])
+            batch["voiced"][i, :t] = torch.from_numpy(s["voiced"])
+            batch["ref_mel"][i, :, :r] = torch.from_numpy(s["ref_mel"])
+            batch["ref_mask"][i, :r] = True
+        batch["ids"] = [s["id"] for s in samples]
+        return batch
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference clips at inference / validation
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Reference:
+    mel: torch.Tensor   # [1, n_mels, T] log-mel
+    mask: torch.Tensor  # [1, T] bool
+    wav: np.ndarray
+    seconds: float
+
+
+def load_reference(path: str | os.PathLike, audio: AudioConfig, data: DataConfig,
+                   max_seconds: float = 30.0) -> Reference:
+    """A user's reference voice clip → log-mel, or a DataError that says what is wrong and what to do.
+
+    Unreadable, too short (< data.min_ref_seconds), silent and clipped clips are refused with
+    `common.audio.check_audio`, the same check the training data passes. Longer clips are cut to
+    `max_seconds` (the embedding is a mean over time; more audio adds little).
+    """
+    try:
+        wav, sr = load_audio(path, sr=audio.sample_rate)
+    except AudioError as e:
+        raise DataError(f"reference clip {path}: {e.reason}; give a wav/flac/ogg/mp3 file with a few seconds "
+                        "of the target voice") from None
+    reason = check_audio(wav, sr, min_seconds=data.min_ref_seconds, max_seconds=None,
+                         silence_db=data.silence_db, max_clip_fraction=data.max_clip_fraction)
+    if reason:
+        raise DataError(f"reference clip {path}: {reason}; give at least {data.min_ref_seconds:g} s of clean, "
+                        "audible speech of the target voice")
+    wav = wav[: int(max_seconds * sr)]
+    with torch.no_grad():
+        mel = _mel_module(audio)(torch.from_numpy(wav).float())
+    return Reference(mel, torch.ones(1, mel.shape[-1], dtype=torch.bool), wav, len(wav) / sr)

@@ -1,0 +1,138 @@
+"""Voice-cloning inference: text + a reference clip of any voice → wav, through the NSF vocoder.
+
+    python tts/infer_clone.py --checkpoint runs/tts_clone/best.pt --reference voice.wav \
+        --text "Salom, dunyo!" --vocoder runs/vocoder_demo/export --output out.wav
+
+The text may be in any script (Cyrillic or Latin, digits, …): it goes through the same Uzbek
+normaliser as the training data. Prints the real-time factor of the whole path (text processing,
+acoustic model, vocoder) = compute seconds / audio seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from common.audio import save_wav
+from common.checkpoint import CheckpointError, load_checkpoint
+from tts.clone_data import DataError, Reference, load_reference
+from tts.models.clone import VoiceCloneTTS
+from tts.models.clone_config import AudioConfig, CloneConfig, config_from_dict, mel_kwargs
+from tts.text import SYMBOLS, normalize, text_to_ids
+
+
+class VocoderMismatchError(ValueError):
+    """The vocoder was trained on other mel settings than the acoustic model predicts."""
+
+
+def load_clone_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[VoiceCloneTTS, CloneConfig]:
+    """A training checkpoint of tts/train_main.py → (model in eval mode, its config)."""
+    ckpt = load_checkpoint(path, map_location="cpu")
+    if "models" not in ckpt or "model" not in ckpt["models"] or not ckpt.get("config"):
+        raise CheckpointError(f"{path}: not a voice-cloning checkpoint of tts/train_main.py "
+                              "(expected its 'models'/'config' entries)")
+    cfg = config_from_dict(ckpt["config"])
+    model = VoiceCloneTTS(cfg.model, len(SYMBOLS), cfg.audio.n_mels)
+    model.load_state_dict(ckpt["models"]["model"])
+    return model.to(device).eval(), cfg
+
+
+def check_vocoder_settings(vocoder, audio: AudioConfig, where: str = "") -> None:
+    """Raise VocoderMismatchError naming every mel setting that differs between model and vocoder."""
+    ours = mel_kwargs(audio)
+    theirs = dict(vocoder.mel_kwargs)
+    nyq = {"ours": audio.sample_rate / 2, "theirs": theirs.get("sample_rate", 0) / 2}
+
+    def norm(v, side):
+        return float(nyq[side]) if v is None else float(v)
+
+    diff = [f"{k}: model {ours[k]} vs vocoder {theirs.get(k)}" for k in ours
+            if not math.isclose(norm(ours[k], "ours"), norm(theirs.get(k), "theirs"), rel_tol=1e-6)]
+    if diff:
+        raise VocoderMismatchError(
+            f"the vocoder{where} uses other mel settings than this model ({'; '.join(diff)}). "
+            "A vocoder only understands the mels it was trained on: set the model's audio: section "
+            "(tts/configs/clone_*.yaml) to the vocoder's config.json values and retrain, or use a "
+            "vocoder trained with the model's settings.")
+
+
+def load_matching_vocoder(path: str | Path, audio: AudioConfig, device: str | torch.device = "cpu"):
+    """`vocoder.infer.load_vocoder` + the mel-settings check (the only way mels become audio here)."""
+    from vocoder.infer import load_vocoder
+
+    voc = load_vocoder(path, device)
+    check_vocoder_settings(voc, audio, f" at {path}")
+    return voc
+
+
+def text_ids(text: str) -> torch.Tensor:
+    """Raw text (any script) → [1, T] symbol ids; unknown characters are dropped with a warning."""
+    ids = text_to_ids(normalize(text), on_unknown="warn")
+    if not ids:
+        raise DataError(f"nothing speakable in the text {text!r} after normalisation")
+    return torch.tensor([ids], dtype=torch.long)
+
+
+@torch.no_grad()
+def synthesize(model: VoiceCloneTTS, text: str, reference: Reference, vocoder=None,
+               length_scale: float = 1.0) -> dict:
+    """One utterance: returns mel [n_mels, T], f0 [T], wav (None without a vocoder) and timings."""
+    device = next(model.parameters()).device
+    t0 = time.perf_counter()
+    ids = text_ids(text).to(device)
+    out = model.infer(ids, torch.ones_like(ids, dtype=torch.bool), reference.mel.to(device),
+                      reference.mask.to(device), length_scale=length_scale)
+    wav = None
+    if vocoder is not None:
+        wav = vocoder(out["mel"], out["f0"])[0].float().cpu().numpy()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return {"mel": out["mel"][0], "f0": out["f0"][0], "durations": out["durations"][0], "wav": wav,
+            "spk": out["spk"][0], "compute_s": time.perf_counter() - t0}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Text + reference voice clip → wav (voice-cloning TTS + NSF vocoder).")
+    p.add_argument("--checkpoint", required=True, help="checkpoint of tts/train_main.py (e.g. best.pt)")
+    p.add_argument("--reference", required=True, help="a few seconds of the target voice (wav/flac/ogg/mp3)")
+    p.add_argument("--text", required=True, help="text to speak (Uzbek, Latin or Cyrillic)")
+    p.add_argument("--vocoder", default=None, help="exported vocoder folder or checkpoint "
+                   "(default: the vocoder.path the model was trained with)")
+    p.add_argument("--output", default="clone.wav", help="output wav path")
+    p.add_argument("--length-scale", type=float, default=1.0, help=">1 speaks slower, <1 faster")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = p.parse_args(argv)
+    try:
+        model, cfg = load_clone_model(args.checkpoint, args.device)
+        voc_path = args.vocoder or cfg.vocoder.path
+        if not voc_path:
+            raise DataError("no vocoder: pass --vocoder (an exported NSF-HiFiGAN folder, e.g. runs/vocoder_demo/export)")
+        vocoder = load_matching_vocoder(voc_path, cfg.audio, args.device)
+        reference = load_reference(args.reference, cfg.audio, cfg.data)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            res = synthesize(model, args.text, reference, vocoder, args.length_scale)
+        for w in caught:
+            print(f"warning: {w.message}", file=sys.stderr)
+    except (CheckpointError, DataError, VocoderMismatchError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    wav = np.asarray(res["wav"])
+    save_wav(args.output, wav, vocoder.sample_rate)
+    seconds = len(wav) / vocoder.sample_rate
+    rtf = res["compute_s"] / seconds if seconds else float("nan")
+    print(f"wrote {args.output}: {seconds:.2f} s of audio in {res['compute_s']:.3f} s on {args.device} "
+          f"(RTF {rtf:.3f}, {1 / rtf:.1f}x real time; text processing + model + vocoder; "
+          f"reference {reference.seconds:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""HiFi-GAN generator (Kong et al. 2020) as the VITS decoder: latent z [B, C, T] → waveform.
+
+Transposed-convolution upsampling by ``prod(upsample_rates)`` (= the hop length), each stage
+followed by a multi-receptive-field fusion of residual blocks (type "1": two convolutions
+per dilation; type "2": one, lighter, as Piper's medium/x_low). Weight-normed throughout;
+``remove_weight_norm`` (tts.models.modules) folds it for inference.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.parametrizations import weight_norm
+
+from tts.models.modules import get_padding, init_weights
+
+LRELU_SLOPE = 0.1
+
+
+class ResBlock1(nn.Module):
+    def __init__(self, channels: int, kernel_size: int = 3, dilation: tuple[int, ...] = (1, 3, 5)):
+        super().__init__()
+        self.convs1 = nn.ModuleList(
+            weight_norm(nn.Conv1d(channels, channels, kernel_size, dilation=d, padding=get_padding(kernel_size, d)))
+            for d in dilation)
+        self.convs2 = nn.ModuleList(
+            weight_norm(nn.Conv1d(channels, channels, kernel_size, padding=get_padding(kernel_size)))
+            for _ in dilation)
+        self.apply(init_weights)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for c1, c2 in zip(self.convs1, self.convs2):
+            x = x + c2(F.leaky_relu(c1(F.leaky_relu(x, LRELU_SLOPE)), LRELU_SLOPE))
+        return x
+
+
+class ResBlock2(nn.Module):
+    def __init__(self, channels: int, kernel_size: int = 3, dilation: tuple[int, ...] = (1, 3)):
+        super().__init__()
+        self.convs = nn.ModuleList(
+            weight_norm(nn.Conv1d(channels, channels, kernel_size, dilation=d, padding=get_padding(kernel_size, d)))
+            for d in dilation)
+        self.apply(init_weights)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for c in self.convs:
+            x = x + c(F.leaky_relu(x, LRELU_SLOPE))
+        return x
+
+
+class Generator(nn.Module):
+    def __init__(self, in_channels: int, resblock: str, resblock_kernel_sizes: list[int],
+                 resblock_dilation_sizes: list[list[int]], upsample_rates: list[int],
+                 upsample_initial_channel: int, upsample_kernel_sizes: list[int], gin_channels: int = 0):
+        super().__init__()
+        self.num_kernels = len(resblock_kernel_sizes)
+        self.conv_pre = nn.Conv1d(in_channels, upsample_initial_channel, 7, padding=3)
+        block = ResBlock1 if str(resblock) == "1" else ResBlock2
+        self.ups = nn.ModuleList()
+        self.resblocks = nn.ModuleList()
+        ch = upsample_initial_channel
+        for u, k in zip(upsample_rates, upsample_kernel_sizes):
+            self.ups.append(weight_norm(nn.ConvTranspose1d(ch, ch // 2, k, u, padding=(k - u) // 2)))
+            ch //= 2
+            for rk, rd in zip(resblock_kernel_sizes, resblock_dilation_sizes):
+                self.resblocks.append(block(ch, rk, tuple(rd)))
+        self.ups.apply(init_weights)
+        self.conv_post = nn.Conv1d(ch, 1, 7, padding=3, bias=False)
+        if gin_channels:
+            self.cond = nn.Conv1d(gin_channels, upsample_initial_channel, 1)
+
+    def forward(self, x: torch.Tensor, g: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.conv_pre(x)
+        if g is not None and hasattr(self, "cond"):
+            x = x + self.cond(g)
+        for i, up in enumerate(self.ups):
+            x = up(F.leaky_relu(x, LRELU_SLOPE))
+            xs = sum(self.resblocks[i * self.num_kernels + j](x) for j in range(self.num_kernels))
+            x = xs / self.num_kernels
+        x = self.conv_post(F.leaky_relu(x))  # default slope 0.01 here, as in HiFi-GAN
+        return torch.tanh(x)

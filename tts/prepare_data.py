@@ -1,0 +1,497 @@
+"""Metadata + audio folder → a prepared TTS dataset folder (normalised text, resampled audio,
+cached linear spectrograms, speaker ids, train/eval split, and a report of what was dropped).
+
+    python tts/prepare_data.py --metadata metadata.csv --audio_dir wavs --output_dir data/prep
+        [--config tts/configs/uzbek_vits.yaml] [--num_workers 4] [--format auto] [--speaker NAME]
+
+Metadata forms (``--format auto`` detects them):
+- LJSpeech: ``id|text`` or ``id|text|normalized_text`` (no header; audio ``<audio_dir>/<id>.wav``,
+  other extensions tried too). Our normaliser reads column 2; column 3 is ignored.
+- Common Voice: the TSV with a header holding ``path`` and ``sentence`` (and ``client_id`` →
+  speaker); audio at ``<audio_dir>/<path>`` or ``<audio_dir>/clips/<path>``.
+- CSV with a header naming an audio column (id/file/path/audio/wav), a text column
+  (text/sentence/transcript) and optionally ``speaker``.
+
+Output (``OUT``): ``wavs/<id>.wav`` (mono 16-bit at the config's rate), ``spec/<id>.npy``
+(float16 linear magnitude [n_fft/2+1, frames], common.audio.MelSpectrogram.linear of that wav),
+``train.jsonl`` / ``eval.jsonl`` (id, wav, spec, text, raw_text, speaker, speaker_id, duration,
+num_samples, source, line), ``speakers.json`` (name → id), ``report.json``.
+
+Nothing in the input is modified. A bad line or file is dropped and reported with its file and
+line; the rest is prepared (exit 0). Nothing usable → a clear error (exit 1). A second run
+reuses the outputs of items already done with the same audio settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import sys
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import torch
+
+from common.audio import AudioError, MelSpectrogram, check_audio, load_audio, save_wav, to_float32, to_int16
+from common.config import ConfigError, load_config
+from tts.models.vits_config import AudioConfig, DataConfig, TrainConfig
+from tts.text import SYMBOLS, find_unknown, normalize, text_to_ids
+from tts.text.symbols import PUNCTUATION, describe_char
+
+AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".mp3", ".opus")
+_LETTER_IDS = {i for i, s in enumerate(SYMBOLS) if s not in PUNCTUATION and s not in (" ", "_")}
+DEFAULT_SPEAKER = "speaker"
+
+
+class PrepareError(RuntimeError):
+    """Nothing usable, or the inputs cannot be read at all; the message says what to do."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The one data check (also used by the voice-cloning data pipeline)
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class ItemCheck:
+    text: str  # normalised text ("" if it could not be normalised)
+    ids: list[int]  # token ids without blanks
+    seconds: float  # audio duration (0 when no audio was given)
+    reason: str | None  # why the item is unusable, or None
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+
+def check_item(raw_text: str, wav: np.ndarray | None = None, sr: int | None = None,
+               cfg: DataConfig | None = None, hop_length: int = 256) -> ItemCheck:
+    """Every per-item data check in one place: text (empty, unknown characters, token count),
+    audio (common.audio.check_audio: validity, silence, clipping, duration), speaking rate
+    (normalised letters per second) and whether MAS can align it (frames ≥ tokens, with blanks).
+    ``wav=None`` runs only the text checks."""
+    cfg = cfg or DataConfig()
+    if raw_text is None or not raw_text.strip():
+        return ItemCheck("", [], 0.0, "empty text")
+    try:
+        text = normalize(raw_text)
+    except Exception as e:  # a normaliser bug must not kill a corpus run; report it
+        return ItemCheck("", [], 0.0, f"text could not be normalised ({type(e).__name__}: {e})")
+    unknown = find_unknown(text)
+    ids = text_to_ids(text, on_unknown="drop")
+    letters = sum(1 for i in ids if i in _LETTER_IDS)
+    seconds = 0.0 if wav is None or sr is None else len(wav) / float(sr)
+    if unknown:
+        chars = ", ".join(describe_char(c) for c in unknown)
+        what = "only unknown characters" if letters == 0 else "unknown characters"
+        return ItemCheck(text, ids, seconds, f"{what}: {chars}")
+    if letters == 0:
+        return ItemCheck(text, ids, seconds, "no speakable text after normalisation")
+    if len(ids) < cfg.min_text_len:
+        return ItemCheck(text, ids, seconds, f"text too short ({len(ids)} tokens < {cfg.min_text_len})")
+    if len(ids) > cfg.max_text_len:
+        return ItemCheck(text, ids, seconds, f"text too long ({len(ids)} tokens > {cfg.max_text_len})")
+    if wav is None or sr is None:
+        return ItemCheck(text, ids, seconds, None)
+    reason = check_audio(wav, sr, min_seconds=cfg.min_audio_len, max_seconds=cfg.max_audio_len,
+                         silence_db=cfg.silence_db, max_clip_fraction=cfg.max_clip_fraction)
+    if reason:
+        return ItemCheck(text, ids, seconds, f"audio {reason}")
+    cps = letters / seconds
+    if cps < cfg.min_chars_per_second:
+        return ItemCheck(text, ids, seconds, f"speaking rate too slow for the text ({cps:.1f} letters/s < "
+                         f"{cfg.min_chars_per_second:g}): wrong transcript or long silences?")
+    if cps > cfg.max_chars_per_second:
+        return ItemCheck(text, ids, seconds, f"speaking rate too fast for the text ({cps:.1f} letters/s > "
+                         f"{cfg.max_chars_per_second:g}): wrong transcript or truncated audio?")
+    frames = len(wav) // hop_length
+    need = 2 * len(ids) + 1 if cfg.add_blank else len(ids)
+    if frames < need:
+        return ItemCheck(text, ids, seconds, f"audio too short to align ({frames} frames < {need} tokens)")
+    return ItemCheck(text, ids, seconds, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Metadata parsing
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Row:
+    line: int
+    id: str
+    audio: str  # path as written in the metadata (resolved later)
+    text: str
+    speaker: str
+
+
+@dataclass
+class Problem:
+    file: str
+    line: int | None
+    id: str | None
+    reason: str
+
+
+def _decode_lines(path: Path, problems: list[Problem]) -> list[tuple[int, str]]:
+    """(line number, text) for every line that decodes; undecodable lines are reported."""
+    data = path.read_bytes()
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        text = data.decode("utf-16")
+        return [(i + 1, ln.rstrip("\r")) for i, ln in enumerate(text.split("\n"))]
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    out, bad = [], 0
+    raw_lines = data.split(b"\n")
+    for i, raw in enumerate(raw_lines):
+        try:
+            out.append((i + 1, raw.decode("utf-8").rstrip("\r")))
+        except UnicodeDecodeError as e:
+            bad += 1
+            problems.append(Problem(str(path), i + 1, None,
+                                    f"line is not valid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                                    "re-save the metadata file as UTF-8"))
+    nonempty = sum(1 for raw in raw_lines if raw.strip())
+    if bad and bad >= max(1, nonempty // 2):
+        problems.append(Problem(str(path), None, None,
+                                f"{bad} of {nonempty} lines are not UTF-8: the file is probably in another "
+                                "encoding (e.g. cp1251/latin-1); convert it with `iconv -f CP1251 -t UTF-8`"))
+    return out
+
+
+def detect_format(lines: list[tuple[int, str]], path: Path) -> str:
+    first = next((t for _, t in lines if t.strip()), "")
+    header = [h.strip().lower() for h in first.split("\t")]
+    if "path" in header and "sentence" in header:
+        return "commonvoice"
+    if "|" in first:
+        return "ljspeech"
+    if "," in first and _csv_columns(first)[0] is not None:
+        return "csv"
+    raise PrepareError(f"{path}: cannot tell the metadata format from its first line {first[:80]!r}; expected "
+                       "LJSpeech 'id|text', a Common Voice TSV (header with path, sentence) or a CSV "
+                       "with a header (file,text[,speaker]); or pass --format")
+
+
+def _csv_columns(header_line: str) -> tuple[int | None, int | None, int | None]:
+    cols = [c.strip().lower() for c in next(csv.reader([header_line]))]
+
+    def find(names: tuple[str, ...]) -> int | None:
+        return next((i for i, c in enumerate(cols) if c in names), None)
+
+    audio = find(("id", "file", "filename", "file_name", "path", "audio", "wav", "audio_file"))
+    text = find(("text", "sentence", "transcript", "transcription", "normalized_text"))
+    speaker = find(("speaker", "speaker_name", "speaker_id", "client_id"))
+    if audio is None or text is None:
+        return None, None, None
+    return audio, text, speaker
+
+
+def parse_metadata(path: Path, fmt: str = "auto", speaker: str = DEFAULT_SPEAKER, speaker_from_path: bool = False
+                   ) -> tuple[list[Row], list[Problem], str]:
+    """Rows that parsed and the problems of those that did not (file + line + reason).
+    ``speaker_from_path``: an id/file like ``alice/0001`` belongs to speaker ``alice``."""
+    if not path.is_file():
+        raise PrepareError(f"metadata file not found: {path} (--metadata)")
+    problems: list[Problem] = []
+    lines = _decode_lines(path, problems)
+    if fmt == "auto":
+        fmt = detect_format(lines, path)
+    rows: list[Row] = []
+    src = str(path)
+    body = [(n, t) for n, t in lines if t.strip()]
+    if fmt == "ljspeech":
+        for n, t in body:
+            parts = t.split("|")
+            if len(parts) not in (2, 3):
+                problems.append(Problem(src, n, parts[0] or None, f"expected 2 or 3 '|'-separated fields "
+                                        f"(id|text[|normalized_text]), got {len(parts)}"))
+                continue
+            rows.append(Row(n, parts[0].strip(), parts[0].strip(), parts[1], speaker))
+    elif fmt == "commonvoice":
+        header = body[0][1].split("\t")
+        cols = {h.strip().lower(): i for i, h in enumerate(header)}
+        if "path" not in cols or "sentence" not in cols:
+            raise PrepareError(f"{path}: Common Voice header needs 'path' and 'sentence' columns, got {header}")
+        for n, t in body[1:]:
+            parts = t.split("\t")
+            if len(parts) != len(header):
+                problems.append(Problem(src, n, None, f"expected {len(header)} tab-separated fields like the "
+                                        f"header, got {len(parts)}"))
+                continue
+            audio = parts[cols["path"]].strip()
+            spk = parts[cols["client_id"]].strip() if "client_id" in cols else speaker
+            rows.append(Row(n, Path(audio).stem, audio, parts[cols["sentence"]], spk or speaker))
+    elif fmt == "csv":
+        a, x, s = _csv_columns(body[0][1])
+        if a is None:
+            raise PrepareError(f"{path}: the CSV header needs an audio column (id/file/path/audio) and a text "
+                               f"column (text/sentence/transcript), got {body[0][1]!r}")
+        width = len(next(csv.reader([body[0][1]])))
+        for n, t in body[1:]:
+            parts = next(csv.reader([t]))
+            if len(parts) != width:
+                problems.append(Problem(src, n, None, f"expected {width} comma-separated fields like the header, "
+                                        f"got {len(parts)} (quote fields that contain commas)"))
+                continue
+            audio = parts[a].strip()
+            rows.append(Row(n, Path(audio).stem if Path(audio).suffix.lower() in AUDIO_EXTENSIONS else audio,
+                            audio, parts[x], (parts[s].strip() if s is not None else "") or speaker))
+    else:
+        raise PrepareError(f"--format must be auto, ljspeech, commonvoice or csv, not {fmt!r}")
+    if speaker_from_path:
+        for row in rows:
+            parts = row.audio.replace("\\", "/").split("/")
+            if len(parts) > 1 and parts[0]:
+                row.speaker = parts[0]
+    return rows, problems, fmt
+
+
+def resolve_audio(audio_dir: Path, name: str) -> Path | None:
+    cands = [audio_dir / name, audio_dir / "clips" / name]
+    if Path(name).suffix.lower() not in AUDIO_EXTENSIONS:
+        cands = [audio_dir / f"{name}{ext}" for ext in AUDIO_EXTENSIONS] + cands
+    return next((c for c in cands if c.is_file()), None)
+
+
+_SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-item work (runs in worker processes)
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Job:
+    row: Row
+    audio_path: str
+    out_id: str
+    out_dir: str
+    audio: AudioConfig
+    data: DataConfig
+    reuse: bool
+
+
+@dataclass
+class Result:
+    row: Row
+    out_id: str
+    record: dict | None = None
+    reason: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+_MEL: MelSpectrogram | None = None
+
+
+def _init_worker() -> None:
+    torch.set_num_threads(1)
+
+
+def _spec_module(a: AudioConfig) -> MelSpectrogram:
+    global _MEL
+    if _MEL is None or (_MEL.sample_rate, _MEL.n_fft, _MEL.hop_length, _MEL.win_length) != (
+            a.sample_rate, a.n_fft, a.hop_length, a.win_length):
+        _MEL = MelSpectrogram(a.sample_rate, a.n_fft, a.win_length, a.hop_length, a.n_mels, a.fmin, a.fmax)
+    return _MEL
+
+
+def process_item(job: Job) -> Result:
+    row, a, out = job.row, job.audio, Path(job.out_dir)
+    res = Result(row, job.out_id)
+    wav_out = out / "wavs" / f"{job.out_id}.wav"
+    spec_out = out / "spec" / f"{job.out_id}.npy"
+    try:
+        done = job.reuse and wav_out.is_file() and spec_out.is_file()
+        if done:
+            wav, sr = load_audio(wav_out)
+            done = sr == a.sample_rate
+        if not done:
+            wav, sr = load_audio(job.audio_path, sr=a.sample_rate, mono=True)
+            info = sf.info(job.audio_path)
+            if info is not None and info.channels > 1:
+                res.notes.append(f"downmixed {info.channels} channels to mono")
+            if info is not None and info.samplerate != a.sample_rate:
+                res.notes.append(f"resampled {info.samplerate} Hz -> {a.sample_rate} Hz")
+            wav = to_float32(to_int16(wav))  # exactly what the saved 16-bit file will hold
+    except AudioError as e:
+        res.reason = f"audio {e.reason}"
+        return res
+    except (RuntimeError, OSError, ValueError) as e:  # soundfile can fail in odd ways
+        res.reason = f"audio not readable ({type(e).__name__}: {e})"
+        return res
+    chk = check_item(row.text, wav, sr, job.data, a.hop_length)
+    if not chk.ok:
+        res.reason = chk.reason
+        return res
+    if not done:
+        spec = _spec_module(a).linear(torch.from_numpy(wav))[0].numpy().astype(np.float16)
+        save_wav(wav_out, wav, sr)
+        tmp = spec_out.with_suffix(".tmp.npy")
+        np.save(tmp, spec)
+        os.replace(tmp, spec_out)
+    res.record = {
+        "id": job.out_id, "wav": f"wavs/{job.out_id}.wav", "spec": f"spec/{job.out_id}.npy",
+        "text": chk.text, "raw_text": row.text, "speaker": row.speaker, "duration": round(chk.seconds, 4),
+        "num_samples": len(wav), "num_tokens": len(chk.ids), "line": row.line,
+    }
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver
+# ---------------------------------------------------------------------------------------------
+def split_items(records: list[dict], cfg: DataConfig) -> tuple[list[dict], list[dict]]:
+    """Deterministic eval split; eval utterances only from speakers that keep some in train."""
+    n = len(records)
+    want = int(round(cfg.eval_split_size * n)) if cfg.eval_split_size < 1 else int(cfg.eval_split_size)
+    want = max(1, min(want, cfg.eval_split_max_size, n - 1)) if n >= 2 else 0
+    rng = np.random.default_rng(cfg.split_seed)
+    order = rng.permutation(n)
+    per_spk = Counter(r["speaker"] for r in records)
+    eval_idx: set[int] = set()
+    for i in order:
+        if len(eval_idx) >= want:
+            break
+        spk = records[i]["speaker"]
+        if per_spk[spk] >= 2:
+            per_spk[spk] -= 1
+            eval_idx.add(int(i))
+    train = [r for i, r in enumerate(records) if i not in eval_idx]
+    evals = [r for i, r in enumerate(records) if i in eval_idx]
+    return train, evals
+
+
+def _state_key(a: AudioConfig) -> dict:
+    return {"audio": asdict(a), "version": 1}
+
+
+def prepare(metadata: str | Path, audio_dir: str | Path, output_dir: str | Path, cfg: TrainConfig | None = None,
+            num_workers: int = 1, fmt: str = "auto", speaker: str = DEFAULT_SPEAKER, quiet: bool = False,
+            speaker_from_path: bool = False) -> dict:
+    """Runs the whole preparation and returns the report (also written to OUT/report.json)."""
+    cfg = cfg or TrainConfig()
+    metadata, audio_dir, out = Path(metadata), Path(audio_dir), Path(output_dir)
+    if not audio_dir.is_dir():
+        raise PrepareError(f"audio folder not found: {audio_dir} (--audio_dir)")
+    if out.resolve() == audio_dir.resolve():
+        raise PrepareError("--output_dir must differ from --audio_dir (the input is never modified)")
+    rows, problems, fmt = parse_metadata(metadata, fmt, speaker, speaker_from_path)
+    (out / "wavs").mkdir(parents=True, exist_ok=True)
+    (out / "spec").mkdir(parents=True, exist_ok=True)
+    state_path = out / "prepare_state.json"
+    reuse = state_path.is_file() and json.loads(state_path.read_text()) == _state_key(cfg.audio)
+    state_path.write_text(json.dumps(_state_key(cfg.audio), indent=1))
+
+    jobs, seen = [], {}
+    src = str(metadata)
+    for row in rows:
+        if not row.id:
+            problems.append(Problem(src, row.line, None, "empty id / audio name"))
+            continue
+        out_id = _SAFE_ID.sub("_", row.id)
+        if out_id in seen:
+            problems.append(Problem(src, row.line, row.id, f"duplicate id (first on line {seen[out_id]})"))
+            continue
+        seen[out_id] = row.line
+        if not row.text.strip():  # cheap checks first: no need to touch the audio
+            problems.append(Problem(src, row.line, row.id, "empty text"))
+            continue
+        audio_path = resolve_audio(audio_dir, row.audio)
+        if audio_path is None:
+            problems.append(Problem(src, row.line, row.id, f"audio file not found ({audio_dir / row.audio}"
+                                    f"{'' if Path(row.audio).suffix else '.wav'})"))
+            continue
+        jobs.append(Job(row, str(audio_path), out_id, str(out), cfg.audio, cfg.data, reuse))
+
+    if num_workers > 1 and len(jobs) > 1:
+        with ProcessPoolExecutor(max_workers=num_workers, initializer=_init_worker) as pool:
+            results = list(pool.map(process_item, jobs, chunksize=max(1, len(jobs) // (8 * num_workers))))
+    else:
+        results = [process_item(j) for j in jobs]
+
+    records, notes = [], []
+    for r in results:
+        for note in r.notes:
+            notes.append(Problem(src, r.row.line, r.row.id, note))
+        if r.record is None:
+            problems.append(Problem(src, r.row.line, r.row.id, r.reason or "unknown problem"))
+        else:
+            records.append(r.record)
+    if not records:
+        _write_report(out, metadata, fmt, rows, problems, notes, [], [], {})
+        _print_summary(problems, notes, 0, 0, 0.0, quiet=False)
+        raise PrepareError(f"nothing usable in {metadata}: every line was dropped ({len(problems)} problems"
+                           f" listed above and {out / 'report.json'}); check --audio_dir, the metadata "
+                           "format and the text")
+    records.sort(key=lambda r: r["id"])
+    speakers = {name: i for i, name in enumerate(sorted({r["speaker"] for r in records}))}
+    for r in records:
+        r["speaker_id"] = speakers[r["speaker"]]
+    train, evals = split_items(records, cfg.data)
+    for name, items in (("train.jsonl", train), ("eval.jsonl", evals)):
+        tmp = out / f".{name}.tmp"
+        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in items), encoding="utf-8")
+        os.replace(tmp, out / name)
+    (out / "speakers.json").write_text(json.dumps(speakers, ensure_ascii=False, indent=1), encoding="utf-8")
+    report = _write_report(out, metadata, fmt, rows, problems, notes, train, evals, speakers)
+    _print_summary(problems, notes, len(train), len(evals), report["hours"], quiet=quiet)
+    return report
+
+
+def _write_report(out: Path, metadata: Path, fmt: str, rows: list[Row], problems: list[Problem],
+                  notes: list[Problem], train: list[dict], evals: list[dict], speakers: dict) -> dict:
+    kinds = Counter(re.sub(r"\s*[(:].*$", "", p.reason) for p in problems)
+    report = {
+        "metadata": str(metadata), "format": fmt, "rows_parsed": len(rows),
+        "kept": len(train) + len(evals), "train": len(train), "eval": len(evals),
+        "hours": round(sum(r["duration"] for r in train + evals) / 3600, 4),
+        "speakers": len(speakers), "dropped": [asdict(p) for p in problems],
+        "dropped_by_reason": dict(kinds.most_common()), "notes": [asdict(n) for n in notes],
+    }
+    tmp = out / ".report.json.tmp"
+    tmp.write_text(json.dumps(report, ensure_ascii=False, indent=1), encoding="utf-8")
+    os.replace(tmp, out / "report.json")
+    return report
+
+
+def _print_summary(problems: list[Problem], notes: list[Problem], n_train: int, n_eval: int, hours: float,
+                   quiet: bool) -> None:
+    if quiet:
+        return
+    for p in problems:
+        where = f"{p.file}:{p.line}" if p.line else p.file
+        print(f"dropped {where}{f' [{p.id}]' if p.id else ''}: {p.reason}")
+    for what, count in Counter(n.reason for n in notes).items():
+        print(f"note: {what}: {count} file(s) (kept)")
+    print(f"prepared {n_train} train + {n_eval} eval utterances ({hours * 60:.1f} min); "
+          f"dropped {len(problems)} line(s)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--metadata", required=True, help="metadata.csv (LJSpeech id|text), Common Voice TSV or CSV")
+    p.add_argument("--audio_dir", required=True, help="folder with the audio files")
+    p.add_argument("--output_dir", required=True, help="prepared dataset folder (created)")
+    p.add_argument("--config", default=None, help="training YAML (its audio: and data: sections are used)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--num_workers", type=int, default=max(1, min(8, (os.cpu_count() or 2) - 1)))
+    p.add_argument("--format", default="auto", choices=["auto", "ljspeech", "commonvoice", "csv"])
+    p.add_argument("--speaker", default=DEFAULT_SPEAKER, help="speaker name for formats without one")
+    p.add_argument("--speaker_from_path", action="store_true",
+                   help="take the speaker from the first folder of each id/path (alice/0001 → alice)")
+    args = p.parse_args(argv)
+    try:
+        cfg = load_config(args.config, TrainConfig, args.overrides)
+        prepare(args.metadata, args.audio_dir, args.output_dir, cfg, args.num_workers, args.format, args.speaker,
+                speaker_from_path=args.speaker_from_path)
+    except (PrepareError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

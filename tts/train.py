@@ -1,0 +1,376 @@
+"""Train the Uzbek VITS model.
+
+    python tts/train.py --config tts/configs/uzbek_vits.yaml --data_dir data/prepared --run_dir runs/uzbek
+        [--set batch_size=32] [--resume auto|PATH] [--init_from CKPT] [--device cpu]
+    torchrun --nproc_per_node 2 tts/train.py ...            (DDP, one process per GPU)
+
+One loop: discriminator step → generator step → log → evaluate → checkpoint. Separate AdamW
+optimizers and exponential schedulers for G and D (``lr_gamma`` per step or per epoch, see
+``lr_scheduler_per``), gradient-norm clipping of each network (``grad_clip``; the norm before
+clipping is logged), mixed precision (autocast for the networks; spectrograms, flows'
+log-determinants, MAS and every loss in fp32), non-finite steps skipped and a run that keeps
+producing them stopped with its last good checkpoint intact, exact resume.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from common.audio import MelSpectrogram, save_wav
+from common.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    GracefulExit,
+    load_checkpoint,
+    load_matching,
+    make_state,
+    resolve_resume,
+    restore_state,
+)
+from common.config import ConfigError, add_config_args, config_to_dict, format_config, load_config, save_config
+from common.data import BucketBatchSampler, make_loader
+from common.distributed import DistInfo, barrier, cleanup, setup_distributed, unwrap, wrap_ddp
+from common.log import Progress, RunLogger, plot_alignment, plot_spectrogram
+from common.muon import build_optimizer
+from common.precision import Precision
+from common.schedulers import build_scheduler
+from common.training import NonFiniteError, NonFiniteGuard, step_optimizer
+from tts.data import DataError, VitsDataset, collate, read_speakers
+from tts.evaluation import evaluate
+from tts.models.discriminator import MultiPeriodDiscriminator
+from tts.models.vits import VITS, slice_segments
+from tts.models.vits_config import TrainConfig
+from tts.models.vits_losses import discriminator_loss, feature_loss, generator_loss, kl_loss
+from tts.text import SYMBOLS, normalize
+
+
+def count(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def build_models(cfg: TrainConfig, n_speakers: int) -> tuple[VITS, MultiPeriodDiscriminator]:
+    args = cfg.args()
+    gen = VITS(len(SYMBOLS), cfg.audio.n_fft // 2 + 1, n_speakers, args, cfg.audio.hop_length)
+    disc = MultiPeriodDiscriminator(args.mpd_periods, args.disc_channel_scale, args.use_spectral_norm)
+    return gen, disc
+
+
+def build_mel(cfg: TrainConfig) -> MelSpectrogram:
+    a = cfg.audio
+    return MelSpectrogram(a.sample_rate, a.n_fft, a.win_length, a.hop_length, a.n_mels, a.fmin, a.fmax)
+
+
+@contextlib.contextmanager
+def frozen(module: torch.nn.Module):
+    """No parameter gradients for ``module`` inside (the discriminator during the G step)."""
+    flags = [p.requires_grad for p in module.parameters()]
+    for p in module.parameters():
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, f in zip(module.parameters(), flags):
+            p.requires_grad_(f)
+
+
+class VitsTrainer:
+    def __init__(self, cfg: TrainConfig, info: DistInfo, resume: str | None = None, init_from: str | None = None):
+        self.cfg, self.info = cfg, info
+        self.device = info.device
+        if not cfg.data_dir:
+            raise ConfigError("no data folder: pass --data_dir (a folder made by tts/prepare_data.py)")
+        self.run_dir = Path(cfg.run_dir or f"runs/{cfg.run_name}")
+        self.log = RunLogger(self.run_dir / "tensorboard", enabled=info.is_main)
+        self.say = print if info.is_main else (lambda *a, **k: None)
+        torch.manual_seed(cfg.seed + info.rank)
+
+        # data
+        self.speakers = read_speakers(cfg.data_dir)
+        self.train_set = VitsDataset(cfg.data_dir, "train", cfg.audio, cfg.data.add_blank)
+        self.eval_set = VitsDataset(cfg.data_dir, "eval", cfg.audio, cfg.data.add_blank)
+        if len(self.train_set) == 0:
+            raise DataError(f"{cfg.data_dir}/train.jsonl is empty")
+        batch = min(cfg.batch_size, len(self.train_set) // info.world_size)
+        if batch < cfg.batch_size:
+            self.say(f"note: batch_size {cfg.batch_size} > training items per rank; using {batch}")
+        self.batch_size = max(1, batch)
+        self.sampler = BucketBatchSampler(self.train_set.lengths, self.batch_size, cfg.data.num_buckets,
+                                          shuffle=True, seed=cfg.seed, drop_last=True)
+        self.loader = make_loader(self.train_set, batch_sampler=self.sampler, num_workers=cfg.num_loader_workers,
+                                  prefetch_factor=cfg.prefetch_factor, pin_memory=cfg.pin_memory,
+                                  persistent_workers=cfg.persistent_workers, collate_fn=collate, seed=cfg.seed)
+        self.steps_per_epoch = len(self.sampler)
+
+        # models, optimizers, schedulers, precision
+        self.gen, self.disc = build_models(cfg, len(self.speakers))
+        self.gen.to(self.device)
+        self.disc.to(self.device)
+        self.mel = build_mel(cfg).to(self.device)
+        self.precision = Precision(
+            ("bf16-mixed" if cfg.amp_dtype == "bf16" else "16-mixed") if cfg.mixed_precision else "32-true",
+            self.device, tf32=cfg.tf32, cudnn_benchmark=cfg.cudnn_benchmark)
+        self.scaler = self.precision.scaler
+        opt_kw = {"betas": tuple(cfg.betas), "eps": cfg.eps, "weight_decay": cfg.weight_decay}
+        self.opt_g = build_optimizer(cfg.optimizer_cls, self.gen, lr=cfg.lr_gen or cfg.lr, **opt_kw)
+        self.opt_d = build_optimizer(cfg.optimizer_cls, self.disc, lr=cfg.lr_disc or cfg.lr, **opt_kw)
+        sched_kw = {"gamma": cfg.lr_gamma, "per": cfg.lr_scheduler_per, "steps_per_epoch": self.steps_per_epoch}
+        self.sched_g = build_scheduler(self.opt_g, "exponential", **sched_kw)
+        self.sched_d = build_scheduler(self.opt_d, "exponential", **sched_kw)
+        self.guard = NonFiniteGuard(cfg.max_nonfinite_steps)
+        self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.save_n_checkpoints,
+                                      save_best_after=cfg.save_best_after, mode="min", prefix="vits")
+        self.step = self.epoch = self.batch_in_epoch = 0
+
+        self.say(f"parameters: generator {count(self.gen) / 1e6:.2f} M, discriminator {count(self.disc) / 1e6:.2f} M "
+                 f"(total {(count(self.gen) + count(self.disc)) / 1e6:.2f} M), used at inference "
+                 f"{self.gen.inference_parameters() / 1e6:.2f} M")
+        self.say(f"data: {len(self.train_set)} train / {len(self.eval_set)} eval utterances, "
+                 f"{len(self.speakers)} speaker(s), {self.steps_per_epoch} steps per epoch of batch {self.batch_size}")
+        for line in self.precision.report():
+            self.say(line)
+        self._load(resume, init_from)
+        self.gen_ddp = wrap_ddp(self.gen, info)
+        self.disc_ddp = wrap_ddp(self.disc, info)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _load(self, resume: str | None, init_from: str | None) -> None:
+        path = resolve_resume(resume, self.ckpt.dir, self.ckpt)
+        if path is not None:
+            counters = restore_state(load_checkpoint(path), {"generator": self.gen, "discriminator": self.disc},
+                                     {"generator": self.opt_g, "discriminator": self.opt_d},
+                                     {"generator": self.sched_g, "discriminator": self.sched_d},
+                                     self.scaler, rank=self.info.rank)
+            self.step, self.epoch = counters["step"], counters["epoch"]
+            self.batch_in_epoch = counters["batch_in_epoch"]
+            self.guard.load_state_dict(counters["guard"])
+            self.say(f"resumed from {path} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
+        elif init_from:
+            ckpt = load_checkpoint(init_from)
+            for name, model in (("generator", self.gen), ("discriminator", self.disc)):
+                if name not in ckpt.get("models", {}):
+                    raise ConfigError(f"--init_from {init_from}: no '{name}' weights in the checkpoint")
+                report = load_matching(model, ckpt["models"][name])
+                self.say(f"{name} {report}")
+        elif resume == "auto":
+            self.say("no checkpoint to resume in this run folder: starting fresh")
+
+    def save(self, metric: float | None = None) -> Path | None:
+        counters = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+                    "guard": self.guard.state_dict()}
+        state = make_state({"generator": self.gen, "discriminator": self.disc},
+                           {"generator": self.opt_g, "discriminator": self.opt_d},
+                           {"generator": self.sched_g, "discriminator": self.sched_d},
+                           self.scaler, counters=counters, config=config_to_dict(self.cfg),
+                           extra={"speakers": self.speakers, "symbols": list(SYMBOLS)})
+        path = self.ckpt.save(state, self.step, metric) if self.info.is_main else None
+        barrier()
+        return path
+
+    # ------------------------------------------------------------------ one step
+    def generator_losses(self, out: dict, y_d_g, fmap_r, fmap_g, mel_y, mel_hat) -> dict[str, torch.Tensor]:
+        cfg = self.cfg
+        losses = {
+            "mel": F.l1_loss(mel_hat, mel_y) * cfg.c_mel,
+            "kl": kl_loss(out["z_p"], out["logs_q"], out["m_p"], out["logs_p"], out["y_mask"]) * cfg.c_kl,
+            "dur": torch.sum(out["l_length"].float()),
+            "fm": feature_loss(fmap_r, fmap_g),
+            "gen": generator_loss(y_d_g),
+        }
+        losses["total"] = sum(losses.values())
+        return losses
+
+    def train_step(self, batch: dict) -> dict[str, torch.Tensor]:
+        dev, hop, seg = self.device, self.cfg.audio.hop_length, self.gen.segment_frames
+        nb = self.device.type == "cuda"
+        x, x_len = batch["ids"].to(dev, non_blocking=nb), batch["ids_len"].to(dev, non_blocking=nb)
+        spec, spec_len = batch["spec"].to(dev, non_blocking=nb), batch["spec_len"].to(dev, non_blocking=nb)
+        wav, sid = batch["wav"].to(dev, non_blocking=nb), batch["sid"].to(dev, non_blocking=nb)
+
+        with self.precision.autocast():
+            out = self.gen_ddp(x, x_len, spec, spec_len, sid)
+        with self.precision.no_autocast():
+            if wav.size(1) < seg * hop:
+                wav = F.pad(wav, (0, seg * hop - wav.size(1)))
+            y = slice_segments(wav.unsqueeze(1), out["starts"] * hop, seg * hop)
+            y_hat = out["wav"].float()
+            mel_y, mel_hat = self.mel(y.squeeze(1)), self.mel(y_hat.squeeze(1))
+
+        # discriminator
+        self.opt_d.zero_grad(set_to_none=True)
+        with self.precision.autocast():
+            y_d_r, y_d_g, _, _ = self.disc_ddp(y, y_hat.detach())
+        with self.precision.no_autocast():
+            loss_d = discriminator_loss(y_d_r, y_d_g)
+        gn_d, ok_d = step_optimizer(loss_d, self.opt_d, self.disc.parameters(), self.scaler, self.cfg.grad_clip)
+
+        # generator (through the unwrapped, frozen D: its gradients are not needed)
+        self.opt_g.zero_grad(set_to_none=True)
+        with frozen(self.disc), self.precision.autocast():
+            _, y_d_g, fmap_r, fmap_g = self.disc(y, y_hat)
+        with self.precision.no_autocast():
+            losses = self.generator_losses(out, y_d_g, fmap_r, fmap_g, mel_y, mel_hat)
+        gn_g, ok_g = step_optimizer(losses["total"], self.opt_g, self.gen.parameters(), self.scaler,
+                                    self.cfg.grad_clip)
+        self.scaler.update()
+        self.sched_g.step()
+        self.sched_d.step()
+        finite = ok_d and ok_g and bool(torch.isfinite(losses["total"] + loss_d))
+        self.last_finite = finite
+        self.guard.check(finite)  # raises NonFiniteError after max_nonfinite_steps in a row
+        out_metrics = {f"loss_{k}": v.detach() for k, v in losses.items()}
+        out_metrics.update(loss_disc=loss_d.detach(), grad_norm_g=gn_g, grad_norm_d=gn_d)
+        self.last_attn = out["attn"][0].detach()
+        return out_metrics
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self) -> dict | None:
+        if not (self.info.is_main and self.cfg.run_eval and len(self.eval_set)):
+            return None
+        metrics = evaluate(self.gen, self.eval_set, build_mel(self.cfg), self.device, self.cfg.eval_max_items,
+                           noise_scale=self.cfg.noise_scale, seed=self.cfg.seed)
+        self.log.scalars(metrics, self.step, prefix="eval")
+        with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps({"step": self.step, **metrics}) + "\n")
+        self.say(f"eval @ step {self.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
+        self.synthesize_tests()
+        return metrics
+
+    @torch.no_grad()
+    def synthesize_tests(self) -> None:
+        """Test sentences → TensorBoard (audio, alignment and mel plots) and run_dir/samples/."""
+        if not self.cfg.test_sentences:
+            return
+        gen, was = self.gen, self.gen.training
+        gen.eval()
+        sid_name = self.cfg.test_speaker or next(iter(self.speakers))
+        sid = torch.tensor([self.speakers.get(sid_name, 0)], device=self.device)
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            torch.manual_seed(self.cfg.seed)
+            for i, sentence in enumerate(self.cfg.test_sentences):
+                ids = self.train_set.tokens(normalize(sentence))[None].to(self.device)
+                wav, attn, _ = gen.infer(ids, torch.tensor([ids.size(1)], device=self.device), sid,
+                                         self.cfg.noise_scale, self.cfg.length_scale, self.cfg.noise_scale_w,
+                                         max_frames=2000)
+                wav = wav[0, 0].float().cpu()
+                self.log.audio(f"test/{i}", wav, self.cfg.audio.sample_rate, self.step)
+                self.log.figure(f"test_alignment/{i}", plot_alignment(attn[0].cpu()), self.step)
+                if wav.numel() > self.cfg.audio.n_fft:
+                    self.log.figure(f"test_mel/{i}", plot_spectrogram(self.mel(wav.to(self.device))[0].cpu()), self.step)
+                save_wav(self.run_dir / "samples" / f"test_{i}.wav", wav, self.cfg.audio.sample_rate)
+        gen.train(was)
+
+    # ------------------------------------------------------------------ the loop
+    def total_steps(self) -> int:
+        by_epochs = self.cfg.epochs * self.steps_per_epoch
+        return min(by_epochs, self.cfg.max_steps) if self.cfg.max_steps else by_epochs
+
+    def run(self) -> dict | None:
+        cfg, total = self.cfg, self.total_steps()
+        if self.info.is_main:
+            save_config(cfg, self.run_dir)
+            self.say(format_config(cfg))
+        last_metrics = None
+        if cfg.eval_at_start and self.step == 0:
+            last_metrics = self.evaluate()
+        progress = Progress(total, initial=self.step, samples_per_step=self.batch_size * self.info.world_size,
+                            enabled=self.info.is_main and cfg.progress_bar)
+        t_start, last_saved, last_eval = time.time(), self.step, -1
+        stop = self.step >= total
+        self.gen_ddp.train()
+        self.disc_ddp.train()
+        with GracefulExit() as exit_req:
+            while not stop:
+                self.sampler.set_epoch(self.epoch)
+                self.sampler.skip(self.batch_in_epoch)
+                t_data = time.time()
+                for batch in self.loader:
+                    data_s = time.time() - t_data
+                    t0 = time.time()
+                    try:
+                        metrics = self.train_step(batch)
+                    except NonFiniteError as e:
+                        progress.close()
+                        self.say(f"error: {e}")
+                        raise
+                    self.step += 1
+                    self.batch_in_epoch += 1
+                    progress.update(self.step, data_s, time.time() - t0)
+                    if self.step % cfg.print_step == 0 and self.info.is_main:
+                        lr = self.opt_g.param_groups[0]["lr"]
+                        self.log.scalars({**metrics, "lr": lr, "data_wait": progress.data_wait_fraction,
+                                          "skipped_steps": self.guard.skipped_total}, self.step, prefix="train")
+                        self.log.figure("train/alignment", plot_alignment(self.last_attn.cpu()), self.step)
+                        m = {k: float(v) for k, v in metrics.items()}
+                        progress.write(f"step {self.step} epoch {self.epoch}: " + " ".join(
+                            f"{k.replace('loss_', '')}={v:.3f}" for k, v in m.items()) + f" lr={lr:.2e}")
+                    if (cfg.eval_interval and self.step % cfg.eval_interval == 0 and self.epoch >= cfg.test_delay_epochs):
+                        last_metrics = self.evaluate()
+                        last_eval = self.step
+                        self.save(last_metrics["score"] if last_metrics else None)
+                        last_saved = self.step
+                    elif self.step % cfg.save_step == 0 and self.last_finite:
+                        self.save()
+                        last_saved = self.step
+                    timed_out = cfg.max_minutes is not None and (time.time() - t_start) / 60 >= cfg.max_minutes
+                    if self.step >= total or exit_req.requested or timed_out:
+                        stop = True
+                        break
+                    t_data = time.time()
+                else:
+                    self.epoch += 1
+                    self.batch_in_epoch = 0
+        progress.close()
+        final_eval = None
+        if cfg.run_eval and last_eval != self.step and not exit_req.requested:
+            final_eval = self.evaluate()
+            last_metrics = final_eval or last_metrics
+        if last_saved != self.step or final_eval:
+            self.save(final_eval["score"] if final_eval else None)
+        self.say(f"done at step {self.step}; checkpoints in {self.ckpt.dir}")
+        self.log.close()
+        return last_metrics
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_config_args(p, default_config=None)
+    p.add_argument("--data_dir", default=None, help="prepared dataset folder (tts/prepare_data.py --output_dir)")
+    p.add_argument("--run_dir", default=None, help="where checkpoints, TensorBoard logs and samples go")
+    p.add_argument("--resume", default=None, help="'auto' (latest checkpoint of --run_dir) or a checkpoint path")
+    p.add_argument("--init_from", default=None, help="start from these weights (fine-tuning); layers whose "
+                   "shape differs (vocabulary, speaker count) are re-initialised and listed")
+    p.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = load_config(args.config, TrainConfig, args.overrides,
+                          extra={"data_dir": args.data_dir, "run_dir": args.run_dir})
+        if args.resume and args.init_from:
+            raise ConfigError("--resume and --init_from exclude each other (resume continues a run; "
+                              "init_from starts a new one from weights)")
+        info = setup_distributed(args.device)
+        trainer = VitsTrainer(cfg, info, resume=args.resume, init_from=args.init_from)
+        trainer.run()
+    except NonFiniteError:
+        return 3
+    except (ConfigError, DataError, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

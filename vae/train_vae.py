@@ -1,0 +1,651 @@
+"""Train an SD/FLUX-style KL autoencoder (the RTX 5090 VAE guide's commands work as written).
+
+    python vae/train_vae.py --data_path data/vae --output_dir runs/vae --image_size 1024 \
+        --batch_size 4 --num_epochs 100 --learning_rate 1e-4 --z_channels 16 --kl_weight 1e-6 \
+        --perceptual_weight 1.0 --mixed_precision --use_bf16 --enable_tf32 --channels_last
+    python vae/train_vae.py --config vae/configs/standard_1024.yaml --data_path data/vae
+    torchrun --nproc_per_node 2 vae/train_vae.py --config ...          # DDP
+    python vae/train_vae.py --config ... --resume_from runs/vae/checkpoint_epoch_10.pt --image_size 2048
+
+Flags override the config (`--config` YAML, or the guide's JSON); `--set key=value` overrides any key.
+Resuming at a different `--image_size` starts a new resolution stage: weights (and EMA) carry over,
+the optimizer and the warmup+cosine schedule are re-planned for the new run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import resource
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from PIL import Image
+from torch import nn
+
+from common.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    GracefulExit,
+    load_checkpoint,
+    make_state,
+    restore_state,
+    save_atomic,
+)
+from common.config import (
+    ConfigError,
+    add_config_args,
+    config_to_dict,
+    format_config,
+    load_config,
+    save_config,
+)
+from common.data import ResumableSampler, make_loader
+from common.distributed import (
+    DistInfo,
+    barrier,
+    cleanup,
+    gather_objects,
+    is_enabled,
+    setup_distributed,
+    wrap_ddp,
+)
+from common.hardware import cuda_memory_stats, find_batch_size, is_oom, oom_message, resolve_preset
+from common.log import Progress, RunLogger
+from common.muon import build_optimizer
+from common.precision import Precision
+from common.schedulers import build_scheduler
+from common.training import EMA, NonFiniteError, NonFiniteGuard, backward, step_optimizer
+from vae.config import VAEConfig
+from vae.data import ImageDataset, find_training_images, split_train_val
+from vae.diffusers_io import save_diffusers
+from vae.losses import FrozenLPIPS, PatchDiscriminator, PerceptualWeightsError, VAELoss
+from vae.metrics import evaluate, grid_image, latent_statistics
+from vae.model import AutoencoderKL, build_vae, count_parameters
+
+# LambdaLR warns when an optimizer skipped its step (GradScaler/NaN skip, D before disc_start); the
+# schedule is a pure function of the step count, so stepping it regardless is intended.
+warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()` before `optimizer.step()`")
+
+# The guide's flags, each a VAEConfig key. None = "not given", so the config's value stands.
+VALUE_FLAGS: dict[str, type] = {
+    "data_path": str, "val_data_path": str, "output_dir": str, "image_size": int, "batch_size": str,
+    "num_epochs": int, "max_steps": int, "learning_rate": float, "z_channels": int, "kl_weight": float,
+    "perceptual_weight": float, "perceptual_weights": str, "gradient_clip": float, "num_workers": int,
+    "checkpoint_freq": int, "save_samples_freq": int, "accumulation_steps": int, "resume_from": str,
+    "disc_start": int, "disc_weight": float, "layers_per_block": int, "ema_decay": float,
+    "warmup_steps": int, "val_freq": int, "log_freq": int, "seed": int, "device": str,
+    "stop_at_step": int, "time_limit_minutes": float, "keep_checkpoints": int, "num_val_images": int,
+    "disc_learning_rate": float,
+}
+BOOL_FLAGS = ("mixed_precision", "use_bf16", "use_torch_compile", "enable_tf32", "channels_last",
+              "persistent_workers", "gradient_checkpointing", "learn_logvar", "random_flip", "export_diffusers")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_args(p)
+    for name, tp in VALUE_FLAGS.items():
+        p.add_argument(f"--{name}", type=tp, default=None, help=f"config key {name}")
+    p.add_argument("--channels", type=int, nargs="+", default=None, help="block widths, e.g. 128 256 512 512")
+    for name in BOOL_FLAGS:
+        p.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--profile_memory", action="store_true",
+                   help="measure peak GPU memory per resolution and batch size, write a table, exit")
+    p.add_argument("--profile_resolutions", type=int, nargs="+", default=[256, 512, 768, 1024, 1536, 2048])
+    p.add_argument("--profile_batches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    return p
+
+
+def resolve_config(args: argparse.Namespace) -> VAEConfig:
+    extra = {name: getattr(args, name) for name in (*VALUE_FLAGS, *BOOL_FLAGS, "channels")}
+    return load_config(args.config, VAEConfig, overrides=args.overrides, extra=extra)
+
+
+def precision_name(cfg: VAEConfig) -> str:
+    if not cfg.mixed_precision:
+        return "32-true"
+    return "bf16-mixed" if cfg.use_bf16 else "16-mixed"
+
+
+# ----------------------------------------------------------------------------- models + one step
+
+
+class VAETrainer:
+    """The models, optimizers, loss and ONE optimisation step; `train()` below is the loop.
+
+    Kept apart from the loop so `--batch_size auto`, `--profile_memory` and bench/bench_vae.py run the
+    very step that training runs.
+    """
+
+    def __init__(self, cfg: VAEConfig, device: torch.device, info: DistInfo | None = None,
+                 total_steps: int = 1, perceptual: FrozenLPIPS | None = None, quiet: bool = False) -> None:
+        self.cfg, self.device = cfg, device
+        self.info = info or DistInfo(0, 1, 0, device, False)
+        self.precision = Precision(precision_name(cfg), device, tf32=cfg.enable_tf32,
+                                   cudnn_benchmark=cfg.cudnn_benchmark, channels_last=cfg.channels_last,
+                                   compile=cfg.use_torch_compile)
+        fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
+        vae = build_vae({**config_to_dict(cfg)}).to(device)
+        vae.set_gradient_checkpointing(cfg.gradient_checkpointing)
+        self.vae_module: AutoencoderKL = vae.to(memory_format=fmt)
+        # channels_last before DDP (its gradient buckets copy the parameter layout), compile after.
+        self.vae = self.precision.prepare_model(wrap_ddp(self.vae_module, self.info))
+        if cfg.perceptual_weight > 0 and perceptual is None:
+            perceptual = FrozenLPIPS(cfg.perceptual_net, cfg.perceptual_weights or None)
+        self.perceptual = perceptual.to(device) if perceptual is not None else None
+        self.loss = VAELoss(cfg.kl_weight, cfg.perceptual_weight, self.perceptual, cfg.rec_loss, cfg.learn_logvar,
+                            cfg.logvar_init, cfg.disc_start, cfg.disc_weight, cfg.disc_factor).to(device)
+        self.disc_module: nn.Module | None = None
+        self.disc = None
+        if cfg.disc_weight > 0:
+            self.disc_module = PatchDiscriminator(3, cfg.disc_channels, cfg.disc_layers).to(device).to(memory_format=fmt)
+            self.disc = wrap_ddp(self.disc_module, self.info)
+        betas = (cfg.adam_beta1, cfg.adam_beta2)
+        g_model = nn.ModuleDict({"vae": self.vae_module, "logvar": self.loss.logvar})
+        self.g_params = [p for p in g_model.parameters() if p.requires_grad]
+        self.opt_g = build_optimizer(cfg.optimizer_cls, g_model, lr=cfg.learning_rate, betas=betas,
+                                     weight_decay=cfg.weight_decay)
+        self.optimizers = {"vae": self.opt_g}
+        self.opt_d = None
+        if self.disc_module is not None:
+            self.opt_d = build_optimizer(cfg.optimizer_cls, self.disc_module, betas=betas,
+                                         lr=cfg.disc_learning_rate or cfg.learning_rate, weight_decay=cfg.weight_decay)
+            self.optimizers["disc"] = self.opt_d
+        self.plan(total_steps)
+        self.ema = EMA(self.vae_module, cfg.ema_decay) if cfg.ema_decay > 0 else None
+        self.guard = NonFiniteGuard(cfg.max_nonfinite)
+        if not quiet and self.info.is_main:
+            print(f"VAE {count_parameters(self.vae_module) / 1e6:.1f} M parameters"
+                  + (f", discriminator {count_parameters(self.disc_module) / 1e6:.1f} M" if self.disc_module else "")
+                  + f"; LPIPS: {self.perceptual.source if self.perceptual else 'off (perceptual_weight 0)'}")
+            for line in self.precision.report():
+                print(f"  {line}")
+
+    def plan(self, total_steps: int) -> None:
+        """(Re)build the LR schedules for a run of `total_steps` optimizer steps."""
+        self.total_steps = max(1, int(total_steps))
+        warmup = min(self.cfg.warmup_steps, max(0, self.total_steps - 1))
+        kw = {"warmup_steps": warmup}
+        if self.cfg.lr_scheduler == "cosine_with_warmup":
+            kw.update(total_steps=self.total_steps, min_ratio=self.cfg.min_lr_ratio)
+        self.schedulers = {name: build_scheduler(opt, self.cfg.lr_scheduler, **kw) for name, opt in self.optimizers.items()}
+
+    def models(self) -> dict[str, nn.Module]:
+        out = {"vae": self.vae_module, "logvar": self.loss.logvar}
+        if self.disc_module is not None:
+            out["disc"] = self.disc_module
+        return out
+
+    def _no_sync(self, module: nn.Module, last: bool) -> contextlib.AbstractContextManager:
+        # DDP: all-reduce gradients only on the last micro-batch of an accumulation group.
+        if self.info.enabled and not last and hasattr(module, "no_sync"):
+            return module.no_sync()
+        return contextlib.nullcontext()
+
+    def step(self, micro_batches: list[torch.Tensor], global_step: int) -> tuple[dict[str, torch.Tensor], bool]:
+        """One optimizer step over `len(micro_batches)` accumulated micro-batches (the loss of each is
+        divided by their number, so the gradient is the mean over the whole effective batch)."""
+        cfg, scaler = self.cfg, self.precision.scaler
+        n = len(micro_batches)
+        gan = self.disc_module is not None and self.loss.gan_active(global_step)
+        grad_scale = float(scaler.get_scale()) if scaler.is_enabled() else 1.0
+        logs: dict[str, torch.Tensor] = {}
+        recs = []
+        if gan:
+            self.disc_module.requires_grad_(False)  # the generator's GAN term must not train D
+        for i, x in enumerate(micro_batches):
+            x = self.precision.prepare_input(x.to(self.device, non_blocking=True))
+            with self._no_sync(self.vae, i == n - 1):
+                with self.precision.autocast():
+                    x_rec, posterior = self.vae(x)
+                    loss, parts = self.loss.generator_loss(x, x_rec, posterior, global_step,
+                                                           self.disc_module if gan else None,
+                                                           self.vae_module.last_layer, grad_scale)
+                backward(loss / n, scaler)
+            recs.append((x, x_rec.detach()))
+            for k, v in parts.items():
+                logs[k] = logs.get(k, 0) + v / n
+        if gan:
+            self.disc_module.requires_grad_(True)
+        clip = cfg.gradient_clip or None
+        g_norm, stepped = step_optimizer(None, self.opt_g, self.g_params, scaler, clip, self.guard)
+        logs["grad_norm"] = g_norm
+        if gan:
+            for i, (x, x_rec) in enumerate(recs):
+                with self._no_sync(self.disc, i == n - 1):
+                    with self.precision.autocast():
+                        d_loss, parts = self.loss.discriminator_loss(self.disc, x, x_rec, global_step)
+                    backward(d_loss / n, scaler)
+                for k, v in parts.items():
+                    logs[k] = logs.get(k, 0) + v / n
+            d_norm, _ = step_optimizer(None, self.opt_d, self.disc_module.parameters(), scaler, clip, None)
+            logs["disc_grad_norm"] = d_norm
+        scaler.update()
+        for sched in self.schedulers.values():
+            sched.step()
+        if stepped and self.ema is not None:
+            self.ema.update(self.vae_module)
+        return logs, stepped
+
+    def eval_model(self) -> AutoencoderKL:
+        """The weights to evaluate/export: the EMA copy when EMA is on."""
+        if self.ema is None:
+            return self.vae_module
+        if not hasattr(self, "_ema_model"):
+            self._ema_model = copy.deepcopy(self.vae_module).to(memory_format=torch.contiguous_format)
+            self._ema_model.requires_grad_(False)
+        self.ema.copy_to(self._ema_model)
+        return self._ema_model
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def memory_gib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return cuda_memory_stats(device).get("peak_gib", 0.0)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # peak RSS (Linux: KiB)
+
+
+def auto_batch_size(cfg: VAEConfig, device: torch.device, perceptual: FrozenLPIPS | None) -> int:
+    """`--batch_size auto`: measure on CUDA with the real training step; on a CPU say why not."""
+    if device.type != "cuda":
+        fallback = resolve_preset("cpu", "vae")["batch_size"]
+        print(f"--batch_size auto: no CUDA device, so GPU memory cannot be measured; using batch_size "
+              f"{fallback} (the CPU preset). Give an explicit --batch_size to choose another.")
+        return fallback
+    trial_cfg = copy.copy(cfg)
+    trial_cfg.ema_decay, trial_cfg.disc_start = 0.0, 0  # the heaviest step: GAN on
+
+    def try_batch(b: int) -> None:
+        t = VAETrainer(trial_cfg, device, perceptual=perceptual, quiet=True)
+        x = torch.rand(b, 3, cfg.image_size, cfg.image_size, device=device) * 2 - 1
+        try:
+            t.step([x], global_step=0)
+            torch.cuda.synchronize(device)
+        finally:
+            del t, x
+
+    best = find_batch_size(try_batch, start=1, limit=256, headroom=0.9)
+    sizes = gather_objects(best)
+    return min(sizes)
+
+
+def find_resume(arg: str, out_dir: Path) -> Path | None:
+    if not arg:
+        return None
+    if arg == "auto":
+        found = [p for p in out_dir.glob("checkpoint_*.pt") if p.is_file()]
+        return max(found, key=lambda p: p.stat().st_mtime) if found else None
+    path = Path(arg)
+    if not path.is_file():
+        raise CheckpointError(f"--resume_from {arg}: no such file (or use --resume_from auto)")
+    return path
+
+
+def load_vae_weights(path: str | Path, use_ema: bool = True) -> tuple[AutoencoderKL, dict]:
+    """A trained VAE from a training checkpoint, `vae_final.pt`, or a diffusers folder."""
+    path = Path(path)
+    if path.is_dir():
+        from vae.diffusers_io import load_diffusers
+
+        model, cfg = load_diffusers(path)
+        return model, {"source": "diffusers", "scaling_factor": cfg.get("scaling_factor")}
+    ckpt = load_checkpoint(path)
+    if "state_dict" in ckpt and "arch" in ckpt:  # vae_final.pt
+        model = build_vae(ckpt["arch"])
+        model.load_state_dict(ckpt["state_dict"])
+        return model, {"source": "final", **ckpt.get("latent_stats", {})}
+    arch = ckpt.get("extra", {}).get("arch")
+    if arch is None:
+        raise CheckpointError(f"{path}: not a VAE checkpoint from vae/train_vae.py (no 'extra.arch')")
+    model = build_vae(arch)
+    ema = ckpt.get("ema", {}).get("vae")
+    if use_ema and ema:
+        model.load_state_dict({k: v for k, v in ema["shadow"].items()})
+        return model, {"source": "checkpoint (EMA weights)"}
+    model.load_state_dict(ckpt["models"]["vae"])
+    return model, {"source": "checkpoint"}
+
+
+def _loader_batches(files: list[Path], cfg: VAEConfig, limit: int | None = None, batch_size: int = 4):
+    ds = ImageDataset(files[:limit] if limit else files, cfg.image_size, train=False, max_pixels=cfg.max_pixels)
+    return make_loader(ds, batch_size=batch_size, num_workers=0, seed=cfg.seed)
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def train(cfg: VAEConfig) -> int:
+    info = setup_distributed(cfg.device or None)
+    device = info.device
+    out_dir = Path(cfg.output_dir)
+    main = info.is_main
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank (DDP also broadcasts them)
+
+    files = find_training_images(cfg.data_path)
+    if cfg.val_data_path:
+        train_files, val_files = files, find_training_images(cfg.val_data_path)
+    else:
+        train_files, val_files = split_train_val(files, cfg.num_val_images, seed=cfg.seed)
+
+    perceptual = None
+    if cfg.perceptual_weight > 0:
+        perceptual = FrozenLPIPS(cfg.perceptual_net, cfg.perceptual_weights or None)
+    if cfg.batch_size == "auto":
+        cfg.batch_size = auto_batch_size(cfg, device, perceptual)
+    batch, accum = int(cfg.batch_size), cfg.accumulation_steps
+
+    train_ds = ImageDataset(train_files, cfg.image_size, train=True, random_flip=cfg.random_flip,
+                            max_pixels=cfg.max_pixels)
+    sampler = ResumableSampler(train_ds, shuffle=True, seed=cfg.seed)
+    loader = make_loader(train_ds, batch_size=batch, sampler=sampler, num_workers=cfg.num_workers,
+                         prefetch_factor=cfg.prefetch_factor, pin_memory=cfg.pin_memory,
+                         persistent_workers=cfg.persistent_workers, seed=cfg.seed, drop_last=True)
+    steps_per_epoch = (len(sampler) // batch) // accum
+    if steps_per_epoch < 1:
+        raise ConfigError(f"{len(train_files)} training images cannot fill one step of batch_size {batch} x "
+                          f"accumulation_steps {accum} x {info.world_size} GPU(s); lower them or add images")
+    total_steps = cfg.max_steps if cfg.max_steps > 0 else cfg.num_epochs * steps_per_epoch
+
+    trainer = VAETrainer(cfg, device, info, total_steps, perceptual)
+    samples_per_step = batch * accum * info.world_size
+    counters = {"step": 0, "epoch": 0, "micro_in_epoch": 0, "stage": 1, "steps_before_stage": 0}
+    best_psnr = last_psnr = None
+
+    resume = find_resume(cfg.resume_from, out_dir)
+    if resume is not None:
+        ckpt = load_checkpoint(resume, map_location="cpu")
+        old = ckpt.get("counters", {})
+        ema = {"vae": trainer.ema} if trainer.ema else None
+        try:
+            if old.get("image_size") == cfg.image_size:
+                counters = restore_state(ckpt, trainer.models(), trainer.optimizers, trainer.schedulers,
+                                         trainer.precision.scaler, ema, rank=info.rank)
+                extra = ckpt.get("extra", {})
+                trainer.guard.load_state_dict(extra.get("guard", trainer.guard.state_dict()))
+                best_psnr = extra.get("best_psnr")
+                if (old.get("samples_per_step"), old.get("num_train")) != (samples_per_step, len(train_files)):
+                    if main:
+                        print(f"resume: batch size, GPU count or dataset changed since {resume.name}; the data "
+                              f"order restarts at the beginning of epoch {counters['epoch']}")
+                    counters["micro_in_epoch"] = 0
+                if main:
+                    print(f"resumed {resume} at step {counters['step']} (epoch {counters['epoch']})")
+            else:
+                # A new resolution stage: weights carry over; optimizer and LR schedule are re-planned.
+                models = {k: m for k, m in trainer.models().items() if k in ckpt.get("models", {})}
+                restore_state(ckpt, models, ema=ema if ckpt.get("ema") else None, rank=info.rank)
+                counters = {"step": 0, "epoch": 0, "micro_in_epoch": 0, "stage": int(old.get("stage", 1)) + 1,
+                            "steps_before_stage": int(old.get("steps_before_stage", 0)) + int(old.get("step", 0))}
+                if main:
+                    print(f"resume {resume.name}: trained at {old.get('image_size')} px, now {cfg.image_size} px -> "
+                          f"stage {counters['stage']}: weights{' and EMA' if ema else ''} loaded; optimizer "
+                          f"and LR schedule re-planned for this run ({total_steps} steps, warmup "
+                          f"{min(cfg.warmup_steps, total_steps - 1)})")
+        except (RuntimeError, KeyError) as exc:
+            raise CheckpointError(f"{resume}: cannot resume into this configuration (architecture changed?): "
+                                  f"{str(exc)[:400]}") from None
+    step = int(counters["step"])
+
+    logger = RunLogger(out_dir / "tensorboard", enabled=main)
+    if main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, out_dir)
+        print(format_config(cfg))
+        print(f"{len(train_files)} training / {len(val_files)} validation images, {steps_per_epoch} steps per "
+              f"epoch, {samples_per_step} images per step, {total_steps} steps planned, device {device}")
+    manager = CheckpointManager(out_dir, keep_last=cfg.keep_checkpoints, mode="max",
+                                name_fn=lambda n: f"checkpoint_epoch_{n}.pt")
+    val_batches = list(_loader_batches(val_files, cfg)) if (val_files and main) else []
+    sample_src = val_files or train_files
+    sample_ds = ImageDataset(sample_src, cfg.image_size, train=False, max_pixels=cfg.max_pixels)
+    sample_x = torch.stack([sample_ds[i] for i in range(min(cfg.num_sample_images, len(sample_src)))])
+
+    def gstep() -> int:
+        return int(counters["steps_before_stage"]) + step
+
+    def state() -> dict:
+        c = {**counters, "step": step, "image_size": cfg.image_size, "samples_per_step": samples_per_step,
+             "num_train": len(train_files)}
+        return make_state(trainer.models(), trainer.optimizers, trainer.schedulers, trainer.precision.scaler,
+                          {"vae": trainer.ema} if trainer.ema else None, c, config_to_dict(cfg),
+                          extra={"arch": trainer.vae_module.arch(), "guard": trainer.guard.state_dict(),
+                                 "best_psnr": best_psnr})
+
+    def save_last(reason: str) -> None:
+        s = state()  # on every rank: it gathers every rank's RNG state
+        if main:
+            save_atomic(s, out_dir / "checkpoint_last.pt")
+            print(f"saved {out_dir / 'checkpoint_last.pt'} at step {step} ({reason})")
+
+    def save_samples() -> None:
+        model = trainer.eval_model()
+        with torch.no_grad(), trainer.precision.autocast():
+            rec = model.decode(model.encode(sample_x.to(device)).mode()).float().cpu()
+        grid = grid_image(sample_x, rec)
+        Image.fromarray(grid).save(out_dir / "samples" / f"step_{gstep():07d}.png")
+        logger.image("samples/reconstruction (top: input)", grid, gstep())
+
+    def validate() -> dict:
+        nonlocal best_psnr, last_psnr
+        model = trainer.eval_model()
+        m = evaluate(model, val_batches, device, trainer.precision.autocast, trainer.perceptual)
+        if m:
+            logger.scalars(m, gstep(), "val")
+            last_psnr = m["psnr"]
+            best_psnr = m["psnr"] if best_psnr is None else max(best_psnr, m["psnr"])
+            with open(out_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": gstep(), "image_size": cfg.image_size, **m}) + "\n")
+        return m
+
+    def describe(m: dict) -> str:
+        return (f"val PSNR {m['psnr']:.2f} dB, SSIM {m['ssim']:.3f}" + (f", LPIPS {m['lpips']:.3f}" if "lpips" in m
+                                                                      else ""))
+
+    if main:
+        (out_dir / "samples").mkdir(exist_ok=True)
+        if step == 0 and val_batches:
+            print(f"step {gstep()}: {describe(validate())}")
+            save_samples()
+
+    progress = Progress(total_steps, initial=step, samples_per_step=samples_per_step, enabled=main)
+    t_start = time.time()
+    stop_reason = ""
+    last_log_t, last_log_step = time.perf_counter(), step
+    try:
+        with GracefulExit() as stopper:
+            while step < total_steps and not stop_reason:
+                epoch = int(counters["epoch"])
+                sampler.set_epoch(epoch)
+                sampler.skip(int(counters["micro_in_epoch"]) * batch)
+                micro: list[torch.Tensor] = []
+                t0 = time.perf_counter()
+                for x in loader:
+                    micro.append(x)
+                    if len(micro) < accum:
+                        continue
+                    t1 = time.perf_counter()
+                    try:
+                        logs, _ = trainer.step(micro, gstep())
+                    except torch.OutOfMemoryError as exc:
+                        raise RuntimeError(oom_message("the VAE training step", batch, {
+                            "accum_key": "accumulation_steps", "accumulation": accum,
+                            "precision_key": "mixed_precision", "precision": precision_name(cfg),
+                            "checkpointing_key": "gradient_checkpointing", "crop_key": "image_size",
+                            "crop": cfg.image_size})) from exc
+                    micro = []
+                    step += 1
+                    counters["micro_in_epoch"] = int(counters["micro_in_epoch"]) + accum
+                    progress.update(step, t1 - t0, time.perf_counter() - t1)
+                    if main and (step % cfg.log_freq == 0 or step == total_steps):
+                        now = time.perf_counter()
+                        ips = (step - last_log_step) * samples_per_step / max(now - last_log_t, 1e-9)
+                        last_log_t, last_log_step = now, step
+                        logs.update({"lr": trainer.opt_g.param_groups[0]["lr"], "images_per_sec": ips,
+                                     "memory_gib": memory_gib(device), "data_wait": progress.data_wait_fraction,
+                                     "nonfinite_skipped": trainer.guard.skipped_total})
+                        logger.scalars(logs, gstep(), "train")
+                    if main and cfg.save_samples_freq and step % cfg.save_samples_freq == 0:
+                        save_samples()
+                    if main and cfg.val_freq and step % cfg.val_freq == 0 and val_batches:
+                        progress.write(f"step {gstep()}: {describe(validate())}")
+                    if cfg.save_every_steps and step % cfg.save_every_steps == 0:
+                        save_last(f"every {cfg.save_every_steps} steps")
+                    flags = [bool(cfg.stop_at_step and gstep() >= cfg.stop_at_step),
+                             bool(cfg.time_limit_minutes and time.time() - t_start > cfg.time_limit_minutes * 60),
+                             stopper.requested]
+                    if is_enabled():  # every rank must stop at the same step
+                        flags = [any(f) for f in zip(*gather_objects(flags))]
+                    if any(flags):
+                        stop_reason = ("stop_at_step", "time limit", stopper.signal_name or "signal")[flags.index(True)]
+                        break
+                    if step >= total_steps:
+                        break
+                    t0 = time.perf_counter()
+                if counters["micro_in_epoch"] // accum < steps_per_epoch:
+                    break  # left mid-epoch (stop request or the planned last step)
+                counters["epoch"] = epoch + 1
+                counters["micro_in_epoch"] = 0
+                if (epoch + 1) % cfg.checkpoint_freq == 0:
+                    s = state()
+                    if main:
+                        progress.write(f"saved {manager.save(s, epoch + 1, metric=last_psnr)}")
+                    barrier()
+    except NonFiniteError as exc:
+        progress.close()
+        print(f"error: {exc}", file=sys.stderr)
+        print("nothing was saved after the failure: the newest checkpoint_epoch_*.pt / checkpoint_last.pt "
+              "is the last good state", file=sys.stderr)
+        logger.close()
+        cleanup()
+        return 1
+    progress.close()
+    save_last(stop_reason or "end of training")
+    if main:
+        m = validate() if val_batches else {}
+        save_samples()
+        if m:
+            print(f"final (step {gstep()}): {describe(m)}")
+        if stop_reason:
+            print(f"stopped early ({stop_reason}); continue with --resume_from {out_dir / 'checkpoint_last.pt'}")
+        else:
+            export_final(cfg, trainer, train_files, out_dir, device, logger, gstep(), m)
+    logger.close()
+    barrier()
+    cleanup()
+    return 0
+
+
+def export_final(cfg: VAEConfig, trainer: VAETrainer, train_files: list[Path], out_dir: Path,
+                 device: torch.device, logger: RunLogger, gstep: int, metrics: dict) -> None:
+    """Latent statistics (scaling factor), `vae_final.pt` and the diffusers folder."""
+    model = trainer.eval_model()
+    n = min(cfg.latent_stats_images, len(train_files))
+    stats = latent_statistics(model, _loader_batches(train_files, cfg, limit=n), device, trainer.precision.autocast,
+                              seed=cfg.seed)
+    stats["images"] = n
+    (out_dir / "latent_stats.json").write_text(json.dumps(stats, indent=1) + "\n", encoding="utf-8")
+    logger.scalars({"scaling_factor": stats["scaling_factor"], "shift_factor": stats["shift_factor"],
+                    "std": stats["std"]}, gstep, "latent")
+    for c, (mu, sd) in enumerate(zip(stats["per_channel_mean"], stats["per_channel_std"])):
+        logger.scalars({f"mean_{c}": mu, f"std_{c}": sd}, gstep, "latent_channel")
+    print(f"latents over {n} images: mean {stats['mean']:.4f}, std {stats['std']:.4f} -> scaling_factor "
+          f"{stats['scaling_factor']:.5f} (shift_factor {stats['shift_factor']:.5f} for FLUX-style pipelines)")
+    final = {"arch": model.arch(), "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+             "latent_stats": stats, "metrics": metrics, "config": config_to_dict(cfg), "step": gstep}
+    save_atomic(final, out_dir / "vae_final.pt")
+    print(f"saved {out_dir / 'vae_final.pt'}" + (" (EMA weights)" if trainer.ema else ""))
+    if cfg.export_diffusers:
+        folder = save_diffusers(model, out_dir / "diffusers", sample_size=cfg.image_size,
+                                scaling_factor=stats["scaling_factor"])
+        print(f"saved diffusers AutoencoderKL folder {folder} (AutoencoderKL.from_pretrained('{folder}'))")
+
+
+# ----------------------------------------------------------------------------- --profile_memory
+
+
+def profile_memory(cfg: VAEConfig, resolutions: list[int], batches: list[int]) -> int:
+    """Peak GPU memory of one full training step (VAE + LPIPS + GAN on) per resolution and batch."""
+    device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type != "cuda":
+        print("--profile_memory measures GPU memory and needs a CUDA GPU; this machine has none, so there is "
+              "nothing to measure. Run it on the training machine.")
+        return 0
+    perceptual = None
+    if cfg.perceptual_weight > 0:
+        try:
+            perceptual = FrozenLPIPS(cfg.perceptual_net, cfg.perceptual_weights or None)
+        except PerceptualWeightsError:
+            print("note: LPIPS backbone not cached; profiling with a random-weight backbone (same memory)")
+            perceptual = FrozenLPIPS(cfg.perceptual_net, random_backbone=True)
+    trial = copy.copy(cfg)
+    trial.disc_start = 0
+    rows = []
+    name = torch.cuda.get_device_name(device)
+    total = torch.cuda.get_device_properties(device).total_memory / 1024**3
+    print(f"profiling on {name} ({total:.1f} GiB), precision {precision_name(cfg)}, channels {cfg.channels}, "
+          f"z {cfg.z_channels}, gradient_checkpointing {cfg.gradient_checkpointing}")
+    for res in resolutions:
+        trial.image_size = res
+        for b in batches:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+            row = {"image_size": res, "batch_size": b}
+            try:
+                t = VAETrainer(trial, device, perceptual=perceptual, quiet=True)
+                x = torch.rand(b, 3, res, res, device=device) * 2 - 1
+                t.step([x], 0)  # warm-up step (allocator, cudnn autotune)
+                torch.cuda.synchronize(device)
+                t0 = time.perf_counter()
+                t.step([x], 1)
+                torch.cuda.synchronize(device)
+                row.update(peak_gib=round(torch.cuda.max_memory_allocated(device) / 1024**3, 2),
+                           step_s=round(time.perf_counter() - t0, 3), status="ok")
+                row["images_per_s"] = round(b / row["step_s"], 2)
+                del t, x
+            except Exception as exc:
+                if not is_oom(exc):
+                    raise
+                row.update(status="OOM")
+            rows.append(row)
+            print(f"  {res:5d} px  batch {b:3d}: " + (f"{row['peak_gib']:6.2f} GiB  {row['images_per_s']} img/s"
+                                                      if row["status"] == "ok" else "OOM"))
+            if row["status"] == "OOM":
+                break  # larger batches will not fit either
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "memory_profile.json").write_text(json.dumps({"gpu": name, "total_gib": total, "rows": rows,
+                                                         "config": config_to_dict(cfg)}, indent=1), encoding="utf-8")
+    lines = [f"# VAE training memory on {name} ({total:.1f} GiB)", "",
+             f"precision {precision_name(cfg)}, channels {cfg.channels}, z_channels {cfg.z_channels}, "
+             f"gradient_checkpointing {cfg.gradient_checkpointing}, LPIPS {'on' if perceptual else 'off'}, "
+             f"GAN on", "", "| image_size | batch | peak GiB | images/s |", "|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['image_size']} | {r['batch_size']} | "
+                     + (f"{r['peak_gib']} | {r['images_per_s']} |" if r["status"] == "ok" else "OOM | - |"))
+    (out / "memory_profile.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"wrote {out / 'memory_profile.md'} and memory_profile.json")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = resolve_config(args)
+        if args.profile_memory:
+            return profile_memory(cfg, args.profile_resolutions, args.profile_batches)
+        return train(cfg)
+    except (ConfigError, CheckpointError, PerceptualWeightsError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""Dataset over a folder written by ``prepare_data.py``: random (mel, f0, audio) crops for
+training, whole files for validation.
+
+Randomness comes only from the sample key that ``common.data.ResumableSampler`` hands out
+(``sample_rng(key)``), so crops and augmentations are identical with any number of workers and
+after an exact resume. Items are memory-mapped: a crop reads ``crop_mel_frames`` frames, not
+the whole file (a 10-minute file costs the same as a 2-second one).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from common.data import sample_rng
+from vocoder.config import VocoderConfig
+from vocoder.prepare_data import FORMAT_VERSION, MANIFEST
+
+LOG_FLOOR = math.log(1e-5)  # common.audio.MelSpectrogram's log clamp
+
+
+class DatasetError(RuntimeError):
+    """The prepared folder is missing, stale or made with other audio settings."""
+
+
+def load_manifest(data_dir: str | Path, cfg: VocoderConfig) -> dict:
+    """Read the manifest and check it was made with this config's audio/mel settings."""
+    data_dir = Path(data_dir)
+    path = data_dir / MANIFEST
+    if not path.is_file():
+        raise DatasetError(f"{path} not found: run `python vocoder/prepare_data.py --config ... "
+                           f"--input <audio folders> --output {data_dir}` first")
+    manifest = json.loads(path.read_text())
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise DatasetError(f"{data_dir} was prepared by another version of prepare_data.py; run it again")
+    s = manifest["settings"]
+    want = {"sample_rate": cfg.audio_sample_rate, "hop_size": cfg.hop_size, "fft_size": cfg.fft_size,
+            "win_size": cfg.win_size, "num_mels": cfg.audio_num_mel_bins, "fmin": cfg.fmin, "fmax": cfg.fmax}
+    wrong = [f"{k}: data {s.get(k)} vs config {v}" for k, v in want.items() if s.get(k) != v]
+    if wrong:
+        raise DatasetError(f"{data_dir} was prepared with other audio settings ({'; '.join(wrong)}); "
+                           "prepare it again with this config (or use the config it was made with)")
+    return manifest
+
+
+class VocoderDataset(Dataset):
+    """``train=True``: a random crop of ``crop_mel_frames`` frames per sample (with volume and
+    key/speed augmentation); ``train=False``: the whole file (cut to ``valid_max_seconds``).
+
+    Items: ``{"mel": [n_mels, F], "f0": [F], "audio": [F * hop], "name": str}``. The length of
+    a training epoch is at least one batch per rank even for a tiny corpus (indices wrap).
+    """
+
+    def __init__(self, data_dir: str | Path, ids: list[str], cfg: VocoderConfig, train: bool = True,
+                 min_len: int = 1):
+        if not ids:
+            raise DatasetError(f"{data_dir}: no {'training' if train else 'validation'} items")
+        self.dir = Path(data_dir) / "items"
+        self.ids = list(ids)
+        self.cfg = cfg
+        self.train = train
+        self.hop = cfg.hop_size
+        self.length = max(len(self.ids), min_len) if train else len(self.ids)
+        self._mel_fn = None  # built lazily in the worker (key_aug only)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def _load(self, name: str, mmap: bool = True) -> dict[str, np.ndarray]:
+        mode = "r" if mmap else None
+        d = self.dir / name
+        try:
+            return {k: np.load(d / f"{k}.npy", mmap_mode=mode) for k in ("audio", "mel", "f0")}
+        except FileNotFoundError as e:
+            raise DatasetError(f"item {d} is incomplete ({e.filename} missing): run prepare_data.py again") from None
+
+    def __getitem__(self, key) -> dict:
+        index, rng = sample_rng(key)
+        name = self.ids[index % len(self.ids)]
+        item = self._load(name)
+        if not self.train:
+            return self._whole(item, name)
+        sample = None
+        if self.cfg.key_aug and rng.random() < self.cfg.key_aug_prob:
+            sample = self._speed_crop(item, rng)
+        if sample is None:
+            sample = self._crop(item, rng)
+        if self.cfg.volume_aug and rng.random() < self.cfg.volume_aug_prob:
+            self._volume(sample, rng)
+        sample["name"] = name
+        return {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
+                for k, v in sample.items()}
+
+    def _whole(self, item: dict, name: str) -> dict:
+        frames = item["mel"].shape[0]
+        limit = max(1, int(self.cfg.valid_max_seconds * self.cfg.audio_sample_rate / self.hop))
+        n = min(frames, limit)
+        return {"mel": torch.from_numpy(np.array(item["mel"][:n].T)),
+                "f0": torch.from_numpy(np.array(item["f0"][:n])),
+                "audio": torch.from_numpy(np.array(item["audio"][: n * self.hop])), "name": name}
+
+    def _crop(self, item: dict, rng: np.random.Generator) -> dict:
+        crop = self.cfg.crop_mel_frames
+        frames = item["mel"].shape[0]
+        if frames >= crop:
+            start = int(rng.integers(0, frames - crop + 1))
+            return {"mel": np.array(item["mel"][start:start + crop].T),
+                    "f0": np.array(item["f0"][start:start + crop]),
+                    "audio": np.array(item["audio"][start * self.hop:(start + crop) * self.hop])}
+        # Shorter than a crop: pad with silence (floor mel, held f0, zero audio).
+        pad = crop - frames
+        mel = np.pad(np.array(item["mel"]).T, ((0, 0), (0, pad)), constant_values=LOG_FLOOR)
+        f0 = np.pad(np.array(item["f0"]), (0, pad), mode="edge")
+        audio = np.pad(np.array(item["audio"]), (0, pad * self.hop))
+        return {"mel": mel, "f0": f0, "audio": audio}
+
+    def _speed_crop(self, item: dict, rng: np.random.Generator) -> dict | None:
+        """Key/speed augmentation (``key_aug``): play a segment ``speed`` times faster by
+        resampling it, so duration shrinks and pitch rises by ``speed``; the mel is recomputed
+        from the new audio and f0 is the old contour, time-warped and multiplied by ``speed``."""
+        import soxr
+
+        from common.audio import MelSpectrogram
+
+        speed = float(rng.uniform(self.cfg.aug_min, self.cfg.aug_max))
+        crop, margin = self.cfg.crop_mel_frames, 2
+        need = math.ceil((crop + 2 * margin) * speed) + 1
+        frames = item["mel"].shape[0]
+        if frames < need:
+            return None
+        start = int(rng.integers(0, frames - need + 1))
+        seg = np.array(item["audio"][start * self.hop:(start + need) * self.hop], dtype=np.float32)
+        fast = soxr.resample(seg, round(self.hop * speed), self.hop, quality="HQ").astype(np.float32)
+        total = crop + 2 * margin
+        if len(fast) < total * self.hop:
+            return None
+        fast = fast[: total * self.hop]
+        if self._mel_fn is None:
+            self._mel_fn = MelSpectrogram(**self.cfg.mel_kwargs)
+        with torch.no_grad():
+            mel = self._mel_fn(torch.from_numpy(fast)[None])[0].numpy()  # [n_mels, total]
+        # New frame j is centred at old time (j + 0.5) * speed frames after the segment start.
+        pos = (np.arange(total) + 0.5) * speed - 0.5
+        f0_old = np.array(item["f0"][start:start + need], dtype=np.float64)
+        f0 = np.interp(pos, np.arange(need), f0_old) * speed
+        return {"mel": mel[:, margin:margin + crop], "f0": f0[margin:margin + crop].astype(np.float32),
+                "audio": fast[margin * self.hop:(margin + crop) * self.hop]}
+
+    @staticmethod
+    def _volume(sample: dict, rng: np.random.Generator) -> None:
+        """Random gain g (log-uniform, never pushing the peak past 1): audio * g, log-mel + log g."""
+        peak = float(np.abs(sample["audio"]).max()) + 1e-5
+        shift = float(rng.uniform(-3.0, min(3.0, math.log(1.0 / peak))))
+        sample["audio"] = (sample["audio"] * math.exp(shift)).astype(np.float32)
+        sample["mel"] = np.maximum(sample["mel"] + shift, LOG_FLOOR).astype(np.float32)
+
+
+def collate(batch: list[dict]) -> dict:
+    """Stack same-length crops; ``name`` stays a list."""
+    return {"mel": torch.stack([b["mel"] for b in batch]), "f0": torch.stack([b["f0"] for b in batch]),
+            "audio": torch.stack([b["audio"] for b in batch])[:, None, :], "name": [b["name"] for b in batch]}

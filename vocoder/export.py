@@ -1,0 +1,195 @@
+"""Export a trained generator in the layout DiffSinger and OpenUtau load.
+
+    python vocoder/export.py --ckpt runs/vocoder/checkpoints/best.pt --out exports/my_vocoder [--onnx]
+
+writes ``<out>/model.ckpt`` (``{"generator": state_dict}``, weight-norm tensors under the
+classic ``weight_g`` / ``weight_v`` names that DiffSinger's ``NsfHifiGAN`` loads and then
+folds) and ``<out>/config.json`` (the model args plus every mel/audio parameter:
+``sampling_rate``, ``num_mels``, ``hop_size``, ``n_fft``, ``win_size``, ``fmin``, ``fmax``,
+``pc_aug``, ``mini_nsf``, ``noise_sigma``; plus the f0 settings used in preprocessing). Point
+DiffSinger's ``vocoder_ckpt`` at ``model.ckpt``. ``--onnx`` also writes ``<out>/model.onnx``
+(inputs ``mel`` [1, frames, n_mels] natural-log mel and ``f0`` [1, frames] Hz; output
+``waveform`` [1, samples]) and ``vocoder.yaml`` in the layout of an OpenUtau vocoder package.
+
+This module also converts between checkpoint layouts for loading: our training checkpoints,
+exported ``{"generator": ...}`` files and Lightning checkpoints of openvpi/SingingVocoders
+(``state_dict`` with ``generator.`` / ``discriminator.`` prefixes), with either weight-norm
+naming.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from common.checkpoint import CheckpointError, load_checkpoint, save_atomic
+from vocoder.model import Generator, GeneratorArgs, remove_all_weight_norm
+
+_NEW = ("parametrizations.weight.original0", "parametrizations.weight.original1")
+_OLD = ("weight_g", "weight_v")
+
+
+def to_legacy_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """parametrizations.weight.original0/1 -> weight_g/weight_v (torch.nn.utils.weight_norm names)."""
+    out = {}
+    for k, v in state.items():
+        for new, old in zip(_NEW, _OLD):
+            if k.endswith(new):
+                k = k[: -len(new)] + old
+        out[k] = v
+    return out
+
+
+def from_legacy_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """weight_g/weight_v -> parametrizations.weight.original0/1 (our modules' names)."""
+    out = {}
+    for k, v in state.items():
+        for new, old in zip(_NEW, _OLD):
+            if k.endswith("." + old) or k == old:
+                k = k[: -len(old)] + new
+        out[k] = v
+    return out
+
+
+def export_info(cfg) -> dict:
+    """config.json content for a VocoderConfig: generator args + every mel/audio parameter."""
+    m = cfg.model_args
+    return {
+        "sampling_rate": cfg.audio_sample_rate,
+        "num_mels": cfg.audio_num_mel_bins,
+        "hop_size": cfg.hop_size,
+        "n_fft": cfg.fft_size,
+        "win_size": cfg.win_size,
+        "fmin": cfg.fmin,
+        "fmax": cfg.fmax,
+        "mel_base": "e",
+        "upsample_rates": list(m.upsample_rates),
+        "upsample_kernel_sizes": list(m.upsample_kernel_sizes),
+        "upsample_initial_channel": m.upsample_initial_channel,
+        "resblock": str(m.resblock),
+        "resblock_kernel_sizes": list(m.resblock_kernel_sizes),
+        "resblock_dilation_sizes": [list(d) for d in m.resblock_dilation_sizes],
+        "discriminator_periods": list(m.discriminator_periods),
+        "mini_nsf": m.mini_nsf,
+        "noise_sigma": m.noise_sigma,
+        "harmonic_num": m.harmonic_num,
+        "pc_aug": cfg.pc_aug,
+        "pe": cfg.pe,
+        "f0_min": cfg.f0_min,
+        "f0_max": cfg.f0_max,
+    }
+
+
+def generator_args(info: dict) -> GeneratorArgs:
+    """GeneratorArgs from an export_info dict (or a DiffSinger config.json)."""
+    try:
+        return GeneratorArgs(
+            sampling_rate=int(info["sampling_rate"]), num_mels=int(info["num_mels"]), hop_size=int(info["hop_size"]),
+            upsample_rates=list(info["upsample_rates"]), upsample_kernel_sizes=list(info["upsample_kernel_sizes"]),
+            upsample_initial_channel=int(info["upsample_initial_channel"]), resblock=str(info["resblock"]),
+            resblock_kernel_sizes=list(info["resblock_kernel_sizes"]),
+            resblock_dilation_sizes=[list(d) for d in info["resblock_dilation_sizes"]],
+            mini_nsf=bool(info.get("mini_nsf", False)), noise_sigma=float(info.get("noise_sigma") or 0.0),
+            harmonic_num=int(info.get("harmonic_num", 8)),
+        )
+    except KeyError as e:
+        raise CheckpointError(f"vocoder config lacks the key {e}; it needs the NSF-HiFiGAN model args and mel settings") from None
+
+
+def split_checkpoint(obj: dict) -> tuple[dict, dict | None, dict | None]:
+    """(generator state, discriminator state or None, export info or None) from any supported
+    layout, with our parameter names."""
+    if "models" in obj and "generator" in obj["models"]:  # our training checkpoint
+        info = (obj.get("extra") or {}).get("export")
+        return obj["models"]["generator"], obj["models"].get("discriminator"), info
+    if "generator" in obj and isinstance(obj["generator"], dict):  # exported / DiffSinger
+        return from_legacy_names(obj["generator"]), None, None
+    if "state_dict" in obj:  # Lightning (SingingVocoders)
+        sd = obj["state_dict"]
+        gen = {k[len("generator."):]: v for k, v in sd.items() if k.startswith("generator.")}
+        disc = {k[len("discriminator."):]: v for k, v in sd.items() if k.startswith("discriminator.")}
+        if not gen:
+            raise CheckpointError("the checkpoint's state_dict has no 'generator.*' weights")
+        return from_legacy_names(gen), (from_legacy_names(disc) or None), None
+    raise CheckpointError(
+        "unrecognised checkpoint layout: expected a training checkpoint of this repo ('models'), an exported "
+        "vocoder ({'generator': ...}) or a Lightning checkpoint with a 'state_dict'"
+    )
+
+
+def export(ckpt_path: str | Path, out_dir: str | Path, onnx: bool = False) -> Path:
+    """Write model.ckpt + config.json (and optionally model.onnx + vocoder.yaml) into out_dir."""
+    obj = load_checkpoint(ckpt_path)
+    gen_state, _, info = split_checkpoint(obj)
+    if info is None:
+        raise CheckpointError(f"{ckpt_path}: not a training checkpoint of this repo (no model/mel settings in it)")
+    generator = Generator(generator_args(info))
+    generator.load_state_dict(gen_state)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_atomic({"generator": to_legacy_names(generator.state_dict())}, out / "model.ckpt")
+    tmp = out / "config.json.tmp"
+    tmp.write_text(json.dumps(info, indent=1))
+    tmp.replace(out / "config.json")
+    if onnx:
+        export_onnx(generator, info, out)
+    return out
+
+
+class _OnnxWrapper(torch.nn.Module):
+    """mel [1, frames, n_mels] + f0 [1, frames] -> waveform [1, samples] (DiffSinger's ONNX I/O)."""
+
+    def __init__(self, generator: Generator):
+        super().__init__()
+        self.generator = generator
+
+    def forward(self, mel: torch.Tensor, f0: torch.Tensor) -> torch.Tensor:
+        return self.generator(mel.transpose(1, 2), f0).squeeze(1)
+
+
+def export_onnx(generator: Generator, info: dict, out: Path) -> Path:
+    import yaml
+
+    generator = generator.eval()
+    remove_all_weight_norm(generator)
+    frames = 20
+    mel = torch.randn(1, frames, info["num_mels"])
+    f0 = torch.full((1, frames), 220.0)
+    path = out / "model.onnx"
+    torch.onnx.export(
+        _OnnxWrapper(generator), (mel, f0), str(path), input_names=["mel", "f0"], output_names=["waveform"],
+        dynamic_axes={"mel": {1: "n_frames"}, "f0": {1: "n_frames"}, "waveform": {1: "n_samples"}},
+        opset_version=17, dynamo=False,
+    )
+    fmax = info["fmax"] if info["fmax"] is not None else info["sampling_rate"] / 2
+    (out / "vocoder.yaml").write_text(yaml.safe_dump({
+        "name": out.name, "model": path.name, "sample_rate": info["sampling_rate"], "hop_size": info["hop_size"],
+        "win_size": info["win_size"], "fft_size": info["n_fft"], "num_mel_bins": info["num_mels"],
+        "mel_fmin": info["fmin"], "mel_fmax": fmax, "mel_base": "e", "mel_scale": "slaney",
+        "pitch_controllable": bool(info.get("pc_aug", False)), "force_on_cpu": False,
+    }, sort_keys=False))
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Export a vocoder generator for DiffSinger / OpenUtau.")
+    p.add_argument("--ckpt", required=True, help="training checkpoint (.pt) of vocoder/train.py")
+    p.add_argument("--out", required=True, help="output folder (model.ckpt + config.json)")
+    p.add_argument("--onnx", action="store_true", help="also write model.onnx + vocoder.yaml (OpenUtau)")
+    args = p.parse_args(argv)
+    try:
+        out = export(args.ckpt, args.out, args.onnx)
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"exported generator -> {out / 'model.ckpt'} + {out / 'config.json'}"
+          + (f" + {out / 'model.onnx'}" if args.onnx else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""Vocoder inference: the public API other packages use, and a copy-synthesis CLI.
+
+API (stable; the TTS voice-cloning model calls it)::
+
+    from vocoder.infer import load_vocoder
+    voc = load_vocoder("runs/vocoder_demo/export")        # or a training checkpoint .pt
+    mel = voc.mel(wav_tensor)                              # [B, T] -> [B, n_mels, frames]
+    f0 = voc.f0(wav_numpy)                                 # [T] -> [frames] Hz
+    out = voc(mel, torch.from_numpy(f0)[None])             # -> [B, frames * hop]
+
+CLI::
+
+    python vocoder/infer.py --model runs/vocoder/export --input wavs_or_folders_or_npz... --output out_dir
+
+A ``.wav`` (or any audio) input is copy-synthesised (its mel and f0 re-synthesised); an
+``.npz`` with ``mel`` ([n_mels, frames] or [frames, n_mels], natural-log mel) and ``f0``
+([frames] Hz) is vocoded directly. Prints the real-time factor (compute seconds / audio seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from common.audio import MelSpectrogram, extract_f0, load_audio, save_wav
+from common.checkpoint import CheckpointError, load_checkpoint
+from vocoder.export import generator_args, split_checkpoint
+from vocoder.model import Generator, remove_all_weight_norm
+
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3", ".aif", ".aiff", ".opus")
+
+
+class VocoderInference:
+    """A loaded generator (eval mode, weight norm folded) plus its mel/f0 front end."""
+
+    def __init__(self, generator: Generator, info: dict, device: str | torch.device = "cpu"):
+        self.device = torch.device(device)
+        self.info = dict(info)
+        self.sample_rate = int(info["sampling_rate"])
+        self.hop_length = int(info["hop_size"])
+        self.n_fft = int(info["n_fft"])
+        self.win_length = int(info["win_size"])
+        self.n_mels = int(info["num_mels"])
+        self.fmin = float(info["fmin"])
+        self.fmax = None if info.get("fmax") is None else float(info["fmax"])
+        self.f0_min = float(info.get("f0_min", 65.0))
+        self.f0_max = float(info.get("f0_max", 1100.0))
+        self.pe = str(info.get("pe", "parselmouth"))
+        self.mel_kwargs = dict(sample_rate=self.sample_rate, n_fft=self.n_fft, win_length=self.win_length,
+                               hop_length=self.hop_length, n_mels=self.n_mels, fmin=self.fmin, fmax=self.fmax)
+        self.generator = generator.to(self.device).eval()
+        remove_all_weight_norm(self.generator)
+        self._mel = MelSpectrogram(**self.mel_kwargs).to(self.device)
+
+    @torch.no_grad()
+    def mel(self, wav: torch.Tensor) -> torch.Tensor:
+        """wav [B, T] (or [T]) in [-1, 1] at ``sample_rate`` -> log-mel [B, n_mels, T // hop]."""
+        wav = torch.as_tensor(wav, dtype=torch.float32)
+        if wav.dim() == 1:
+            wav = wav[None]
+        return self._mel(wav.to(self.device))
+
+    def f0(self, wav: np.ndarray) -> np.ndarray:
+        """f0 in Hz [len(wav) // hop] (unvoiced frames interpolated), frame-aligned with ``mel``."""
+        wav = np.asarray(wav, dtype=np.float32).reshape(-1)
+        f0, _ = extract_f0(wav, self.sample_rate, self.hop_length, len(wav) // self.hop_length,
+                           self.f0_min, self.f0_max, self.pe)
+        return f0
+
+    @torch.no_grad()
+    def __call__(self, mel: torch.Tensor, f0: torch.Tensor) -> torch.Tensor:
+        """mel [B, n_mels, T] + f0 [B, T] (Hz) -> waveform [B, T * hop]."""
+        if mel.dim() == 2:
+            mel = mel[None]
+        if f0.dim() == 1:
+            f0 = f0[None]
+        if mel.shape[1] != self.n_mels:
+            raise ValueError(f"mel has {mel.shape[1]} bins but this vocoder expects {self.n_mels}")
+        mel = mel.to(self.device, torch.float32)
+        f0 = f0.to(self.device, torch.float32)
+        return self.generator(mel, f0).squeeze(1)
+
+    def copy_synthesize(self, wav: np.ndarray) -> np.ndarray:
+        """Analyse a waveform (mel + f0) and re-synthesise it."""
+        mel = self.mel(torch.from_numpy(np.asarray(wav, dtype=np.float32))[None])
+        f0 = torch.from_numpy(self.f0(wav))[None]
+        return self(mel, f0)[0].cpu().numpy()
+
+
+def _read_export_folder(folder: Path) -> tuple[dict, dict]:
+    cfg_file = folder / "config.json"
+    ckpt_file = folder / "model.ckpt"
+    if not cfg_file.is_file() or not ckpt_file.is_file():
+        raise CheckpointError(f"{folder}: an exported vocoder folder needs model.ckpt and config.json")
+    return load_checkpoint(ckpt_file), json.loads(cfg_file.read_text())
+
+
+def load_vocoder(path: str | Path, device: str | torch.device = "cpu") -> VocoderInference:
+    """Load a training checkpoint (.pt from vocoder/train.py), an exported folder (model.ckpt +
+    config.json) or an exported model.ckpt file (config.json beside it)."""
+    path = Path(path)
+    if path.is_dir():
+        obj, info = _read_export_folder(path)
+    elif path.is_file():
+        obj = load_checkpoint(path)
+        info = None
+        if (path.parent / "config.json").is_file() and "models" not in obj:
+            info = json.loads((path.parent / "config.json").read_text())
+    else:
+        raise CheckpointError(f"vocoder not found: {path} (give a checkpoint file or an exported folder)")
+    gen_state, _, ckpt_info = split_checkpoint(obj)
+    info = info or ckpt_info
+    if info is None:
+        raise CheckpointError(f"{path}: no vocoder config found (expected config.json beside an exported model.ckpt)")
+    generator = Generator(generator_args(info))
+    missing, unexpected = generator.load_state_dict(gen_state, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(f"{path}: weights do not fit the config (missing {missing[:5]}, unexpected {unexpected[:5]})")
+    return VocoderInference(generator, info, device)
+
+
+def _collect_inputs(inputs: list[str]) -> list[Path]:
+    files = []
+    for item in inputs:
+        p = Path(item)
+        if p.is_dir():
+            files += sorted(f for f in p.rglob("*") if f.suffix.lower() in (*AUDIO_SUFFIXES, ".npz"))
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise FileNotFoundError(f"input not found: {p}")
+    return files
+
+
+def _load_mel_f0(path: Path, n_mels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    data = np.load(path)
+    if "mel" not in data or "f0" not in data:
+        raise ValueError(f"{path}: an .npz input needs arrays 'mel' and 'f0'")
+    mel, f0 = np.asarray(data["mel"], np.float32), np.asarray(data["f0"], np.float32).reshape(-1)
+    if mel.ndim != 2 or n_mels not in mel.shape:
+        raise ValueError(f"{path}: mel must be [n_mels={n_mels}, frames] or [frames, n_mels], got {mel.shape}")
+    if mel.shape[0] != n_mels:
+        mel = mel.T
+    if mel.shape[1] != len(f0):
+        raise ValueError(f"{path}: mel has {mel.shape[1]} frames but f0 has {len(f0)}")
+    return torch.from_numpy(mel)[None], torch.from_numpy(f0)[None]
+
+
+def synthesize_files(voc: VocoderInference, files: list[Path], out_dir: Path, log=print) -> dict:
+    """Vocode every file into out_dir/<stem>.wav; returns {"files", "audio_s", "compute_s", "rtf"}."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    audio_s = compute_s = 0.0
+    done = 0
+    for f in files:
+        try:
+            if f.suffix.lower() == ".npz":
+                mel, f0 = _load_mel_f0(f, voc.n_mels)
+            else:
+                wav, _ = load_audio(f, sr=voc.sample_rate)
+                mel = voc.mel(torch.from_numpy(wav)[None])
+                f0 = torch.from_numpy(voc.f0(wav))[None]
+        except (ValueError, OSError) as e:
+            log(f"skipped {f}: {e}")
+            continue
+        t0 = time.perf_counter()
+        out = voc(mel, f0)[0].cpu().numpy()
+        compute_s += time.perf_counter() - t0
+        audio_s += len(out) / voc.sample_rate
+        save_wav(out_dir / f"{f.stem}.wav", out, voc.sample_rate)
+        done += 1
+    rtf = compute_s / audio_s if audio_s else float("nan")
+    log(f"vocoded {done} file(s), {audio_s:.1f} s of audio in {compute_s:.2f} s: RTF {rtf:.3f} "
+        f"({1 / rtf if rtf == rtf and rtf > 0 else float('nan'):.1f}x real time) -> {out_dir}")
+    return {"files": done, "audio_s": audio_s, "compute_s": compute_s, "rtf": rtf}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Vocode wav (copy-synthesis) or mel+f0 .npz files.")
+    p.add_argument("--model", required=True, help="training checkpoint .pt or exported vocoder folder")
+    p.add_argument("--input", nargs="+", required=True, help="audio files, .npz (mel, f0) files or folders")
+    p.add_argument("--output", required=True, help="output folder for the wavs")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = p.parse_args(argv)
+    try:
+        voc = load_vocoder(args.model, args.device)
+        files = _collect_inputs(args.input)
+    except (CheckpointError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not files:
+        print("error: no audio or .npz files in the given inputs", file=sys.stderr)
+        return 2
+    synthesize_files(voc, files, Path(args.output))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,330 @@
+"""Binarize folders of audio for vocoder training: mel + f0 (+ voiced mask) per file, a
+manifest with a train/valid split, and a report of every skipped file with its reason.
+
+    python vocoder/prepare_data.py --config vocoder/configs/demo.yaml \
+        --input data/raw_wavs [more folders] --output data/vocoder_bin [--num_workers 4]
+
+Input: wav/flac/ogg/mp3 (whatever libsndfile reads), any sample rate (resampled with soxr to
+``audio_sample_rate``) and channel count (averaged to mono). f0 is extracted from the
+*resampled* audio, on the mel frame grid (``common.audio.extract_f0``), with ``pe``.
+
+Output layout (``--output``)::
+
+    items/<id>/audio.npy   float32 [frames * hop_size]   (the target waveform, trimmed to whole frames)
+    items/<id>/mel.npy     float32 [frames, n_mels]      (frame-major, so a crop is one contiguous read)
+    items/<id>/f0.npy      float32 [frames]  Hz, unvoiced frames interpolated
+    items/<id>/voiced.npy  bool    [frames]
+    items/<id>/meta.json   source path/size/mtime + the settings fingerprint (written last)
+    manifest.json          settings, items, train / valid ids
+    report.json, report.txt  skipped files and reasons
+
+Resumable: an item whose meta.json matches the source file and the settings is not redone;
+items are written to a temporary folder and renamed, so an interrupted run leaves no half item.
+Input files are only read, never modified or deleted. Exit status 0 when at least one file was
+usable (bad files are reported, not fatal), 2 when nothing usable was found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from common.config import ConfigError, add_config_args, load_config
+from vocoder.config import VocoderConfig
+
+AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".mp3", ".aif", ".aiff", ".opus")
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+
+
+class PrepareError(RuntimeError):
+    """Nothing usable (or the arguments are wrong): the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything that changes an item's content; an item made with other settings is redone."""
+
+    sample_rate: int
+    hop_size: int
+    fft_size: int
+    win_size: int
+    num_mels: int
+    fmin: float
+    fmax: float | None
+    pe: str
+    f0_min: float
+    f0_max: float
+    min_seconds: float
+    max_seconds: float | None
+    silence_db: float
+    max_clip_fraction: float
+
+    @classmethod
+    def from_config(cls, cfg: VocoderConfig) -> Settings:
+        b = cfg.binarization_args
+        return cls(cfg.audio_sample_rate, cfg.hop_size, cfg.fft_size, cfg.win_size, cfg.audio_num_mel_bins,
+                   cfg.fmin, cfg.fmax, cfg.pe, cfg.f0_min, cfg.f0_max, b.min_seconds, b.max_seconds,
+                   b.silence_db, b.max_clip_fraction)
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    def mel_dict(self) -> dict:
+        """The subset a trained model depends on (checked again by the dataset at train time)."""
+        keys = ("sample_rate", "hop_size", "fft_size", "win_size", "num_mels", "fmin", "fmax")
+        return {k: self.as_dict()[k] for k in keys}
+
+
+def find_audio(roots: list[Path]) -> list[tuple[Path, Path]]:
+    """(root, file) for every audio file under the roots, sorted, hidden files skipped."""
+    found = []
+    for root in roots:
+        if root.is_file():
+            found.append((root.parent, root))
+            continue
+        for path in sorted(root.rglob("*")):
+            if path.suffix.lower() in AUDIO_EXTENSIONS and path.is_file() and not path.name.startswith("."):
+                found.append((root, path))
+    return found
+
+
+def item_id(root: Path, path: Path) -> str:
+    """A readable, collision-free folder name: relative path + a short hash of the full path."""
+    rel = path.relative_to(root).with_suffix("")
+    readable = "_".join(rel.parts)[-60:]
+    readable = "".join(c if c.isalnum() or c in "-_" else "_" for c in readable)
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]
+    return f"{readable}-{digest}"
+
+
+def _source_stamp(path: Path) -> dict:
+    st = path.stat()
+    return {"source": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def is_done(item_dir: Path, path: Path, settings: Settings) -> dict | None:
+    """The item's meta when it exists and matches the source file and the settings, else None."""
+    meta_file = item_dir / "meta.json"
+    if not meta_file.is_file():
+        return None
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    stamp = _source_stamp(path)
+    if meta.get("settings") != settings.as_dict() or any(meta.get(k) != v for k, v in stamp.items()):
+        return None
+    return meta
+
+
+def process_file(path: Path, item_dir: Path, settings: Settings) -> dict:
+    """Load, check, resample, make mel + f0, write one item. Returns
+    ``{"ok": True, "frames", "seconds"}`` or ``{"ok": False, "reason"}``; never raises for bad audio."""
+    import torch
+
+    from common.audio import AudioError, MelSpectrogram, check_audio, extract_f0
+
+    torch.set_num_threads(1)  # parallelism comes from processes
+    try:
+        wav, sr = load_checked(path, settings)
+    except AudioError as e:
+        return {"ok": False, "reason": e.reason}
+    reason = check_audio(wav, sr, settings.min_seconds, settings.max_seconds, settings.silence_db,
+                         settings.max_clip_fraction)
+    if reason:
+        return {"ok": False, "reason": reason}
+    frames = len(wav) // settings.hop_size
+    if frames * settings.hop_size < settings.fft_size:
+        return {"ok": False, "reason": f"too short for fft_size {settings.fft_size}"}
+    wav = wav[: frames * settings.hop_size]
+    mel_fn = MelSpectrogram(settings.sample_rate, settings.fft_size, settings.win_size, settings.hop_size,
+                            settings.num_mels, settings.fmin, settings.fmax)
+    with torch.no_grad():
+        mel = mel_fn(torch.from_numpy(wav)[None])[0].T.contiguous().numpy()  # [frames, n_mels]
+    if mel.shape[0] != frames:
+        return {"ok": False, "reason": f"internal: mel has {mel.shape[0]} frames, expected {frames}"}
+    try:
+        f0, voiced = extract_f0(wav, sr, settings.hop_size, frames, settings.f0_min, settings.f0_max, settings.pe)
+    except Exception as e:  # noqa: BLE001 - an extractor failure is a per-file problem
+        return {"ok": False, "reason": f"f0 extraction failed ({type(e).__name__}: {e})"}
+
+    tmp = item_dir.with_name(item_dir.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    np.save(tmp / "audio.npy", wav.astype(np.float32))
+    np.save(tmp / "mel.npy", mel.astype(np.float32))
+    np.save(tmp / "f0.npy", f0.astype(np.float32))
+    np.save(tmp / "voiced.npy", voiced.astype(bool))
+    meta = {**_source_stamp(path), "settings": settings.as_dict(), "frames": frames,
+            "seconds": frames * settings.hop_size / settings.sample_rate,
+            "voiced_fraction": float(voiced.mean()) if frames else 0.0}
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+    shutil.rmtree(item_dir, ignore_errors=True)
+    os.replace(tmp, item_dir)
+    return {"ok": True, "frames": frames, "seconds": meta["seconds"]}
+
+
+def load_checked(path: Path, settings: Settings):
+    """load_audio at the file's own rate first, so the length/silence checks and the report see
+    the original, then resample (soxr) to the training rate."""
+    from common.audio import AudioError, load_audio, resample
+
+    if path.stat().st_size == 0:
+        raise AudioError("empty file (0 bytes)", path)
+    wav, sr = load_audio(path, sr=None, mono=True)
+    if sr != settings.sample_rate:
+        wav = resample(wav, sr, settings.sample_rate)
+        if not np.isfinite(wav).all():
+            raise AudioError("non-finite samples after resampling", path)
+    return wav, settings.sample_rate
+
+
+def _job(args: tuple[str, str, Settings]) -> dict:
+    path, item_dir, settings = args
+    try:
+        return process_file(Path(path), Path(item_dir), settings)
+    except Exception as e:  # noqa: BLE001 - report, never kill the whole run for one file
+        return {"ok": False, "reason": f"unexpected error ({type(e).__name__}: {e})"}
+
+
+def split_items(ids: list[str], val_num: int, shuffle: bool, seed: int) -> tuple[list[str], list[str], str | None]:
+    """(train, valid, note). At least one file always stays in training."""
+    ids = sorted(ids)
+    order = list(np.random.default_rng(seed).permutation(len(ids))) if shuffle else list(range(len(ids)))
+    n_val = min(max(val_num, 0), len(ids) - 1)
+    note = None
+    if n_val < val_num:
+        note = f"val_num={val_num} but only {len(ids)} usable file(s): using {n_val} for validation"
+    valid = sorted(ids[i] for i in order[:n_val])
+    train = sorted(ids[i] for i in order[n_val:])
+    return train, valid, note
+
+
+def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, num_workers: int | None = None,
+            log=print) -> dict:
+    """Run the whole binarization; returns the manifest. Raises PrepareError when nothing is usable."""
+    roots = [Path(p) for p in inputs]
+    missing = [str(r) for r in roots if not r.exists()]
+    if not roots:
+        raise PrepareError("no input folder: pass --input DIR (or set data_input_path in the config)")
+    if missing:
+        raise PrepareError(f"input path(s) not found: {', '.join(missing)}")
+    out = Path(output)
+    if any(out.resolve() == r.resolve() or r.resolve() in out.resolve().parents for r in roots if r.is_dir()):
+        raise PrepareError(f"--output {out} is inside an input folder; choose a separate folder (inputs are never modified)")
+    settings = Settings.from_config(cfg)
+    workers = cfg.binarization_args.num_workers if num_workers is None else num_workers
+    files = find_audio(roots)
+    if not files:
+        raise PrepareError(f"no audio files ({'/'.join(e[1:] for e in AUDIO_EXTENSIONS)}) found under: "
+                           f"{', '.join(str(r) for r in roots)}")
+    items_dir = out / "items"
+    items_dir.mkdir(parents=True, exist_ok=True)
+
+    results: dict[str, dict] = {}
+    jobs = []
+    sources = {}
+    for root, path in files:
+        iid = item_id(root, path)
+        sources[iid] = path
+        meta = None
+        try:
+            meta = is_done(items_dir / iid, path, settings)
+        except OSError:
+            pass
+        if meta is not None:
+            results[iid] = {"ok": True, "frames": meta["frames"], "seconds": meta["seconds"], "cached": True}
+        else:
+            jobs.append((str(path), str(items_dir / iid), settings))
+    log(f"prepare: {len(files)} audio files, {len(files) - len(jobs)} already done, {len(jobs)} to process "
+        f"with {max(1, workers)} worker(s)")
+    t0 = time.time()
+    if workers <= 1 or len(jobs) <= 1:
+        outs = map(_job, jobs)
+        for job, res in zip(jobs, outs):
+            results[Path(job[1]).name] = res
+    else:
+        import multiprocessing as mp
+
+        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+            for job, res in zip(jobs, pool.map(_job, jobs, chunksize=1)):
+                results[Path(job[1]).name] = res
+    good = sorted(i for i, r in results.items() if r["ok"])
+    skipped = sorted(
+        ({"file": str(sources[i]), "reason": r["reason"]} for i, r in results.items() if not r["ok"]),
+        key=lambda d: d["file"],
+    )
+    report = {"num_files": len(files), "num_ok": len(good), "num_skipped": len(skipped), "skipped": skipped,
+              "seconds": round(time.time() - t0, 2)}
+    (out / "report.json").write_text(json.dumps(report, indent=1))
+    lines = [f"{len(good)} of {len(files)} files usable, {len(skipped)} skipped"]
+    lines += [f"SKIPPED {s['file']}: {s['reason']}" for s in skipped]
+    (out / "report.txt").write_text("\n".join(lines) + "\n")
+    for line in lines[1:]:
+        log(line)
+    if not good:
+        raise PrepareError(
+            f"no usable audio among {len(files)} file(s) under {', '.join(str(r) for r in roots)}; "
+            f"every file was skipped (reasons in {out / 'report.txt'}). Provide speech/singing audio "
+            f"of at least {settings.min_seconds:g} s that is not silent, clipped or corrupt."
+        )
+    train, valid, note = split_items(good, cfg.val_num, cfg.binarization_args.shuffle, cfg.seed)
+    if note:
+        log(f"note: {note}")
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "settings": settings.as_dict(),
+        "items": {i: {"source": str(sources[i]), "frames": results[i]["frames"],
+                      "seconds": round(results[i]["seconds"], 3)} for i in good},
+        "train": train,
+        "valid": valid,
+        "total_seconds": round(sum(results[i]["seconds"] for i in good), 2),
+    }
+    tmp = out / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, out / MANIFEST)
+    log(f"prepare: {len(good)} items ({manifest['total_seconds']:.1f} s of audio): {len(train)} train, "
+        f"{len(valid)} valid -> {out} ({report['seconds']:.1f} s)")
+    return manifest
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_args(p, default_config=str(Path(__file__).parent / "configs" / "base_hifi_gpu.yaml"))
+    p.add_argument("--input", nargs="+", default=None, help="audio folder(s) (default: data_input_path)")
+    p.add_argument("--output", default=None, help="dataset folder (default: binary_data_dir)")
+    p.add_argument("--num_workers", type=int, default=None, help="processes (default: binarization_args.num_workers)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = load_config(args.config, VocoderConfig, args.overrides)
+        inputs = args.input or cfg.data_input_path
+        output = args.output or cfg.binary_data_dir
+        if not output:
+            raise PrepareError("no output folder: pass --output DIR (or set binary_data_dir in the config)")
+        if args.num_workers is not None and args.num_workers < 0:
+            raise PrepareError("--num_workers must be >= 0")
+        prepare(cfg, inputs, output, args.num_workers)
+    except (PrepareError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,537 @@
+"""Train an NSF-HiFiGAN vocoder.
+
+    python vocoder/train.py --config vocoder/configs/base_hifi_gpu.yaml \
+        --data_dir data/vocoder_bin --run_dir runs/vocoder [--resume auto] [--set batch_size=8]
+    torchrun --nproc_per_node 2 vocoder/train.py ...        # DDP, one wrapper per network
+
+One step = one discriminator update followed by one generator update; ``max_updates``,
+``val_check_interval``, ``log_interval`` and the LR warmup count these steps.
+
+The loop: crop batch -> G(mel, f0) -> D update (LSGAN on real vs detached fake) -> G update
+(adversarial + feature matching + mel L1 [+ MR-STFT] [+ pitch-shift cycle]) -> log ->
+every ``val_check_interval`` steps: held-out MR-STFT distance, audio + mel plots, checkpoint
+(last ``num_ckpt_keep`` kept, ``best.pt`` by the distance after ``save_best_after``).
+Ctrl-C / SIGTERM saves a checkpoint and exits; ``--resume auto`` continues bit-exactly.
+A non-finite loss or gradient skips that network's update (no optimizer state touched);
+``max_nonfinite_steps`` in a row stop the run with the last good checkpoint left as newest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.optim.lr_scheduler import LambdaLR
+
+from common import distributed
+from common.audio import MelSpectrogram
+from common.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    GracefulExit,
+    load_checkpoint,
+    load_matching,
+    make_state,
+    resolve_resume,
+    restore_state,
+)
+from common.config import ConfigError, add_config_args, config_to_dict, format_config, load_config, save_config
+from common.data import ResumableSampler, make_loader
+from common.log import Progress, RunLogger, plot_spectrogram
+from common.muon import build_optimizer
+from common.precision import Precision
+from common.schedulers import lr_lambda
+from common.training import NonFiniteError, NonFiniteGuard, step_optimizer
+from vocoder.config import OptimizerArgs, VocoderConfig
+from vocoder.data import DatasetError, VocoderDataset, collate, load_manifest
+from vocoder.discriminators import Discriminators, build_discriminators
+from vocoder.export import export_info, generator_args, split_checkpoint
+from vocoder.losses import (
+    MelLoss,
+    MultiResolutionSTFTLoss,
+    discriminator_loss,
+    feature_matching_loss,
+    generator_adv_loss,
+)
+from vocoder.model import Generator
+
+PC_WAVE_WEIGHT = 30.0  # L1 weight of the pitch-shift consistency term (the seeds' value)
+
+
+# --------------------------------------------------------------------------------------- builders
+def build_generator(cfg: VocoderConfig) -> Generator:
+    return Generator(generator_args(export_info(cfg)))
+
+
+def build_discriminator(cfg: VocoderConfig) -> Discriminators:
+    m = cfg.model_args
+    return build_discriminators(cfg.discriminator_names, m.discriminator_periods, m.fast_mpd_strides,
+                                m.fast_mpd_kernel_size, m.fast_mpd_init_channel, m.mrd_fft_sizes,
+                                m.mrd_hop_sizes, m.mrd_win_lengths)
+
+
+def build_optimizer_from_args(args: OptimizerArgs, model: torch.nn.Module) -> torch.optim.Optimizer | None:
+    """The config's optimizer over the model's trainable parameters (None if all are frozen).
+    beta1/beta2 reach AdamW and the AdamW half of Muon_AdamW alike."""
+    if not any(p.requires_grad for p in model.parameters()):
+        return None
+    kwargs = dict(lr=args.lr, beta1=args.beta1, beta2=args.beta2, eps=args.eps, weight_decay=args.weight_decay)
+    if args.is_muon and args.muon_weight_decay is not None:
+        kwargs["muon_weight_decay"] = args.muon_weight_decay
+    return build_optimizer(args.optimizer_cls, model, **kwargs)
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: VocoderConfig, base_lr: float) -> LambdaLR:
+    """LambdaLR stepped once per training step. The multiplier is evaluated at step + 1 so the
+    first update already has a non-zero learning rate (lr / warmup_steps)."""
+    s = cfg.lr_scheduler_args
+    kwargs: dict = {"warmup_steps": s.warmup_steps}
+    if s.name == "exponential":
+        kwargs["gamma"] = s.gamma
+    if s.name == "cosine_with_warmup":
+        kwargs["total_steps"] = cfg.max_updates
+        kwargs["min_ratio"] = min(1.0, s.min_lr / base_lr) if base_lr > 0 else 0.0
+    fn = lr_lambda(s.name, **kwargs)
+    return LambdaLR(optimizer, lambda step: fn(step + 1))
+
+
+def apply_freezing(cfg: VocoderConfig, generator: torch.nn.Module, discriminator: torch.nn.Module) -> list[str]:
+    """``frozen_params`` (with ``freezing_enabled``): name prefixes like ``discriminator.mpd`` or
+    ``generator.conv_pre``; matching parameters get requires_grad=False and stay out of the
+    optimizers. A prefix that matches nothing is an error (it would silently freeze nothing)."""
+    if not cfg.freezing_enabled:
+        return []
+    named = [(f"generator.{n}", p) for n, p in generator.named_parameters()]
+    named += [(f"discriminator.{n}", p) for n, p in discriminator.named_parameters()]
+    frozen = []
+    for prefix in cfg.frozen_params:
+        hits = [(n, p) for n, p in named if n == prefix or n.startswith(prefix.rstrip(".") + ".")]
+        if not hits:
+            raise ConfigError(f"frozen_params entry '{prefix}' matches no parameter; names look like "
+                              f"'{named[0][0]}' or 'discriminator.<critic>...'")
+        for n, p in hits:
+            p.requires_grad_(False)
+            frozen.append(n)
+    return frozen
+
+
+def load_pretrained(path: str | Path, generator: torch.nn.Module, discriminator: torch.nn.Module,
+                    ignore: tuple[str, ...] = (), strict_shapes: bool = False) -> str:
+    """Weights only (fine-tuning / --init_from) from any supported checkpoint layout; returns the
+    report. ``ignore`` = name substrings not loaded (``finetune_ignored_params``; a
+    ``generator.`` / ``discriminator.`` prefix is allowed)."""
+    gen_state, disc_state, _ = split_checkpoint(load_checkpoint(path))
+
+    def strip(prefix: str) -> tuple[str, ...]:
+        return tuple(i[len(prefix):] if i.startswith(prefix) else i for i in ignore
+                     if not (i.startswith("generator.") or i.startswith("discriminator.")) or i.startswith(prefix))
+
+    lines = ["generator " + str(load_matching(generator, gen_state, strip("generator."), strict_shapes))]
+    if disc_state:
+        lines.append("discriminator " + str(load_matching(discriminator, disc_state, strip("discriminator."),
+                                                          strict_shapes=False)))
+    else:
+        lines.append("discriminator: not in the checkpoint (starts from scratch)")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------- trainer
+class VocoderTrainer:
+    """Everything a run needs, built from the config; ``fit()`` runs the loop."""
+
+    def __init__(self, cfg: VocoderConfig, data_dir: str | Path, run_dir: str | Path,
+                 resume: str | None = None, init_from: str | None = None, device: str | None = None,
+                 log=print):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.info = distributed.setup_distributed(device)
+        self.is_main = self.info.is_main
+        self.log = log if self.is_main else (lambda *a, **k: None)
+        self.device = self.info.device
+        if cfg.pc_aug and self.info.world_size > 1:
+            raise ConfigError("pc_aug runs the generator several times per step, which DDP does not support here; "
+                              "train pc_aug on one GPU")
+        self.precision = Precision(cfg.pl_trainer_precision, self.device, tf32=cfg.tf32,
+                                   cudnn_benchmark=cfg.cudnn_benchmark, compile=cfg.compile)
+        self.scaler = self.precision.scaler
+
+        # ---- data
+        manifest = load_manifest(data_dir, cfg)
+        world = self.info.world_size
+        self.train_set = VocoderDataset(data_dir, manifest["train"], cfg, train=True,
+                                        min_len=cfg.batch_size * world)
+        self.valid_set = VocoderDataset(data_dir, manifest["valid"], cfg, train=False) if manifest["valid"] else None
+        self.sampler = ResumableSampler(self.train_set, shuffle=True, seed=cfg.seed)
+        self.loader = make_loader(
+            self.train_set, batch_size=cfg.batch_size, sampler=self.sampler, num_workers=cfg.ds_workers,
+            prefetch_factor=cfg.dataloader_prefetch_factor, pin_memory=self.device.type == "cuda",
+            persistent_workers=cfg.ds_workers > 0, collate_fn=collate, seed=cfg.seed, drop_last=True,
+        )
+
+        # ---- models (same init on every rank), then per-rank noise
+        torch.manual_seed(cfg.seed)
+        self.generator = build_generator(cfg).to(self.device)
+        self.discriminator = build_discriminator(cfg).to(self.device)
+        self.manager = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.num_ckpt_keep,
+                                         save_best_after=cfg.save_best_after, mode="min", prefix="model")
+        resume_path = resolve_resume(resume, self.run_dir / "checkpoints", self.manager)
+        if resume_path is None:
+            if cfg.finetune_enabled:
+                if not cfg.finetune_ckpt_path:
+                    raise ConfigError("finetune_enabled is true but finetune_ckpt_path is empty")
+                self.log(f"fine-tuning from {cfg.finetune_ckpt_path}")
+                self.log(load_pretrained(cfg.finetune_ckpt_path, self.generator, self.discriminator,
+                                         tuple(cfg.finetune_ignored_params), cfg.finetune_strict_shapes))
+            if init_from:
+                self.log(f"--init_from {init_from}")
+                self.log(load_pretrained(init_from, self.generator, self.discriminator))
+        self.frozen = apply_freezing(cfg, self.generator, self.discriminator)
+        self._d_trainable = [p for p in self.discriminator.parameters() if p.requires_grad]
+        if self.frozen:
+            self.log(f"frozen: {len(self.frozen)} parameter tensors ({', '.join(cfg.frozen_params)})")
+
+        self.g_opt = build_optimizer_from_args(cfg.generator_optimizer_args, self.generator)
+        self.d_opt = build_optimizer_from_args(cfg.discriminator_optimizer_args, self.discriminator)
+        if self.g_opt is None:
+            raise ConfigError("every generator parameter is frozen: nothing to train")
+        self.g_sched = build_lr_scheduler(self.g_opt, cfg, cfg.generator_optimizer_args.lr)
+        self.d_sched = build_lr_scheduler(self.d_opt, cfg, cfg.discriminator_optimizer_args.lr) if self.d_opt else None
+        self.g_guard = NonFiniteGuard(cfg.max_nonfinite_steps)
+        self.d_guard = NonFiniteGuard(cfg.max_nonfinite_steps)
+
+        # ---- losses (fp32 inside)
+        loss_mel = dict(cfg.mel_kwargs, fmax=cfg.fmax_for_loss)
+        self.mel_loss = MelLoss(MelSpectrogram(**loss_mel)).to(self.device)
+        self.input_mel = MelSpectrogram(**cfg.mel_kwargs).to(self.device)  # pc_aug + validation
+        self.stft = MultiResolutionSTFTLoss(cfg.loss_fft_sizes, cfg.loss_hop_sizes, cfg.loss_win_lengths).to(self.device)
+
+        # ---- counters and resume
+        self.step = 0
+        self.epoch = 0
+        self.batch_in_epoch = 0
+        self.history: dict = {}
+        if resume_path is not None:
+            self._restore(resume_path)
+        else:
+            torch.manual_seed(cfg.seed + 1000 * self.info.rank)  # per-rank noise (resume restores RNG instead)
+
+        self.g_train = distributed.wrap_ddp(self.precision.prepare_model(self.generator), self.info)
+        self.d_train = distributed.wrap_ddp(self.precision.prepare_model(self.discriminator), self.info)
+        # The G update calls the critics without DDP (no critic gradients are wanted there).
+        self._d_plain = getattr(self.d_train, "module", self.d_train)
+        self.logger = RunLogger(self.run_dir / "tb", enabled=self.is_main)
+        self._logged_gt: set[str] = set()
+
+    # ------------------------------------------------------------------ checkpoint
+    def _optimizers(self) -> dict:
+        return {k: v for k, v in (("generator", self.g_opt), ("discriminator", self.d_opt)) if v is not None}
+
+    def _schedulers(self) -> dict:
+        return {k: v for k, v in (("generator", self.g_sched), ("discriminator", self.d_sched)) if v is not None}
+
+    def _restore(self, path: Path) -> None:
+        ckpt = load_checkpoint(path, map_location=self.device)
+        try:
+            counters = restore_state(ckpt, {"generator": self.generator, "discriminator": self.discriminator},
+                                     self._optimizers(), self._schedulers(), self.scaler, rank=self.info.rank)
+        except (RuntimeError, ValueError, KeyError) as e:
+            raise CheckpointError(f"cannot resume from {path}: it does not match this config's model/optimizers "
+                                  f"({str(e).splitlines()[0][:300]}). Use --init_from to load weights only.") from None
+        self.step = int(counters["step"])
+        self.epoch = int(counters["epoch"])
+        self.batch_in_epoch = int(counters["batch_in_epoch"])
+        self.g_guard.load_state_dict(counters["g_guard"])
+        self.d_guard.load_state_dict(counters["d_guard"])
+        self.history = json.loads(counters.get("history", "{}"))
+        self.log(f"resumed from {path} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
+
+    def save(self, metric: float | None = None) -> Path | None:
+        counters = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+                    "g_guard": self.g_guard.state_dict(), "d_guard": self.d_guard.state_dict(),
+                    "history": json.dumps(self.history)}
+        state = make_state({"generator": self.generator, "discriminator": self.discriminator},
+                           self._optimizers(), self._schedulers(), self.scaler, counters=counters,
+                           config=config_to_dict(self.cfg), extra={"export": export_info(self.cfg)})
+        path = self.manager.save(state, self.step, metric) if self.is_main else None
+        distributed.barrier()
+        return path
+
+    # ------------------------------------------------------------------ one step
+    def generate(self, mel: torch.Tensor, f0: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """G forward. With ``pc_aug``: part of the batch is generated at a shifted pitch c, its
+        mel re-analysed and shifted back (c + (-c) = 0), and a two-hop shift a then c - a is
+        compared with the direct shift c (a + b = c). Returns (fake [B', 1, T], extras)."""
+        cfg = self.cfg
+        b = mel.shape[0]
+        n = math.ceil(b * cfg.pc_aug_rate) if cfg.pc_aug else 0
+        if n == 0:
+            return self.g_train(mel, f0), {}
+        g = self.g_train
+        max_f0 = self.generator.source_sr / 2
+        key_c = (2 * torch.rand(n, 1, device=f0.device) - 1) * cfg.pc_aug_key
+        f0_c = (f0[:n] * 2 ** (key_c / 12)).clamp(max=max_f0)
+        mixed = g(mel, torch.cat([f0_c, f0[n:]]))
+        wav_c, wav_rest = mixed[:n], mixed[n:]
+        wav_back = g(self.input_mel(wav_c.squeeze(1)).to(mel.dtype), f0[:n])
+        lo = -cfg.pc_aug_key + key_c.clamp(min=0)
+        hi = cfg.pc_aug_key + key_c.clamp(max=0)
+        key_a = lo + (hi - lo) * torch.rand(n, 1, device=f0.device)
+        wav_a = g(mel[:n], (f0[:n] * 2 ** (key_a / 12)).clamp(max=max_f0))
+        wav_ab = g(self.input_mel(wav_a.squeeze(1)).to(mel.dtype), f0_c)
+        fake = torch.cat([wav_back, wav_rest, wav_c, wav_a, wav_ab])
+        return fake, {"wav_c": wav_c, "wav_ab": wav_ab}
+
+    def _set_d_grad(self, enabled: bool) -> None:
+        for p in self._d_trainable:
+            p.requires_grad_(enabled)
+
+    def train_step(self, batch: dict) -> dict:
+        cfg = self.cfg
+        dev = self.device
+        mel = batch["mel"].to(dev, non_blocking=True)
+        f0 = batch["f0"].to(dev, non_blocking=True)
+        real = batch["audio"].to(dev, non_blocking=True)
+        b = real.shape[0]
+        logs: dict = {}
+        with self.precision.autocast():
+            fake, extras = self.generate(mel, f0)
+
+        # ---- discriminator update (on the detached fake)
+        if self.d_opt is not None:
+            with self.precision.autocast():
+                out = self.d_train(torch.cat([real, fake.detach().to(real.dtype)]))
+            d_real, d_fake = _split(out, b)
+            loss_d, d_logs = discriminator_loss(d_real, d_fake)
+            d_norm, _ = step_optimizer(loss_d, self.d_opt, self.discriminator.parameters(), self.scaler,
+                                       cfg.clip_grad_norm, self.d_guard)
+            logs.update(d_logs, loss_d=loss_d.detach(), grad_norm_d=d_norm)
+
+        # ---- generator update (critics frozen, called unwrapped: their grads are not needed)
+        self._set_d_grad(False)
+        try:
+            with self.precision.autocast():
+                out = self._d_plain(torch.cat([real, fake.to(real.dtype)]))
+            d_real, d_fake = _split(out, b)
+            adv, adv_logs = generator_adv_loss(d_fake)
+            fm, fm_logs = feature_matching_loss(d_real, _head(d_fake, b))
+            mel_l = self.mel_loss(fake[:b], real) * cfg.lab_aux_melloss
+            loss_g = adv + fm + mel_l
+            logs.update(**adv_logs, **fm_logs, loss_mel=mel_l.detach())
+            if cfg.use_stftloss:
+                sc, mag = self.stft(fake[:b], real)
+                stft_l = (sc + mag) * cfg.lab_aux_stftloss
+                loss_g = loss_g + stft_l
+                logs["loss_stft"] = stft_l.detach()
+            if extras:
+                pc = F.l1_loss(extras["wav_ab"].float(), extras["wav_c"].float()) * PC_WAVE_WEIGHT
+                pc_mel = self.mel_loss(extras["wav_ab"], extras["wav_c"].detach()) * cfg.lab_aux_melloss
+                loss_g = loss_g + pc + pc_mel
+                logs.update(loss_pc_wave=pc.detach(), loss_pc_mel=pc_mel.detach())
+            g_norm, _ = step_optimizer(loss_g, self.g_opt, self.generator.parameters(), self.scaler,
+                                       cfg.clip_grad_norm, self.g_guard)
+        finally:
+            self._set_d_grad(True)
+        logs.update(loss_g=loss_g.detach(), grad_norm_g=g_norm)
+        self.scaler.update()
+        self.g_sched.step()
+        if self.d_sched is not None:
+            self.d_sched.step()
+        return logs
+
+    # ------------------------------------------------------------------ validation
+    @torch.no_grad()
+    def validate(self, limit: int | None = None) -> dict | None:
+        """Held-out MR-STFT distance and mel L1 on whole validation files (rank 0). Runs under a
+        forked, fixed RNG: the metric is repeatable and training randomness is untouched (so a
+        resumed run that skips a validation stays bit-exact)."""
+        if not self.is_main or self.valid_set is None:
+            distributed.barrier()
+            return None
+        g = self.generator
+        g.eval()
+        n = len(self.valid_set) if limit is None else min(limit, len(self.valid_set))
+        dists, mels = [], []
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(self.cfg.seed)
+            for i in range(n):
+                item = self.valid_set[i]
+                mel = item["mel"][None].to(self.device)
+                real = item["audio"][None].to(self.device)
+                with self.precision.autocast():
+                    wav = g(mel, item["f0"][None].to(self.device)).float().squeeze(1)
+                dists.append(self.stft.distance(wav, real).item())
+                pred_mel = self.input_mel(wav)
+                mels.append(F.l1_loss(pred_mel, mel).item())
+                if i < self.cfg.num_valid_plots:
+                    self._plot(item["name"], wav[0], real[0], mel[0], pred_mel[0])
+        g.train()
+        distributed.barrier()
+        return {"mrstft": sum(dists) / len(dists), "mel_l1": sum(mels) / len(mels)}
+
+    def _plot(self, name: str, wav: torch.Tensor, real: torch.Tensor, mel: torch.Tensor, pred: torch.Tensor) -> None:
+        sr = self.cfg.audio_sample_rate
+        self.logger.audio(f"valid/{name}/generated", wav, sr, self.step)
+        if name not in self._logged_gt:
+            self.logger.audio(f"valid/{name}/ground_truth", real, sr, self.step)
+            self._logged_gt.add(name)
+        # ground truth, generated and |difference| stacked vertically, on one colour scale
+        both = torch.cat([mel, pred, (pred - mel).abs() + self.cfg.mel_vmin], dim=0).clamp(
+            self.cfg.mel_vmin, self.cfg.mel_vmax)
+        self.logger.figure(f"valid/{name}/mel_gt_pred_diff", plot_spectrogram(both.cpu()), self.step)
+
+    # ------------------------------------------------------------------ loop
+    def _record_validation(self, result: dict | None) -> float | None:
+        if result is None:
+            return None
+        self.logger.scalars(result, self.step, prefix="valid")
+        self.history.setdefault("valid", []).append({"step": self.step, **result})
+        self.log(f"step {self.step}: valid MR-STFT distance {result['mrstft']:.4f}, mel L1 {result['mel_l1']:.4f}")
+        return result["mrstft"]
+
+    def fit(self) -> dict:
+        cfg = self.cfg
+        if self.is_main:
+            save_config(cfg, self.run_dir)
+        if self.step == 0 and cfg.num_sanity_val_steps > 0:
+            self._record_validation(self.validate(limit=cfg.num_sanity_val_steps))
+        progress = Progress(cfg.max_updates, initial=self.step, samples_per_step=cfg.batch_size * self.info.world_size,
+                            enabled=self.is_main, desc="vocoder")
+        stop_reason = "max_updates"
+        try:
+            with GracefulExit() as stop:
+                while self.step < cfg.max_updates:
+                    if self._run_epoch(progress, stop):
+                        stop_reason = "signal"
+                        break
+        except NonFiniteError:
+            progress.close()
+            raise
+        progress.close()
+        self.logger.close()
+        result = {"step": self.step, "stopped": stop_reason, "valid": self.history.get("valid", []),
+                  "skipped_g": self.g_guard.skipped_total, "skipped_d": self.d_guard.skipped_total,
+                  "data_wait_fraction": progress.data_wait_fraction, "latest": str(self.manager.latest())}
+        if self.is_main:
+            (self.run_dir / "summary.json").write_text(json.dumps(result, indent=1))
+        return result
+
+    def _run_epoch(self, progress: Progress, stop: GracefulExit) -> bool:
+        """One (possibly resumed) pass over the loader; True when a signal asked to stop."""
+        cfg = self.cfg
+        self.sampler.set_epoch(self.epoch)
+        self.sampler.skip(self.batch_in_epoch * cfg.batch_size)
+        it = iter(self.loader)
+        while self.step < cfg.max_updates:
+            t0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                self.epoch += 1
+                self.batch_in_epoch = 0
+                return False
+            t1 = time.perf_counter()
+            logs = self.train_step(batch)
+            self.step += 1
+            self.batch_in_epoch += 1
+            t2 = time.perf_counter()
+            shown = {}
+            if self.step % cfg.log_interval == 0 or self.step == 1:
+                logs.update(lr_g=self.g_opt.param_groups[-1]["lr"],
+                            skipped_g=self.g_guard.skipped_total, skipped_d=self.d_guard.skipped_total,
+                            data_wait_fraction=progress.data_wait_fraction)
+                self.logger.scalars(logs, self.step, prefix="train")
+                shown = {"loss_g": float(logs["loss_g"]), "mel": float(logs["loss_mel"])}
+            progress.update(self.step, t1 - t0, t2 - t1, **shown)
+            last = self.step >= cfg.max_updates
+            if self.step % cfg.val_check_interval == 0 or last:
+                metric = self._record_validation(self.validate())
+                self.save(metric)
+            if _any_rank(stop.requested):
+                if not (self.step % cfg.val_check_interval == 0 or last):
+                    self.save()
+                self.log(f"stopped by {stop.signal_name or 'signal'} at step {self.step}; checkpoint saved "
+                         f"(continue with --resume auto)")
+                return True
+        return False
+
+
+def _split(out: dict, b: int) -> tuple[dict, dict]:
+    """Critic outputs on cat([real, fake]) -> (real part, fake part)."""
+    real = {k: ([x[:b] for x in logits], [[f[:b] for f in fm] for fm in fmaps]) for k, (logits, fmaps) in out.items()}
+    fake = {k: ([x[b:] for x in logits], [[f[b:] for f in fm] for fm in fmaps]) for k, (logits, fmaps) in out.items()}
+    return real, fake
+
+
+def _head(out: dict, b: int) -> dict:
+    """The first b items of a critic output (the fakes that align with the real batch)."""
+    return {k: ([x[:b] for x in logits], [[f[:b] for f in fm] for fm in fmaps]) for k, (logits, fmaps) in out.items()}
+
+
+def _any_rank(flag: bool) -> bool:
+    if not distributed.is_enabled():
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0],
+                     device="cuda" if torch.cuda.is_available() and torch.distributed.get_backend() == "nccl" else "cpu")
+    torch.distributed.all_reduce(t)
+    return bool(t.item() > 0)
+
+
+# --------------------------------------------------------------------------------------- CLI
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_args(p, default_config=str(Path(__file__).parent / "configs" / "base_hifi_gpu.yaml"))
+    p.add_argument("--data_dir", default=None, help="prepared dataset (default: binary_data_dir)")
+    p.add_argument("--run_dir", default=None, help="checkpoints, TensorBoard logs, config (default: runs/vocoder/<config>)")
+    p.add_argument("--resume", default=None, help="'auto' (latest checkpoint in the run, if any) or a checkpoint path")
+    p.add_argument("--init_from", default=None, help="load weights only (mismatched layers re-initialised and listed)")
+    p.add_argument("--precision", default=None, help="shortcut for --set pl_trainer_precision=... (32-true|16-mixed|bf16-mixed)")
+    p.add_argument("--device", default=None, help="force a device, e.g. cpu (default: cuda if available)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = load_config(args.config, VocoderConfig, args.overrides,
+                          extra={"pl_trainer_precision": args.precision, "binary_data_dir": args.data_dir})
+        if not cfg.binary_data_dir:
+            raise ConfigError("no dataset: pass --data_dir (a folder made by vocoder/prepare_data.py) or set binary_data_dir")
+        run_dir = Path(args.run_dir or Path("runs") / "vocoder" / Path(args.config or "default").stem)
+        if args.resume is None and CheckpointManager(run_dir / "checkpoints").latest() is not None:
+            raise ConfigError(f"{run_dir} already has checkpoints: pass --resume auto to continue, "
+                              "or choose another --run_dir")
+        trainer = VocoderTrainer(cfg, cfg.binary_data_dir, run_dir, args.resume, args.init_from, args.device)
+        if trainer.is_main:
+            print(format_config(cfg))
+            for line in trainer.precision.report():
+                print(line)
+            print(f"run dir: {run_dir}; generator {_count(trainer.generator) / 1e6:.2f} M params, "
+                  f"critics {cfg.discriminator_names} {_count(trainer.discriminator) / 1e6:.2f} M params")
+        result = trainer.fit()
+    except (ConfigError, DatasetError, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except NonFiniteError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
+    finally:
+        distributed.cleanup()
+    if result["stopped"] == "signal":
+        return 130
+    return 0
+
+
+def _count(m: torch.nn.Module) -> int:
+    return sum(p.numel() for p in m.parameters())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
