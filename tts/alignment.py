@@ -72,6 +72,54 @@ def maximum_path(neg_cent: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(path).to(device=neg_cent.device, dtype=neg_cent.dtype)
 
 
+@numba.njit(cache=True, nogil=True)
+def _logaddexp(a: float, b: float) -> float:
+    if a < b:
+        a, b = b, a
+    if b <= _NEG:
+        return a
+    return a + np.log1p(np.exp(b - a))
+
+
+@numba.njit(cache=True, nogil=True)
+def _posterior_one(value: np.ndarray) -> np.ndarray:
+    t_text, t_frames = value.shape
+    alpha = np.full((t_text, t_frames), _NEG)
+    beta = np.full((t_text, t_frames), _NEG)
+    alpha[0, 0] = value[0, 0]
+    for j in range(1, t_frames):
+        for i in range(max(0, t_text - (t_frames - j)), min(t_text, j + 1)):
+            prev = alpha[i, j - 1]
+            if i > 0:
+                prev = _logaddexp(prev, alpha[i - 1, j - 1])
+            alpha[i, j] = prev + value[i, j]
+    beta[t_text - 1, t_frames - 1] = 0.0
+    for j in range(t_frames - 2, -1, -1):
+        for i in range(max(0, t_text - (t_frames - j)), min(t_text, j + 1)):
+            nxt = beta[i, j + 1] + value[i, j + 1]
+            if i + 1 < t_text:
+                nxt = _logaddexp(nxt, beta[i + 1, j + 1] + value[i + 1, j + 1])
+            beta[i, j] = nxt
+    log_z = alpha[t_text - 1, t_frames - 1]
+    post = np.zeros((t_text, t_frames))
+    for j in range(t_frames):
+        for i in range(t_text):
+            if alpha[i, j] > _NEG / 2 and beta[i, j] > _NEG / 2:
+                post[i, j] = np.exp(alpha[i, j] + beta[i, j] - log_z)
+    return post
+
+
+def alignment_posterior(log_lik: torch.Tensor) -> torch.Tensor:
+    """Soft monotonic alignment of one item: P(frame t belongs to token i) under the uniform
+    prior over all monotonic surjective paths weighted by exp(log-likelihood) (forward-backward,
+    the soft counterpart of MAS). log_lik [T_text, T_frames] (unpadded, T_frames >= T_text);
+    returns [T_text, T_frames], each column summing to 1."""
+    value = log_lik.detach().double().cpu().numpy()
+    if value.shape[0] > value.shape[1]:
+        raise ValueError(f"alignment_posterior: {value.shape[0]} tokens but only {value.shape[1]} frames")
+    return torch.from_numpy(_posterior_one(np.ascontiguousarray(value))).to(log_lik.device)
+
+
 def durations_from_path(path: torch.Tensor) -> torch.Tensor:
     """[B, T_text, T_frames] 0/1 path → frames per token [B, T_text]."""
     return path.sum(-1)

@@ -2,15 +2,16 @@
 
 - **MCD** (dB): mel-cepstral distortion between the synthesised utterance (text only, predicted
   durations) and the recording, time-aligned by DTW (``librosa.sequence.dtw``). Cepstra are
-  the DCT-II (orthonormal) of the natural-log magnitude mel spectrogram (the model's own
-  80-band mel), coefficients 1..24 (energy c0 excluded); MCD = 10/ln10 · sqrt(2) · mean over
-  the DTW path of the Euclidean cepstral distance. Lower is better; a random decoder gives
-  ~15-20 dB here, intelligible speech well under 10.
-- **align_sharpness** (0..1): on the recording (teacher-forced), the soft alignment
-  softmax_text(log N(z_p | prior)) per frame, and the share of its mass within one token of
-  the best monotonic path (MAS). A model that has learnt which frames belong to which letter
-  puts nearly all mass on the diagonal path (→ 1); an untrained one spreads it over the
-  whole sentence (≈ 3 / tokens).
+  the cepstrum of the natural-log amplitude mel spectrum (the model's own mel filterbank):
+  c_n = (1/N) Σ_k log m_k cos(π n (k + ½) / N), i.e. the orthonormal DCT-II divided by
+  sqrt(2N), coefficients 1..24 (energy c0 excluded); MCD = 10/ln10 · sqrt(2) · mean over the
+  DTW path of the Euclidean cepstral distance. Lower is better.
+- **align_sharpness** (0..1): how sure the model is which frames belong to which token. On the
+  recording (teacher-forced) the soft monotonic alignment is computed by forward-backward over
+  the prior log-likelihoods log N(z_p | token) (tts.alignment.alignment_posterior, the soft
+  counterpart of MAS); the score is the mean over frames of its mass within one token of the
+  best (MAS) path. An untrained model spreads it over a wide diagonal band (low); a model that
+  has learnt the letters' sounds puts it on one narrow diagonal (→ 1).
 - **dur_mae** (frames per token) and **dur_err** (relative error of the total length) of the
   duration predictor (its deterministic setting: noise 0) against the MAS durations.
 
@@ -28,6 +29,7 @@ import scipy.fft
 import torch
 
 from common.audio import MelSpectrogram
+from tts.alignment import alignment_posterior
 
 MCD_K = 10.0 / math.log(10.0) * math.sqrt(2.0)
 N_CEPS = 24
@@ -35,7 +37,8 @@ N_CEPS = 24
 
 def mel_cepstrum(log_mel: np.ndarray, n_ceps: int = N_CEPS) -> np.ndarray:
     """[n_mels, T] natural-log mel → [T, n_ceps] cepstra c1..c_n."""
-    ceps = scipy.fft.dct(np.asarray(log_mel, dtype=np.float64), type=2, norm="ortho", axis=0)
+    log_mel = np.asarray(log_mel, dtype=np.float64)
+    ceps = scipy.fft.dct(log_mel, type=2, norm="ortho", axis=0) / math.sqrt(2 * log_mel.shape[0])
     return ceps[1 : n_ceps + 1].T
 
 
@@ -51,7 +54,7 @@ def mcd_dtw(ref_log_mel: np.ndarray, syn_log_mel: np.ndarray, n_ceps: int = N_CE
 
 def alignment_sharpness(log_lik: torch.Tensor, path: torch.Tensor, band: int = 1) -> float:
     """[T_text, T_frames] log-likelihoods and 0/1 MAS path (one item, unpadded) → 0..1."""
-    soft = torch.softmax(log_lik.float(), dim=0)
+    soft = alignment_posterior(log_lik).float()
     token_of_frame = path.float().argmax(0)  # [T_frames]
     tokens = torch.arange(log_lik.size(0), device=log_lik.device)[:, None]
     near = (tokens - token_of_frame[None, :]).abs() <= band
@@ -90,7 +93,7 @@ def evaluate(model, dataset, mel: MelSpectrogram, device: torch.device, max_item
             y_len = torch.tensor([spec.size(2)], device=device)
             sid = torch.tensor([it["sid"]], device=device)
             log_lik, path, _, _ = model.align(x, x_len, spec, y_len, sid)
-            sharp = alignment_sharpness(log_lik[0], path[0])
+            sharp = alignment_sharpness(log_lik[0].cpu(), path[0].cpu())
             true_dur = path[0].sum(-1)
             h, _, _, x_mask = model.enc_p(x, x_len)
             g = model.speaker_cond(sid)

@@ -520,7 +520,7 @@ def train(res: Resolved, resume: str | None = None, log=print, progress: bool = 
         recent.clear()
         return val
 
-    if counters["step"] == 0 and not history:
+    if counters["step"] == 0 and not history and cfg.val.at_start:
         validate(0)
 
     # ---- the loop -----------------------------------------------------------------------------------

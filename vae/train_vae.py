@@ -68,10 +68,6 @@ from vae.losses import FrozenLPIPS, PatchDiscriminator, PerceptualWeightsError, 
 from vae.metrics import evaluate, grid_image, latent_statistics
 from vae.model import AutoencoderKL, build_vae, count_parameters
 
-# LambdaLR warns when an optimizer skipped its step (GradScaler/NaN skip, D before disc_start); the
-# schedule is a pure function of the step count, so stepping it regardless is intended.
-warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()` before `optimizer.step()`")
-
 # The guide's flags, each a VAEConfig key. None = "not given", so the config's value stands.
 VALUE_FLAGS: dict[str, type] = {
     "data_path": str, "val_data_path": str, "output_dir": str, "image_size": int, "batch_size": str,
@@ -227,8 +223,12 @@ class VAETrainer:
             d_norm, _ = step_optimizer(None, self.opt_d, self.disc_module.parameters(), scaler, clip, None)
             logs["disc_grad_norm"] = d_norm
         scaler.update()
-        for sched in self.schedulers.values():
-            sched.step()
+        with warnings.catch_warnings():
+            # LambdaLR warns when an optimizer skipped its step (non-finite skip, D before disc_start);
+            # the schedule is a pure function of the step count, so stepping it regardless is intended.
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+            for sched in self.schedulers.values():
+                sched.step()
         if stepped and self.ema is not None:
             self.ema.update(self.vae_module)
         return logs, stepped
@@ -534,8 +534,9 @@ def train(cfg: VAEConfig) -> int:
         if m:
             print(f"final (step {gstep()}): {describe(m)}")
         if stop_reason:
-            print(f"stopped early ({stop_reason}); continue with --resume_from {out_dir / 'checkpoint_last.pt'}")
-        else:
+            print(f"stopped early ({stop_reason}) at step {step} of {total_steps}; continue with "
+                  f"--resume_from {out_dir / 'checkpoint_last.pt'}")
+        if stop_reason in ("", "time limit"):  # a time-boxed run is a finished run: export it
             export_final(cfg, trainer, train_files, out_dir, device, logger, gstep(), m)
     logger.close()
     barrier()

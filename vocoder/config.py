@@ -69,6 +69,7 @@ class ModelArgs:
     mrd_fft_sizes: list[int] = field(default_factory=lambda: [512, 1024, 2048])
     mrd_hop_sizes: list[int] = field(default_factory=lambda: [64, 128, 256])
     mrd_win_lengths: list[int] = field(default_factory=lambda: [512, 1024, 2048])
+    mrd_channels: int = 32  # width of each resolution critic's 2-D convs
 
 
 @dataclass

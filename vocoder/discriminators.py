@@ -181,12 +181,12 @@ class ResolutionDiscriminator(nn.Module):
 
 
 class MultiResolutionDiscriminator(nn.Module):
-    def __init__(self, fft_sizes: list[int], hop_sizes: list[int], win_lengths: list[int]):
+    def __init__(self, fft_sizes: list[int], hop_sizes: list[int], win_lengths: list[int], channels: int = 32):
         super().__init__()
         if not len(fft_sizes) == len(hop_sizes) == len(win_lengths):
             raise ValueError("model_args.mrd_fft_sizes, mrd_hop_sizes and mrd_win_lengths must have equal length")
         self.discriminators = nn.ModuleList(
-            ResolutionDiscriminator(n, h, w) for n, h, w in zip(fft_sizes, hop_sizes, win_lengths)
+            ResolutionDiscriminator(n, h, w, channels) for n, h, w in zip(fft_sizes, hop_sizes, win_lengths)
         )
 
     def forward(self, y: torch.Tensor) -> Output:
@@ -250,7 +250,7 @@ class Discriminators(nn.ModuleDict):
 def build_discriminators(names: list[str], periods: list[int], fast_mpd_strides: list[int],
                          fast_mpd_kernel_size: int, fast_mpd_init_channel: int,
                          mrd_fft_sizes: list[int], mrd_hop_sizes: list[int],
-                         mrd_win_lengths: list[int]) -> Discriminators:
+                         mrd_win_lengths: list[int], mrd_channels: int = 32) -> Discriminators:
     unknown = [n for n in names if n not in DISCRIMINATOR_NAMES]
     if unknown or not names:
         raise ValueError(f"model_args.discriminators: {unknown or 'empty list'} not valid; "
@@ -263,7 +263,7 @@ def build_discriminators(names: list[str], periods: list[int], fast_mpd_strides:
             parts[name] = FastMultiPeriodDiscriminator(periods, fast_mpd_strides, fast_mpd_kernel_size,
                                                        fast_mpd_init_channel)
         elif name == "mrd":
-            parts[name] = MultiResolutionDiscriminator(mrd_fft_sizes, mrd_hop_sizes, mrd_win_lengths)
+            parts[name] = MultiResolutionDiscriminator(mrd_fft_sizes, mrd_hop_sizes, mrd_win_lengths, mrd_channels)
         else:
             parts[name] = MultiScaleDiscriminator()
     return Discriminators(parts)

@@ -73,7 +73,7 @@ def build_discriminator(cfg: VocoderConfig) -> Discriminators:
     m = cfg.model_args
     return build_discriminators(cfg.discriminator_names, m.discriminator_periods, m.fast_mpd_strides,
                                 m.fast_mpd_kernel_size, m.fast_mpd_init_channel, m.mrd_fft_sizes,
-                                m.mrd_hop_sizes, m.mrd_win_lengths)
+                                m.mrd_hop_sizes, m.mrd_win_lengths, m.mrd_channels)
 
 
 def build_optimizer_from_args(args: OptimizerArgs, model: torch.nn.Module) -> torch.optim.Optimizer | None:

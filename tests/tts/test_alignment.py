@@ -6,7 +6,7 @@ import itertools
 
 import torch
 
-from tts.alignment import durations_from_path, maximum_path
+from tts.alignment import alignment_posterior, durations_from_path, maximum_path
 
 
 def brute_force(value: torch.Tensor) -> torch.Tensor:
@@ -55,3 +55,21 @@ def test_fewer_frames_than_tokens_does_not_crash():
     value = torch.randn(1, 6, 3)
     path = maximum_path(value, torch.ones_like(value))
     assert path.sum() == 3 and torch.equal(path.sum(1), torch.ones(1, 3))
+
+
+def test_alignment_posterior_matches_enumeration():
+    g = torch.Generator().manual_seed(1)
+    for t_text, t_frames in ((1, 4), (3, 3), (3, 6), (4, 7)):
+        value = torch.randn(t_text, t_frames, generator=g, dtype=torch.float64) * 2
+        occ, total = torch.zeros(t_text, t_frames, dtype=torch.float64), 0.0
+        for cuts in itertools.combinations(range(1, t_frames), t_text - 1):
+            bounds = (0, *cuts, t_frames)
+            path = torch.zeros(t_text, t_frames, dtype=torch.float64)
+            for i in range(t_text):
+                path[i, bounds[i] : bounds[i + 1]] = 1
+            w = torch.exp((value * path).sum())
+            occ += w * path
+            total += w
+        post = alignment_posterior(value)
+        assert torch.allclose(post, occ / total, atol=1e-9)
+        assert torch.allclose(post.sum(0), torch.ones(t_frames, dtype=torch.float64))

@@ -113,7 +113,11 @@ def test_mixed_precision_and_channels_last_steps(precision):
     assert t.precision.scaler.is_enabled() == (precision == "fp16")
     assert t.vae_module.encoder.conv_in.weight.is_contiguous(memory_format=torch.channels_last)
     seen = {}
-    hook = t.vae_module.decoder.conv_out.register_forward_hook(lambda m, i, o: seen.setdefault("dtype", o.dtype))
+
+    def record(module, inputs, output):
+        seen["dtype"] = output.dtype
+
+    hook = t.vae_module.decoder.conv_out.register_forward_hook(record)
     before = t.vae_module.decoder.conv_out.weight.detach().clone()
     x = torch.rand(2, 3, 32, 32) * 2 - 1
     for s in range(3):
@@ -129,13 +133,11 @@ def _grads_of_one_step(cfg, micro, monkeypatch):
     torch.manual_seed(0)
     t = tv.VAETrainer(cfg, torch.device("cpu"), total_steps=4, quiet=True)
     captured = {}
-    real_step = t.opt_g.step
 
-    def spy(*a, **k):
+    def spy(optimizer, args, kwargs):  # runs inside optimizer.step(): after clipping, before the update
         captured["g"] = torch.cat([p.grad.flatten() for p in t.g_params if p.grad is not None]).clone()
-        return real_step(*a, **k)
 
-    t.opt_g.step = spy
+    t.opt_g.register_step_pre_hook(spy)
     logs, _ = t.step(micro, 0)
     return captured["g"], logs
 

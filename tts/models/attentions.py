@@ -21,12 +21,13 @@ class LayerNorm(nn.Module):
 
     def __init__(self, channels: int, eps: float = 1e-5):
         super().__init__()
+        self.channels = channels
         self.gamma = nn.Parameter(torch.ones(channels))
         self.beta = nn.Parameter(torch.zeros(channels))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.layer_norm(x.transpose(1, -1), (x.size(1),), self.gamma, self.beta, self.eps)
+        x = F.layer_norm(x.transpose(1, -1), (self.channels,), self.gamma, self.beta, self.eps)
         return x.transpose(1, -1)
 
 

@@ -127,6 +127,7 @@ class TrainConfig:
 
 @dataclass
 class ValConfig:
+    at_start: bool = True      # validate the untrained model at step 0 (the "before" figure)
     batch_size: int = 16
     max_batches: int = 0       # 0 = the whole eval set
     sentences: list[str] = field(default_factory=lambda: [

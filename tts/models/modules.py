@@ -39,8 +39,8 @@ def remove_weight_norm(module: nn.Module) -> int:
 
 
 def sequence_mask(lengths: torch.Tensor, max_length: int | None = None) -> torch.Tensor:
-    """[B] lengths → [B, T] bool mask."""
-    max_length = int(lengths.max()) if max_length is None else max_length
+    """[B] lengths → [B, T] bool mask (T = longest, kept a tensor so ONNX export stays dynamic)."""
+    max_length = lengths.max() if max_length is None else max_length
     return torch.arange(max_length, device=lengths.device)[None, :] < lengths[:, None]
 
 

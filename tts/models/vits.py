@@ -200,8 +200,7 @@ class VITS(nn.Module):
         y_lengths = torch.clamp_min(torch.sum(w_ceil, [1, 2]), 1).long()
         if max_frames is not None:
             y_lengths = y_lengths.clamp_max(max_frames)
-        t_frames = int(y_lengths.max())
-        y_mask = sequence_mask(y_lengths, t_frames).unsqueeze(1).to(x_mask.dtype)
+        y_mask = sequence_mask(y_lengths).unsqueeze(1).to(x_mask.dtype)
         attn = generate_path(w_ceil[:, 0], x_mask.transpose(1, 2) * y_mask)  # [B, T_text, T_frames]
         m_p = m_p.float() @ attn
         logs_p = logs_p.float() @ attn

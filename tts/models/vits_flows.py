@@ -243,7 +243,7 @@ class StochasticDurationPredictor(nn.Module):
                 return self._nll(x, x_mask, w.float())
             flows = list(reversed(self.flows))
             flows = flows[:-2] + [flows[-1]]  # the first ConvFlow only acts on the discarded z1
-            z = torch.randn(x.size(0), 2, x.size(2), device=x.device, dtype=x.dtype) * noise_scale
+            z = torch.randn_like(x[:, :2]) * noise_scale  # randn_like: exports as RandomNormalLike
             for flow in flows:
                 z = flow(z, x_mask, g=x, reverse=True)
             return z[:, :1]

@@ -1,0 +1,135 @@
+"""tts/train_main.py options: documented defaults, the presets, and unused options as errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from common.config import ConfigError
+from common.precision import Precision
+from tts.train_main import (
+    FAST_CONVERGENCE,
+    PlateauDetector,
+    UsageError,
+    build_parser,
+    device_notices,
+    effective_block,
+    main,
+    resolve_config,
+)
+
+
+def resolve(*argv: str):
+    return resolve_config(build_parser().parse_args(list(argv)))
+
+
+def test_defaults_are_the_documented_after_values():
+    cfg = resolve().cfg
+    assert (cfg.optim.lr, cfg.scheduler.name, cfg.scheduler.warmup_steps) == (2e-4, "cosine_with_warmup", 1000)
+    assert (cfg.train.batch_size, cfg.train.grad_accum, cfg.train.num_workers) == (32, 1, 4)
+    assert (cfg.optim.optimizer, cfg.optim.beta2, cfg.optim.eps, cfg.optim.clip_grad_norm) == ("adamw", 0.98, 1e-9, 1.0)
+    assert (cfg.train.precision, cfg.model.size) == ("auto", "normal")
+
+
+def test_fast_convergence_is_exactly_the_documented_preset():
+    cfg = resolve("--fast-convergence").cfg
+    assert cfg.optim.lr == 1e-4 and cfg.scheduler.name == "cosine_with_warmup"
+    assert cfg.train.batch_size == 48 and cfg.train.grad_accum == 8
+    assert cfg.optim.beta2 == 0.98 and cfg.optim.eps == 1e-9
+    assert cfg.optim.weight_decay == 1e-4 and cfg.optim.clip_grad_norm == 0.5
+    assert len(FAST_CONVERGENCE) == 8
+
+
+def test_fast_convergence_conflicting_flag_is_an_error_but_a_matching_one_is_not():
+    with pytest.raises(UsageError, match="--lr"):
+        resolve("--fast-convergence", "--lr", "3e-4")
+    with pytest.raises(UsageError, match="--batch-size"):
+        resolve("--fast-convergence", "--batch-size", "16")
+    with pytest.raises(UsageError, match="optim.clip_grad_norm"):
+        resolve("--fast-convergence", "--set", "optim.clip_grad_norm=1.0")
+    assert resolve("--fast-convergence", "--lr", "1e-4").cfg.optim.lr == 1e-4
+    # options the preset does not touch still apply
+    cfg = resolve("--fast-convergence", "--warmup-steps", "500", "--num-workers", "2").cfg
+    assert cfg.scheduler.warmup_steps == 500 and cfg.train.num_workers == 2
+
+
+def test_aggressive_lr_doubles_the_lr_with_a_longer_warmup():
+    base = resolve("--lr", "3e-4", "--warmup-steps", "400").cfg
+    aggr = resolve("--lr", "3e-4", "--warmup-steps", "400", "--aggressive-lr").cfg
+    assert aggr.optim.lr == pytest.approx(2 * base.optim.lr)
+    assert aggr.scheduler.warmup_steps == 2 * base.scheduler.warmup_steps == 800
+    both = resolve("--fast-convergence", "--aggressive-lr").cfg
+    assert both.optim.lr == pytest.approx(2e-4) and both.train.batch_size == 48
+    with pytest.raises(UsageError, match="constant"):
+        resolve("--aggressive-lr", "--scheduler", "constant")
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--scheduler", "constant", "--warmup-steps", "100"], "warmup"),
+    (["--scheduler", "noam", "--set", "scheduler.gamma=0.999"], "gamma"),
+    (["--scheduler", "exponential", "--set", "scheduler.min_ratio=0.1"], "min_ratio"),
+    (["--num-workers", "0", "--set", "data.prefetch_factor=8"], "prefetch"),
+    (["--max-gpu-memory", "1.5"], "fraction"),
+    (["--batch-size", "0"], "--batch-size"),
+    (["--scheduler", "noam", "--warmup-steps", "0"], "noam"),
+])
+def test_options_the_effective_configuration_does_not_use_are_errors(argv, match):
+    with pytest.raises(UsageError, match=match):
+        resolve(*argv)
+
+
+def test_used_combinations_are_accepted():
+    assert resolve("--scheduler", "exponential", "--set", "scheduler.gamma=0.999").cfg.scheduler.gamma == 0.999
+    assert resolve("--scheduler", "noam", "--warmup-steps", "4000").cfg.scheduler.warmup_steps == 4000
+    assert resolve("--scheduler", "constant").cfg.scheduler.name == "constant"
+
+
+def test_unknown_config_key_names_the_closest_valid_one(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  batch_sise: 8\n")
+    with pytest.raises(ConfigError, match="batch_size"):
+        resolve("--config", str(bad))
+
+
+def test_yaml_values_and_flag_precedence(tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("train:\n  batch_size: 8\n  num_workers: 1\nscheduler:\n  name: constant\n")
+    res = resolve("--config", str(y), "--batch-size", "12")
+    assert res.cfg.train.batch_size == 12 and res.cfg.train.num_workers == 1
+    with pytest.raises(UsageError, match="warmup"):  # a YAML-set constant schedule + a warmup flag
+        resolve("--config", str(y), "--warmup-steps", "10")
+
+
+def test_max_gpu_memory_on_cpu_is_a_notice_and_the_block_lists_the_effective_values():
+    res = resolve("--max-gpu-memory", "0.5", "--batch-size", "6", "--grad-accum", "4", "--num-workers", "2",
+                  "--scheduler", "noam", "--warmup-steps", "50", "--precision", "32-true")
+    notes = device_notices(res, torch.device("cpu"))
+    assert any("--max-gpu-memory 0.5 ignored" in n for n in notes)
+    res.notices.extend(notes)
+    block = effective_block(res, torch.device("cpu"), Precision("32-true", "cpu"), 1_000_000, 10, 100,
+                            [(16, 64)], 1)
+    for text in ("batch", "6 per step", "effective batch  24", "LR", "0.0002", "workers",
+                 "grad-accum", "noam", "precision", "32-true", "--max-gpu-memory 0.5 ignored"):
+        assert text in block, text
+
+
+def test_main_reports_usage_errors_cleanly(capsys):
+    assert main(["--scheduler", "constant", "--warmup-steps", "5", "--train-data", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "warmup" in err and "Traceback" not in err
+    assert main(["--train-data", "/nonexistent/folder"]) == 2
+    assert "no such file or folder" in capsys.readouterr().err
+
+
+def test_plateau_detector_reports_once_with_a_reason():
+    p = PlateauDetector(patience=3, min_delta=0.01)
+    assert p.update(1.0, 100, lr_ratio=1.0, train_trend=-0.1) is None
+    assert p.update(0.9, 200, 1.0, -0.1) is None
+    msgs = [p.update(0.899, s, 1.0, -0.1) for s in (300, 400, 500, 600)]
+    assert msgs[:2] == [None, None] and "over-fitting" in msgs[2] and msgs[3] is None
+    q = PlateauDetector(patience=1, min_delta=0.01)
+    q.update(1.0, 1, 1.0, None)
+    assert "near its floor" in q.update(1.0, 2, lr_ratio=0.05, train_trend=None)
+    r = PlateauDetector(patience=1, min_delta=0.01)
+    r.update(1.0, 1, 1.0, None)
+    assert "--aggressive-lr" in r.update(1.0, 2, lr_ratio=0.9, train_trend=0.0)

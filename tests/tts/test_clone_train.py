@@ -1,0 +1,235 @@
+"""tts/train_main.py end to end on a tiny espeak-ng corpus: the loss falls, resume is bitwise exact,
+non-finite steps are skipped then stop the run, bad data/reference clips give clear errors, and
+tts/infer_clone.py speaks through a freshly initialised NSF vocoder built by the vocoder package."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from common.audio import save_wav
+from common.checkpoint import CheckpointManager, load_checkpoint
+from common.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, espeak_available, make_corpus
+from tts import infer_clone
+from tts.clone_data import DataError, build_features, load_reference
+from tts.models.clone import VoiceCloneTTS
+from tts.models.clone_config import AudioConfig, DataConfig
+from tts.train_main import build_parser, resolve_config, train
+
+pytestmark = pytest.mark.skipif(not espeak_available(), reason="espeak-ng is needed for the test corpus")
+
+AUDIO = ["--set", "audio.sample_rate=22050", "--set", "audio.n_fft=1024", "--set", "audio.win_length=1024",
+         "--set", "audio.hop_length=256", "--set", "audio.n_mels=80", "--set", "audio.fmin=40",
+         "--set", "audio.fmax=8000"]
+SENTENCES = [UZBEK_SENTENCES[i] for i in (3, 14, 17, 8, 0)]
+SPEAKERS = [DEMO_SPEAKERS[0], DEMO_SPEAKERS[5], DEMO_SPEAKERS[1]]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """3 espeak-ng voices x 5 sentences → tts/prepare_data.py folder (12 train + 3 eval)."""
+    from tts.models.vits_config import TrainConfig
+    from tts.prepare_data import prepare
+
+    root = tmp_path_factory.mktemp("clone_corpus")
+    items = make_corpus(SENTENCES, root / "raw", SPEAKERS, sample_rate=22050, num_workers=2)
+    flat = root / "flat"
+    flat.mkdir()
+    lines = ["file,text,speaker"]
+    for it in items:
+        name = f"{it['speaker']}_{Path(it['path']).stem}.wav"
+        shutil.copy(it["path"], flat / name)
+        lines.append(f'{name},"{it["text"]}",{it["speaker"]}')
+    (root / "metadata.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    cfg = TrainConfig()
+    cfg.data.eval_split_size = 3
+    prepare(root / "metadata.csv", flat, root / "prep", cfg, num_workers=1, quiet=True)
+    return root / "prep"
+
+
+@pytest.fixture(scope="module")
+def vocoder_dir(tmp_path_factory) -> Path:
+    """A freshly initialised tiny NSF-HiFiGAN exported with the vocoder package's own code."""
+    from common.checkpoint import save_atomic
+    from vocoder.config import ModelArgs, VocoderConfig
+    from vocoder.export import export_info, generator_args, to_legacy_names
+    from vocoder.model import Generator
+
+    out = tmp_path_factory.mktemp("vocoder_export")
+    cfg = VocoderConfig(audio_sample_rate=22050, audio_num_mel_bins=80, hop_size=256, fft_size=1024, win_size=1024,
+                        fmin=40, fmax=8000, model_args=ModelArgs(
+                            upsample_rates=[8, 8, 4], upsample_kernel_sizes=[16, 16, 8], upsample_initial_channel=32,
+                            resblock="2", resblock_kernel_sizes=[3], resblock_dilation_sizes=[[1, 3]]))
+    info = export_info(cfg)
+    torch.manual_seed(0)
+    gen = Generator(generator_args(info))
+    save_atomic({"generator": to_legacy_names(gen.state_dict())}, out / "model.ckpt")
+    (out / "config.json").write_text(json.dumps(info))
+    return out
+
+
+def resolved(corpus: Path, run: Path, *extra: str):
+    argv = ["--train-data", str(corpus), "--checkpoint-dir", str(run), "--model-size", "tiny", "--batch-size", "4",
+            "--num-workers", "0", "--precision", "32-true", "--lr", "3e-3", "--warmup-steps", "2", *AUDIO,
+            "--set", "model.dropout=0.0", "--set", "data.num_buckets=2", "--set", "data.ref_seconds=1.5",
+            "--set", "val.batch_size=4", "--set", "train.log_interval=1", "--set", f"data.cache_dir={corpus.parent / 'cache'}",
+            "--set", "val.sentences=[\"Salom dunyo.\"]", *extra]
+    return resolve_config(build_parser().parse_args(argv))
+
+
+@pytest.fixture(scope="module")
+def trained(corpus, vocoder_dir, tmp_path_factory) -> dict:
+    run = tmp_path_factory.mktemp("clone_run") / "run"
+    res = resolved(corpus, run, "--set", "train.max_updates=16", "--set", "train.val_check_interval=16",
+                   "--set", f"vocoder.path={vocoder_dir}")
+    summary = train(res, progress=False, log=lambda *a: None)
+    return {"run": run, "summary": summary, "cfg": res.cfg}
+
+
+def test_training_lowers_the_validation_mel_loss_and_logs_audio(trained):
+    s = trained["summary"]
+    hist = s["history"]
+    assert [h["step"] for h in hist] == [0, 16] and s["stop"] == "finished" and s["skipped_steps"] == 0
+    assert hist[-1]["mel_l1"] < 0.8 * hist[0]["mel_l1"], hist
+    run = trained["run"]
+    assert (run / "best.pt").is_file() and (run / "config.yaml").is_file()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run / "logs"), size_guidance={"audio": 0, "images": 0}).Reload()
+    tags = acc.Tags()
+    assert "synth/0/audio" in tags["audio"]  # through the vocoder (no "_griffinlim" suffix)
+    assert {"val/alignment_mas", "synth/0/mel", "synth/0/alignment"} <= set(tags["images"])
+    assert {"val/mel_l1", "train/loss", "train/data_wait_fraction"} <= set(tags["scalars"])
+
+
+def test_resume_is_bitwise_exact(corpus, tmp_path):
+    extra = ("--set", "train.max_updates=6", "--set", "train.val_check_interval=100", "--set", "train.save_interval=100",
+             "--set", "val.at_start=false")
+    straight = train(resolved(corpus, tmp_path / "a", *extra), progress=False, log=lambda *a: None)
+    half = train(resolved(corpus, tmp_path / "b", *extra), progress=False, log=lambda *a: None, stop_at_step=3)
+    assert half["step"] == 3 and half["stop"] == "stop_at_step"
+    resumed = train(resolved(corpus, tmp_path / "b", *extra), resume="auto", progress=False, log=lambda *a: None)
+    assert straight["step"] == resumed["step"] == 6
+    a = load_checkpoint(CheckpointManager(tmp_path / "a", prefix="clone").latest())
+    b = load_checkpoint(CheckpointManager(tmp_path / "b", prefix="clone").latest())
+    for name, ta in a["models"]["model"].items():
+        assert torch.equal(ta, b["models"]["model"][name]), name
+    sa, sb = a["optimizers"]["optimizer"]["state"], b["optimizers"]["optimizer"]["state"]
+    assert all(torch.equal(sa[k]["exp_avg_sq"], sb[k]["exp_avg_sq"]) for k in sa)
+    assert a["schedulers"]["scheduler"]["last_epoch"] == b["schedulers"]["scheduler"]["last_epoch"] == 6
+
+
+def _nan_losses(monkeypatch, bad_calls):
+    """Training-mode loss calls whose number is in bad_calls return NaN (validation is untouched)."""
+    original = VoiceCloneTTS.losses
+    calls = {"n": 0}
+
+    def losses(self, out, batch, weights):
+        result = original(self, out, batch, weights)
+        if self.training:
+            calls["n"] += 1
+            if bad_calls(calls["n"]):
+                result["loss"] = result["loss"] * float("nan")
+        return result
+
+    monkeypatch.setattr(VoiceCloneTTS, "losses", losses)
+
+
+def test_nonfinite_steps_are_skipped_and_counted(corpus, tmp_path, monkeypatch):
+    _nan_losses(monkeypatch, lambda n: n in (2, 3))
+    s = train(resolved(corpus, tmp_path / "r", "--set", "train.max_updates=5", "--set", "train.val_check_interval=100",
+                       "--set", "val.at_start=false"),
+              progress=False, log=lambda *a: None)
+    assert s["stop"] == "finished" and s["step"] == 5 and s["skipped_steps"] == 2
+    state = load_checkpoint(CheckpointManager(tmp_path / "r", prefix="clone").latest())
+    assert all(torch.isfinite(v).all() for v in state["models"]["model"].values() if v.is_floating_point())
+
+
+def test_repeated_nonfinite_steps_stop_with_the_last_good_checkpoint_intact(corpus, tmp_path, monkeypatch):
+    _nan_losses(monkeypatch, lambda n: n >= 5)
+    lines = []
+    s = train(resolved(corpus, tmp_path / "r", "--set", "train.max_updates=20", "--set", "train.val_check_interval=100",
+                       "--set", "train.save_interval=2", "--set", "train.max_nonfinite=3", "--set", "val.at_start=false"),
+              progress=False, log=lines.append)
+    assert s["stop"] == "non-finite" and s["skipped_steps"] == 3 and s["step"] == 6
+    assert any("consecutive" in str(x) for x in lines)
+    manager = CheckpointManager(tmp_path / "r", prefix="clone")
+    assert [step for step, _ in manager.checkpoints()][-1] == 6  # saved after 2 skips, weights still = step 4's
+    latest = load_checkpoint(manager.latest())
+    before = load_checkpoint(manager.checkpoints()[-2][1])
+    for name, v in latest["models"]["model"].items():
+        assert torch.isfinite(v).all() if v.is_floating_point() else True
+        assert torch.equal(v, before["models"]["model"][name]), name  # skipped steps never touched the weights
+
+
+def test_data_check_skips_and_reports_bad_rows(corpus, tmp_path):
+    rows = [json.loads(x) for x in (corpus / "train.jsonl").read_text(encoding="utf-8").splitlines()]
+    for r in rows:
+        r["wav"] = str(corpus / r["wav"])
+    bad = [dict(rows[0], id="missing", wav=str(tmp_path / "nope.wav")),
+           dict(rows[1], id="silent", wav=str(tmp_path / "silent.wav")),
+           dict(rows[2], id="cyrillic", text="привет", raw_text="\u2603\u2603")]
+    save_wav(tmp_path / "silent.wav", np.zeros(22050, np.float32), 22050)
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows[:3] + bad) + "\n{not json\n",
+                        encoding="utf-8")
+    audio = AudioConfig(22050, 1024, 1024, 256, 80, 40.0, 8000.0)
+    log: list[str] = []
+    items = build_features(manifest, audio, DataConfig(), tmp_path / "cache", 1, log.append)
+    assert [i["id"] for i in items] == [r["id"] for r in rows[:3]]
+    text = "\n".join(log)
+    assert "[missing]: audio file not found" in text and "[silent]: audio silent" in text
+    assert "[cyrillic]: " in text and "not valid JSON" in text
+    only_bad = tmp_path / "bad.jsonl"
+    only_bad.write_text(json.dumps(bad[0]) + "\n")
+    with pytest.raises(DataError, match="nothing usable"):
+        build_features(only_bad, audio, DataConfig(), tmp_path / "cache", 1, log.append)
+
+
+def test_bad_reference_clips_are_refused_with_a_clear_reason(tmp_path):
+    audio, data = AudioConfig(22050, 1024, 1024, 256, 80, 40.0, 8000.0), DataConfig()
+    t = np.arange(22050 * 2) / 22050
+    save_wav(tmp_path / "short.wav", 0.3 * np.sin(2 * np.pi * 150 * t[:6000]), 22050)
+    save_wav(tmp_path / "silent.wav", np.zeros(44100, np.float32), 22050)
+    (tmp_path / "text.wav").write_text("this is not audio")
+    cases = {"short.wav": "too short", "silent.wav": "silent", "text.wav": "not readable as audio",
+             "missing.wav": "file not found"}
+    for name, reason in cases.items():
+        with pytest.raises(DataError, match=reason) as e:
+            load_reference(tmp_path / name, audio, data)
+        assert name in str(e.value) and "give" in str(e.value)
+    sf.write(tmp_path / "ok.flac", 0.3 * np.sin(2 * np.pi * 150 * t), 44100)  # any format and rate
+    ref = load_reference(tmp_path / "ok.flac", audio, data)
+    assert ref.mel.shape[:2] == (1, 80) and ref.mel.shape[2] == 2 * 22050 // 256 and ref.seconds == 2.0
+
+
+def test_infer_clone_speaks_through_a_fresh_tiny_vocoder(trained, corpus, vocoder_dir, tmp_path, capsys):
+    ckpt = trained["run"] / "best.pt"
+    ref = sorted((corpus / "wavs").glob("*.wav"))[0]
+    out = tmp_path / "out.wav"
+    rc = infer_clone.main(["--checkpoint", str(ckpt), "--reference", str(ref), "--text", "Бугун ҳаво яхши, 25 daraja.",
+                           "--vocoder", str(vocoder_dir), "--output", str(out), "--device", "cpu"])
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err
+    assert "RTF" in printed.out
+    wav, sr = sf.read(out)
+    assert sr == 22050 and len(wav) > 0 and len(wav) % 256 == 0 and np.isfinite(wav).all()
+    # the model's mel settings must equal the vocoder's: a mismatch is refused by name
+    info = json.loads((vocoder_dir / "config.json").read_text())
+    other = tmp_path / "voc64"
+    other.mkdir()
+    shutil.copy(vocoder_dir / "model.ckpt", other / "model.ckpt")
+    (other / "config.json").write_text(json.dumps(dict(info, fmax=7000)))
+    rc = infer_clone.main(["--checkpoint", str(ckpt), "--reference", str(ref), "--text", "Salom.",
+                           "--vocoder", str(other), "--output", str(tmp_path / "x.wav"), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "fmax: model 8000.0 vs vocoder 7000" in err
+    rc = infer_clone.main(["--checkpoint", str(ckpt), "--reference", str(tmp_path / "none.wav"), "--text", "Salom.",
+                           "--vocoder", str(vocoder_dir), "--output", str(tmp_path / "y.wav"), "--device", "cpu"])
+    assert rc == 2 and "file not found" in capsys.readouterr().err

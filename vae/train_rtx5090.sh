@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Train the VAE with the RTX 5090 (32 GB, Blackwell sm_120) profile. Extra arguments are passed to
+# vae/train_vae.py and override the profile, e.g.
+#   vae/train_rtx5090.sh --data_path data/vae --output_dir runs/vae
+#   PROFILE=max_2048 vae/train_rtx5090.sh --resume_from runs/vae/checkpoint_last.pt
+#   GPUS=2 vae/train_rtx5090.sh --data_path data/vae            # torchrun DDP on 2 GPUs
+# Profiles: fast_768, standard_1024 (default), high_1536, max_2048, large_channel_z32 (vae/configs/).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PROFILE="${PROFILE:-standard_1024}"
+CONFIG="vae/configs/${PROFILE}.yaml"
+if [[ ! -f "$CONFIG" ]]; then
+    echo "error: no profile '$PROFILE' ($CONFIG); choose one of: $(ls vae/configs | sed -n 's/\.yaml$//p' | tr '\n' ' ')" >&2
+    exit 2
+fi
+PY="${PY:-.venv/bin/python}"
+[[ -x "$PY" ]] || PY=python3
+
+# Fewer allocator stalls with changing crop sizes; one set of CPU threads per process.
+export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
+
+GPUS="${GPUS:-1}"
+if [[ "$GPUS" -gt 1 ]]; then
+    exec "$PY" -m torch.distributed.run --standalone --nproc_per_node "$GPUS" vae/train_vae.py --config "$CONFIG" "$@"
+fi
+exec "$PY" vae/train_vae.py --config "$CONFIG" "$@"
