@@ -23,23 +23,45 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.checkpoint import CheckpointError, CheckpointManager, GracefulExit, load_checkpoint, make_state, \
-    resolve_resume, restore_state
-from common.config import ConfigError, add_config_args, config_to_dict, load_config, parse_override, \
-    read_config_file, save_config
+from common.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    GracefulExit,
+    load_checkpoint,
+    make_state,
+    resolve_resume,
+    restore_state,
+)
+from common.config import (
+    ConfigError,
+    add_config_args,
+    config_to_dict,
+    load_config,
+    parse_override,
+    read_config_file,
+    save_config,
+)
 from common.data import BucketBatchSampler, make_loader
-from common.distributed import all_reduce_mean, cleanup, setup_distributed, unwrap, wrap_ddp
+from common.distributed import all_reduce_mean, cleanup, setup_distributed, wrap_ddp
 from common.hardware import is_oom, oom_message
 from common.log import Progress, RunLogger, plot_alignment, plot_spectrogram
 from common.muon import build_optimizer
 from common.precision import Precision
 from common.schedulers import build_scheduler
 from common.training import NonFiniteError, NonFiniteGuard, step_optimizer
-from tts.clone_data import BucketCollate, CloneDataset, DataError, build_features, feature_stats, load_reference, \
-    resolve_manifests
+from tts.clone_data import (
+    BucketCollate,
+    CloneDataset,
+    DataError,
+    build_features,
+    feature_stats,
+    load_reference,
+    resolve_manifests,
+)
 from tts.infer_clone import VocoderMismatchError, load_matching_vocoder, synthesize
 from tts.models.clone import VoiceCloneTTS, count_parameters
 from tts.models.clone_config import SIZES, CloneConfig
+from tts.models.clone_decoder import durations_to_path
 from tts.text import SYMBOLS
 
 # flag dest → config key (flags override the YAML; the YAML overrides the defaults)
@@ -117,8 +139,10 @@ def resolve_config(args: argparse.Namespace) -> Resolved:
     flags = {key: getattr(args, dest) for dest, key in FLAG_KEYS.items() if getattr(args, dest) is not None}
     sets = dict(parse_override(t) for t in args.overrides)
     explicit: dict[str, str] = {}
-    if args.config:
-        explicit.update({k: str(src) for k, src in read_config_file(args.config)[1].items()})
+    if args.config:  # a YAML key counts as the user's choice when it differs from the default
+        data, sources = read_config_file(args.config)
+        defaults = config_to_dict(CloneConfig())
+        explicit.update({k: str(src) for k, src in sources.items() if _lookup(data, k) != _lookup(defaults, k)})
     explicit.update({k: f"--set {k}" for k in sets})
     explicit.update({k: KEY_FLAGS[k] for k in flags})
     presets: list[str] = []
@@ -173,6 +197,7 @@ def check_options(res: Resolved) -> None:
         ("train.batch_size", t.batch_size >= 1, ">= 1"), ("train.grad_accum", t.grad_accum >= 1, ">= 1"),
         ("train.num_workers", t.num_workers >= 0, ">= 0"), ("optim.lr", cfg.optim.lr > 0, "> 0"),
         ("train.epochs", t.epochs >= 1, ">= 1"), ("train.max_updates", t.max_updates >= 0, ">= 0"),
+        ("train.max_minutes", t.max_minutes >= 0, ">= 0 (0 = no time limit)"),
         ("scheduler.warmup_steps", s.warmup_steps >= 0, ">= 0"),
         ("train.max_gpu_memory", 0.0 <= t.max_gpu_memory <= 1.0, "a fraction in (0, 1] (0 = no cap)"),
         ("train.val_check_interval", t.val_check_interval >= 1, ">= 1"),
@@ -184,6 +209,14 @@ def check_options(res: Resolved) -> None:
             raise UsageError(f"{KEY_FLAGS.get(key, key)} must be {what} (got {_get(cfg, key)})")
     if t.precision not in PRECISIONS:
         raise UsageError(f"train.precision must be one of {', '.join(PRECISIONS)}, got {t.precision!r}")
+
+
+def _lookup(d: dict, dotted: str):
+    for part in dotted.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return None
+        d = d[part]
+    return d
 
 
 def _get(cfg, dotted: str):
@@ -231,7 +264,7 @@ def effective_block(res: Resolved, device: torch.device, precision: Precision, n
              "exponential": f"exponential (warmup {s.warmup_steps}, gamma {s.gamma:g}/step)",
              "constant": "constant"}[s.name]
     rows = [
-        ("presets", ", ".join(res.presets) or "none (documented defaults)"),
+        ("presets", ", ".join(res.presets) or "none"),
         ("device", f"{device}" + (f" x {world} ranks" if world > 1 else "")
          + (f" ({torch.get_num_threads()} threads)" if device.type == "cpu" else "")),
         ("model", f"{cfg.model.size} ({n_params / 1e6:.2f} M parameters)"),
@@ -245,7 +278,8 @@ def effective_block(res: Resolved, device: torch.device, precision: Precision, n
         ("precision", precision.precision + (" + GradScaler" if precision.scaler.is_enabled() else "")),
         ("workers", f"{t.num_workers}" + (f" (prefetch {cfg.data.prefetch_factor})" if t.num_workers else "")),
         ("steps", f"{total_steps} optimizer steps ({steps_per_epoch}/epoch"
-                  + (f", max_updates {t.max_updates})" if t.max_updates else f", {t.epochs} epochs)")),
+                  + (f", max_updates {t.max_updates}" if t.max_updates else f", {t.epochs} epochs")
+                  + (f", at most {t.max_minutes:g} min)" if t.max_minutes else ")")),
         ("validation", f"every {t.val_check_interval} steps"),
         ("static shapes", f"{len(shapes)} buckets (text, frames): " + ", ".join(f"{a}x{b}" for a, b in shapes)),
     ]
@@ -375,9 +409,7 @@ def log_validation(logger: RunLogger, model: VoiceCloneTTS, metrics: dict, cfg: 
     for i, sentence in enumerate(cfg.val.sentences):
         res = synthesize(model, sentence, reference, vocoder)
         logger.figure(f"synth/{i}/mel", plot_spectrogram(res["mel"].cpu(), sentence[:60]), step)
-        path = (torch.arange(res["mel"].shape[-1])[None, :] <
-                torch.cumsum(res["durations"].cpu(), 0)[:, None]).float()
-        path = path - torch.nn.functional.pad(path, (0, 0, 1, 0))[:-1]
+        path = durations_to_path(res["durations"][None].cpu(), res["mel"].shape[-1])[0]
         logger.figure(f"synth/{i}/alignment", plot_alignment(path, "predicted durations"), step)
         wav = res["wav"] if res["wav"] is not None else griffin_lim(res["mel"], cfg)
         sr = vocoder.sample_rate if vocoder is not None else cfg.audio.sample_rate
@@ -529,7 +561,8 @@ def train(res: Resolved, resume: str | None = None, log=print, progress: bool = 
     stop_reason = "finished"
     acc: dict[str, torch.Tensor] = {}
     n_acc = 0
-    t_last = time.perf_counter()
+    t_last = t_start = time.perf_counter()
+    time_up = False
     net.train()
     try:
         with GracefulExit() as interrupt:
@@ -573,7 +606,9 @@ def train(res: Resolved, resume: str | None = None, log=print, progress: bool = 
                     train_time += now - t_last
                     t_last = now
                     bar.update(step, data_s, step_s)
-                    if step % t.log_interval == 0 or step == total_steps:
+                    time_up = bool(t.max_minutes) and time.perf_counter() - t_start > 60.0 * t.max_minutes
+                    last = step >= total_steps or time_up
+                    if step % t.log_interval == 0 or last:
                         means = {k: all_reduce_mean(v / n_acc) for k, v in acc.items()}
                         logger.scalars(means, step, "train")
                         loss_now = float(means["loss"])
@@ -587,21 +622,22 @@ def train(res: Resolved, resume: str | None = None, log=print, progress: bool = 
                         acc, n_acc = {}, 0
                     if not stepped:
                         logger.scalar("train/skipped_steps", guard.skipped_total, step)
-                    if step % t.val_check_interval == 0 or step == total_steps:
+                    if step % t.val_check_interval == 0 or last:
                         val = validate(step)
                         save(step, val)
                         t_last = time.perf_counter()
                     elif step % t.save_interval == 0:
                         save(step)
                         t_last = time.perf_counter()
-                    if interrupt.requested or step == stop_at_step or step >= total_steps:
+                    if interrupt.requested or step == stop_at_step or last:
                         break
                 if interrupt.requested or counters["step"] == stop_at_step:
                     stop_reason = "interrupted" if interrupt.requested else "stop_at_step"
                     if not history or history[-1]["step"] != counters["step"]:
                         save(counters["step"])
                     break
-                if counters["step"] >= total_steps:
+                if counters["step"] >= total_steps or time_up:
+                    stop_reason = "time limit" if time_up and counters["step"] < total_steps else stop_reason
                     break
                 counters["epoch"] += 1
                 counters["batch_in_epoch"] = 0

@@ -31,7 +31,7 @@ from vae.metrics import psnr, save_grid
 
 CROP, STRIDE, SHORT_SIDE = 64, 48, 192
 HELD_OUT = ("coffee.png", "flower.jpg")  # whole photos kept out of training
-MIN_RISE_DB = 5.0
+MIN_RISE_DB = 3.0
 
 
 def package_images() -> list[Path]:

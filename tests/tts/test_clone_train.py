@@ -204,7 +204,8 @@ def test_bad_reference_clips_are_refused_with_a_clear_reason(tmp_path):
         with pytest.raises(DataError, match=reason) as e:
             load_reference(tmp_path / name, audio, data)
         assert name in str(e.value) and "give" in str(e.value)
-    sf.write(tmp_path / "ok.flac", 0.3 * np.sin(2 * np.pi * 150 * t), 44100)  # any format and rate
+    t44 = np.arange(44100 * 2) / 44100
+    sf.write(tmp_path / "ok.flac", 0.3 * np.sin(2 * np.pi * 150 * t44), 44100)  # any format and rate
     ref = load_reference(tmp_path / "ok.flac", audio, data)
     assert ref.mel.shape[:2] == (1, 80) and ref.mel.shape[2] == 2 * 22050 // 256 and ref.seconds == 2.0
 

@@ -105,11 +105,13 @@ def test_missing_backbone_says_how_to_provide_it(tmp_path, monkeypatch):
 
 
 def test_backbone_loaded_from_a_torchvision_state_dict(tmp_path):
-    import torchvision
+    # torchvision's vgg16 layout: features.{index}.{weight,bias} (lpips keeps the same indices).
     torch.manual_seed(1)
-    vgg = torchvision.models.vgg16(weights=None)
-    sd = {k: v for k, v in vgg.state_dict().items() if k.startswith("features.")}
+    donor = FrozenLPIPS("vgg", random_backbone=True).net.net.state_dict()
+    sd = {f"features.{k.split('.', 1)[1]}": v.clone() for k, v in donor.items()}
+    sd["classifier.0.weight"] = torch.zeros(2, 2)  # extra keys of a full vgg16 file are ignored
     torch.save(sd, tmp_path / "vgg16-397923af.pth")
+    torch.manual_seed(2)
     lp = FrozenLPIPS("vgg", weights_path=tmp_path / "vgg16-397923af.pth")
     assert torch.equal(lp.net.net.slice3.state_dict()["10.weight"], sd["features.10.weight"])
     assert lp.source.endswith("vgg16-397923af.pth")

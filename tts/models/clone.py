@@ -22,7 +22,14 @@ from torch import nn
 
 from tts.alignment import maximum_path
 from tts.models.clone_config import DURATION_HIDDEN, POSTNET, SIZES, LossConfig, ModelConfig
-from tts.models.clone_decoder import AlignerPrior, DurationPredictor, MelDecoder, PostNet, durations_to_path, expand
+from tts.models.clone_decoder import (
+    AlignerPrior,
+    DurationPredictor,
+    MelDecoder,
+    PostNet,
+    durations_to_path,
+    expand,
+)
 from tts.models.clone_encoders import ReferenceEncoder, TextEncoder
 
 

@@ -107,6 +107,7 @@ class TrainConfig:
     checkpoint_dir: str = "runs/tts_clone"
     epochs: int = 1000
     max_updates: int = 0       # optimizer steps; 0 = run until --epochs
+    max_minutes: float = 0.0   # wall-clock budget of the training loop; 0 = none (then validate, save, stop)
     batch_size: int = 32
     grad_accum: int = 1
     num_workers: int = 4

@@ -1,0 +1,204 @@
+"""tts/train.py end to end on a tiny synthetic corpus: steps, exact resume, non-finite handling,
+--init_from with another vocabulary / speaker count, synthesize CLI, ONNX export, the RTX 5090
+launcher script."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from common.checkpoint import load_checkpoint, save_atomic
+from common.config import load_config
+from common.distributed import setup_distributed
+from common.training import NonFiniteError
+from tts import export_onnx, synthesize
+from tts import train as train_mod
+from tts.models.vits_config import TrainConfig
+from tts.prepare_data import prepare
+
+ROOT = Path(__file__).resolve().parents[2]
+SR = 22050
+TEXTS = ["salom dunyo", "bugun havo yaxshi", "kitob oʻqiymiz", "choy ichamiz", "men uyga boraman",
+         "bu yaxshi kun"]
+# tiny preset, made smaller still; no eval, no test sentences: only the training machinery is tested
+FAST = ["model=tiny", "batch_size=2", "num_loader_workers=0", "persistent_workers=false", "pin_memory=false",
+        "mixed_precision=false", "run_eval=false", "eval_at_start=false", "test_sentences=[]", "print_step=1",
+        "save_step=2", "eval_interval=0", "data.num_buckets=2", "max_minutes=null", "progress_bar=false",
+        "model_args.segment_frames=8", "model_args.upsample_initial_channel=32", "model_args.n_layers_q=2"]
+
+
+def _corpus(root: Path, speakers: list[str]) -> Path:
+    audio = root / "audio"
+    audio.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    lines = []
+    for s, spk in enumerate(speakers):
+        for i, text in enumerate(TEXTS):
+            t = np.arange(int(1.3 * SR)) / SR
+            f0 = 110 + 40 * s + 10 * i
+            wav = (0.3 * np.sin(2 * np.pi * f0 * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 4 * t))
+                   + 0.01 * rng.standard_normal(len(t))).astype(np.float32)
+            (audio / spk).mkdir(exist_ok=True)
+            sf.write(audio / spk / f"{i:02d}.wav", wav, SR, subtype="PCM_16")
+            lines.append(f"{spk}/{i:02d}|{text}")
+    (root / "metadata.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    cfg = TrainConfig()
+    cfg.data.eval_split_size = 1
+    out = root / "prepared"
+    prepare(root / "metadata.csv", audio, out, cfg, quiet=True, speaker_from_path=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def data_one(tmp_path_factory) -> Path:
+    return _corpus(tmp_path_factory.mktemp("one"), ["anna"])
+
+
+@pytest.fixture(scope="module")
+def data_two(tmp_path_factory) -> Path:
+    return _corpus(tmp_path_factory.mktemp("two"), ["anna", "bobur"])
+
+
+def _args(data: Path, run: Path, *extra: str, steps: int) -> list[str]:
+    sets = [*FAST, f"max_steps={steps}", *extra]
+    return ["--data_dir", str(data), "--run_dir", str(run), "--device", "cpu",
+            *sum((["--set", s] for s in sets), [])]
+
+
+def _states(ckpt: Path) -> dict:
+    c = load_checkpoint(ckpt)
+    return {"models": c["models"], "optimizers": c["optimizers"], "counters": c["counters"]}
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+@pytest.fixture(scope="module")
+def straight_run(data_one, tmp_path_factory) -> Path:
+    """4 steps in one go (crosses an epoch boundary: 5 items, batch 2, drop_last → 2 per epoch)."""
+    run = tmp_path_factory.mktemp("straight")
+    assert train_mod.main(_args(data_one, run, steps=4)) == 0
+    return run
+
+
+def test_steps_and_exact_resume(straight_run, data_one, tmp_path, capsys):
+    ckpts = sorted((straight_run / "checkpoints").glob("vits_*.pt"))
+    assert [p.name for p in ckpts] == ["vits_00000002.pt", "vits_00000004.pt"]
+    # 2 steps, stop, resume, 2 more → bitwise the same weights, optimizer moments and counters
+    run = tmp_path / "resumed"
+    assert train_mod.main(_args(data_one, run, steps=2)) == 0
+    out = capsys.readouterr().out
+    assert "parameters: generator" in out and "used at inference" in out
+    assert train_mod.main(_args(data_one, run, steps=4) + ["--resume", "auto"]) == 0
+    assert "resumed from" in capsys.readouterr().out
+    a = _states(straight_run / "checkpoints" / "vits_00000004.pt")
+    b = _states(run / "checkpoints" / "vits_00000004.pt")
+    assert a["counters"]["step"] == 4 and a["counters"]["epoch"] == 1 and a["counters"]["batch_in_epoch"] == 2
+    assert _equal(a, b)
+    first = _states(straight_run / "checkpoints" / "vits_00000002.pt")
+    assert not _equal(first["models"], a["models"])  # training changed the weights
+
+
+def test_nonfinite_steps_skip_then_stop(data_one, tmp_path, monkeypatch, capsys):
+    run = tmp_path / "nan"
+    real = train_mod.VitsTrainer.generator_losses
+
+    def poisoned(self, *args, **kwargs):
+        losses = real(self, *args, **kwargs)
+        if self.step >= 2:  # steps 3, 4, ... produce NaN
+            losses["total"] = losses["total"] * float("nan")
+        return losses
+
+    monkeypatch.setattr(train_mod.VitsTrainer, "generator_losses", poisoned)
+    good = None
+    cfg = load_config(None, TrainConfig, [*FAST, "max_steps=20", "max_nonfinite_steps=3"],
+                      extra={"data_dir": str(data_one), "run_dir": str(run)})
+    trainer = train_mod.VitsTrainer(cfg, setup_distributed("cpu"))
+    with pytest.raises(NonFiniteError, match="3 consecutive"):
+        try:
+            trainer.run()
+        finally:
+            good = {k: v.clone() for k, v in trainer.gen.state_dict().items()}
+    assert trainer.step == 4  # steps 3 and 4 skipped, the third bad one (step 5) stopped the run
+    assert trainer.guard.skipped_total == 3
+    assert all(torch.isfinite(v).all() for v in good.values() if v.is_floating_point())  # never stepped on NaN
+    ckpts = sorted((run / "checkpoints").glob("vits_*.pt"))
+    assert [p.name for p in ckpts] == ["vits_00000002.pt"]  # the last good one, nothing newer
+    state = load_checkpoint(ckpts[0])
+    assert all(torch.isfinite(v).all() for v in state["models"]["generator"].values() if v.is_floating_point())
+    # the CLI exits non-zero
+    monkeypatch.setattr(train_mod.VitsTrainer, "generator_losses", poisoned)
+    assert train_mod.main(_args(data_one, tmp_path / "nan2", "max_nonfinite_steps=2", steps=20)) == 3
+    assert "consecutive steps had non-finite" in capsys.readouterr().out
+
+
+def test_init_from_other_vocabulary_and_speakers(straight_run, data_two, tmp_path, capsys):
+    src = load_checkpoint(straight_run / "checkpoints" / "vits_00000004.pt")
+    emb = src["models"]["generator"]["enc_p.emb.weight"]
+    src["models"]["generator"]["enc_p.emb.weight"] = torch.cat([emb, torch.randn(5, emb.size(1))])  # bigger vocab
+    ckpt = save_atomic(src, tmp_path / "other_vocab.pt")
+    cfg = load_config(None, TrainConfig, [*FAST, "max_steps=1"],
+                      extra={"data_dir": str(data_two), "run_dir": str(tmp_path / "ft")})
+    trainer = train_mod.VitsTrainer(cfg, setup_distributed("cpu"), init_from=str(ckpt))
+    out = capsys.readouterr().out
+    assert "enc_p.emb.weight: checkpoint (44, 48) vs model (39, 48)" in out
+    assert "re-initialised (not in checkpoint)" in out and "emb_g.weight" in out  # 1 → 2 speakers
+    gen = trainer.gen.state_dict()
+    assert trainer.gen.n_speakers == 2
+    assert torch.equal(gen["dec.conv_pre.weight"], src["models"]["generator"]["dec.conv_pre.weight"])
+    assert not torch.equal(gen["enc_p.emb.weight"], emb[: gen["enc_p.emb.weight"].size(0)])
+    trainer.run()
+    assert (tmp_path / "ft" / "checkpoints" / "vits_00000001.pt").is_file()
+
+
+def test_synthesize_cli_and_onnx_export(straight_run, tmp_path, capsys):
+    ckpt = straight_run / "checkpoints" / "vits_00000004.pt"
+    out = tmp_path / "s.wav"
+    with pytest.warns(UserWarning, match="U\\+2603"):
+        rc = synthesize.main(["--checkpoint", str(ckpt), "--text", "Салом, 25 ☃ дунё!", "--out", str(out),
+                              "--speaker", "anna", "--length_scale", "1.2"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "RTF" in printed and "salom, yigirma besh" in printed
+    wav, sr = sf.read(out)
+    assert sr == SR and len(wav) > 0 and len(wav) % 256 == 0
+    assert synthesize.main(["--checkpoint", str(ckpt), "--text", "a", "--speaker", "nobody"]) == 2
+
+    onnx_path = tmp_path / "m.onnx"
+    assert export_onnx.main(["--checkpoint", str(ckpt), "--out", str(onnx_path)]) == 0
+    assert "onnxruntime matches PyTorch" in capsys.readouterr().out
+    # and once more by hand, on a sentence of another length, with all noise at 0
+    model, cfg, _ = synthesize.load_generator(ckpt)
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    x = synthesize.text_to_input("Ertaga soat 9:30 da uchrashamiz.", cfg.data.add_blank)
+    got = export_onnx.run_onnx(sess, x, (0.0, 1.0, 0.0))
+    ref, _, _ = model.infer(x, torch.tensor([x.size(1)]), None, 0.0, 1.0, 0.0)
+    assert got.shape == tuple(ref.shape) and np.abs(got - ref.numpy()).max() < 1e-3
+
+
+def test_train_rtx5090_sh_tiny_run(data_one, tmp_path):
+    run = tmp_path / "sh"
+    sets = sum((["--set", s] for s in [*FAST, "max_steps=1"]), [])
+    env = {**os.environ, "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", str(ROOT / "tts" / "train_rtx5090.sh"), "--data_dir", str(data_one),
+                           "--run_dir", str(run), "--device", "cpu", *sets],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "uzbek_vits_rtx5090" in proc.stdout  # the RTX 5090 config was used
+    assert (run / "checkpoints" / "vits_00000001.pt").is_file()

@@ -1,0 +1,19 @@
+# Voice-cloning TTS (tts/train_main.py, tts/CLONE.md). Included by the root Makefile, which
+# defines PY and setup. Override on the command line, e.g.
+#   make tts-clone-train CLONE_DATA=data/my_prepared CLONE_ARGS="--fast-convergence"
+CLONE_CONFIG ?= tts/configs/clone_base.yaml
+CLONE_DATA ?= data/tts_prepared
+CLONE_RUN ?= runs/tts_clone
+CLONE_ARGS ?=
+
+.PHONY: tts-clone-train tts-clone-demo
+
+# Resumes automatically from the newest checkpoint in CLONE_RUN.
+tts-clone-train: setup
+	$(PY) tts/train_main.py --config $(CLONE_CONFIG) --train-data $(CLONE_DATA) \
+		--checkpoint-dir $(CLONE_RUN) --resume auto $(CLONE_ARGS)
+
+tts-clone-demo: setup
+	$(PY) tts/clone_demo.py
+
+DEMO_TARGETS += tts-clone-demo
