@@ -7,8 +7,8 @@ One run prints one table: images/s and peak memory of the real training step (`V
 VAE + KL + GAN on, LPIPS when its weights are cached) for every profile in vae/configs, then the
 baseline (fp32, no compile, contiguous layout, TF32 off, 0 DataLoader workers) against each flag
 switched on alone, as a ratio. What this device cannot measure is printed as "n/a (needs CUDA)".
-On a CPU the profiles are scaled down (widths / 8, crops / 8, batch 1) and it says so; the ratios
-are still real measurements of this machine.
+On a CPU the profiles are scaled down (widths / 8, crops / 16, batch 1) and it says so; the ratios
+are still real measurements of this machine (and of its load: run it on an idle machine).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def scale_for_cpu(cfg: VAEConfig) -> VAEConfig:
     cfg = copy.deepcopy(cfg)
     cfg.channels = [max(8, c // 8) for c in cfg.channels]
     cfg.norm_num_groups = 8
-    cfg.image_size = max(32, cfg.image_size // 8)
+    cfg.image_size = max(32, cfg.image_size // 16 // 8 * 8)
     cfg.batch_size, cfg.accumulation_steps = 1, 1
     cfg.disc_channels = 16
     return cfg
@@ -106,8 +106,8 @@ def _fmt_ips(r: dict | str | None) -> str:
 
 
 def _fmt_mem(r: dict | str | None) -> str:
-    if isinstance(r, str) or r is None:
-        return r or NA
+    if isinstance(r, str):
+        return "-"
     return f"{r['peak_gib']:.2f}" if r.get("peak_gib") is not None else NA
 
 
@@ -123,13 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cuda = device.type == "cuda"
-    steps = args.steps or (10 if cuda else 4)
+    steps = args.steps or (10 if cuda else 3)
     workers = args.workers if args.workers is not None else min(4, max(1, (torch.get_num_threads() or 2)))
     do_compile = cuda if args.compile is None else args.compile
     print(f"bench_vae on {torch.cuda.get_device_name(device) if cuda else 'CPU'} "
           f"(torch {torch.__version__}, {torch.get_num_threads()} threads), {steps} timed steps each")
     if not cuda:
-        print("CPU: every profile is scaled down (channel widths / 8, crop / 8, batch 1); memory columns need CUDA")
+        print("CPU: every profile is scaled down (channel widths / 8, crop / 16, batch 1); memory columns need CUDA")
 
     perceptual = None
     try:

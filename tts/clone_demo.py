@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import shutil
 import sys
 import time
@@ -42,6 +43,17 @@ RUN_DIR = Path("runs/tts_clone_demo")
 VOCODER_DIR = Path("runs/vocoder_demo/export")
 CONFIG = Path(__file__).resolve().parent / "configs" / "clone_demo.yaml"
 MARGIN = 0.2  # "clearly below": different-reference cosine at least this much under same-reference
+
+
+def demo_threads() -> int:
+    """Two threads on an idle 2-core machine; one when the cores are already busy, because OpenMP
+    threads that wait for each other on an oversubscribed CPU run many times slower than one thread."""
+    n = max(1, min(2, torch.get_num_threads()))
+    try:
+        busy = os.getloadavg()[0] > (os.cpu_count() or 1) - 0.5
+    except OSError:
+        busy = False
+    return 1 if busy else n
 
 
 def ensure_corpus(prepared: Path = PREPARED_DIR) -> Path:
@@ -83,8 +95,12 @@ def speaker_check(model, cfg, prepared: Path, vocoder, out_dir: Path) -> dict:
     sentences = list(cfg.val.sentences[:2]) + [t for t in held_out_texts if t not in cfg.val.sentences][:1]
     center = model.mel_mean.cpu()
     outs: dict[tuple[str, int], dict] = {}
-    for spk, row in sorted(refs.items()):
-        reference = load_reference(row["wav"], cfg.audio, cfg.data)
+    clips = {spk: row["wav"] for spk, row in sorted(refs.items())}
+    unseen = unseen_voice(prepared, out_dir, held_out_texts[0])
+    if unseen is not None:
+        clips[unseen[0]] = unseen[1]
+    for spk, wav_path in clips.items():
+        reference = load_reference(wav_path, cfg.audio, cfg.data)
         if vocoder is not None:
             save_wav(out_dir / f"reference_{spk}.wav", reference.wav, cfg.audio.sample_rate)
         for i, text in enumerate(sentences):
@@ -96,20 +112,41 @@ def speaker_check(model, cfg, prepared: Path, vocoder, out_dir: Path) -> dict:
             outs[(spk, i)] = {"stats": mel_stats_embedding(res["mel"].cpu(), center), "learned": learned}
             if res["wav"] is not None:
                 save_wav(out_dir / f"{spk}_{i}.wav", res["wav"], vocoder.sample_rate)
-    same = {"stats": [], "learned": []}
-    diff = {"stats": [], "learned": []}
-    for (ka, a), (kb, b) in itertools.combinations(outs.items(), 2):
-        if ka[1] == kb[1]:
-            continue  # only pairs of different sentences: the text never explains the similarity
-        target = same if ka[0] == kb[0] else diff
-        for kind in target:
-            target[kind].append(cosine(a[kind], b[kind]))
-    result = {kind: {"same_reference": float(np.mean(same[kind])), "different_reference": float(np.mean(diff[kind]))}
-              for kind in same}
-    result["speakers"] = sorted(refs)
+    result = {kind: compare(outs, kind, set(refs)) for kind in ("stats", "learned")}
     result["references"] = {spk: row["id"] for spk, row in sorted(refs.items())}
     result["sentences"] = sentences
+    if unseen is not None:
+        result["unseen"] = {"voice": unseen[0], **compare(outs, "stats", set(refs) | {unseen[0]}, only=unseen[0])}
     return result
+
+
+def compare(outs: dict, kind: str, speakers: set[str], only: str | None = None) -> dict:
+    """Mean cosine over pairs of DIFFERENT sentences, split by same vs different reference
+    (`only`: just the pairs that involve that reference)."""
+    same, diff = [], []
+    for (ka, a), (kb, b) in itertools.combinations(outs.items(), 2):
+        if ka[1] == kb[1] or ka[0] not in speakers or kb[0] not in speakers:
+            continue  # pairs of different sentences only: the text never explains the similarity
+        if only is not None and only not in (ka[0], kb[0]):
+            continue
+        (same if ka[0] == kb[0] else diff).append(cosine(a[kind], b[kind]))
+    return {"same_reference": float(np.mean(same)), "different_reference": float(np.mean(diff))}
+
+
+def unseen_voice(prepared: Path, out_dir: Path, text: str) -> tuple[str, Path] | None:
+    """A reference clip of an espeak-ng voice that is NOT among the training speakers (information
+    only: three training voices are far too few to generalise to new voices)."""
+    from common.demo_speech import DEMO_SPEAKERS, speak
+
+    trained = set(json.loads((prepared / "speakers.json").read_text(encoding="utf-8")))
+    candidates = [s for s in DEMO_SPEAKERS if s["name"] not in trained]
+    if not candidates or not espeak_available():
+        return None
+    spk = next((s for s in candidates if s["name"] == "uz_f_high"), candidates[0])
+    path = out_dir / f"unseen_{spk['name']}.wav"
+    if not path.is_file():
+        speak(text, path, voice=spk["voice"], speed=spk["speed"], pitch=spk["pitch"], sample_rate=22050)
+    return spk["name"], path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override clone_demo.yaml keys, e.g. --set train.max_minutes=1")
     args = p.parse_args(argv)
-    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    torch.set_num_threads(demo_threads())
     if not espeak_available() and not (PREPARED_DIR / "train.jsonl").is_file():
         print("error: espeak-ng is needed for the demo corpus: run `make setup` or `apt-get install espeak-ng`",
               file=sys.stderr)
@@ -129,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     vocoder_path = VOCODER_DIR if (VOCODER_DIR / "config.json").is_file() else None
     print(f"vocoder: {vocoder_path or 'none yet (run make vocoder-demo for audio); Griffin-Lim in TensorBoard'}")
 
-    print("== 2/3 train (tiny, CPU) ==")
+    print(f"== 2/3 train (tiny, CPU, {torch.get_num_threads()} thread(s)) ==")
     summary_file = RUN_DIR / "summary.json"
     if args.retrain or not summary_file.is_file():
         if RUN_DIR.exists():
@@ -165,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
           f"different reference {s['different_reference']:.3f}")
     print(f"  reference-encoder embedding     : cosine same reference {learned['same_reference']:.3f}, "
           f"different reference {learned['different_reference']:.3f}")
+    if "unseen" in check:
+        u = check["unseen"]
+        print(f"  unseen voice {u['voice']} (espeak-ng, never trained on; information only): cosine same reference "
+              f"{u['same_reference']:.3f}, vs outputs for the held-out references {u['different_reference']:.3f}")
     if vocoder is not None:
         print(f"samples (through {vocoder_path}): {samples}/")
     print(f"tensorboard --logdir {RUN_DIR / 'logs'}   ({time.time() - t0:.0f} s)")

@@ -35,9 +35,16 @@ from common.checkpoint import (
     resolve_resume,
     restore_state,
 )
-from common.config import ConfigError, add_config_args, config_to_dict, format_config, load_config, save_config
+from common.config import (
+    ConfigError,
+    add_config_args,
+    config_to_dict,
+    format_config,
+    load_config,
+    save_config,
+)
 from common.data import BucketBatchSampler, make_loader
-from common.distributed import DistInfo, barrier, cleanup, setup_distributed, unwrap, wrap_ddp
+from common.distributed import DistInfo, barrier, cleanup, setup_distributed, wrap_ddp
 from common.log import Progress, RunLogger, plot_alignment, plot_spectrogram
 from common.muon import build_optimizer
 from common.precision import Precision
@@ -194,8 +201,11 @@ class VitsTrainer:
         spec, spec_len = batch["spec"].to(dev, non_blocking=nb), batch["spec_len"].to(dev, non_blocking=nb)
         wav, sid = batch["wav"].to(dev, non_blocking=nb), batch["sid"].to(dev, non_blocking=nb)
 
+        prior_w = 0.0
+        if self.cfg.mas_prior_steps > 0:
+            prior_w = self.cfg.mas_prior_weight * max(0.0, 1.0 - self.step / self.cfg.mas_prior_steps)
         with self.precision.autocast():
-            out = self.gen_ddp(x, x_len, spec, spec_len, sid)
+            out = self.gen_ddp(x, x_len, spec, spec_len, sid, mas_prior_weight=prior_w)
         with self.precision.no_autocast():
             if wav.size(1) < seg * hop:
                 wav = F.pad(wav, (0, seg * hop - wav.size(1)))
@@ -309,7 +319,7 @@ class VitsTrainer:
                                           "skipped_steps": self.guard.skipped_total}, self.step, prefix="train")
                         self.log.figure("train/alignment", plot_alignment(self.last_attn.cpu()), self.step)
                         m = {k: float(v) for k, v in metrics.items()}
-                        progress.write(f"step {self.step} epoch {self.epoch}: " + " ".join(
+                        (progress.write if progress.bar else self.say)(f"step {self.step} epoch {self.epoch}: " + " ".join(
                             f"{k.replace('loss_', '')}={v:.3f}" for k, v in m.items()) + f" lr={lr:.2e}")
                     if (cfg.eval_interval and self.step % cfg.eval_interval == 0 and self.epoch >= cfg.test_delay_epochs):
                         last_metrics = self.evaluate()

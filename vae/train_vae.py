@@ -48,6 +48,7 @@ from common.config import (
 from common.data import ResumableSampler, make_loader
 from common.distributed import (
     DistInfo,
+    all_reduce_mean,
     barrier,
     cleanup,
     gather_objects,
@@ -209,6 +210,9 @@ class VAETrainer:
                 logs[k] = logs.get(k, 0) + v / n
         if gan:
             self.disc_module.requires_grad_(True)
+        logvar = self.loss.logvar.logvar
+        if self.info.enabled and logvar.requires_grad and logvar.grad is not None:
+            logvar.grad.copy_(all_reduce_mean(logvar.grad))  # not inside the DDP module: average by hand
         clip = cfg.gradient_clip or None
         g_norm, stepped = step_optimizer(None, self.opt_g, self.g_params, scaler, clip, self.guard)
         logs["grad_norm"] = g_norm
@@ -355,6 +359,7 @@ def train(cfg: VAEConfig) -> int:
     total_steps = cfg.max_steps if cfg.max_steps > 0 else cfg.num_epochs * steps_per_epoch
 
     trainer = VAETrainer(cfg, device, info, total_steps, perceptual)
+    torch.manual_seed(cfg.seed + info.rank)  # distinct posterior noise per rank (restored on resume)
     samples_per_step = batch * accum * info.world_size
     counters = {"step": 0, "epoch": 0, "micro_in_epoch": 0, "stage": 1, "steps_before_stage": 0}
     best_psnr = last_psnr = None
@@ -459,6 +464,7 @@ def train(cfg: VAEConfig) -> int:
     t_start = time.time()
     stop_reason = ""
     last_log_t, last_log_step = time.perf_counter(), step
+    bar: dict[str, float] = {}  # loss values shown on the progress bar, refreshed at log steps only
     try:
         with GracefulExit() as stopper:
             while step < total_steps and not stop_reason:
@@ -483,7 +489,6 @@ def train(cfg: VAEConfig) -> int:
                     micro = []
                     step += 1
                     counters["micro_in_epoch"] = int(counters["micro_in_epoch"]) + accum
-                    progress.update(step, t1 - t0, time.perf_counter() - t1)
                     if main and (step % cfg.log_freq == 0 or step == total_steps):
                         now = time.perf_counter()
                         ips = (step - last_log_step) * samples_per_step / max(now - last_log_t, 1e-9)
@@ -491,7 +496,11 @@ def train(cfg: VAEConfig) -> int:
                         logs.update({"lr": trainer.opt_g.param_groups[0]["lr"], "images_per_sec": ips,
                                      "memory_gib": memory_gib(device), "data_wait": progress.data_wait_fraction,
                                      "nonfinite_skipped": trainer.guard.skipped_total})
-                        logger.scalars(logs, gstep(), "train")
+                        if trainer.opt_d is not None:
+                            logs["disc_lr"] = trainer.opt_d.param_groups[0]["lr"]
+                        logger.scalars(logs, gstep(), "train")  # one host sync for all the tensors
+                        bar = {"loss": float(logs["total"]), "rec": float(logs[f"rec_{cfg.rec_loss}"])}
+                    progress.update(step, t1 - t0, time.perf_counter() - t1, **bar)
                     if main and cfg.save_samples_freq and step % cfg.save_samples_freq == 0:
                         save_samples()
                     if main and cfg.val_freq and step % cfg.val_freq == 0 and val_batches:

@@ -97,7 +97,9 @@ class MultiResolutionSTFTLoss(nn.Module):
     def _magnitude(self, x: torch.Tensor, i: int) -> torch.Tensor:
         n_fft, hop, win = self.resolutions[i]
         spec = torch.stft(x, n_fft, hop, win, getattr(self, f"window_{i}"), center=True, return_complex=True)
-        return torch.sqrt(torch.view_as_real(spec).pow(2).sum(-1).clamp(min=1e-7))
+        # eps inside the sqrt, not a clamp: a clamp has zero gradient, and a freshly initialised
+        # generator is quiet enough (~1e-5) to sit entirely below a clamp and never start learning.
+        return torch.sqrt(torch.view_as_real(spec).pow(2).sum(-1) + 1e-9)
 
     def forward(self, fake: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """fake, real: [B, T] or [B, 1, T] -> (spectral convergence, log-magnitude L1), each the

@@ -10,7 +10,11 @@ from tts.models.discriminator import MultiPeriodDiscriminator
 from tts.models.modules import sequence_mask
 from tts.models.vits import VITS, generate_path, log_likelihood_matrix
 from tts.models.vits_config import model_args
-from tts.models.vits_flows import ResidualCouplingBlock, StochasticDurationPredictor, rational_quadratic_spline
+from tts.models.vits_flows import (
+    ResidualCouplingBlock,
+    StochasticDurationPredictor,
+    rational_quadratic_spline,
+)
 from tts.models.vits_losses import discriminator_loss, feature_loss, generator_loss, kl_loss
 from tts.text import SYMBOLS
 

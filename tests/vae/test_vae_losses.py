@@ -6,8 +6,15 @@ import pytest
 import torch
 from torch import nn
 
-from vae.losses import (FrozenLPIPS, PatchDiscriminator, PerceptualWeightsError, VAELoss, adaptive_gan_weight,
-                        find_backbone_weights, hinge_d_loss)
+from vae.losses import (
+    FrozenLPIPS,
+    PatchDiscriminator,
+    PerceptualWeightsError,
+    VAELoss,
+    adaptive_gan_weight,
+    find_backbone_weights,
+    hinge_d_loss,
+)
 from vae.model import DiagonalGaussian
 
 

@@ -103,6 +103,28 @@ def log_likelihood_matrix(z_p: torch.Tensor, m_p: torch.Tensor, logs_p: torch.Te
     return nc1 + nc2 + nc3 + nc4
 
 
+def beta_binomial_log_prior(x_lengths: torch.Tensor, y_lengths: torch.Tensor, t_text: int, t_frames: int,
+                            scale: float = 1.0) -> torch.Tensor:
+    """log P(token k | frame t) of the 2-D beta-binomial alignment prior ("One TTS Alignment to Rule
+    Them All", Badlani et al. 2021): near the diagonal k/N ≈ t/T, wider in the middle.
+    [B, T_text, T_frames], 0 outside each item's rectangle."""
+    n = (x_lengths - 1).float()[:, None, None]  # [B, 1, 1]
+    m = y_lengths.float()[:, None, None]
+    k = torch.arange(t_text, device=x_lengths.device, dtype=torch.float32)[None, :, None]
+    j = torch.arange(1, t_frames + 1, device=x_lengths.device, dtype=torch.float32)[None, None, :]
+    a, b = scale * j, scale * (m + 1 - j)
+    valid = (k <= n) & (j <= m)
+    kk, a, b = torch.where(valid, k, 0.0), torch.where(valid, a, 1.0), torch.where(valid, b, 1.0)
+    nn_ = torch.where(valid, n.expand_as(valid), 0.0)
+
+    def lbeta(x, y):
+        return torch.lgamma(x) + torch.lgamma(y) - torch.lgamma(x + y)
+
+    logp = (torch.lgamma(nn_ + 1) - torch.lgamma(kk + 1) - torch.lgamma(nn_ - kk + 1)
+            + lbeta(kk + a, nn_ - kk + b) - lbeta(a, b))
+    return torch.where(valid, logp, torch.zeros_like(logp))
+
+
 class VITS(nn.Module):
     """The generator side of VITS (everything but the discriminator)."""
 
@@ -142,8 +164,13 @@ class VITS(nn.Module):
         return self.emb_g(sid).unsqueeze(-1)  # [B, gin, 1]
 
     def forward(self, x: torch.Tensor, x_lengths: torch.Tensor, spec: torch.Tensor, spec_lengths: torch.Tensor,
-                sid: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """Training pass. Returns the waveform for a random latent window and what the losses need."""
+                sid: torch.Tensor | None = None, mas_prior_weight: float = 0.0) -> dict[str, torch.Tensor]:
+        """Training pass. Returns the waveform for a random latent window and what the losses need.
+
+        ``mas_prior_weight`` > 0 adds that much of the beta-binomial diagonal log-prior to the
+        log-likelihoods MAS sees (not to any loss): early in training, when the prior and
+        posterior are still random, it steers MAS to near-diagonal paths instead of degenerate
+        ones, which makes alignments form in far fewer steps. The trainer decays it to 0."""
         h, m_p, logs_p, x_mask = self.enc_p(x, x_lengths)
         g = self.speaker_cond(sid)
         z, m_q, logs_q, y_mask = self.enc_q(spec, spec_lengths, g=g)
@@ -152,7 +179,11 @@ class VITS(nn.Module):
         with torch.no_grad():
             neg_cent = log_likelihood_matrix(z_p, m_p, logs_p)
             attn_mask = x_mask.transpose(1, 2) * y_mask  # [B, T_text, T_frames]
-            attn = maximum_path(neg_cent, attn_mask)
+            guided = neg_cent
+            if mas_prior_weight > 0:
+                guided = neg_cent + mas_prior_weight * beta_binomial_log_prior(
+                    x_lengths, spec_lengths, x.size(1), spec.size(2))
+            attn = maximum_path(guided, attn_mask)
         w = attn.sum(2).unsqueeze(1)  # [B, 1, T_text] frames per token
         if self.args.use_sdp:
             l_length = self.dp(h, x_mask, w, g=g) / torch.sum(x_mask)

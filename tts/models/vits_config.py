@@ -170,6 +170,10 @@ class TrainConfig:
     tf32: bool = True
     cudnn_benchmark: bool = False  # variable lengths: benchmark would re-tune every batch
     max_nonfinite_steps: int = 20  # consecutive skipped steps before the run stops
+    # alignment: the beta-binomial diagonal prior added to what MAS sees (not to the loss), with
+    # weight mas_prior_weight at step 0 falling linearly to 0 at mas_prior_steps (0 = off, as the paper)
+    mas_prior_steps: int = 0
+    mas_prior_weight: float = 1.0
     # losses
     c_mel: float = 45.0
     c_kl: float = 1.0

@@ -1,0 +1,96 @@
+import pytest
+import yaml
+
+from common.config import ConfigError, load_config
+from vocoder.config import VocoderConfig, task_kind
+
+from .conftest import DEMO_YAML, GPU_YAML, RTX_YAML
+
+
+def test_base_hifi_gpu_table_values():
+    c = load_config(GPU_YAML, VocoderConfig)
+    assert c.task_cls == "nsf_HiFigan_task.nsf_HiFigan" and c.task == "standard"
+    assert c.batch_size == 16
+    assert c.crop_mel_frames == 48
+    assert c.model_args.upsample_initial_channel == 512
+    for opt in (c.generator_optimizer_args, c.discriminator_optimizer_args):
+        assert opt.optimizer_cls == "torch.optim.AdamW" and opt.lr == 1e-4
+        assert (opt.beta1, opt.beta2) == (0.8, 0.99)
+    assert c.pl_trainer_precision == "32-true"
+    assert (c.ds_workers, c.dataloader_prefetch_factor) == (6, 4)
+    assert c.binarization_args.num_workers == 8
+    assert c.model_args.discriminator_periods == [3, 5, 7, 11, 17, 23, 37]
+    assert c.discriminator_names == ["mpd", "msd"]
+    assert c.val_check_interval == 2000
+    assert c.max_updates == 150000
+    assert c.clip_grad_norm is None
+    raw = yaml.safe_load(GPU_YAML.read_text())
+    assert "noise_sigma" not in raw["model_args"]  # the table's "—"
+    # 44.1 kHz defaults of the issue
+    assert (c.audio_sample_rate, c.hop_size, c.fft_size, c.win_size, c.audio_num_mel_bins) == (44100, 512, 2048, 2048, 128)
+    assert (c.fmin, c.fmax) == (40, 16000)
+
+
+def test_base_hifi_rtx5090_table_values():
+    c = load_config(RTX_YAML, VocoderConfig)
+    assert c.task_cls == "nsf_HiFigan_fast_task.nsf_HiFigan" and c.task == "fast"
+    assert c.batch_size == 32
+    assert c.crop_mel_frames == 80
+    assert c.model_args.upsample_initial_channel == 1024
+    for opt in (c.generator_optimizer_args, c.discriminator_optimizer_args):
+        assert opt.optimizer_cls == "common.muon.MuonAdamW" and opt.is_muon and opt.lr == 3e-4
+        assert (opt.beta1, opt.beta2) == (0.8, 0.99)
+    raw = yaml.safe_load(RTX_YAML.read_text())
+    assert raw["generator_optimizer_args"]["optimizer_cls"] == "Muon_AdamW"
+    assert c.pl_trainer_precision == "16-mixed"
+    assert (c.ds_workers, c.dataloader_prefetch_factor) == (12, 4)
+    assert c.binarization_args.num_workers == 16
+    assert c.model_args.discriminator_periods == [2, 3, 5, 7, 11, 17, 23]
+    assert c.model_args.fast_mpd_strides == [4, 4, 4] and c.model_args.fast_mpd_kernel_size == 11
+    assert c.discriminator_names == ["fast_mpd", "mrd"]
+    assert c.val_check_interval == 1000
+    assert c.max_updates == 300000
+    assert c.clip_grad_norm == 1.0
+    assert c.model_args.noise_sigma == 0.0 and raw["model_args"]["noise_sigma"] == 0.0
+
+
+def test_demo_config_is_small():
+    c = load_config(DEMO_YAML, VocoderConfig)
+    assert (c.audio_sample_rate, c.hop_size, c.fft_size, c.audio_num_mel_bins) == (22050, 256, 1024, 80)
+    assert 32 <= c.model_args.upsample_initial_channel <= 64
+
+
+def test_unknown_key_is_an_error_naming_the_closest(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"base_config: {GPU_YAML}\ncrop_mel_frame: 10\n")
+    with pytest.raises(ConfigError, match="crop_mel_frames"):
+        load_config(bad, VocoderConfig)
+    with pytest.raises(ConfigError, match="upsample_initial_channel"):
+        load_config(GPU_YAML, VocoderConfig, ["model_args.upsample_initial_channels=3"])
+
+
+def test_seed_aliases_and_task_names(tmp_path):
+    f = tmp_path / "seed.yaml"
+    f.write_text(
+        "task_cls: training.nsf_HiFigan_fast_task.nsf_HiFigan\n"
+        "generater_optimizer_args: {optimizer_cls: modules.optimizer.muon.Muon_AdamW, lr: 0.0002}\n"
+        "discriminate_optimizer_args: {lr: 0.0003}\n"
+        "save_n_checkpoints: 3\n"
+    )
+    c = load_config(f, VocoderConfig)
+    assert c.task == "fast"
+    assert c.generator_optimizer_args.is_muon and c.generator_optimizer_args.lr == 2e-4
+    assert c.discriminator_optimizer_args.lr == 3e-4
+    assert c.num_ckpt_keep == 3
+    assert task_kind("nsf_HiFigan_task.nsf_HiFigan") == "standard"
+    with pytest.raises(ConfigError, match="nsf_HiFigan"):
+        load_config(None, VocoderConfig, ["task_cls=training.univnet.UnivNet"])
+
+
+def test_inconsistent_values_are_rejected():
+    with pytest.raises(ConfigError, match="hop_size"):
+        load_config(GPU_YAML, VocoderConfig, ["hop_size=256"])
+    with pytest.raises(ConfigError, match="mini_nsf"):
+        load_config(GPU_YAML, VocoderConfig, ["pc_aug=true"])
+    with pytest.raises(ConfigError, match="scheduler_cls"):
+        load_config(GPU_YAML, VocoderConfig, ["lr_scheduler_args.scheduler_cls=OneCycle"])
