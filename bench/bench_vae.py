@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -120,9 +121,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="measure torch.compile (default: on for CUDA; on CPU it costs minutes of compile time)")
     p.add_argument("--output", default="", help="also write the results as JSON here")
+    p.add_argument("--threads", type=int, default=0,
+                   help="CPU threads (default: torch's, or 1 when other jobs already fill the CPU)")
     args = p.parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cuda = device.type == "cuda"
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    elif not cuda and load >= (os.cpu_count() or 1) and torch.get_num_threads() > 1:
+        # OpenMP threads on a CPU that other jobs already fill stall at every barrier (10x slower here).
+        print(f"CPU busy (load {load:.1f} on {os.cpu_count()} cores): 1 thread; numbers reflect that load")
+        torch.set_num_threads(1)
     steps = args.steps or (10 if cuda else 3)
     workers = args.workers if args.workers is not None else min(4, max(1, (torch.get_num_threads() or 2)))
     do_compile = cuda if args.compile is None else args.compile

@@ -190,6 +190,9 @@ def check_options(res: Resolved) -> None:
                          f"--scheduler cosine_with_warmup, not {s.name}: drop it")
     if s.name == "noam" and s.warmup_steps < 1:
         raise UsageError("--scheduler noam needs --warmup-steps >= 1 (its peak is at the end of the warmup)")
+    if "train.epochs" in explicit and t.max_updates > 0:
+        raise UsageError(f"{where('train.epochs')} (epochs) is not used: train.max_updates = {t.max_updates} "
+                         f"({where('train.max_updates')}) decides the run length; drop one of them")
     if "data.prefetch_factor" in explicit and t.num_workers == 0:
         raise UsageError(f"data.prefetch_factor ({where('data.prefetch_factor')}) is not used with --num-workers 0 "
                          "(prefetching happens in worker processes): drop it or use workers")

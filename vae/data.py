@@ -218,12 +218,12 @@ class ImageDataset(Dataset):
     def __len__(self) -> int:
         return len(self.files)
 
-    def _load(self, index: int) -> Image.Image:
+    def _load(self, index: int) -> tuple[Image.Image, Path]:
         for attempt in range(len(self.files)):
             path = self.files[(index + attempt) % len(self.files)]
             try:
                 im, _ = open_image_rgb(path, self.max_pixels, draft_size=self.image_size, allow_blank=True)
-                return im
+                return im, path
             except BadImage as exc:
                 self._failures += 1
                 warnings.warn(f"skipping unreadable training image {path}: {exc.reason} "
@@ -235,10 +235,12 @@ class ImageDataset(Dataset):
 
     def __getitem__(self, key) -> torch.Tensor:
         index, rng = sample_rng(key)
-        im = self._load(index)
+        im, path = self._load(index)
         size = self.image_size
         w, h = im.size
         if min(w, h) < size:
+            warnings.warn(f"{path} is {w}x{h}, smaller than the {size} px crop: upscaled (prepare the data at "
+                          f"--target_size >= {size} to avoid blurry training crops)", stacklevel=2)
             scale = size / min(w, h)
             im = im.resize((max(size, round(w * scale)), max(size, round(h * scale))), Image.Resampling.BICUBIC)
             w, h = im.size

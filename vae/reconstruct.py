@@ -103,9 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     from vae.train_vae import load_vae_weights  # imported here: keeps `import vae.reconstruct` light
 
-    args = build_parser().parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     src = Path(args.input)
     if not src.exists():

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -160,11 +161,15 @@ def export_onnx(generator: Generator, info: dict, out: Path) -> Path:
     mel = torch.randn(1, frames, info["num_mels"])
     f0 = torch.full((1, frames), 220.0)
     path = out / "model.onnx"
-    torch.onnx.export(
-        _OnnxWrapper(generator), (mel, f0), str(path), input_names=["mel", "f0"], output_names=["waveform"],
-        dynamic_axes={"mel": {1: "n_frames"}, "f0": {1: "n_frames"}, "waveform": {1: "n_samples"}},
-        opset_version=17, dynamo=False,
-    )
+    # The TorchScript exporter (dynamo=False) handles the data-dependent source cleanly; its
+    # deprecation and constant-folding notices are noise for this graph.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            _OnnxWrapper(generator), (mel, f0), str(path), input_names=["mel", "f0"], output_names=["waveform"],
+            dynamic_axes={"mel": {1: "n_frames"}, "f0": {1: "n_frames"}, "waveform": {1: "n_samples"}},
+            opset_version=17, dynamo=False,
+        )
     fmax = info["fmax"] if info["fmax"] is not None else info["sampling_rate"] / 2
     (out / "vocoder.yaml").write_text(yaml.safe_dump({
         "name": out.name, "model": path.name, "sample_rate": info["sampling_rate"], "hop_size": info["hop_size"],

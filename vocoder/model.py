@@ -244,7 +244,7 @@ class Generator(nn.Module):
         return self.m_source(f0, self.upp)
 
     def forward(self, mel: torch.Tensor, f0: torch.Tensor) -> torch.Tensor:
-        if mel.shape[-1] != f0.shape[-1]:
+        if not torch.jit.is_tracing() and mel.shape[-1] != f0.shape[-1]:
             raise ValueError(f"mel has {mel.shape[-1]} frames but f0 has {f0.shape[-1]}; they must match.")
         # The source is built in float32 even under autocast: phases need the precision.
         with torch.autocast(device_type=mel.device.type, enabled=False):

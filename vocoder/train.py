@@ -41,7 +41,14 @@ from common.checkpoint import (
     resolve_resume,
     restore_state,
 )
-from common.config import ConfigError, add_config_args, config_to_dict, format_config, load_config, save_config
+from common.config import (
+    ConfigError,
+    add_config_args,
+    config_to_dict,
+    format_config,
+    load_config,
+    save_config,
+)
 from common.data import ResumableSampler, make_loader
 from common.log import Progress, RunLogger, plot_spectrogram
 from common.muon import build_optimizer

@@ -72,6 +72,7 @@ def test_aggressive_lr_doubles_the_lr_with_a_longer_warmup():
     (["--max-gpu-memory", "1.5"], "fraction"),
     (["--batch-size", "0"], "--batch-size"),
     (["--scheduler", "noam", "--warmup-steps", "0"], "noam"),
+    (["--epochs", "3", "--set", "train.max_updates=100"], "max_updates"),
 ])
 def test_options_the_effective_configuration_does_not_use_are_errors(argv, match):
     with pytest.raises(UsageError, match=match):

@@ -113,9 +113,13 @@ def test_missing_backbone_says_how_to_provide_it(tmp_path, monkeypatch):
 
 def test_backbone_loaded_from_a_torchvision_state_dict(tmp_path):
     # torchvision's vgg16 layout: features.{index}.{weight,bias} (lpips keeps the same indices).
-    torch.manual_seed(1)
-    donor = FrozenLPIPS("vgg", random_backbone=True).net.net.state_dict()
-    sd = {f"features.{k.split('.', 1)[1]}": v.clone() for k, v in donor.items()}
+    widths = [(3, 64), (64, 64), (64, 128), (128, 128), (128, 256), (256, 256), (256, 256), (256, 512),
+              (512, 512), (512, 512), (512, 512), (512, 512), (512, 512)]
+    g = torch.Generator().manual_seed(1)
+    sd = {}
+    for idx, (cin, cout) in zip((0, 2, 5, 7, 10, 12, 14, 17, 19, 21, 24, 26, 28), widths):
+        sd[f"features.{idx}.weight"] = torch.randn(cout, cin, 3, 3, generator=g) * 0.05
+        sd[f"features.{idx}.bias"] = torch.randn(cout, generator=g) * 0.05
     sd["classifier.0.weight"] = torch.zeros(2, 2)  # extra keys of a full vgg16 file are ignored
     torch.save(sd, tmp_path / "vgg16-397923af.pth")
     torch.manual_seed(2)

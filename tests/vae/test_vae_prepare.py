@@ -137,3 +137,15 @@ def test_training_dataset_never_returns_a_black_image_for_a_bad_file(tmp_path):
     assert x.shape == (3, 32, 32) and x.mean().item() == pytest.approx(200 / 127.5 - 1, abs=1e-5)
     with pytest.raises(BadImage):
         open_image_rgb(bad)
+
+
+def test_exif_orientation_is_applied(tmp_path):
+    arr = np.zeros((20, 40, 3), np.uint8)
+    arr[:, :20] = 255  # left half white
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "rotate 90° clockwise to display"
+    Image.fromarray(arr).save(tmp_path / "rotated.jpg", exif=exif, quality=95)
+    im, info = open_image_rgb(tmp_path / "rotated.jpg", min_size=1)
+    assert (info["width"], info["height"]) == (40, 20) and im.size == (20, 40)
+    top = np.asarray(im)[:10].mean()
+    assert top > 200  # the white half is on top once displayed upright

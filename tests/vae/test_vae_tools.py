@@ -93,9 +93,9 @@ def test_check_compatibility_on_cpu(capsys):
     assert "sm_120" in out and "LPIPS vgg backbone" in out
 
 
-def test_scripts_run_as_files_and_modules():
-    # train_vae.py runs as a file in the train_rtx5090.sh test and prepare_data both ways in its tests.
-    for cmd in ([sys.executable, str(REPO / "vae" / "reconstruct.py"), "--help"],
-                [sys.executable, "-m", "vae.check_compatibility", "--help"]):
-        p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
-        assert p.returncode == 0 and "usage" in p.stdout, p.stderr
+def test_script_runs_as_a_file():
+    # train_vae.py runs as a file in the train_rtx5090.sh test, prepare_data both ways in its tests,
+    # the others in-process above; one subprocess checks that a script's absolute imports work.
+    p = subprocess.run([sys.executable, str(REPO / "vae" / "reconstruct.py"), "--help"], capture_output=True,
+                       text=True, cwd=REPO, timeout=120)
+    assert p.returncode == 0 and "--tile_size" in p.stdout, p.stderr

@@ -243,3 +243,59 @@ def test_volume_and_key_augmentation(tiny_data):
                                                       "aug_max=1.3"))[key]
     assert fast["mel"].shape == plain["mel"].shape and fast["audio"].shape == plain["audio"].shape
     assert fast["f0"].median() / plain["f0"].median() == pytest.approx(1.3, rel=0.08)
+
+
+def test_signal_saves_and_exits_then_resumes(tiny_data, tmp_path, monkeypatch):
+    """SIGINT/SIGTERM (simulated: GracefulExit.requested turns True after step 2) saves a
+    checkpoint at that step and stops; --resume auto continues from it."""
+    import vocoder.train as train_mod
+
+    class SignalAfterTwoSteps(train_mod.GracefulExit):
+        checks = 0
+
+        @property
+        def requested(self):
+            SignalAfterTwoSteps.checks += 1
+            return SignalAfterTwoSteps.checks >= 2
+
+        @requested.setter
+        def requested(self, value):
+            pass
+
+    monkeypatch.setattr(train_mod, "GracefulExit", SignalAfterTwoSteps)
+    result = _trainer(tiny_data, tmp_path, "max_updates=10").fit()
+    assert result["stopped"] == "signal" and result["step"] == 2
+    assert (tmp_path / "checkpoints" / "model_00000002.pt").is_file()
+    monkeypatch.undo()
+    resumed = _trainer(tiny_data, tmp_path, "max_updates=3", resume="auto")
+    assert resumed.step == 2
+    assert resumed.fit()["step"] == 3
+
+
+def test_worker_counts_reach_the_pools(tiny_data, tmp_path, monkeypatch):
+    tr = _trainer(tiny_data, tmp_path, "ds_workers=2", "dataloader_prefetch_factor=3")
+    assert tr.loader.num_workers == 2 and tr.loader.prefetch_factor == 3 and tr.loader.persistent_workers
+    import vocoder.prepare_data as prep
+
+    seen = {}
+
+    class Recorder:  # records the pool size, runs inline (test_prepare covers real processes)
+        def __init__(self, max_workers=None, **kw):
+            seen["max_workers"] = max_workers
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def map(self, fn, jobs, chunksize=1):
+            return map(fn, jobs)
+
+    monkeypatch.setattr(prep, "ProcessPoolExecutor", Recorder)
+    from .conftest import write_tones
+
+    write_tones(tmp_path / "w", 2, 22050, seconds=0.6)
+    prep.prepare(tiny_config("binarization_args.num_workers=2"), [tmp_path / "w"], tmp_path / "bin",
+                 log=lambda *a: None)
+    assert seen["max_workers"] == 2

@@ -1,0 +1,116 @@
+"""The vocoder demo (``make vocoder-demo``): speech made on this machine, a few CPU minutes of
+training, copy-synthesis of held-out files, and an exported generator.
+
+1. espeak-ng reads Uzbek sentences in six voices -> ``data/demo/vocoder_wavs`` (22.05 kHz);
+2. ``prepare_data`` binarizes them -> ``data/demo/vocoder_bin`` (6 files held out);
+3. ``demo.yaml`` trains ~3 minutes on a 2-core CPU -> ``runs/vocoder_demo`` (TensorBoard in tb/);
+4. the held-out files are copy-synthesised -> ``runs/vocoder_demo/copysyn/`` (``*_gt.wav`` beside);
+5. the generator is exported -> ``runs/vocoder_demo/export/`` (the TTS voice-cloning demo uses it).
+
+It prints the held-out multi-resolution STFT distance at step 0 and at the end; it must fall
+clearly (exit status 1 otherwise). Every stage is resumable: a second run reuses the corpus and
+the dataset and continues (or skips) training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from common.audio import load_audio, save_wav
+from common.config import load_config
+from common.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, make_corpus
+from vocoder.config import VocoderConfig
+from vocoder.export import export
+from vocoder.infer import load_vocoder
+from vocoder.prepare_data import prepare
+from vocoder.train import VocoderTrainer
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = REPO / "vocoder" / "configs" / "demo.yaml"
+REQUIRED_DROP = 0.8  # the final distance must be below 80 % of the step-0 distance
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sentences", type=int, default=24, help="sentences per speaker (6 speakers)")
+    p.add_argument("--wavs", default=str(REPO / "data" / "demo" / "vocoder_wavs"))
+    p.add_argument("--data", default=str(REPO / "data" / "demo" / "vocoder_bin"))
+    p.add_argument("--run", default=str(REPO / "runs" / "vocoder_demo"))
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override demo.yaml, e.g. --set max_updates=100")
+    args = p.parse_args(argv)
+    cfg = load_config(CONFIG, VocoderConfig, args.overrides)
+    run = Path(args.run)
+    t_start = time.time()
+
+    print(f"[1/5] speech corpus: {args.sentences} Uzbek sentences x {len(DEMO_SPEAKERS)} espeak-ng voices")
+    make_corpus(UZBEK_SENTENCES[: args.sentences], args.wavs, DEMO_SPEAKERS, cfg.audio_sample_rate,
+                num_workers=2)
+
+    print("[2/5] binarize (mel + f0)")
+    manifest = prepare(cfg, [args.wavs], args.data, log=lambda m: print("   ", m))
+
+    print(f"[3/5] train demo.yaml for {cfg.max_updates} steps on the CPU -> {run}")
+    resume = "auto" if (run / "checkpoints").is_dir() else None
+    trainer = VocoderTrainer(cfg, args.data, run, resume=resume, device="cpu")
+    t0 = time.time()
+    result = trainer.fit()
+    train_s = time.time() - t0
+    if result["stopped"] == "signal":
+        print("stopped by a signal; run the demo again to continue where it stopped")
+        return 130
+    valid = result["valid"]
+    if not valid:
+        print("error: no validation results were recorded", file=sys.stderr)
+        return 1
+    start, end = valid[0], valid[-1]
+
+    print("[4/5] copy-synthesis of the held-out files")
+    best = run / "checkpoints" / "best.pt"
+    ckpt = best if best.is_file() else Path(result["latest"])
+    voc = load_vocoder(ckpt)
+    out_dir = run / "copysyn"
+    shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.mkdir(parents=True)
+    audio_s = compute_s = 0.0
+    for name in manifest["valid"]:
+        src = Path(manifest["items"][name]["source"])
+        wav, _ = load_audio(src, sr=voc.sample_rate)
+        t = time.perf_counter()
+        out = voc.copy_synthesize(wav)
+        compute_s += time.perf_counter() - t
+        audio_s += len(out) / voc.sample_rate
+        stem = f"{src.parent.name}_{src.stem}"
+        save_wav(out_dir / f"{stem}.wav", out, voc.sample_rate)
+        save_wav(out_dir / f"{stem}_gt.wav", wav[: len(out)], voc.sample_rate)
+    rtf = compute_s / max(audio_s, 1e-9)
+
+    print("[5/5] export the generator (DiffSinger/OpenUtau layout)")
+    export(ckpt, run / "export")
+
+    drop = end["mrstft"] / start["mrstft"]
+    summary = {"mrstft_step0": start["mrstft"], "mrstft_final": end["mrstft"], "final_step": end["step"],
+               "ratio": drop, "train_seconds_this_run": round(train_s, 1), "copysyn_rtf": rtf,
+               "checkpoint": str(ckpt), "export": str(run / "export"), "total_seconds": round(time.time() - t_start, 1)}
+    (run / "demo_summary.json").write_text(json.dumps(summary, indent=1))
+    print()
+    print(f"held-out MR-STFT distance: step 0 = {start['mrstft']:.3f}, step {end['step']} = {end['mrstft']:.3f} "
+          f"({100 * (1 - drop):.0f} % lower)")
+    print(f"held-out mel L1:           step 0 = {start['mel_l1']:.3f}, step {end['step']} = {end['mel_l1']:.3f}")
+    print(f"copy-synthesis: {len(manifest['valid'])} files -> {out_dir} (RTF {rtf:.3f} on this CPU)")
+    print(f"exported generator -> {run / 'export'}; TensorBoard: tensorboard --logdir {run / 'tb'}")
+    if not np.isfinite(end["mrstft"]) or drop > REQUIRED_DROP:
+        print(f"error: the held-out distance did not fall clearly (ratio {drop:.2f} > {REQUIRED_DROP})", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
