@@ -74,12 +74,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     "high": {},  # Piper "high" is the full VITS decoder (resblock 1, 512 channels)
     "tiny": {
-        "hidden_channels": 48, "inter_channels": 48, "filter_channels": 128, "n_heads": 2,
+        "hidden_channels": 32, "inter_channels": 32, "filter_channels": 96, "n_heads": 2,
         "n_layers": 2, "p_dropout": 0.0, "resblock": "2", "resblock_kernel_sizes": [3, 5],
         "resblock_dilation_sizes": [[1, 2], [2, 6]], "upsample_rates": [8, 8, 4],
         "upsample_initial_channel": 64, "upsample_kernel_sizes": [16, 16, 8],
-        "n_layers_q": 4, "n_flows": 2, "flow_n_layers": 2, "use_sdp": False,
-        "dp_filter_channels": 64, "gin_channels": 32, "segment_frames": 24,
+        "n_layers_q": 3, "n_flows": 2, "flow_n_layers": 2, "use_sdp": False,
+        "dp_filter_channels": 64, "gin_channels": 32, "segment_frames": 16,
         "mpd_periods": [2, 3, 5], "disc_channel_scale": 0.125,
     },
 }
