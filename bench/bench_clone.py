@@ -133,8 +133,8 @@ def data_wait(workers: int, run_root: Path, cache: Path, steps: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--samples", type=int, default=2400, help="training samples per convergence run")
-    p.add_argument("--val-every-samples", type=int, default=240)
+    p.add_argument("--samples", type=int, default=1600, help="training samples per convergence run")
+    p.add_argument("--val-every-samples", type=int, default=200)
     p.add_argument("--scale", type=float, default=4.0, help="divide batch sizes and grad-accum by this (CPU)")
     p.add_argument("--warmup-scale", type=float, default=20.0, help="divide warmups by this (short CPU runs)")
     p.add_argument("--target", type=float, default=None,
@@ -184,12 +184,12 @@ def main(argv: list[str] | None = None) -> int:
         base = runs[0]["time_to_target_s"]
         print(f"   target: mel L1 <= {target:.4f}" + (" (the default run's final value)" if args.target is None else ""))
         print(f"   {'variant':<18}{'LR':>9}{'batch':>7}{'warmup':>7}{'steps':>7}{'step0':>8}{'final':>8}"
-              f"{'to target':>11}{'vs default':>11}")
+              f"{'to target':>13}{'vs default':>11}")
         for r in runs:
             ttt = r["time_to_target_s"]
             rel = f"{base / ttt:.2f}x" if ttt and base else "-"
             print(f"   {r['name']:<18}{r['lr']:>9.1e}{r['batch']:>7}{r['warmup']:>7}{r['steps']:>7}{r['first']:>8.3f}"
-                  f"{r['final']:>8.3f}{(f'{ttt:.1f} s' if ttt is not None else 'not reached'):>11}{rel:>11}")
+                  f"{r['final']:>8.3f}{(f'{ttt:.1f} s' if ttt is not None else 'not reached'):>13}{rel:>11}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(f"\n(total {time.time() - t_all:.0f} s; 'vs default' > 1 means faster to the target)")

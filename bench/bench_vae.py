@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"CPU busy (load {load:.1f} on {os.cpu_count()} cores): 1 thread; numbers reflect that load")
         torch.set_num_threads(1)
     steps = args.steps or (10 if cuda else 3)
-    workers = args.workers if args.workers is not None else min(4, max(1, (torch.get_num_threads() or 2)))
+    workers = args.workers if args.workers is not None else min(4, os.cpu_count() or 1)
     do_compile = cuda if args.compile is None else args.compile
     print(f"bench_vae on {torch.cuda.get_device_name(device) if cuda else 'CPU'} "
           f"(torch {torch.__version__}, {torch.get_num_threads()} threads), {steps} timed steps each")

@@ -109,7 +109,8 @@ class VitsTrainer:
         if batch < cfg.batch_size:
             self.say(f"note: batch_size {cfg.batch_size} > training items per rank; using {batch}")
         self.batch_size = max(1, batch)
-        self.sampler = BucketBatchSampler(self.train_set.lengths, self.batch_size, cfg.data.num_buckets,
+        buckets = max(1, min(cfg.data.num_buckets, len(self.train_set) // (self.batch_size * info.world_size)))
+        self.sampler = BucketBatchSampler(self.train_set.lengths, self.batch_size, buckets,
                                           shuffle=True, seed=cfg.seed, drop_last=True)
         self.loader = make_loader(self.train_set, batch_sampler=self.sampler, num_workers=cfg.num_loader_workers,
                                   prefetch_factor=cfg.prefetch_factor, pin_memory=cfg.pin_memory,

@@ -408,7 +408,8 @@ def train(cfg: VAEConfig) -> int:
               f"epoch, {samples_per_step} images per step, {total_steps} steps planned, device {device}")
     manager = CheckpointManager(out_dir, keep_last=cfg.keep_checkpoints, mode="max",
                                 name_fn=lambda n: f"checkpoint_epoch_{n}.pt")
-    val_batches = list(_loader_batches(val_files, cfg)) if (val_files and main) else []
+    eval_batch = max(1, min(4, batch))  # never above the training batch: validation must not OOM
+    val_batches = list(_loader_batches(val_files, cfg, batch_size=eval_batch)) if (val_files and main) else []
     sample_src = val_files or train_files
     sample_ds = ImageDataset(sample_src, cfg.image_size, train=False, max_pixels=cfg.max_pixels)
     sample_x = torch.stack([sample_ds[i] for i in range(min(cfg.num_sample_images, len(sample_src)))])
@@ -433,7 +434,8 @@ def train(cfg: VAEConfig) -> int:
     def save_samples() -> None:
         model = trainer.eval_model()
         with torch.no_grad(), trainer.precision.autocast():
-            rec = model.decode(model.encode(sample_x.to(device)).mode()).float().cpu()
+            rec = torch.cat([model.decode(model.encode(x.to(device)).mode()).float().cpu()
+                             for x in sample_x.split(eval_batch)])
         grid = grid_image(sample_x, rec)
         Image.fromarray(grid).save(out_dir / "samples" / f"step_{gstep():07d}.png")
         logger.image("samples/reconstruction (top: input)", grid, gstep())
@@ -546,7 +548,7 @@ def train(cfg: VAEConfig) -> int:
             print(f"stopped early ({stop_reason}) at step {step} of {total_steps}; continue with "
                   f"--resume_from {out_dir / 'checkpoint_last.pt'}")
         if stop_reason in ("", "time limit"):  # a time-boxed run is a finished run: export it
-            export_final(cfg, trainer, train_files, out_dir, device, logger, gstep(), m)
+            export_final(cfg, trainer, train_files, out_dir, device, logger, gstep(), m, eval_batch)
     logger.close()
     barrier()
     cleanup()
@@ -554,12 +556,12 @@ def train(cfg: VAEConfig) -> int:
 
 
 def export_final(cfg: VAEConfig, trainer: VAETrainer, train_files: list[Path], out_dir: Path,
-                 device: torch.device, logger: RunLogger, gstep: int, metrics: dict) -> None:
+                 device: torch.device, logger: RunLogger, gstep: int, metrics: dict, eval_batch: int = 4) -> None:
     """Latent statistics (scaling factor), `vae_final.pt` and the diffusers folder."""
     model = trainer.eval_model()
     n = min(cfg.latent_stats_images, len(train_files))
-    stats = latent_statistics(model, _loader_batches(train_files, cfg, limit=n), device, trainer.precision.autocast,
-                              seed=cfg.seed)
+    batches = _loader_batches(train_files, cfg, limit=n, batch_size=eval_batch)
+    stats = latent_statistics(model, batches, device, trainer.precision.autocast, seed=cfg.seed)
     stats["images"] = n
     (out_dir / "latent_stats.json").write_text(json.dumps(stats, indent=1) + "\n", encoding="utf-8")
     logger.scalars({"scaling_factor": stats["scaling_factor"], "shift_factor": stats["shift_factor"],

@@ -23,6 +23,7 @@ import json
 import math
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -67,6 +68,11 @@ from vocoder.losses import (
     generator_adv_loss,
 )
 from vocoder.model import Generator
+
+# With fp16 the GradScaler skips a step now and then (inf gradients while it calibrates the scale);
+# the schedule still counts that iteration, by design (one step = one iteration), so torch's
+# "scheduler.step() before optimizer.step()" warning is noise here.
+warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
 
 PC_WAVE_WEIGHT = 30.0  # L1 weight of the pitch-shift consistency term (the seeds' value)
 
@@ -154,12 +160,15 @@ class VocoderTrainer:
 
     def __init__(self, cfg: VocoderConfig, data_dir: str | Path, run_dir: str | Path,
                  resume: str | None = None, init_from: str | None = None, device: str | None = None,
-                 log=print):
+                 log=None):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.info = distributed.setup_distributed(device)
         self.is_main = self.info.is_main
-        self.log = log if self.is_main else (lambda *a, **k: None)
+        # log=None: print, or tqdm.write while the progress bar is up (so lines do not glue to it).
+        self._bar_log = None
+        self._user_log = log
+        self.log = self._log if self.is_main else (lambda *a, **k: None)
         self.device = self.info.device
         if cfg.pc_aug and self.info.world_size > 1:
             raise ConfigError("pc_aug runs the generator several times per step, which DDP does not support here; "
@@ -234,6 +243,14 @@ class VocoderTrainer:
         self._d_plain = getattr(self.d_train, "module", self.d_train)
         self.logger = RunLogger(self.run_dir / "tb", enabled=self.is_main)
         self._logged_gt: set[str] = set()
+
+    def _log(self, msg: str) -> None:
+        if self._user_log is not None:
+            self._user_log(msg)
+        elif self._bar_log is not None:
+            self._bar_log(msg)
+        else:
+            print(msg, flush=True)
 
     # ------------------------------------------------------------------ checkpoint
     def _optimizers(self) -> dict:
@@ -410,6 +427,7 @@ class VocoderTrainer:
             self._record_validation(self.validate(limit=cfg.num_sanity_val_steps))
         progress = Progress(cfg.max_updates, initial=self.step, samples_per_step=cfg.batch_size * self.info.world_size,
                             enabled=self.is_main, desc="vocoder")
+        self._bar_log = progress.write
         stop_reason = "max_updates"
         try:
             with GracefulExit() as stop:
@@ -420,6 +438,8 @@ class VocoderTrainer:
         except NonFiniteError:
             progress.close()
             raise
+        finally:
+            self._bar_log = None
         progress.close()
         self.logger.close()
         result = {"step": self.step, "stopped": stop_reason, "valid": self.history.get("valid", []),

@@ -31,6 +31,16 @@ SENTENCES = [UZBEK_SENTENCES[i] for i in (3, 14, 17, 8, 0)]
 SPEAKERS = [DEMO_SPEAKERS[0], DEMO_SPEAKERS[5], DEMO_SPEAKERS[1]]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny shapes gain nothing from a second thread, and one thread cannot be slowed down by
+    OpenMP threads waiting on each other when the CPU is shared (measured 5x slower at load 4)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     """3 espeak-ng voices x 5 sentences → tts/prepare_data.py folder (12 train + 3 eval)."""
