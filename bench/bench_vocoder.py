@@ -1,7 +1,7 @@
 """Vocoder training/inference benchmark: one table of ratios measured in one run.
 
     python -m bench.bench_vocoder                 # CPU: scaled-down models, ~2-3 minutes
-    python -m bench.bench_vocoder --steps 20      # more timed steps per row
+    python -m bench.bench_vocoder --steps 20      # more timed steps per row (default 2 + 1 warm-up)
     python -m bench.bench_vocoder --json out.json
 
 Rows: the two shipped configs (base_hifi_gpu, base_hifi_rtx5090_optimized) and each
@@ -53,15 +53,21 @@ class Row:
     result: dict = field(default_factory=dict)
 
 
-def rows(cuda: bool, force_compile: bool) -> list[Row]:
+def rows(cuda: bool, force_compile: bool, force_fp16: bool) -> list[Row]:
     compile_note = None if (cuda or force_compile) else (
-        "skipped on CPU (compiling the conv stacks takes minutes here and DESIGN.md measured no conv1d "
-        "gain on this CPU; pass --compile to force)")
+        "n/a on CPU (compiling the conv stacks takes minutes here and DESIGN.md measured no conv1d "
+        "gain on this CPU; --compile forces it)")
+    fp16_note = None if (cuda or force_fp16) else (
+        "n/a (needs CUDA): fp16 kernels are emulated on a CPU (measured ~20x slower than fp32 on the "
+        "dev machine); --fp16 forces it")
+    rtx = Row("base_hifi_rtx5090_optimized (all on)", RTX)
+    if not (cuda or force_fp16):  # same options, but bf16 stands in for the CPU-emulated fp16
+        rtx = Row("base_hifi_rtx5090_optimized (bf16 for fp16 on CPU)", RTX, ["pl_trainer_precision=bf16-mixed"])
     return [
         Row("base_hifi_gpu (fp32, AdamW, MPD+MSD)", BASE),
-        Row("base_hifi_rtx5090_optimized (all on)", RTX),
+        rtx,
         Row("  precision bf16-mixed", BASE, ["pl_trainer_precision=bf16-mixed"]),
-        Row("  precision 16-mixed (GradScaler)", BASE, ["pl_trainer_precision=16-mixed"]),
+        Row("  precision 16-mixed (GradScaler)", BASE, ["pl_trainer_precision=16-mixed"], cuda_only=fp16_note),
         Row("  Muon_AdamW for G and D", BASE, ["generator_optimizer_args.optimizer_cls=Muon_AdamW",
                                               "discriminator_optimizer_args.optimizer_cls=Muon_AdamW"]),
         Row("  fast MPD instead of MPD (+MSD)", BASE, ["model_args.discriminators=[fast_mpd,msd]"]),
@@ -174,9 +180,10 @@ def _fmt(v, spec: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=3, help="timed steps per row (after --warmup)")
+    p.add_argument("--steps", type=int, default=2, help="timed steps per row (after --warmup)")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--compile", action="store_true", help="also time torch.compile on a CPU")
+    p.add_argument("--fp16", action="store_true", help="also time 16-mixed on a CPU (slow: emulated fp16)")
     p.add_argument("--no_inference", action="store_true")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
@@ -191,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench_vocoder_") as tmp:
         tmp = Path(tmp)
         data = make_dataset(tmp / "data")
-        table = rows(cuda, args.compile)
+        table = rows(cuda, args.compile, args.fp16)
         for row in table:
             if row.cuda_only:
                 row.result = {"skipped": row.cuda_only}

@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             lines = [ln.strip() for ln in Path(args.text_file).read_text(encoding="utf-8").splitlines()]
             jobs = [(ln, Path(args.out_dir) / f"{i:04d}.wav") for i, ln in enumerate(lines) if ln]
+        synthesize(model, cfg, "salom", sid, device=args.device)  # warm-up (lazy inits), not timed
         torch.manual_seed(args.seed)
         sr = cfg.audio.sample_rate
         for text, out in jobs:

@@ -51,6 +51,7 @@ from common.config import (
     save_config,
 )
 from common.data import ResumableSampler, make_loader
+from common.hardware import is_oom
 from common.log import Progress, RunLogger, plot_spectrogram
 from common.muon import build_optimizer
 from common.precision import Precision
@@ -549,6 +550,14 @@ def main(argv: list[str] | None = None) -> int:
     except NonFiniteError as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
+    except RuntimeError as e:
+        if not is_oom(e):
+            raise
+        print(f"error: CUDA out of memory at batch_size={cfg.batch_size}, crop_mel_frames={cfg.crop_mel_frames}, "
+              f"precision {cfg.pl_trainer_precision}. Try, in this order: --set batch_size={max(1, cfg.batch_size // 2)}"
+              f"; --precision 16-mixed (or bf16-mixed); --set crop_mel_frames={max(8, cfg.crop_mel_frames // 2)}. "
+              "Then --resume auto continues from the last checkpoint.", file=sys.stderr)
+        return 4
     finally:
         distributed.cleanup()
     if result["stopped"] == "signal":

@@ -80,6 +80,7 @@ class VoiceCloneTTS(nn.Module):
         """Reference log-mel [B, n_mels, T] (raw, as MelSpectrogram gives it) → speaker vector [B, dim]."""
         return self.ref_encoder(self.norm_mel(ref_mel) * ref_mask.unsqueeze(1), ref_mask)
 
+    @torch.compiler.disable  # numba on the CPU: run eagerly, the compiled graphs sit on either side
     @torch.no_grad()
     def align(self, mu: torch.Tensor, x: torch.Tensor, text_mask: torch.Tensor,
               mel_mask: torch.Tensor) -> torch.Tensor:
