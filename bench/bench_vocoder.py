@@ -215,21 +215,21 @@ def main(argv: list[str] | None = None) -> int:
 
     base = table[0].result.get("step_s")
     print()
-    print(f"{'training (1 step = 1 D + 1 G update)':44s} {'step s':>8s} {'samples/s':>10s} {'x base':>7s} "
+    print(f"{'training (1 step = 1 D + 1 G update)':52s} {'step s':>8s} {'samples/s':>10s} {'x base':>7s} "
           f"{'data wait':>9s}  peak memory")
     for row in table:
         r = row.result
         if "skipped" in r:
-            print(f"{row.name:44s} {r['skipped']}")
+            print(f"{row.name:52s} {r['skipped']}")
             continue
         ratio = base / r["step_s"] if base else math.nan
-        print(f"{row.name:44s} {r['step_s']:8.3f} {r['samples_per_s']:10.2f} {ratio:7.2f} "
+        print(f"{row.name:52s} {r['step_s']:8.3f} {r['samples_per_s']:10.2f} {ratio:7.2f} "
               f"{100 * r['data_wait']:8.1f}%  {r['peak_mem']}")
     if results["inference_rtf"]:
         print()
-        print(f"{'inference RTF (full-size generator, 2 s audio)':44s} {'fp32':>8s} {'bf16':>8s} {'fp16':>18s}")
+        print(f"{'inference RTF (full-size generator, 2 s audio)':52s} {'fp32':>8s} {'bf16':>8s} {'fp16':>18s}")
         for name, r in results["inference_rtf"].items():
-            print(f"{name:44s} {_fmt(r['fp32'], '8.3f')} {_fmt(r['bf16'], '8.3f')} {_fmt(r['fp16'], '>18s')}")
+            print(f"{name:52s} {_fmt(r['fp32'], '8.3f')} {_fmt(r['bf16'], '8.3f')} {_fmt(r['fp16'], '>18s')}")
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print()
     print(f"x base = base step time / row step time (higher is faster). Process peak RSS {peak_rss:.2f} GiB"

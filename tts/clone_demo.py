@@ -101,7 +101,7 @@ def speaker_check(model, cfg, prepared: Path, vocoder, out_dir: Path) -> dict:
         clips[unseen[0]] = unseen[1]
     for spk, wav_path in clips.items():
         reference = load_reference(wav_path, cfg.audio, cfg.data)
-        if vocoder is not None:
+        if vocoder is not None and Path(wav_path).parent != out_dir:
             save_wav(out_dir / f"reference_{spk}.wav", reference.wav, cfg.audio.sample_rate)
         for i, text in enumerate(sentences):
             res = synthesize(model, text, reference, vocoder)

@@ -204,6 +204,7 @@ def test_train_rtx5090_sh_tiny_run(data_one, tmp_path):
     assert (run / "checkpoints" / "vits_00000001.pt").is_file()
 
 
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
 def test_gradient_clipping_really_clips_and_bf16_losses_are_fp32(data_one, tmp_path):
     cfg = load_config(None, TrainConfig, [*FAST, "max_steps=1", "grad_clip=0.01", "mixed_precision=true",
                                           "amp_dtype=bf16"],
