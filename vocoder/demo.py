@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from common.audio import load_audio, save_wav
 from common.config import load_config
@@ -49,6 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(CONFIG, VocoderConfig, args.overrides)
     run = Path(args.run)
     t_start = time.time()
+    cores = os.cpu_count() or 1
+    if cores > 1 and os.getloadavg()[0] > cores and "OMP_NUM_THREADS" not in os.environ:
+        # Measured here: with other jobs already filling the cores, 2 OpenMP threads per op spent
+        # most of their time waiting for each other (25 s/step) while 1 thread ran 1.5 s/step.
+        torch.set_num_threads(1)
+        print(f"note: load average {os.getloadavg()[0]:.1f} > {cores} cores: using 1 thread (set OMP_NUM_THREADS to override)")
 
     print(f"[1/5] speech corpus: {args.sentences} Uzbek sentences x {len(DEMO_SPEAKERS)} espeak-ng voices")
     make_corpus(UZBEK_SENTENCES[: args.sentences], args.wavs, DEMO_SPEAKERS, cfg.audio_sample_rate,
