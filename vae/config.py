@@ -107,8 +107,12 @@ class VAEConfig:
             problems.append(f"accumulation_steps must be >= 1, got {self.accumulation_steps}")
         if not self.channels:
             problems.append("channels must list at least one width")
-        if self.z_channels < 1:
-            problems.append(f"z_channels must be >= 1, got {self.z_channels}")
+        if self.z_channels < 1 or self.layers_per_block < 1:
+            problems.append(f"z_channels and layers_per_block must be >= 1, got {self.z_channels}, "
+                            f"{self.layers_per_block}")
+        bad = [c for c in self.channels if self.norm_num_groups < 1 or c % self.norm_num_groups]
+        if bad:
+            problems.append(f"channels {bad} are not divisible by norm_num_groups {self.norm_num_groups}")
         if self.num_epochs < 1 and self.max_steps < 1:
             problems.append("set num_epochs >= 1 or max_steps >= 1")
         for name in ("kl_weight", "perceptual_weight", "disc_weight", "gradient_clip", "learning_rate"):

@@ -211,6 +211,8 @@ class AutoencoderKL(nn.Module):
         channels = list(channels)
         if not channels:
             raise ValueError("channels must list at least one width, e.g. [128, 256, 512, 512]")
+        if layers_per_block < 1 or z_channels < 1:
+            raise ValueError(f"layers_per_block and z_channels must be >= 1, got {layers_per_block}, {z_channels}")
         bad = [c for c in channels if c % norm_num_groups]
         if bad:
             raise ValueError(f"every entry of channels must be divisible by norm_num_groups={norm_num_groups}; "
