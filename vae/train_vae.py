@@ -440,8 +440,12 @@ def train(cfg: VAEConfig) -> int:
         Image.fromarray(grid).save(out_dir / "samples" / f"step_{gstep():07d}.png")
         logger.image("samples/reconstruction (top: input)", grid, gstep())
 
+    last_val: dict = {"step": -1, "metrics": {}}
+
     def validate() -> dict:
         nonlocal best_psnr, last_psnr
+        if last_val["step"] == gstep():
+            return last_val["metrics"]  # already measured at this step (val_freq hit the last step)
         model = trainer.eval_model()
         m = evaluate(model, val_batches, device, trainer.precision.autocast, trainer.perceptual)
         if m:
@@ -450,6 +454,7 @@ def train(cfg: VAEConfig) -> int:
             best_psnr = m["psnr"] if best_psnr is None else max(best_psnr, m["psnr"])
             with open(out_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
                 f.write(json.dumps({"step": gstep(), "image_size": cfg.image_size, **m}) + "\n")
+        last_val.update(step=gstep(), metrics=m)
         return m
 
     def describe(m: dict) -> str:
