@@ -85,7 +85,11 @@ def step_optimizer(
     norm = torch.nn.utils.clip_grad_norm_(grads, max_norm) if grads else torch.zeros(())
     finite = bool(torch.isfinite(norm))  # the step's one host sync
     if guard is not None:
-        guard.check(finite)
+        if use_scaler and not finite and scaler.get_scale() > 1.0:
+            # fp16 loss-scale calibration: the scaler backs off and retries; not divergence yet.
+            guard.skipped_total += 1
+        else:
+            guard.check(finite)
     if use_scaler:
         scaler.step(optimizer)  # skips by itself when unscale_ found inf/NaN
     elif finite:
