@@ -44,7 +44,8 @@ def read_manifest(data_dir: str | Path, split: str) -> list[dict]:
 def read_speakers(data_dir: str | Path) -> dict[str, int]:
     path = Path(data_dir) / "speakers.json"
     if not path.is_file():
-        raise DataError(f"{path} not found; re-run prepare_data.py")
+        raise DataError(f"{path} not found: --data_dir must be a folder made by "
+                        "`python tts/prepare_data.py --metadata ... --audio_dir ... --output_dir DIR`")
     return json.loads(path.read_text(encoding="utf-8"))
 
 
