@@ -45,6 +45,14 @@ class NonFiniteGuard:
             )
         return False
 
+    def check_step(self, finite: bool, scaler: torch.amp.GradScaler | None = None) -> bool:
+        """Like `check`, but an fp16 loss-scale back-off (the scaler can still lower its scale
+        and retry) is counted as a skip without counting towards divergence."""
+        if not finite and scaler is not None and scaler.is_enabled() and scaler.get_scale() > 1.0:
+            self.skipped_total += 1
+            return False
+        return self.check(finite)
+
     def state_dict(self) -> dict:
         return {"consecutive": self.consecutive, "skipped_total": self.skipped_total}
 
@@ -85,11 +93,7 @@ def step_optimizer(
     norm = torch.nn.utils.clip_grad_norm_(grads, max_norm) if grads else torch.zeros(())
     finite = bool(torch.isfinite(norm))  # the step's one host sync
     if guard is not None:
-        if use_scaler and not finite and scaler.get_scale() > 1.0:
-            # fp16 loss-scale calibration: the scaler backs off and retries; not divergence yet.
-            guard.skipped_total += 1
-        else:
-            guard.check(finite)
+        guard.check_step(finite, scaler)
     if use_scaler:
         scaler.step(optimizer)  # skips by itself when unscale_ found inf/NaN
     elif finite:

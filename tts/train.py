@@ -231,17 +231,12 @@ class VitsTrainer:
         gn_g, ok_g = step_optimizer(losses["total"], self.opt_g, self.gen.parameters(), self.scaler,
                                     self.cfg.grad_clip)
         finite = ok_d and ok_g and bool(torch.isfinite(losses["total"] + loss_d))
-        # fp16 loss-scale calibration (the scaler backs off and retries) is counted but is not
-        # divergence, as in common.training.step_optimizer
-        backoff = not finite and self.scaler.is_enabled() and self.scaler.get_scale() > 1.0
+        # before update(): an fp16 loss-scale back-off is counted but is not divergence
+        self.guard.check_step(finite, self.scaler)  # raises NonFiniteError after max_nonfinite_steps in a row
         self.scaler.update()
         self.sched_g.step()
         self.sched_d.step()
         self.last_finite = finite
-        if backoff:
-            self.guard.skipped_total += 1
-        else:
-            self.guard.check(finite)  # raises NonFiniteError after max_nonfinite_steps in a row
         out_metrics = {f"loss_{k}": v.detach() for k, v in losses.items()}
         out_metrics.update(loss_disc=loss_d.detach(), grad_norm_g=gn_g, grad_norm_d=gn_d)
         self.last_attn = out["attn"][0].detach()

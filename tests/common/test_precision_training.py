@@ -77,3 +77,15 @@ def test_ema_tracks_and_round_trips():
     ema2.copy_to(target)
     expected = model.weight.detach() - 0.5
     assert torch.allclose(target.weight, expected, atol=1e-6)
+
+
+def test_guard_does_not_count_fp16_scale_backoff_as_divergence():
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    guard = NonFiniteGuard(max_consecutive=2)
+    assert not guard.check_step(False, scaler)  # scale 4 > 1: the scaler can still back off
+    assert not guard.check_step(False, scaler)
+    assert guard.consecutive == 0 and guard.skipped_total == 2
+    exhausted = torch.amp.GradScaler("cpu", init_scale=1.0)
+    assert not guard.check_step(False, exhausted)
+    with pytest.raises(NonFiniteError):
+        guard.check_step(False, exhausted)
