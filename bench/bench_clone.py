@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from bench.timing import seconds_per_step
 from tts.models.clone import VoiceCloneTTS, count_parameters
 from tts.models.clone_config import LossConfig, ModelConfig
 from tts.text import SYMBOLS
@@ -68,16 +69,7 @@ def throughput(size: str, batch: int, device: torch.device, steps: int, warmup: 
         loss.backward()
         opt.step()
 
-    for _ in range(warmup):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    dt = (time.perf_counter() - t0) / steps
+    dt = seconds_per_step(step, steps, device, warmup)
     return {"size": size, "params_M": count_parameters(model) / 1e6, "batch": batch, "step_s": dt,
             "samples_per_s": batch / dt}
 

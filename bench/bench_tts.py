@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.timing import seconds_per_step
 from tts.models.vits_config import TrainConfig, model_args
 
 SENTENCE = "Bugun havo juda yaxshi, biz bogʻda uzoq sayr qildik."
@@ -72,15 +73,7 @@ def train_step_time(preset: str, device: torch.device, steps: int, batch: int, s
                 + out["l_length"].sum() + feature_loss(fr, fg) + generator_loss(f))
         step_optimizer(loss, opt_g, gen.parameters(), None, 1.0)
 
-    step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    dt = (time.perf_counter() - t0) / steps
+    dt = seconds_per_step(step, steps, device, warmup=1)
     return dt, batch / dt
 
 
