@@ -120,22 +120,26 @@ def _close(fig: Figure) -> None:
 # Built with `Figure` + the Agg canvas directly, never pyplot: no display, no global figure list.
 
 
+def _heatmap(x: np.ndarray, figsize: tuple[float, float], xlabel: str, ylabel: str, title: str) -> Figure:
+    fig = Figure(figsize=figsize, dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    im = ax.imshow(x, aspect="auto", origin="lower", interpolation="none")
+    fig.colorbar(im, ax=ax)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
 def plot_spectrogram(spec: ArrayLike, title: str = "") -> Figure:
     """A [F, T] (log-)spectrogram, low frequencies at the bottom."""
     x = _to_numpy(spec)
     if x.ndim != 2:
         raise ValueError(f"plot_spectrogram expects a [F, T] array, got shape {x.shape}")
-    fig = Figure(figsize=(10, 3), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    im = ax.imshow(x, aspect="auto", origin="lower", interpolation="none")
-    fig.colorbar(im, ax=ax)
-    ax.set_xlabel("frame")
-    ax.set_ylabel("bin")
-    if title:
-        ax.set_title(title)
-    fig.tight_layout()
-    return fig
+    return _heatmap(x, (10, 3), "frame", "bin", title)
 
 
 def plot_alignment(attn: ArrayLike, title: str = "") -> Figure:
@@ -143,17 +147,7 @@ def plot_alignment(attn: ArrayLike, title: str = "") -> Figure:
     x = _to_numpy(attn)
     if x.ndim != 2:
         raise ValueError(f"plot_alignment expects a [T_text, T_frames] array, got shape {x.shape}")
-    fig = Figure(figsize=(6, 4), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    im = ax.imshow(x, aspect="auto", origin="lower", interpolation="none")
-    fig.colorbar(im, ax=ax)
-    ax.set_xlabel("decoder frame")
-    ax.set_ylabel("text token")
-    if title:
-        ax.set_title(title)
-    fig.tight_layout()
-    return fig
+    return _heatmap(x, (6, 4), "decoder frame", "text token", title)
 
 
 # ----------------------------------------------------------------------------- progress
