@@ -11,6 +11,7 @@ Why these rules:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -27,6 +28,7 @@ from torch import nn
 
 from common import distributed
 from common.distributed import unwrap as _unwrap
+from common.run_dir import free_mib
 
 
 class CheckpointError(RuntimeError):
@@ -36,18 +38,43 @@ class CheckpointError(RuntimeError):
 # ---------------------------------------------------------------------------------------------
 # Atomic save / safe load
 # ---------------------------------------------------------------------------------------------
+class DiskFullError(CheckpointError):
+    """The disk filled up while a checkpoint was written; the temp file is gone, older files intact."""
+
+
+def _is_disk_full(exc: BaseException) -> bool:
+    """ENOSPC as Python sees it, or as torch's zip writer reports it ("enforce fail ... unexpected pos")."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if isinstance(e, RuntimeError) and ("unexpected pos" in str(e) or "No space left" in str(e)):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def save_atomic(obj: Any, path: str | Path) -> Path:
+    """Writes a temp file in the same folder, then renames it over `path`: a crash or a full disk
+    mid-write leaves the previous file intact. A full disk becomes DiskFullError (one line, exit 2)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if _is_disk_full(exc):
+            raise DiskFullError(f"disk full while writing {path}: {free_mib(path.parent):.0f} MiB free; "
+                                "earlier checkpoints are intact") from None
         raise
     return path
 
@@ -187,6 +214,9 @@ class CheckpointManager:
         self.name_fn = name_fn or (lambda step: f"{prefix}_{step:08d}.pt")
         self._best_file = self.dir / "best.json"
         self.best_metric: float | None = None
+        # Rotation deletes only files of this run: the ones this manager wrote, plus the earlier ones
+        # of the run it resumed (`adopt`). A checkpoint from another run in the folder is never touched.
+        self._ours: set[str] = set()
         if self._best_file.is_file():
             self.best_metric = json.loads(self._best_file.read_text()).get("metric")
 
@@ -206,6 +236,17 @@ class CheckpointManager:
         ckpts = self.checkpoints()
         return ckpts[-1][1] if ckpts else None
 
+    def adopt(self, resumed: str | Path) -> None:
+        """Resuming `resumed` (a file in this folder) makes its run's earlier checkpoints ours to rotate:
+        numbered files up to its number, or, for an unnumbered file, those not newer than it."""
+        resumed = Path(resumed)
+        if resumed.resolve().parent != self.dir.resolve():
+            return
+        m = self._pattern().match(resumed.name)
+        for step, p in self.checkpoints():
+            if (step <= int(m.group(1))) if m else p.stat().st_mtime_ns <= resumed.stat().st_mtime_ns:
+                self._ours.add(p.name)
+
     def is_better(self, metric: float) -> bool:
         if self.best_metric is None:
             return True
@@ -213,7 +254,9 @@ class CheckpointManager:
 
     def save(self, state: dict, step: int, metric: float | None = None) -> Path:
         path = save_atomic(state, self.dir / self.name_fn(step))
-        for _, old in self.checkpoints()[: -self.keep_last]:
+        self._ours.add(path.name)
+        ours = [p for _, p in self.checkpoints() if p.name in self._ours]
+        for old in ours[: -self.keep_last]:
             old.unlink(missing_ok=True)
         if metric is not None and step >= self.save_best_after and np.isfinite(metric) and self.is_better(metric):
             save_atomic(state, self.dir / "best.pt")
@@ -224,16 +267,57 @@ class CheckpointManager:
         return path
 
 
-def resolve_resume(arg: str | None, ckpt_dir: str | Path, manager: CheckpointManager | None = None) -> Path | None:
-    """`--resume auto` → the newest checkpoint in the run (or None to start fresh); a path must exist."""
+def verify_checkpoint(path: str | Path) -> str | None:
+    """None when `path` opens as a complete checkpoint, else why not (truncated, not a checkpoint).
+    Memory-mapped, so checking a multi-GB file reads only its index. A file refused for holding
+    pickled code counts as complete here: `load_checkpoint` then refuses it with its own message."""
+    try:
+        try:
+            torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):
+                raise
+            torch.load(path, map_location="cpu", weights_only=True)  # an old, non-zip file
+    except Exception as exc:  # noqa: BLE001 - any failure means "cannot resume from this file"
+        text = str(exc)
+        if "Weights only load failed" in text or "Unsupported global" in text:
+            return None
+        return f"truncated or unreadable ({type(exc).__name__}: {text.splitlines()[0][:160] if text else ''})"
+    return None
+
+
+def resolve_resume(arg: str | None, ckpt_dir: str | Path, manager: CheckpointManager | None = None,
+                   extra_names: tuple[str, ...] = (), log=print) -> Path | None:
+    """`--resume auto` → the newest intact checkpoint of the run (or None to start fresh); a path must exist.
+
+    With `auto`, a newest file that does not load (a kill or a full disk mid-write on a filesystem
+    without atomic rename, a copy cut short) is renamed `<name>.corrupt`, named in a warning, and
+    the one before it is tried. `extra_names` are unnumbered files that compete by modification time
+    (the VAE's `checkpoint_last.pt`)."""
     if not arg:
         return None
+    manager = manager or CheckpointManager(ckpt_dir)
     if arg == "auto":
-        manager = manager or CheckpointManager(ckpt_dir)
-        return manager.latest()
+        candidates = [p for _, p in manager.checkpoints()]
+        extras = [manager.dir / n for n in extra_names if (manager.dir / n).is_file()]
+        if extras:
+            candidates = sorted(candidates + extras, key=lambda p: p.stat().st_mtime_ns)
+        for path in reversed(candidates):
+            problem = verify_checkpoint(path)
+            if problem is None:
+                manager.adopt(path)
+                return path
+            bad = path.with_name(path.name + ".corrupt")
+            try:
+                os.replace(path, bad)
+            except FileNotFoundError:  # another rank renamed it first
+                pass
+            log(f"warning: skipping {path}: {problem}; renamed it to {bad.name} and trying the checkpoint before it")
+        return None
     path = Path(arg)
     if not path.is_file():
         raise CheckpointError(f"--resume {arg}: no such checkpoint file (use --resume auto to pick the latest in {ckpt_dir})")
+    manager.adopt(path)
     return path
 
 

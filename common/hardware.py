@@ -255,6 +255,10 @@ def cuda_memory_stats(device: int | torch.device | None = None) -> dict:
     }
 
 
+class OutOfMemory(RuntimeError):
+    """CUDA ran out of memory; the message (from `oom_message`) says what to lower. Exit code 4."""
+
+
 def oom_message(what: str, batch_size: int, hints: dict | None = None) -> str:
     """Explain an OOM and list concrete next settings as `--set` overrides.
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from common import exit_codes
 from common.audio import MelSpectrogram, save_wav
 from common.checkpoint import (
     CheckpointError,
@@ -45,9 +46,11 @@ from common.config import (
 )
 from common.data import BucketBatchSampler, make_loader
 from common.distributed import DistInfo, barrier, cleanup, setup_distributed, wrap_ddp
+from common.hardware import is_oom
 from common.log import Progress, RunLogger, plot_alignment, plot_spectrogram
 from common.muon import build_optimizer
 from common.precision import Precision
+from common.run_dir import add_run_args, prepare_run_dir
 from common.schedulers import build_scheduler
 from common.training import NonFiniteError, NonFiniteGuard, step_optimizer
 from tts.data import DataError, VitsDataset, collate, read_speakers
@@ -346,7 +349,12 @@ class VitsTrainer:
             last_metrics = final_eval or last_metrics
         if last_saved != self.step or final_eval:
             self.save(final_eval["score"] if final_eval else None)
-        self.say(f"done at step {self.step}; checkpoints in {self.ckpt.dir}")
+        self.interrupted = exit_req.requested
+        if self.interrupted:
+            self.say(f"stopped by {exit_req.signal_name or 'signal'} at step {self.step}; checkpoint saved in "
+                     f"{self.ckpt.dir} (continue with --resume auto)")
+        else:
+            self.say(f"done at step {self.step}; checkpoints in {self.ckpt.dir}")
         self.log.close()
         return last_metrics
 
@@ -355,10 +363,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_config_args(p, default_config=None)
     p.add_argument("--data_dir", default=None, help="prepared dataset folder (tts/prepare_data.py --output_dir)")
-    p.add_argument("--run_dir", default=None, help="where checkpoints, TensorBoard logs and samples go")
-    p.add_argument("--resume", default=None, help="'auto' (latest checkpoint of --run_dir) or a checkpoint path")
-    p.add_argument("--init_from", default=None, help="start from these weights (fine-tuning); layers whose "
-                   "shape differs (vocabulary, speaker count) are re-initialised and listed")
+    add_run_args(p, run_help="where checkpoints, TensorBoard logs and samples go (default: runs/<run_name>)")
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
     return p.parse_args(argv)
 
@@ -371,17 +376,27 @@ def main(argv: list[str] | None = None) -> int:
         if args.resume and args.init_from:
             raise ConfigError("--resume and --init_from exclude each other (resume continues a run; "
                               "init_from starts a new one from weights)")
+        run_dir = Path(cfg.run_dir or f"runs/{cfg.run_name}")
+        prepare_run_dir(run_dir, run_dir / "checkpoints", args.resume, args.overwrite, args.init_from)
         info = setup_distributed(args.device)
         trainer = VitsTrainer(cfg, info, resume=args.resume, init_from=args.init_from)
         trainer.run()
     except NonFiniteError:
-        return 3
+        return exit_codes.NON_FINITE
     except (ConfigError, DataError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return exit_codes.BAD_INPUT
+    except RuntimeError as e:
+        if not is_oom(e):
+            raise
+        amp = "" if cfg.mixed_precision else "; --set mixed_precision=true --set amp_dtype=bf16"
+        print(f"error: CUDA out of memory in VITS training at batch_size={cfg.batch_size}. Try, in this order: "
+              f"--set batch_size={max(1, cfg.batch_size // 2)}{amp}; a smaller --set model_args.segment_frames. "
+              "Then --resume auto continues from the last checkpoint.", file=sys.stderr)
+        return exit_codes.OUT_OF_MEMORY
     finally:
         cleanup()
-    return 0
+    return exit_codes.INTERRUPTED if trainer.interrupted else exit_codes.OK
 
 
 if __name__ == "__main__":

@@ -23,11 +23,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common import exit_codes
 from common.checkpoint import (
     CheckpointError,
     CheckpointManager,
     GracefulExit,
     load_checkpoint,
+    load_matching,
     make_state,
     resolve_resume,
     restore_state,
@@ -43,10 +45,11 @@ from common.config import (
 )
 from common.data import BucketBatchSampler, make_loader
 from common.distributed import all_reduce_mean, cleanup, setup_distributed, wrap_ddp
-from common.hardware import is_oom, oom_message
+from common.hardware import OutOfMemory, is_oom, oom_message
 from common.log import Progress, RunLogger, plot_alignment, plot_spectrogram
 from common.muon import build_optimizer
 from common.precision import Precision
+from common.run_dir import add_run_args, prepare_run_dir
 from common.schedulers import build_scheduler
 from common.training import NonFiniteError, NonFiniteGuard, step_optimizer
 from tts.clone_data import (
@@ -95,7 +98,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Train the voice-cloning TTS model (see tts/CLONE.md).")
     p.add_argument("--train-data", help="train.jsonl of tts/prepare_data.py, or the prepared folder")
     p.add_argument("--val-data", help="eval.jsonl (default: the prepared folder's eval.jsonl)")
-    p.add_argument("--checkpoint-dir", help="run folder: checkpoints, TensorBoard logs, config.yaml")
     p.add_argument("--epochs", type=int, help="passes over the training set (default 1000)")
     p.add_argument("--batch-size", type=int, help="utterances per micro-batch (default 32)")
     p.add_argument("--grad-accum", type=int, help="micro-batches per optimizer step (default 1)")
@@ -114,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cap this process's CUDA memory at FRACTION of the GPU (ignored with a notice on CPU)")
     p.add_argument("--optimizer", choices=["adamw", "muon_adamw"], help="default adamw")
     p.add_argument("--precision", choices=PRECISIONS, help="default auto (bf16-mixed on a bf16 GPU, else 32-true)")
-    p.add_argument("--resume", help="'auto' (latest checkpoint in --checkpoint-dir) or a checkpoint path")
+    add_run_args(p, run_aliases=("--checkpoint-dir",), run_dest="checkpoint_dir",
+                 run_help="run folder: checkpoints, TensorBoard logs, config.yaml (alias --checkpoint-dir)")
     add_config_args(p)
     return p
 
@@ -424,7 +427,7 @@ def log_validation(logger: RunLogger, model: VoiceCloneTTS, metrics: dict, cfg: 
 # Training
 # ---------------------------------------------------------------------------------------------
 def train(res: Resolved, resume: str | None = None, log=print, progress: bool = True,
-          stop_at_step: int | None = None) -> dict:
+          stop_at_step: int | None = None, init_from: str | None = None) -> dict:
     """Runs training; returns a summary (validation history, skipped steps, throughput, why it stopped).
 
     `stop_at_step` ends the run (with a checkpoint) at that optimizer step as if interrupted: the
@@ -512,6 +515,11 @@ def train(res: Resolved, resume: str | None = None, log=print, progress: bool = 
             f"batch {counters['batch_in_epoch']})")
     else:
         model.set_stats(*feature_stats(train_items, cfg.data.stats_items))
+        if init_from:  # weights only: a new run (fine-tuning), mismatched layers re-initialised and listed
+            weights = load_checkpoint(init_from).get("models", {}).get("model")
+            if weights is None:
+                raise CheckpointError(f"--init_from {init_from}: no 'model' weights (not a tts/train_main.py checkpoint)")
+            log(str(load_matching(model, weights)))
     n_params = count_parameters(model)
     net = wrap_ddp(precision.prepare_model(model), info)
 
@@ -649,7 +657,7 @@ def train(res: Resolved, resume: str | None = None, log=print, progress: bool = 
         log(f"error: {e}")
     except RuntimeError as e:
         if is_oom(e):
-            raise UsageError(oom_message("voice-cloning training", t.batch_size, {
+            raise OutOfMemory(oom_message("voice-cloning training", t.batch_size, {
                 "batch_key": "train.batch_size", "accum_key": "train.grad_accum", "accumulation": t.grad_accum,
                 "precision_key": "train.precision", "precision": precision.precision})) from None
         raise
@@ -672,11 +680,17 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         res = resolve_config(args)
-        summary = train(res, args.resume, progress=sys.stderr.isatty())
+        prepare_run_dir(res.cfg.train.checkpoint_dir, None, args.resume, args.overwrite, args.init_from,
+                        keep=("features",))
+        summary = train(res, args.resume, progress=sys.stderr.isatty(), init_from=args.init_from)
     except (UsageError, ConfigError, DataError, CheckpointError, VocoderMismatchError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 3 if summary["stop"] == "non-finite" else 0
+        return exit_codes.BAD_INPUT
+    except OutOfMemory as e:
+        print(f"error: {e}", file=sys.stderr)
+        return exit_codes.OUT_OF_MEMORY
+    return {"non-finite": exit_codes.NON_FINITE, "interrupted": exit_codes.INTERRUPTED}.get(summary["stop"],
+                                                                                          exit_codes.OK)
 
 
 if __name__ == "__main__":

@@ -28,12 +28,15 @@ import torch
 from PIL import Image
 from torch import nn
 
+from common import exit_codes
 from common.checkpoint import (
     CheckpointError,
     CheckpointManager,
     GracefulExit,
     load_checkpoint,
+    load_matching,
     make_state,
+    resolve_resume,
     restore_state,
     save_atomic,
 )
@@ -56,10 +59,18 @@ from common.distributed import (
     setup_distributed,
     wrap_ddp,
 )
-from common.hardware import cuda_memory_stats, find_batch_size, is_oom, oom_message, resolve_preset
+from common.hardware import (
+    OutOfMemory,
+    cuda_memory_stats,
+    find_batch_size,
+    is_oom,
+    oom_message,
+    resolve_preset,
+)
 from common.log import Progress, RunLogger
 from common.muon import build_optimizer
 from common.precision import Precision
+from common.run_dir import add_run_args, check_output_dir, prepare_run_dir
 from common.schedulers import build_scheduler
 from common.training import EMA, NonFiniteError, NonFiniteGuard, backward, step_optimizer
 from vae.config import VAEConfig
@@ -71,10 +82,10 @@ from vae.model import AutoencoderKL, build_vae, count_parameters
 
 # The guide's flags, each a VAEConfig key. None = "not given", so the config's value stands.
 VALUE_FLAGS: dict[str, type] = {
-    "data_path": str, "val_data_path": str, "output_dir": str, "image_size": int, "batch_size": str,
+    "data_path": str, "val_data_path": str, "image_size": int, "batch_size": str,
     "num_epochs": int, "max_steps": int, "learning_rate": float, "z_channels": int, "kl_weight": float,
     "perceptual_weight": float, "perceptual_weights": str, "gradient_clip": float, "num_workers": int,
-    "checkpoint_freq": int, "save_samples_freq": int, "accumulation_steps": int, "resume_from": str,
+    "checkpoint_freq": int, "save_samples_freq": int, "accumulation_steps": int,
     "disc_start": int, "disc_weight": float, "layers_per_block": int, "ema_decay": float,
     "warmup_steps": int, "val_freq": int, "log_freq": int, "seed": int, "device": str,
     "stop_at_step": int, "time_limit_minutes": float, "keep_checkpoints": int, "num_val_images": int,
@@ -87,6 +98,8 @@ BOOL_FLAGS = ("mixed_precision", "use_bf16", "use_torch_compile", "enable_tf32",
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_args(p)
+    add_run_args(p, run_aliases=("--output_dir",), resume_aliases=("--resume_from",),
+                 run_help="config key output_dir: checkpoints, samples, logs (alias --output_dir)")
     for name, tp in VALUE_FLAGS.items():
         p.add_argument(f"--{name}", type=tp, default=None, help=f"config key {name}")
     p.add_argument("--channels", type=int, nargs="+", default=None, help="block widths, e.g. 128 256 512 512")
@@ -101,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def resolve_config(args: argparse.Namespace) -> VAEConfig:
     extra = {name: getattr(args, name) for name in (*VALUE_FLAGS, *BOOL_FLAGS, "channels")}
+    extra.update(output_dir=args.run_dir, resume_from=args.resume)
     return load_config(args.config, VAEConfig, overrides=args.overrides, extra=extra)
 
 
@@ -281,18 +295,6 @@ def auto_batch_size(cfg: VAEConfig, device: torch.device, perceptual: FrozenLPIP
     return min(sizes)
 
 
-def find_resume(arg: str, out_dir: Path) -> Path | None:
-    if not arg:
-        return None
-    if arg == "auto":
-        found = [p for p in out_dir.glob("checkpoint_*.pt") if p.is_file()]
-        return max(found, key=lambda p: p.stat().st_mtime) if found else None
-    path = Path(arg)
-    if not path.is_file():
-        raise CheckpointError(f"--resume_from {arg}: no such file (or use --resume_from auto)")
-    return path
-
-
 def load_vae_weights(path: str | Path, use_ema: bool = True) -> tuple[AutoencoderKL, dict]:
     """A trained VAE from a training checkpoint, `vae_final.pt`, or a diffusers folder."""
     path = Path(path)
@@ -326,10 +328,11 @@ def _loader_batches(files: list[Path], cfg: VAEConfig, limit: int | None = None,
 # ----------------------------------------------------------------------------- the loop
 
 
-def train(cfg: VAEConfig) -> int:
+def train(cfg: VAEConfig, overwrite: bool = False, init_from: str | None = None) -> int:
+    out_dir = Path(cfg.output_dir)
+    prepare_run_dir(out_dir, None, cfg.resume_from, overwrite, init_from, run_flag="--output_dir")
     info = setup_distributed(cfg.device or None)
     device = info.device
-    out_dir = Path(cfg.output_dir)
     main = info.is_main
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank (DDP also broadcasts them)
 
@@ -364,7 +367,9 @@ def train(cfg: VAEConfig) -> int:
     counters = {"step": 0, "epoch": 0, "micro_in_epoch": 0, "stage": 1, "steps_before_stage": 0}
     best_psnr = last_psnr = None
 
-    resume = find_resume(cfg.resume_from, out_dir)
+    manager = CheckpointManager(out_dir, keep_last=cfg.keep_checkpoints, mode="max",
+                                name_fn=lambda n: f"checkpoint_epoch_{n}.pt")
+    resume = resolve_resume(cfg.resume_from, out_dir, manager, extra_names=("checkpoint_last.pt",))
     if resume is not None:
         ckpt = load_checkpoint(resume, map_location="cpu")
         old = ckpt.get("counters", {})
@@ -397,6 +402,16 @@ def train(cfg: VAEConfig) -> int:
         except (RuntimeError, KeyError) as exc:
             raise CheckpointError(f"{resume}: cannot resume into this configuration (architecture changed?): "
                                   f"{str(exc)[:400]}") from None
+    elif init_from:  # weights only (a new run): mismatched layers re-initialised and listed
+        init = load_checkpoint(init_from)
+        weights = init.get("models") or ({"vae": init["state_dict"]} if "state_dict" in init else {})
+        if "vae" not in weights:
+            raise CheckpointError(f"--init_from {init_from}: no VAE weights (a train_vae.py checkpoint or vae_final.pt)")
+        for name, module in trainer.models().items():
+            if name in weights and main:
+                print(f"init_from {name}: {load_matching(module, weights[name])}")
+            elif name in weights:
+                load_matching(module, weights[name])
     step = int(counters["step"])
 
     logger = RunLogger(out_dir / "tensorboard", enabled=main)
@@ -406,8 +421,6 @@ def train(cfg: VAEConfig) -> int:
         print(format_config(cfg))
         print(f"{len(train_files)} training / {len(val_files)} validation images, {steps_per_epoch} steps per "
               f"epoch, {samples_per_step} images per step, {total_steps} steps planned, device {device}")
-    manager = CheckpointManager(out_dir, keep_last=cfg.keep_checkpoints, mode="max",
-                                name_fn=lambda n: f"checkpoint_epoch_{n}.pt")
     eval_batch = max(1, min(4, batch))  # never above the training batch: validation must not OOM
     val_batches = list(_loader_batches(val_files, cfg, batch_size=eval_batch)) if (val_files and main) else []
     sample_src = val_files or train_files
@@ -488,7 +501,7 @@ def train(cfg: VAEConfig) -> int:
                     try:
                         logs, _ = trainer.step(micro, gstep())
                     except torch.OutOfMemoryError as exc:
-                        raise RuntimeError(oom_message("the VAE training step", batch, {
+                        raise OutOfMemory(oom_message("the VAE training step", batch, {
                             "accum_key": "accumulation_steps", "accumulation": accum,
                             "precision_key": "mixed_precision", "precision": precision_name(cfg),
                             "checkpointing_key": "gradient_checkpointing", "crop_key": "image_size",
@@ -541,7 +554,7 @@ def train(cfg: VAEConfig) -> int:
               "is the last good state", file=sys.stderr)
         logger.close()
         cleanup()
-        return 1
+        return exit_codes.NON_FINITE
     progress.close()
     save_last(stop_reason or "end of training")
     if main:
@@ -557,7 +570,7 @@ def train(cfg: VAEConfig) -> int:
     logger.close()
     barrier()
     cleanup()
-    return 0
+    return exit_codes.OK if stop_reason in ("", "time limit", "stop_at_step") else exit_codes.INTERRUPTED
 
 
 def export_final(cfg: VAEConfig, trainer: VAETrainer, train_files: list[Path], out_dir: Path,
@@ -636,8 +649,7 @@ def profile_memory(cfg: VAEConfig, resolutions: list[int], batches: list[int]) -
                                                       if row["status"] == "ok" else "OOM"))
             if row["status"] == "OOM":
                 break  # larger batches will not fit either
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_output_dir(cfg.output_dir, "--output_dir")
     (out / "memory_profile.json").write_text(json.dumps({"gpu": name, "total_gib": total, "rows": rows,
                                                          "config": config_to_dict(cfg)}, indent=1), encoding="utf-8")
     lines = [f"# VAE training memory on {name} ({total:.1f} GiB)", "",
@@ -658,10 +670,13 @@ def main(argv: list[str] | None = None) -> int:
         cfg = resolve_config(args)
         if args.profile_memory:
             return profile_memory(cfg, args.profile_resolutions, args.profile_batches)
-        return train(cfg)
+        return train(cfg, args.overwrite, args.init_from)
     except (ConfigError, CheckpointError, PerceptualWeightsError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return exit_codes.BAD_INPUT
+    except OutOfMemory as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exit_codes.OUT_OF_MEMORY
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch.optim.lr_scheduler import LambdaLR
 
-from common import distributed
+from common import distributed, exit_codes
 from common.audio import MelSpectrogram
 from common.checkpoint import (
     CheckpointError,
@@ -55,6 +55,7 @@ from common.hardware import is_oom
 from common.log import Progress, RunLogger, plot_spectrogram
 from common.muon import build_optimizer
 from common.precision import Precision
+from common.run_dir import add_run_args, prepare_run_dir
 from common.schedulers import lr_lambda
 from common.training import NonFiniteError, NonFiniteGuard, step_optimizer
 from vocoder.config import OptimizerArgs, VocoderConfig
@@ -517,9 +518,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_args(p, default_config=str(Path(__file__).parent / "configs" / "base_hifi_gpu.yaml"))
     p.add_argument("--data_dir", default=None, help="prepared dataset (default: binary_data_dir)")
-    p.add_argument("--run_dir", default=None, help="checkpoints, TensorBoard logs, config (default: runs/vocoder/<config>)")
-    p.add_argument("--resume", default=None, help="'auto' (latest checkpoint in the run, if any) or a checkpoint path")
-    p.add_argument("--init_from", default=None, help="load weights only (mismatched layers re-initialised and listed)")
+    add_run_args(p, run_help="checkpoints, TensorBoard logs, config (default: runs/vocoder/<config>)")
     p.add_argument("--precision", default=None, help="shortcut for --set pl_trainer_precision=... (32-true|16-mixed|bf16-mixed)")
     p.add_argument("--device", default=None, help="force a device, e.g. cpu (default: cuda if available)")
     return p
@@ -533,9 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         if not cfg.binary_data_dir:
             raise ConfigError("no dataset: pass --data_dir (a folder made by vocoder/prepare_data.py) or set binary_data_dir")
         run_dir = Path(args.run_dir or Path("runs") / "vocoder" / Path(args.config or "default").stem)
-        if args.resume is None and CheckpointManager(run_dir / "checkpoints").latest() is not None:
-            raise ConfigError(f"{run_dir} already has checkpoints: pass --resume auto to continue, "
-                              "or choose another --run_dir")
+        prepare_run_dir(run_dir, run_dir / "checkpoints", args.resume, args.overwrite, args.init_from)
         trainer = VocoderTrainer(cfg, cfg.binary_data_dir, run_dir, args.resume, args.init_from, args.device)
         if trainer.is_main:
             print(format_config(cfg))
@@ -546,10 +543,10 @@ def main(argv: list[str] | None = None) -> int:
         result = trainer.fit()
     except (ConfigError, DatasetError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return exit_codes.BAD_INPUT
     except NonFiniteError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 3
+        return exit_codes.NON_FINITE
     except RuntimeError as e:
         if not is_oom(e):
             raise
@@ -557,12 +554,12 @@ def main(argv: list[str] | None = None) -> int:
               f"precision {cfg.pl_trainer_precision}. Try, in this order: --set batch_size={max(1, cfg.batch_size // 2)}"
               f"; --precision 16-mixed (or bf16-mixed); --set crop_mel_frames={max(8, cfg.crop_mel_frames // 2)}. "
               "Then --resume auto continues from the last checkpoint.", file=sys.stderr)
-        return 4
+        return exit_codes.OUT_OF_MEMORY
     finally:
         distributed.cleanup()
     if result["stopped"] == "signal":
-        return 130
-    return 0
+        return exit_codes.INTERRUPTED
+    return exit_codes.OK
 
 
 def _count(m: torch.nn.Module) -> int:

@@ -1,0 +1,181 @@
+"""The run-folder contract every trainer and script shares: never lose a run.
+
+Why these rules:
+- A re-run in a folder that already holds checkpoints is refused unless the user says what they want:
+  `--resume auto` continues that run, `--overwrite` starts over and moves the old files aside (into
+  `<run_dir>/overwritten-<time>/`), so nothing is ever deleted silently.
+- An output location is checked before any work starts (it is a folder or can be made one, it is
+  writable, there is room for one checkpoint when that size is known), so a bad path is one line and
+  exit 2 instead of a traceback an hour into training.
+- Temp files left by a kill in the middle of an atomic save (`.model_00000006.pt.<rand>.tmp`) are
+  removed when that run starts again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from common.config import ConfigError
+
+MIB = 1024 * 1024
+
+
+class OutputPathError(ConfigError):
+    """An output location that cannot be used, with the reason and what to do (exit 2)."""
+
+
+def add_run_args(p: argparse.ArgumentParser, run_aliases: tuple[str, ...] = (), resume_aliases: tuple[str, ...] = (),
+                 run_dest: str = "run_dir", run_help: str = "run folder: checkpoints, logs, config") -> None:
+    """The one spelling of the run flags every trainer takes: --run_dir, --resume, --init_from,
+    --overwrite (plus the aliases a trainer's guide already uses, e.g. --output_dir)."""
+    p.add_argument("--run_dir", *run_aliases, dest=run_dest, default=None, help=run_help)
+    p.add_argument("--resume", *resume_aliases, dest="resume", default=None,
+                   help="'auto' (the newest intact checkpoint of the run folder, if any) or a checkpoint path")
+    p.add_argument("--init_from", default=None,
+                   help="start a new run from these weights only (mismatched layers re-initialised and listed)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start over in a used run folder; its old files are moved into <run_dir>/overwritten-<time>/")
+
+
+def free_mib(path: str | Path) -> float:
+    """Free space on the filesystem holding `path` (or its nearest existing parent), in MiB."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free / MIB
+    except OSError:
+        return float("nan")
+
+
+def _existing_parent(path: Path) -> Path:
+    p = path
+    while not p.exists() and not p.is_symlink() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def check_output_dir(path: str | Path, flag: str = "--run_dir", need_bytes: int | None = None) -> Path:
+    """`path` is (or is made) a writable folder with room for `need_bytes`; else OutputPathError.
+
+    Writes and removes one probe file, because permission bits alone do not tell (read-only mounts,
+    /proc, a full disk)."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise OutputPathError(f"{flag} {p}: this is an existing file, not a folder; give a folder path")
+    parent = _existing_parent(p)
+    if not parent.is_dir():
+        raise OutputPathError(f"{flag} {p}: {parent} is a file, so no folder can be made under it; "
+                              "give another path")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write_probe.", suffix=".tmp", dir=p)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(b"0")
+                f.flush()
+                os.fsync(f.fileno())
+        finally:
+            Path(probe).unlink(missing_ok=True)
+    except OSError as exc:
+        reason = "the disk is full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+        raise OutputPathError(f"{flag} {p}: cannot write there ({reason}); give a writable folder") from None
+    if need_bytes:
+        free = free_mib(p)
+        if free == free and free * MIB < need_bytes:
+            raise OutputPathError(f"{flag} {p}: only {free:.0f} MiB free, but one checkpoint needs about "
+                                  f"{need_bytes / MIB:.0f} MiB; free some space or choose another folder")
+    return p
+
+
+def check_output_file(path: str | Path, flag: str = "--output_file") -> Path:
+    """`path` can be written as a file: not a folder, its folder writable; a device such as
+    /dev/full is probed by writing to it."""
+    p = Path(path)
+    if p.is_dir():
+        raise OutputPathError(f"{flag} {p}: this is a folder; give a file name (e.g. {p / 'out'}{p.suffix or ''})")
+    if p.exists() and not p.is_file():  # a device or a pipe: the only honest test is a write
+        try:
+            with open(p, "ab") as f:
+                f.write(b"\n")
+                f.flush()
+        except OSError as exc:
+            reason = "the device is full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+            raise OutputPathError(f"{flag} {p}: cannot write there ({reason}); give a regular file path") from None
+        return p
+    check_output_dir(p.parent if str(p.parent) else Path("."), flag=f"{flag} {p}: its folder")
+    return p
+
+
+def remove_stale_temp_files(*folders: str | Path, log=print) -> list[Path]:
+    """Deletes temp files an interrupted atomic save left behind (`.<name>.<rand>.tmp`, `*.json.tmp`)."""
+    removed = []
+    for folder in folders:
+        d = Path(folder)
+        if not d.is_dir():
+            continue
+        for f in sorted(d.iterdir()):
+            if f.is_file() and f.name.endswith(".tmp") and (f.name.startswith(".") or f.name.endswith(".json.tmp")):
+                f.unlink(missing_ok=True)
+                removed.append(f)
+    if removed:
+        log(f"removed {len(removed)} temp file(s) left by an interrupted save: "
+            + ", ".join(f.name for f in removed))
+    return removed
+
+
+def existing_checkpoints(ckpt_dir: str | Path) -> list[Path]:
+    d = Path(ckpt_dir)
+    return sorted(p for p in d.glob("*.pt") if p.is_file()) if d.is_dir() else []
+
+
+def prepare_run_dir(run_dir: str | Path, ckpt_dir: str | Path | None = None, resume: str | None = None,
+                    overwrite: bool = False, init_from: str | None = None, need_bytes: int | None = None,
+                    keep: tuple[str, ...] = (), is_main: bool | None = None, run_flag: str = "--run_dir",
+                    log=print) -> Path:
+    """The start of every training run (call on every rank; only the main rank changes files).
+
+    Checks the folder is writable (with room for one more checkpoint as large as the newest there),
+    removes stale temp files, refuses a used folder without `--resume`/`--overwrite` (OutputPathError, exit 2) and, with `--overwrite`, moves everything in it
+    except `keep` (e.g. a feature cache) and earlier `overwritten-*` folders into
+    `<run_dir>/overwritten-<time>/`. Returns the folder the old files went to, or `run_dir`."""
+    run_dir = Path(run_dir)
+    ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else run_dir
+    if resume and overwrite:
+        raise OutputPathError("--resume and --overwrite exclude each other: --resume continues the run in "
+                              f"{run_dir}, --overwrite starts a new one there")
+    found = existing_checkpoints(ckpt_dir)
+    if need_bytes is None and found:  # one more checkpoint of the size the run already writes
+        need_bytes = max(p.stat().st_size for p in found)
+    check_output_dir(run_dir, run_flag, need_bytes)
+    if is_main is None:  # before the process group exists: torchrun's RANK says who writes
+        is_main = os.environ.get("RANK", "0") == "0"
+    if not is_main:
+        return run_dir
+    remove_stale_temp_files(run_dir, ckpt_dir, log=log)
+    if not found or resume:
+        return run_dir
+    if not overwrite:
+        newest = max(found, key=lambda p: p.stat().st_mtime)
+        what = "--init_from starts a new run; " if init_from else ""
+        raise OutputPathError(f"{run_dir} already has {len(found)} checkpoint(s) (newest {newest.name}): {what}"
+                              "pass --resume auto to continue that run, or --overwrite to start over "
+                              f"(the old files are moved into {run_dir}/overwritten-<time>/)")
+    aside = run_dir / time.strftime("overwritten-%Y%m%d-%H%M%S")
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = run_dir / (time.strftime("overwritten-%Y%m%d-%H%M%S") + f"-{n}")
+    aside.mkdir()
+    for item in sorted(run_dir.iterdir()):
+        if item == aside or item.name.startswith("overwritten-") or item.name in keep:
+            continue
+        shutil.move(str(item), str(aside / item.name))
+    log(f"--overwrite: moved the previous run's files ({len(found)} checkpoint(s)) into {aside}")
+    return aside
