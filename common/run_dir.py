@@ -147,9 +147,9 @@ def prepare_run_dir(run_dir: str | Path, ckpt_dir: str | Path | None = None, res
     `<run_dir>/overwritten-<time>/`. Returns the folder the old files went to, or `run_dir`."""
     run_dir = Path(run_dir)
     ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else run_dir
-    if resume and overwrite:
-        raise OutputPathError("--resume and --overwrite exclude each other: --resume continues the run in "
-                              f"{run_dir}, --overwrite starts a new one there")
+    if resume and resume != "auto" and overwrite:  # (`--resume auto --overwrite`: overwrite wins, launchers add auto)
+        raise OutputPathError(f"--resume {resume} and --overwrite exclude each other: --resume continues a run, "
+                              f"--overwrite starts a new one in {run_dir}")
     found = existing_checkpoints(ckpt_dir)
     if need_bytes is None and found:  # one more checkpoint of the size the run already writes
         need_bytes = max(p.stat().st_size for p in found)
@@ -159,7 +159,7 @@ def prepare_run_dir(run_dir: str | Path, ckpt_dir: str | Path | None = None, res
     if not is_main:
         return run_dir
     remove_stale_temp_files(run_dir, ckpt_dir, log=log)
-    if not found or resume:
+    if not found or (resume and not overwrite):
         return run_dir
     if not overwrite:
         newest = max(found, key=lambda p: p.stat().st_mtime)

@@ -12,13 +12,9 @@ echo error: unknown trainer "%TRAINER%" 1>&2
 echo usage: %~nx0 {vocoder^|tts^|vae} [extra trainer args] 1>&2
 exit /b 2
 :run
-shift
-set "ARGS="
-:collect
-if "%~1"=="" goto launch
-set ARGS=%ARGS% %1
-shift
-goto collect
-:launch
+REM Everything after the trainer name goes through as typed (%* keeps "--set key=value" whole; a
+REM %1/shift loop would split it at "="): cut the first word off the full argument line.
+set "ARGS=%*"
+call set "ARGS=%%ARGS:*%1=%%"
 call "%HERE%\%TRAINER%\train_rtx5090.bat" %ARGS%
 exit /b %ERRORLEVEL%

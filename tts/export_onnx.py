@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from common.checkpoint import CheckpointError
+from common.run_dir import check_output_file
 from tts.models.vits import VITS
 from tts.synthesize import load_generator, text_to_input
 from tts.text import SYMBOLS
@@ -97,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no_check", action="store_true")
     args = p.parse_args(argv)
     try:
+        check_output_file(args.out, "--out")
         model, cfg, speakers = load_generator(args.checkpoint, "cpu", remove_wn=True)
     except (CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -22,6 +22,7 @@ import torch
 
 from common.audio import save_wav
 from common.checkpoint import CheckpointError, load_checkpoint
+from common.run_dir import OutputPathError, check_output_file
 from tts.clone_data import DataError, Reference, load_reference
 from tts.models.clone import VoiceCloneTTS
 from tts.models.clone_config import AudioConfig, CloneConfig, config_from_dict, mel_kwargs
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args(argv)
     try:
+        check_output_file(args.output, "--output")
         model, cfg = load_clone_model(args.checkpoint, args.device)
         voc_path = args.vocoder or cfg.vocoder.path
         if not voc_path:
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             res = synthesize(model, args.text, reference, vocoder, args.length_scale)
         for w in caught:
             print(f"warning: {w.message}", file=sys.stderr)
-    except (CheckpointError, DataError, VocoderMismatchError) as e:
+    except (CheckpointError, DataError, VocoderMismatchError, OutputPathError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     wav = np.asarray(res["wav"])

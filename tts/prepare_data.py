@@ -39,8 +39,10 @@ import numpy as np
 import soundfile as sf
 import torch
 
+from common import exit_codes
 from common.audio import AudioError, MelSpectrogram, check_audio, load_audio, save_wav, to_float32, to_int16
 from common.config import ConfigError, load_config
+from common.run_dir import check_output_dir
 from tts.models.vits_config import AudioConfig, DataConfig, TrainConfig
 from tts.text import SYMBOLS, find_unknown, normalize, text_to_ids
 from tts.text.symbols import PUNCTUATION, describe_char
@@ -485,12 +487,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         cfg = load_config(args.config, TrainConfig, args.overrides)
+        check_output_dir(args.output_dir, "--output_dir")
         prepare(args.metadata, args.audio_dir, args.output_dir, cfg, args.num_workers, args.format, args.speaker,
                 speaker_from_path=args.speaker_from_path)
     except (PrepareError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+        return exit_codes.BAD_INPUT
+    return exit_codes.OK
 
 
 if __name__ == "__main__":

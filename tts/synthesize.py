@@ -22,6 +22,7 @@ import torch
 from common.audio import save_wav
 from common.checkpoint import CheckpointError, load_checkpoint
 from common.config import ConfigError, load_config
+from common.run_dir import check_output_dir, check_output_file
 from tts.models.vits import VITS
 from tts.models.vits_config import TrainConfig
 from tts.text import SYMBOLS, intersperse, normalize, text_to_ids
@@ -96,6 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
+        if not args.list_speakers:
+            if args.text is not None:
+                check_output_file(args.out, "--out")
+            else:
+                check_output_dir(args.out_dir, "--out_dir")
         model, cfg, speakers = load_generator(args.checkpoint, args.device)
         if args.list_speakers:
             print("\n".join(f"{i}\t{name}" for name, i in speakers.items()))

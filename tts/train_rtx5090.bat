@@ -1,11 +1,13 @@
 @echo off
-rem Uzbek VITS on one RTX 5090 (Windows). Every argument goes to tts\train.py unchanged:
-rem   tts\train_rtx5090.bat --data_dir data\preprocessed --run_dir runs\uzbek_vits_rtx5090 [--resume auto] [--set k=v ...]
+rem Uzbek VITS on one RTX 5090 (Windows). Every argument goes to tts\train.py unchanged; relative paths
+rem are read from the folder you run it in:
+rem   tts\train_rtx5090.bat --data_dir data\preprocessed --run_dir runs\uzbek_vits_rtx5090 [--set k=v ...]
+rem Re-running continues the run (--resume auto is added unless you pass --resume, --init_from or --overwrite).
 rem PYTHON overrides the interpreter (default .venv\Scripts\python.exe).
 setlocal
 set "HERE=%~dp0.."
 if "%PYTHON%"=="" set "PYTHON=%HERE%\.venv\Scripts\python.exe"
 if not exist "%PYTHON%" set "PYTHON=python"
-cd /d "%HERE%"
-"%PYTHON%" tts\train.py --config tts\configs\uzbek_vits_rtx5090.yaml %*
+call "%HERE%\shell\resume_default.bat" %*
+"%PYTHON%" "%HERE%\tts\train.py" --config "%HERE%\tts\configs\uzbek_vits_rtx5090.yaml" %RESUME% %*
 exit /b %ERRORLEVEL%

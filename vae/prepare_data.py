@@ -29,6 +29,7 @@ from pathlib import Path
 from PIL import Image
 from tqdm import tqdm
 
+from common.run_dir import OutputPathError, check_output_dir, check_output_file
 from vae.data import DEFAULT_MAX_PIXELS, BadImage, list_images, open_image_rgb
 
 SETTINGS_KEYS = ("target_size", "resize_mode", "format", "min_size", "background")
@@ -315,12 +316,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.target_size and args.target_size % 8:
         print(f"warning: --target_size {args.target_size} is not a multiple of 8; the VAE needs crops that are")
-    if args.mode == "preprocess":
-        if not args.output_dir:
-            print("error: --mode preprocess needs --output_dir")
-            return 2
-        return preprocess(args)
-    return validate(args)
+    try:
+        if args.mode == "preprocess":
+            if not args.output_dir:
+                print("error: --mode preprocess needs --output_dir")
+                return 2
+            check_output_dir(args.output_dir, "--output_dir")
+        else:
+            check_output_file(args.output_file, "--output_file")
+    except OutputPathError as exc:
+        print(f"error: {exc}")
+        return 2
+    return preprocess(args) if args.mode == "preprocess" else validate(args)
 
 
 if __name__ == "__main__":

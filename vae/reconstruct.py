@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from common.precision import Precision
+from common.run_dir import OutputPathError, check_output_dir, check_output_file
 from vae.data import BadImage, image_to_tensor, list_images, open_image_rgb, tensor_to_uint8
 from vae.metrics import psnr
 from vae.model import AutoencoderKL
@@ -110,6 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     src = Path(args.input)
     if not src.exists():
         print(f"error: --input {src}: no such file or folder", file=sys.stderr)
+        return 2
+    try:
+        (check_output_dir if src.is_dir() else check_output_file)(args.output, "--output")
+    except OutputPathError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
         model, meta = load_vae_weights(args.checkpoint, use_ema=args.ema)

@@ -4,7 +4,8 @@
 #   make vae-train DATA=data/vae OUT=runs/vae CONFIG=vae/configs/standard_1024.yaml ARGS="--batch_size auto"
 #   make vae-demo
 # DATA/OUT/CONFIG/SIZE/ARGS are read only when given on the command line or in the environment, so
-# another trainer's defaults for the same names never leak in here.
+# another trainer's defaults for the same names never leak in here. Train resumes (--resume auto;
+# ARGS="--overwrite" starts over, moving the old run aside).
 vae_arg = $(if $(filter command line environment,$(origin $(1))),$($(1)),$(2))
 
 .PHONY: vae-prepare vae-validate vae-train vae-demo
@@ -19,7 +20,8 @@ vae-validate: setup
 
 vae-train: setup
 	$(PY) vae/train_vae.py --config $(call vae_arg,CONFIG,vae/configs/standard_1024.yaml) \
-		--data_path $(call vae_arg,DATA,data/vae) --output_dir $(call vae_arg,OUT,runs/vae) $(call vae_arg,ARGS,)
+		--data_path $(call vae_arg,DATA,data/vae) --output_dir $(call vae_arg,OUT,runs/vae) --resume auto \
+		$(call vae_arg,ARGS,)
 
 vae-demo: setup
 	$(PY) vae/demo.py

@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # Train the VAE with the RTX 5090 (32 GB, Blackwell sm_120) profile. Extra arguments are passed to
-# vae/train_vae.py and override the profile, e.g.
+# vae/train_vae.py and override the profile; relative paths are read from the folder you run it in, e.g.
 #   vae/train_rtx5090.sh --data_path data/vae --output_dir runs/vae
 #   PROFILE=max_2048 vae/train_rtx5090.sh --resume_from runs/vae/checkpoint_last.pt
+# Re-running continues the run (--resume auto is added unless you pass --resume, --init_from or --overwrite).
 #   GPUS=2 vae/train_rtx5090.sh --data_path data/vae            # torchrun DDP on 2 GPUs
 # Profiles: fast_768, standard_1024 (default), high_1536, max_2048, large_channel_z32 (vae/configs/).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$here/shell/resume_default.sh"
 
 PROFILE="${PROFILE:-standard_1024}"
-CONFIG="vae/configs/${PROFILE}.yaml"
+CONFIG="$here/vae/configs/${PROFILE}.yaml"
 if [[ ! -f "$CONFIG" ]]; then
-    echo "error: no profile '$PROFILE' ($CONFIG); choose one of: $(ls vae/configs | sed -n 's/\.yaml$//p' | tr '\n' ' ')" >&2
+    echo "error: no profile '$PROFILE' ($CONFIG); choose one of: $(ls "$here/vae/configs" | sed -n 's/\.yaml$//p' | tr '\n' ' ')" >&2
     exit 2
 fi
-PY="${PY:-.venv/bin/python}"
+PY="${PY:-$here/.venv/bin/python}"
 [[ -x "$PY" ]] || PY=python3
 
 # Fewer allocator stalls with changing crop sizes; one set of CPU threads per process.
@@ -23,6 +25,6 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
 
 GPUS="${GPUS:-1}"
 if [[ "$GPUS" -gt 1 ]]; then
-    exec "$PY" -m torch.distributed.run --standalone --nproc_per_node "$GPUS" vae/train_vae.py --config "$CONFIG" "$@"
+    exec "$PY" -m torch.distributed.run --standalone --nproc_per_node "$GPUS" "$here/vae/train_vae.py" --config "$CONFIG" "${RESUME[@]}" "$@"
 fi
-exec "$PY" vae/train_vae.py --config "$CONFIG" "$@"
+exec "$PY" "$here/vae/train_vae.py" --config "$CONFIG" "${RESUME[@]}" "$@"

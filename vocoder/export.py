@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from common.checkpoint import CheckpointError, load_checkpoint, save_atomic
+from common.run_dir import OutputPathError, check_output_dir
 from vocoder.model import Generator, GeneratorArgs, remove_all_weight_norm
 
 _NEW = ("parametrizations.weight.original0", "parametrizations.weight.original1")
@@ -187,8 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--onnx", action="store_true", help="also write model.onnx + vocoder.yaml (OpenUtau)")
     args = p.parse_args(argv)
     try:
+        check_output_dir(args.out, "--out")
         out = export(args.ckpt, args.out, args.onnx)
-    except CheckpointError as e:
+    except (CheckpointError, OutputPathError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"exported generator -> {out / 'model.ckpt'} + {out / 'config.json'}"

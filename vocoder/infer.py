@@ -28,8 +28,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common import exit_codes
 from common.audio import MelSpectrogram, extract_f0, load_audio, save_wav
 from common.checkpoint import CheckpointError, load_checkpoint
+from common.run_dir import OutputPathError, check_output_dir
 from vocoder.export import generator_args, split_checkpoint
 from vocoder.model import Generator, remove_all_weight_norm
 
@@ -188,16 +190,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args(argv)
     try:
+        check_output_dir(args.output, "--output")
         voc = load_vocoder(args.model, args.device)
         files = _collect_inputs(args.input)
-    except (CheckpointError, FileNotFoundError) as e:
+    except (CheckpointError, FileNotFoundError, OutputPathError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return exit_codes.BAD_INPUT
     if not files:
         print("error: no audio or .npz files in the given inputs", file=sys.stderr)
-        return 2
-    synthesize_files(voc, files, Path(args.output))
-    return 0
+        return exit_codes.BAD_INPUT
+    if synthesize_files(voc, files, Path(args.output))["files"] == 0:
+        print(f"error: none of the {len(files)} input file(s) could be vocoded (reasons above)", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    return exit_codes.OK
 
 
 if __name__ == "__main__":

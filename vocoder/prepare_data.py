@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from common.config import ConfigError, add_config_args, load_config
+from common.run_dir import check_output_dir
 from vocoder.config import VocoderConfig
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".mp3", ".aif", ".aiff", ".opus")
@@ -319,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
             raise PrepareError("no output folder: pass --output DIR (or set binary_data_dir in the config)")
         if args.num_workers is not None and args.num_workers < 0:
             raise PrepareError("--num_workers must be >= 0")
+        check_output_dir(output, "--output")
         prepare(cfg, inputs, output, args.num_workers)
     except (PrepareError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -4,14 +4,14 @@ REM Every argument goes to vocoder\train.py unchanged and wins over the config, 
 REM   vocoder\train_rtx5090.bat --data_dir data\vocoder_bin --run_dir runs\vocoder_5090
 REM   vocoder\train_rtx5090.bat --data_dir data\vocoder_bin --set batch_size=24 --set max_updates=2
 REM   set GPUS=2 ^& vocoder\train_rtx5090.bat --data_dir data\vocoder_bin   (torchrun DDP; gloo on Windows)
-REM Re-running continues the run (--resume auto is added unless you pass --resume or --init_from).
+REM Relative paths are read from the folder you run it in.
+REM Re-running continues the run (--resume auto is added unless you pass --resume, --init_from or --overwrite).
 setlocal
 set "HERE=%~dp0.."
 set "PY=%HERE%\.venv\Scripts\python.exe"
 if not exist "%PY%" set "PY=python"
 set "CONFIG=%HERE%\vocoder\configs\base_hifi_rtx5090_optimized.yaml"
-set "RESUME=--resume auto"
-echo %* | findstr /C:"--resume" /C:"--init_from" >nul && set "RESUME="
+call "%HERE%\shell\resume_default.bat" %*
 if "%PYTORCH_CUDA_ALLOC_CONF%"=="" set "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
 if "%GPUS%"=="" set GPUS=1
 if %GPUS% GTR 1 (

@@ -4,17 +4,15 @@
 #   vocoder/train_rtx5090.sh --data_dir data/vocoder_bin --run_dir runs/vocoder_5090
 #   vocoder/train_rtx5090.sh --data_dir data/vocoder_bin --set batch_size=24 --set max_updates=2
 #   GPUS=2 vocoder/train_rtx5090.sh --data_dir data/vocoder_bin        # torchrun DDP on 2 GPUs
-# Re-running continues the run (--resume auto is added unless you pass --resume or --init_from).
+# Relative paths are read from the folder you run it in.
+# Re-running continues the run (--resume auto is added unless you pass --resume, --init_from or --overwrite).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PY:-$here/.venv/bin/python}"
 [[ -x "$PY" ]] || PY=python3
 CONFIG="$here/vocoder/configs/base_hifi_rtx5090_optimized.yaml"
 
-resume=(--resume auto)
-for a in "$@"; do
-  case "$a" in --resume|--resume=*|--init_from|--init_from=*) resume=() ;; esac
-done
+source "$here/shell/resume_default.sh"
 
 # Fewer allocator stalls; a sane number of CPU threads per process next to the DataLoader workers.
 export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"
@@ -23,6 +21,6 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
 GPUS="${GPUS:-1}"
 if [[ "$GPUS" -gt 1 ]]; then
   exec "$PY" -m torch.distributed.run --standalone --nproc_per_node "$GPUS" "$here/vocoder/train.py" \
-    --config "$CONFIG" "${resume[@]}" "$@"
+    --config "$CONFIG" "${RESUME[@]}" "$@"
 fi
-exec "$PY" "$here/vocoder/train.py" --config "$CONFIG" "${resume[@]}" "$@"
+exec "$PY" "$here/vocoder/train.py" --config "$CONFIG" "${RESUME[@]}" "$@"

@@ -121,7 +121,7 @@ def test_nothing_usable_is_an_error(tmp_path, capsys):
     meta.write_text("x|salom\ny|\n", encoding="utf-8")
     with pytest.raises(PrepareError, match="nothing usable"):
         prepare(meta, audio, tmp_path / "o", quiet=True)
-    assert main(["--metadata", str(meta), "--audio_dir", str(audio), "--output_dir", str(tmp_path / "o")]) == 1
+    assert main(["--metadata", str(meta), "--audio_dir", str(audio), "--output_dir", str(tmp_path / "o")]) == 2
     assert "nothing usable" in capsys.readouterr().err
 
 

@@ -188,7 +188,7 @@ def test_repeated_nonfinite_stops_with_last_good_checkpoint(image_dir, tmp_path,
     monkeypatch.setattr(VAELoss, "generator_loss", _nan_after(5))  # epoch 1 = steps 0-3 is clean
     out = tmp_path / "run"
     rc = run(image_dir, out, "--num_epochs", "3", "--set", "max_nonfinite=3")
-    assert rc == 1
+    assert rc == 3  # exit code 3: stopped on non-finite values (common/exit_codes.py)
     assert "consecutive" in capsys.readouterr().err
     assert sorted(p.name for p in out.glob("checkpoint_*.pt")) == ["checkpoint_epoch_1.pt"]
     ckpt = load_checkpoint(out / "checkpoint_epoch_1.pt")
