@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 SYSDEPS := $(VENV)/.sysdeps
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup test lint demo bench check clean-demo
+.PHONY: setup test lint demo bench bench-learning check clean-demo
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -34,6 +34,10 @@ check: setup
 
 bench: setup
 	$(PY) -m bench.run_all
+
+# Per-step learning of each trainer, two settings side by side (TRAINER=vocoder|vits|vae, ARGS=...).
+bench-learning: setup
+	$(PY) -m bench.learning --trainer $(or $(TRAINER),all) $(ARGS)
 
 # Each trainer adds its targets (prepare / train / demo) in its own file.
 -include vocoder/targets.mk tts/targets.mk vae/targets.mk tts/clone_targets.mk

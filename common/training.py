@@ -8,10 +8,12 @@ checkpoint is still the newest one.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from common.distributed import unwrap as _unwrap
 
@@ -100,6 +102,23 @@ def step_optimizer(
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return norm.detach(), finite
+
+
+Out = TypeVar("Out")
+
+
+def critic_for_generator(critic: Callable[[torch.Tensor], Out], real: torch.Tensor,
+                         fake: torch.Tensor) -> tuple[Out, Out]:
+    """A frozen critic's outputs for the generator update: (on ``real``, without grad), (on ``fake``,
+    with grad). Feature matching uses the real features only as constants, so one call on
+    cat([real, fake]) would backpropagate through the real half for nothing (~35 % more critic
+    backward). ``parametrize.cached`` computes each normed weight, and a spectral norm's power
+    iteration, once for both calls, exactly as a single call would."""
+    with parametrize.cached():
+        out_fake = critic(fake)
+        with torch.no_grad():
+            out_real = critic(real)
+    return out_real, out_fake
 
 
 class EMA:

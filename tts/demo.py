@@ -68,6 +68,13 @@ def build_corpus(raw_dir: Path = RAW_DIR) -> Path:
     return meta
 
 
+def prepare(meta: Path, prepared_dir: Path = PREPARED_DIR) -> int:
+    """tts/prepare_data.py over the corpus (resumable); its exit status. bench/learning.py reuses it."""
+    return prepare_data.main(["--metadata", str(meta), "--audio_dir", str(meta.parent / "wavs"), "--output_dir",
+                              str(prepared_dir), "--config", str(CONFIG), "--num_workers", "2",
+                              "--speaker_from_path"])
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
@@ -95,9 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {s!r} -> {normalize(s)!r}")
 
     print("== 2/4 prepare ==")
-    rc = prepare_data.main(["--metadata", str(meta), "--audio_dir", str(RAW_DIR / "wavs"), "--output_dir",
-                            str(PREPARED_DIR), "--config", str(CONFIG), "--num_workers", "2",
-                            "--speaker_from_path"])
+    rc = prepare(meta)
     if rc != 0:
         return rc
 

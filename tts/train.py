@@ -52,7 +52,7 @@ from common.muon import build_optimizer
 from common.precision import Precision
 from common.run_dir import add_run_args, prepare_run_dir
 from common.schedulers import build_scheduler
-from common.training import NonFiniteError, NonFiniteGuard, step_optimizer
+from common.training import NonFiniteError, NonFiniteGuard, critic_for_generator, step_optimizer
 from tts.data import DataError, VitsDataset, collate, read_speakers
 from tts.evaluation import evaluate
 from tts.models.discriminator import MultiPeriodDiscriminator
@@ -228,7 +228,7 @@ class VitsTrainer:
         # generator (through the unwrapped, frozen D: its gradients are not needed)
         self.opt_g.zero_grad(set_to_none=True)
         with frozen(self.disc), self.precision.autocast():
-            _, y_d_g, fmap_r, fmap_g = self.disc(y, y_hat)
+            (_, fmap_r), (y_d_g, fmap_g) = critic_for_generator(self.disc.score, y, y_hat)
         with self.precision.no_autocast():
             losses = self.generator_losses(out, y_d_g, fmap_r, fmap_g, mel_y, mel_hat)
         gn_g, ok_g = step_optimizer(losses["total"], self.opt_g, self.gen.parameters(), self.scaler,

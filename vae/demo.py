@@ -113,6 +113,21 @@ def make_images(root: Path) -> tuple[int, int]:
     return n_train, n_val
 
 
+def make_dataset(images: Path, prepared: Path) -> int:
+    """make_images + vae/prepare_data.py into prepared/{train,val} (both reused when made); 0 on
+    success. bench/learning.py trains on the same data."""
+    from vae.prepare_data import main as prepare_main
+
+    make_images(images)
+    for split in ("train", "val"):
+        rc = prepare_main(["--mode", "preprocess", "--input_dir", str(images / split), "--output_dir",
+                           str(prepared / split), "--target_size", str(CROP), "--min_size", "32", "--num_workers", "1"])
+        if rc != 0:
+            print(f"error: preparing {split} images failed (rc {rc})")
+            return rc
+    return 0
+
+
 def read_metrics(run: Path) -> list[dict]:
     path = run / "metrics.jsonl"
     if not path.is_file():
@@ -134,20 +149,15 @@ def main(argv: list[str] | None = None) -> int:
         # measured ~10x faster than two for this model on a shared 2-core machine.
         print(f"CPU is busy (load {busy:.1f} on {os.cpu_count()} cores): training with 1 thread")
         torch.set_num_threads(1)
-    from vae.prepare_data import main as prepare_main
     from vae.train_vae import load_vae_weights
     from vae.train_vae import main as train_main
 
     images = Path(args.data_root) / "vae_images"
     prepared = Path(args.data_root) / "vae_prepared"
     run = Path(args.output_dir)
-    make_images(images)
-    for split in ("train", "val"):
-        rc = prepare_main(["--mode", "preprocess", "--input_dir", str(images / split), "--output_dir",
-                           str(prepared / split), "--target_size", str(CROP), "--min_size", "32", "--num_workers", "1"])
-        if rc != 0:
-            print(f"error: preparing {split} images failed (rc {rc})")
-            return rc
+    rc = make_dataset(images, prepared)
+    if rc != 0:
+        return rc
 
     cached = backbone_cache_path("vgg").is_file()
     print(f"LPIPS is off in the demo (perceptual_weight 0): it never downloads VGG16, and the backbone is "

@@ -39,6 +39,16 @@ CONFIG = REPO / "vocoder" / "configs" / "demo.yaml"
 REQUIRED_DROP = 0.8  # the final distance must be below 80 % of the step-0 distance
 
 
+def make_dataset(cfg: VocoderConfig, sentences: int = 24, wavs: str | Path = REPO / "data" / "demo" / "vocoder_wavs",
+                 data: str | Path = REPO / "data" / "demo" / "vocoder_bin") -> dict:
+    """Steps 1-2: the espeak-ng corpus and its binarized dataset (both reused when already made);
+    returns the manifest. bench/learning.py trains on the same data."""
+    print(f"[1/5] speech corpus: {sentences} Uzbek sentences x {len(DEMO_SPEAKERS)} espeak-ng voices")
+    make_corpus(UZBEK_SENTENCES[:sentences], wavs, DEMO_SPEAKERS, cfg.audio_sample_rate, num_workers=2)
+    print("[2/5] binarize (mel + f0)")
+    return prepare(cfg, [wavs], data, log=lambda m: print("   ", m))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sentences", type=int, default=24, help="sentences per speaker (6 speakers)")
@@ -58,12 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)
         print(f"note: load average {os.getloadavg()[0]:.1f} > {cores} cores: using 1 thread (set OMP_NUM_THREADS to override)")
 
-    print(f"[1/5] speech corpus: {args.sentences} Uzbek sentences x {len(DEMO_SPEAKERS)} espeak-ng voices")
-    make_corpus(UZBEK_SENTENCES[: args.sentences], args.wavs, DEMO_SPEAKERS, cfg.audio_sample_rate,
-                num_workers=2)
-
-    print("[2/5] binarize (mel + f0)")
-    manifest = prepare(cfg, [args.wavs], args.data, log=lambda m: print("   ", m))
+    manifest = make_dataset(cfg, args.sentences, args.wavs, args.data)
 
     print(f"[3/5] train demo.yaml for {cfg.max_updates} steps on the CPU -> {run}")
     resume = "auto" if (run / "checkpoints").is_dir() else None

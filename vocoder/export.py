@@ -46,13 +46,23 @@ def to_legacy_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+# spectral norm (torch.nn.utils.spectral_norm hook API) -> parametrizations.spectral_norm names
+_SPECTRAL = {"weight_orig": "parametrizations.weight.original", "weight_u": "parametrizations.weight.0._u",
+             "weight_v": "parametrizations.weight.0._v"}
+
+
 def from_legacy_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """weight_g/weight_v -> parametrizations.weight.original0/1 (our modules' names)."""
+    """Old hook-API names -> our parametrization names: weight norm's weight_g/weight_v ->
+    original0/1, spectral norm's weight_orig/weight_u/weight_v -> original, 0._u, 0._v. A layer
+    with a ``weight_orig`` is spectral-normed: its ``weight_v`` is the power-iteration vector."""
+    spectral = {k[: -len("weight_orig")] for k in state if k == "weight_orig" or k.endswith(".weight_orig")}
     out = {}
     for k, v in state.items():
-        for new, old in zip(_NEW, _OLD):
-            if k.endswith("." + old) or k == old:
-                k = k[: -len(old)] + new
+        prefix, leaf = k[: len(k) - len(k.rpartition(".")[2])], k.rpartition(".")[2]
+        if prefix in spectral and leaf in _SPECTRAL:
+            k = prefix + _SPECTRAL[leaf]
+        elif leaf in _OLD:
+            k = prefix + _NEW[_OLD.index(leaf)]
         out[k] = v
     return out
 

@@ -57,7 +57,7 @@ from common.muon import build_optimizer
 from common.precision import Precision
 from common.run_dir import add_run_args, prepare_run_dir
 from common.schedulers import lr_lambda
-from common.training import NonFiniteError, NonFiniteGuard, step_optimizer
+from common.training import NonFiniteError, NonFiniteGuard, critic_for_generator, step_optimizer
 from vocoder.config import OptimizerArgs, VocoderConfig
 from vocoder.data import DatasetError, VocoderDataset, collate, load_manifest
 from vocoder.discriminators import Discriminators, build_discriminators
@@ -317,6 +317,11 @@ class VocoderTrainer:
         for p in self._d_trainable:
             p.requires_grad_(enabled)
 
+    def critics_for_generator(self, real: torch.Tensor, fake: torch.Tensor) -> tuple[dict, dict]:
+        """The frozen critics for the G update: (on real, no grad), (on fake, with grad)."""
+        with self.precision.autocast():
+            return critic_for_generator(self._d_plain, real, fake)
+
     def train_step(self, batch: dict) -> dict:
         cfg = self.cfg
         dev = self.device
@@ -341,9 +346,7 @@ class VocoderTrainer:
         # ---- generator update (critics frozen, called unwrapped: their grads are not needed)
         self._set_d_grad(False)
         try:
-            with self.precision.autocast():
-                out = self._d_plain(torch.cat([real, fake.to(real.dtype)]))
-            d_real, d_fake = _split(out, b)
+            d_real, d_fake = self.critics_for_generator(real, fake.to(real.dtype))
             adv, adv_logs = generator_adv_loss(d_fake)
             fm, fm_logs = feature_matching_loss(d_real, _head(d_fake, b))
             mel_l = self.mel_loss(fake[:b], real) * cfg.lab_aux_melloss

@@ -87,6 +87,12 @@ class MultiPeriodDiscriminator(nn.Module):
             [DiscriminatorS(channel_scale, use_spectral_norm)]
             + [DiscriminatorP(p, channel_scale=channel_scale, use_spectral_norm=use_spectral_norm) for p in periods])
 
+    def score(self, y: torch.Tensor) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
+        """One batch [B, 1, T] → (scores, fmaps) of every sub-discriminator (the generator update
+        calls this on real and fake apart: common.training.critic_for_generator)."""
+        outs = [d(y) for d in self.discriminators]
+        return [o[0] for o in outs], [o[1] for o in outs]
+
     def forward(self, y: torch.Tensor, y_hat: torch.Tensor):
         """Real and generated [B, 1, T] → (real scores, fake scores, real fmaps, fake fmaps).
         Both go through each discriminator in one batch (one kernel launch per layer)."""

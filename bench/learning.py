@@ -1,0 +1,272 @@
+"""Learning benchmark: how fast each trainer learns *per step*, two settings side by side.
+
+    python -m bench.learning --trainer vocoder [--compare init=old,new] [--steps 200] [--eval_every 50]
+    python -m bench.learning --trainer vits --compare lr=0.001,0.002
+    python -m bench.learning --trainer vae                 # default: --compare mixed_precision=false,true
+    make bench-learning                                    # all three, default settings
+
+For one trainer: its demo data (made by the demo's own data functions, reused when present), a small
+fixed recipe (the demo config + RECIPE below), a fixed seed, and ONE stored sequence of batches that
+both settings train on, interleaved step by step in this process (so machine load hits both alike;
+the same RNG seed before each step, so noise draws match too). Prints the held-out metric curve
+(vocoder: MR-STFT distance and mel L1 of ``validate()``; VITS: MCD-DTW and alignment sharpness of
+tts/evaluation.py; VAE: PSNR / SSIM, LPIPS when its VGG backbone is cached) and the median step time.
+
+``--compare KEY=A,B``: ``init=old,new`` compares initialisations (``new`` = the models' deliberate
+effective init; ``old`` = weights of the HiFi-GAN parts really drawn N(0, 0.01) under weight norm, the
+vocoder's pre-issue-10 init), any other KEY is a config key set to A and to B (``--set`` applies to both).
+A benchmark, not a test: it never runs in the test suite. Use ``--steps 600`` for the issue's length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch.nn.utils import parametrize
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO / "data" / "demo"
+TRAINERS = ("vocoder", "vits", "vae")
+# The fixed recipe per trainer: the demo config plus these (fp32: the issue's reference precision).
+RECIPE = {
+    "vocoder": ["pl_trainer_precision=32-true", "num_valid_plots=0", "volume_aug=false"],
+    "vits": ["mixed_precision=false", "progress_bar=false"],
+    "vae": ["perceptual_weight=0.0", "ema_decay=0.0"],
+}
+DEFAULT_COMPARE = {"vocoder": "init=old,new", "vits": "init=old,new", "vae": "mixed_precision=false,true"}
+DEFAULT_STEPS = {"vocoder": 200, "vits": 300, "vae": 300}
+OLD_INIT_STD = 0.01
+
+
+@dataclass
+class Runner:
+    """One setting under test: ``step(batch)`` trains one step, ``evaluate()`` measures held-out metrics."""
+
+    label: str
+    step: Callable[[object], object]
+    evaluate: Callable[[], dict]
+    times: list[float] = field(default_factory=list)
+
+
+def redraw_old_init(model: torch.nn.Module, prefixes: tuple[str, ...], seed: int) -> int:
+    """Weight-normed layers under ``prefixes`` get weights really N(0, 0.01) (direction and magnitude
+    consistent, g = ||v||): the effective init the vocoder had before issue 10. Returns the count."""
+    gen = torch.Generator().manual_seed(seed)
+    n = 0
+    with torch.no_grad():
+        for name, m in model.named_modules():
+            if name.startswith(prefixes) and parametrize.is_parametrized(m, "weight"):
+                p = m.parametrizations.weight
+                v = torch.randn(p.original1.shape, generator=gen) * OLD_INIT_STD
+                p.original1.copy_(v)
+                p.original0.copy_(v.flatten(1).norm(dim=1).view_as(p.original0))
+                n += 1
+    return n
+
+
+def parse_compare(text: str) -> tuple[str, list[str]]:
+    key, sep, values = text.partition("=")
+    vals = [v.strip() for v in values.split(",")]
+    if not sep or len(vals) != 2 or not all(vals):
+        raise SystemExit(f"error: --compare {text!r}: write KEY=A,B (e.g. init=old,new or lr=0.001,0.002)")
+    if key == "init" and set(vals) - {"old", "new"}:
+        raise SystemExit("error: --compare init=...: the values are old and new")
+    return key, vals
+
+
+def setting_overrides(key: str, value: str) -> tuple[list[str], str]:
+    """(config overrides, init) for one side of --compare."""
+    return ([], value) if key == "init" else ([f"{key}={value}"], "new")
+
+
+def take_batches(loader, sampler, steps: int) -> list:
+    """The stored sequence: the first ``steps`` batches of the loader over as many epochs as needed."""
+    out, epoch = [], 0
+    while len(out) < steps:
+        sampler.set_epoch(epoch)
+        for batch in loader:
+            out.append(batch)
+            if len(out) == steps:
+                break
+        epoch += 1
+    return out
+
+
+# ----------------------------------------------------------------------------------- trainers
+def vocoder_runners(key: str, values: list[str], args, tmp: Path) -> tuple[list[Runner], list]:
+    from common.config import load_config
+    from vocoder.config import VocoderConfig
+    from vocoder.demo import CONFIG, make_dataset
+    from vocoder.train import VocoderTrainer
+
+    base = [*RECIPE["vocoder"], *args.set]
+    make_dataset(load_config(CONFIG, VocoderConfig, base), wavs=DATA / "vocoder_wavs", data=DATA / "vocoder_bin")
+    runners, batches = [], None
+    for value in values:
+        overrides, init = setting_overrides(key, value)
+        cfg = load_config(CONFIG, VocoderConfig, [*base, *overrides])
+        tr = VocoderTrainer(cfg, DATA / "vocoder_bin", tmp / f"vocoder_{value}", device="cpu", log=lambda *a: None)
+        if init == "old":
+            redraw_old_init(tr.generator, ("ups.", "resblocks.", "conv_post"), args.seed)
+        if batches is None:
+            batches = take_batches(tr.loader, tr.sampler, args.steps)
+        runners.append(Runner(f"{key}={value}", tr.train_step,
+                              lambda tr=tr: tr.validate(limit=args.eval_items or None)))
+    return runners, batches
+
+
+def vits_runners(key: str, values: list[str], args, tmp: Path) -> tuple[list[Runner], list]:
+    from common.config import load_config
+    from common.distributed import setup_distributed
+    from tts import demo
+    from tts.evaluation import evaluate
+    from tts.train import TrainConfig, VitsTrainer, build_mel
+
+    if demo.prepare(demo.build_corpus(DATA / "tts_raw"), DATA / "tts_prepared") != 0:
+        raise SystemExit("error: preparing the TTS demo data failed (see above)")
+    info = setup_distributed("cpu")
+    runners, batches = [], None
+    for value in values:
+        overrides, init = setting_overrides(key, value)
+        cfg = load_config(str(demo.CONFIG), TrainConfig, [*RECIPE["vits"], *args.set, *overrides],
+                          extra={"data_dir": str(DATA / "tts_prepared"), "run_dir": str(tmp / f"vits_{value}")})
+        tr = VitsTrainer(cfg, info)
+        if init == "old":
+            redraw_old_init(tr.gen, ("dec.ups.", "dec.resblocks."), args.seed)
+        if batches is None:
+            batches = take_batches(tr.loader, tr.sampler, args.steps)
+
+        def step(batch, tr=tr):
+            tr.train_step(batch)
+            tr.step += 1  # the MAS prior fades with the step count
+
+        def metrics(tr=tr):
+            m = evaluate(tr.gen, tr.eval_set, build_mel(tr.cfg), tr.device, args.eval_items or tr.cfg.eval_max_items,
+                         noise_scale=tr.cfg.noise_scale, seed=tr.cfg.seed)
+            tr.gen.train()
+            return {k: m[k] for k in ("mcd", "align_sharpness", "dur_err")}
+        runners.append(Runner(f"{key}={value}", step, metrics))
+    return runners, batches
+
+
+def vae_runners(key: str, values: list[str], args, tmp: Path) -> tuple[list[Runner], list]:
+    from common.config import load_config
+    from common.data import ResumableSampler, make_loader
+    from vae import demo
+    from vae.config import VAEConfig
+    from vae.data import ImageDataset, find_training_images
+    from vae.losses import FrozenLPIPS, backbone_cache_path
+    from vae.metrics import evaluate
+    from vae.train_vae import VAETrainer, _loader_batches
+
+    if demo.make_dataset(DATA / "vae_images", DATA / "vae_prepared") != 0:
+        raise SystemExit("error: preparing the VAE demo data failed (see above)")
+    lpips = FrozenLPIPS("vgg") if backbone_cache_path("vgg").is_file() else None
+    device = torch.device("cpu")
+    runners, batches = [], None
+    for value in values:
+        overrides, init = setting_overrides(key, value)
+        if init == "old":
+            raise SystemExit("error: the VAE has no old init (its model equals diffusers' AutoencoderKL); "
+                             "compare config keys instead, e.g. --compare mixed_precision=false,true")
+        cfg = load_config(REPO / "vae" / "configs" / "demo.yaml", VAEConfig, [*RECIPE["vae"], *args.set, *overrides])
+        torch.manual_seed(cfg.seed)
+        tr = VAETrainer(cfg, device, total_steps=args.steps, quiet=True)
+        if batches is None:
+            ds = ImageDataset(find_training_images(DATA / "vae_prepared" / "train"), cfg.image_size, train=True,
+                              random_flip=cfg.random_flip, max_pixels=cfg.max_pixels)
+            sampler = ResumableSampler(ds, shuffle=True, seed=cfg.seed)
+            loader = make_loader(ds, batch_size=int(cfg.batch_size), sampler=sampler, num_workers=0, seed=cfg.seed,
+                                 drop_last=True)
+            batches = take_batches(loader, sampler, args.steps)
+            val = list(_loader_batches(find_training_images(DATA / "vae_prepared" / "val"), cfg,
+                                       limit=args.eval_items or None, batch_size=4))
+
+        def step(batch, tr=tr, counter=[0]):  # noqa: B006 - the per-runner step counter
+            tr.step([batch], counter[0])
+            counter[0] += 1
+
+        def metrics(tr=tr, val=val):
+            m = evaluate(tr.eval_model(), val, device, tr.precision.autocast, lpips)
+            return {k: m[k] for k in ("psnr", "ssim", "lpips") if k in m}
+        runners.append(Runner(f"{key}={value}", step, metrics))
+    return runners, batches
+
+
+BUILDERS = {"vocoder": vocoder_runners, "vits": vits_runners, "vae": vae_runners}
+
+
+# ----------------------------------------------------------------------------------- the loop
+def run(trainer: str, args) -> list[str]:
+    key, values = parse_compare(args.compare or DEFAULT_COMPARE[trainer])
+    args.steps = args.steps or DEFAULT_STEPS[trainer]
+    eval_every = args.eval_every or max(1, args.steps // 4)
+    with tempfile.TemporaryDirectory(prefix=f"bench_learning_{trainer}_") as tmp:
+        runners, batches = BUILDERS[trainer](key, values, args, Path(tmp))
+        curve: list[tuple[int, list[dict]]] = [(0, [r.evaluate() for r in runners])]
+        t_start = time.time()
+        for i, batch in enumerate(batches, start=1):
+            for r in runners:
+                torch.manual_seed(args.seed * 100_003 + i)  # the same noise draws for both settings
+                t0 = time.perf_counter()
+                r.step(batch)
+                r.times.append(time.perf_counter() - t0)
+            if i % eval_every == 0 or i == len(batches):
+                curve.append((i, [r.evaluate() for r in runners]))
+                print(f"  [{trainer}] step {i}/{len(batches)} ({time.time() - t_start:.0f} s)", flush=True)
+    return format_table(trainer, runners, curve)
+
+
+def format_table(trainer: str, runners: list[Runner], curve: list[tuple[int, list[dict]]]) -> list[str]:
+    names = list(curve[0][1][0])
+    head = f"{'step':>6} " + " ".join(f"{f'{n} [{r.label}]':>26}" for n in names for r in runners)
+    lines = [f"== {trainer}: held-out metrics, same batches and seed ==", head]
+    for step, ms in curve:
+        lines.append(f"{step:>6} " + " ".join(f"{m[n]:>26.4f}" for n in names for m in ms))
+    for r in runners:
+        t = r.times[1:] or r.times  # the first step pays one-off allocations
+        lines.append(f"step time [{r.label}]: median {statistics.median(t):.3f} s, mean {statistics.mean(t):.3f} s "
+                     f"over {len(r.times)} steps")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trainer", choices=[*TRAINERS, "all"], default="all")
+    p.add_argument("--compare", default=None, help="KEY=A,B (default per trainer: " +
+                   ", ".join(f"{k} {v}" for k, v in DEFAULT_COMPARE.items()) + ")")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default per trainer: " +
+                   ", ".join(f"{k} {v}" for k, v in DEFAULT_STEPS.items()) + "; the issue used 600)")
+    p.add_argument("--eval_every", type=int, default=None, help="held-out evaluation interval (default steps/4)")
+    p.add_argument("--eval_items", type=int, default=0, help="held-out items per evaluation (0 = the recipe's)")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1: comparable on a shared machine)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for both settings")
+    args = p.parse_args(argv)
+    if args.steps is not None and args.steps < 1:
+        p.error("--steps must be >= 1")
+    torch.set_num_threads(args.threads)
+    os.chdir(REPO)  # the demo data functions write under data/demo like the demos do
+    out = []
+    for trainer in TRAINERS if args.trainer == "all" else (args.trainer,):
+        t0 = time.time()
+        lines = run(trainer, argparse.Namespace(**vars(args)))
+        lines.append(f"({trainer}: {time.time() - t0:.0f} s wall, {args.threads} thread(s), "
+                     f"{time.strftime('%Y-%m-%d')})")
+        print("\n".join(lines), flush=True)
+        out += lines
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
