@@ -114,7 +114,11 @@ def optimizer_overrides(cfg: Any, spec: dict[str, dict[str, tuple[tuple[str, ...
     `{"vae": {"lr": (("learning_rate",), 1e-5), "betas": (("adam_beta1", "adam_beta2"), (0.5, 0.9))}}`.
     Returns only the entries whose keys appear in `common.config.explicit_keys(cfg)`."""
     explicit = explicit_keys(cfg)
-    return {name: {hp: value for hp, (keys, value) in hps.items() if any(k in explicit for k in keys)}
+
+    def given(key: str) -> bool:  # the key itself, or a whole mapping above it (`--set optim={lr: 1e-5}`)
+        return any(key == e or key.startswith(e + ".") for e in explicit)
+
+    return {name: {hp: value for hp, (keys, value) in hps.items() if any(given(k) for k in keys)}
             for name, hps in spec.items()}
 
 
