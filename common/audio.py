@@ -69,6 +69,10 @@ def load_audio(path: str | os.PathLike, sr: int | None = None, mono: bool = True
     except (sf.SoundFileError, RuntimeError, OSError, ValueError, TypeError) as e:
         detail = str(e).splitlines()[-1] if str(e) else type(e).__name__
         raise AudioError(f"not readable as audio ({detail})", path) from e
+    cut = _wav_truncation(path)
+    if cut:
+        raise AudioError(f"truncated/unreadable: {cut} ({data.shape[0] / file_sr:.2f} s readable); "
+                         "re-export or copy the file again", path)
     if data.shape[0] == 0 or data.shape[1] == 0:
         raise AudioError("empty (0 samples)", path)
     if not np.isfinite(data).all():
@@ -80,6 +84,33 @@ def load_audio(path: str | os.PathLike, sr: int | None = None, mono: bool = True
         file_sr = int(sr)
     wav = data[:, 0] if mono else data.T
     return np.ascontiguousarray(wav, dtype=np.float32), int(file_sr)
+
+
+def _wav_truncation(path: Path) -> str | None:
+    """Why a WAV file is cut short, or None. libsndfile quietly reads whatever part of the data chunk
+    is there, so a half-copied file would pass as a shorter (or a 0.00 s) clip: compare the size
+    the header declares with the bytes present."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(12)
+            if len(head) < 12 or head[:4] not in (b"RIFF", b"RIFX") or head[8:12] != b"WAVE":
+                return None
+            order = "little" if head[:4] == b"RIFF" else "big"
+            pos = 12
+            while pos + 8 <= size:
+                f.seek(pos)
+                chunk = f.read(8)
+                n = int.from_bytes(chunk[4:], order)
+                if chunk[:4] == b"data":
+                    have = size - pos - 8
+                    if n != 0xFFFFFFFF and have < n:  # 0xFFFFFFFF: a streamed WAV of unknown length
+                        return f"the WAV header declares {n} bytes of samples, the file holds {have}"
+                    return None
+                pos += 8 + n + (n & 1)
+    except OSError:
+        return None
+    return None
 
 
 def to_int16(wav) -> np.ndarray:

@@ -98,8 +98,25 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
-def _convert(value: Any, tp: Any, key: str, source: str) -> Any:
-    """Converts `value` to the annotated type `tp`, or raises ConfigError naming `key`."""
+_WORDS = {bool: "true/false", int: "an integer", float: "a number", str: "a string", type(None): "null",
+          list: "a list", tuple: "a list", dict: "a mapping"}
+
+
+def type_in_words(tp: Any) -> str:
+    """`float | None` → "a number or null": what a user must write, not Python's spelling of it."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(type_in_words(a) for a in typing.get_args(tp))
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if dataclasses.is_dataclass(tp):
+        return f"a mapping of {tp.__name__} keys"
+    return _WORDS.get(origin or tp, _type_name(tp))
+
+
+def _convert(value: Any, tp: Any, key: str, source: str, sources: dict[str, Any] | None = None) -> Any:
+    """Converts `value` to the annotated type `tp`, or raises ConfigError naming `key`. `sources`
+    (dotted key → where it was set) lets a nested key name its own source, e.g. `--set`."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if tp is Any:
@@ -107,15 +124,14 @@ def _convert(value: Any, tp: Any, key: str, source: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        errors = []
         for arg in args:
             if arg is type(None):
                 continue
             try:
-                return _convert(value, arg, key, source)
-            except ConfigError as exc:
-                errors.append(str(exc))
-        raise ConfigError(f"{key} ({source}): {value!r} is not a valid {_type_name(tp)}")
+                return _convert(value, arg, key, source, sources)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{key} ({source}): expected {type_in_words(tp)}, got {value!r}")
     if origin is typing.Literal:
         if value in args:
             return value
@@ -125,7 +141,7 @@ def _convert(value: Any, tp: Any, key: str, source: str) -> Any:
             return value
         if not isinstance(value, dict):
             raise ConfigError(f"{key} ({source}): expected a mapping of {tp.__name__} keys, got {value!r}")
-        return _build(tp, value, key + ".", {}, source)
+        return _build(tp, value, key + ".", sources or {}, source)
     if origin in (list, tuple) or tp in (list, tuple):
         if isinstance(value, (list, tuple)):
             if origin is tuple and args and args[-1] is not Ellipsis:
@@ -195,7 +211,7 @@ def _build(cls: type[T], data: dict, prefix: str, sources: dict[str, Path], defa
             raise ConfigError(f"unknown config key '{dotted}' in {source}{hint}")
         if key in kwargs:
             raise ConfigError(f"'{dotted}' ({source}) sets '{prefix}{key}' twice (once through an alias)")
-        kwargs[key] = _convert(value, hints[key], prefix + key, source)
+        kwargs[key] = _convert(value, hints[key], prefix + key, source, sources)
     for name, f in fields.items():
         if name in kwargs:
             continue
@@ -251,11 +267,45 @@ def load_config(
         sources[dotted] = "command-line flag"
         for i in range(1, dotted.count(".") + 1):
             sources.setdefault(".".join(dotted.split(".")[:i]), "command-line flag")
+    explicit: dict[str, str] = {}
+    for dotted, value in (extra or {}).items():
+        if value is not None:
+            explicit[_canonical_key(schema, dotted)] = "command-line flag"
     for text in overrides or ():
         dotted, value = parse_override(text)
         _set_dotted(data, dotted, value)
         sources[dotted] = f"--set {text}"
-    return _build(schema, data, "", sources, str(path) if path else "defaults")
+        explicit[_canonical_key(schema, dotted)] = f"--set {text}"
+    cfg = _build(schema, data, "", sources, str(path) if path else "defaults")
+    object.__setattr__(cfg, _EXPLICIT_ATTR, explicit)
+    return cfg
+
+
+_EXPLICIT_ATTR = "_explicit_keys"
+
+
+def _canonical_key(schema: type, dotted: str) -> str:
+    """`lr` → `learning_rate` (through each level's ALIASES); unknown parts are kept as given."""
+    parts, out, cls = dotted.split("."), [], schema
+    for part in parts:
+        name = _aliases(cls).get(part, part) if cls is not None else part
+        out.append(name)
+        hint = typing.get_type_hints(cls).get(name) if cls is not None and dataclasses.is_dataclass(cls) else None
+        cls = hint if hint is not None and dataclasses.is_dataclass(hint) else None
+    return ".".join(out)
+
+
+def explicit_keys(cfg: Any) -> dict[str, str]:
+    """The dotted keys (aliases resolved) the user set on the command line for this `load_config`
+    result — a trainer's own flags (`extra`) or `--set` — each with where it was set. A value from a
+    YAML file or a default is not listed: on resume, only what the user asked for now replaces the
+    checkpoint's state (e.g. a lowered learning rate, see `common.training.apply_optimizer_overrides`)."""
+    return dict(getattr(cfg, _EXPLICIT_ATTR, {}))
+
+
+def mark_explicit(cfg: Any, key: str, source: str) -> None:
+    """Records `key` as set by the user (a preset or flag applied after `load_config`)."""
+    object.__setattr__(cfg, _EXPLICIT_ATTR, {**explicit_keys(cfg), key: source})
 
 
 # ---------------------------------------------------------------------------------------------

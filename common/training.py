@@ -9,12 +9,14 @@ checkpoint is still the newest one.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
+from common.config import explicit_keys
 from common.distributed import unwrap as _unwrap
 
 
@@ -41,11 +43,15 @@ class NonFiniteGuard:
         if self.consecutive >= self.max_consecutive:
             raise NonFiniteError(
                 f"{self.consecutive} consecutive steps had non-finite losses/gradients "
-                f"({self.skipped_total} skipped in total); stopping. The newest checkpoint is the last "
-                "good one: resume from it with a lower learning rate, fp32/bf16 instead of fp16, or "
-                "gradient clipping."
+                f"({self.skipped_total} skipped in total); stopping. Likely fixes: a lower learning rate, "
+                "fp32/bf16 instead of fp16, or gradient clipping."
             )
         return False
+
+    @property
+    def in_streak(self) -> bool:
+        """True while the newest step(s) were non-finite: the state is not known to be good."""
+        return self.consecutive > 0
 
     def check_step(self, finite: bool, scaler: torch.amp.GradScaler | None = None) -> bool:
         """Like `check`, but an fp16 loss-scale back-off (the scaler can still lower its scale
@@ -61,6 +67,121 @@ class NonFiniteGuard:
     def load_state_dict(self, state: dict) -> None:
         self.consecutive = state["consecutive"]
         self.skipped_total = state["skipped_total"]
+
+
+def saving_blocked(*guards: NonFiniteGuard | None) -> bool:
+    """The one rule for every trainer: no checkpoint is written while any guard counts a non-finite
+    streak, so the newest checkpoint on disk is always a good state (rotation can never push the
+    pre-streak checkpoints out, and a non-finite stop leaves the last good one newest)."""
+    return any(g is not None and g.in_streak for g in guards)
+
+
+def nonfinite_stop_message(last_good: str | Path | None, lr_hint: str, resume_hint: str = "--resume auto") -> str:
+    """The line a trainer prints after a non-finite stop: the real last good file, or that there is none."""
+    if last_good is None:
+        return ("no checkpoint was written before the non-finite streak, so there is nothing good to resume: "
+                f"start again with a lower learning rate ({lr_hint}), fp32/bf16 instead of fp16, or gradient clipping")
+    return (f"last good checkpoint: {last_good} (nothing was written during the non-finite streak). Continue from "
+            f"it with a lower learning rate: {lr_hint} {resume_hint} (a value given on resume replaces the "
+            "checkpoint's)")
+
+
+class BufferSnapshot:
+    """Module buffers (BatchNorm running statistics) change in the forward pass, before anyone knows
+    whether the step will be skipped: take() before the step, restore() when it was skipped, so a
+    non-finite step leaves no trace (a NaN running mean would poison every later step and checkpoint)."""
+
+    def __init__(self, *modules: nn.Module | None) -> None:
+        self.buffers = [b for m in modules if m is not None for b in _unwrap(m).buffers()]
+        self.saved: list[torch.Tensor] = []
+
+    def take(self) -> None:
+        self.saved = [b.detach().clone() for b in self.buffers]
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        for buf, saved in zip(self.buffers, self.saved):
+            buf.copy_(saved)
+
+
+# Hyper-parameters an optimizer keeps in its param groups (and so in a checkpoint).
+OPTIMIZER_HPARAMS = ("lr", "betas", "eps", "weight_decay", "momentum")
+
+
+def optimizer_overrides(cfg: Any, spec: dict[str, dict[str, tuple[tuple[str, ...], Any]]]) -> dict[str, dict[str, Any]]:
+    """Which optimizer hyper-parameters the user set explicitly for this run.
+
+    `spec`: optimizer name → hyper-parameter → (the config keys that decide it, its value now), e.g.
+    `{"vae": {"lr": (("learning_rate",), 1e-5), "betas": (("adam_beta1", "adam_beta2"), (0.5, 0.9))}}`.
+    Returns only the entries whose keys appear in `common.config.explicit_keys(cfg)`."""
+    explicit = explicit_keys(cfg)
+
+    def given(key: str) -> bool:  # the key itself, or a whole mapping above it (`--set optim={lr: 1e-5}`)
+        return any(key == e or key.startswith(e + ".") for e in explicit)
+
+    return {name: {hp: value for hp, (keys, value) in hps.items() if any(given(k) for k in keys)}
+            for name, hps in spec.items()}
+
+
+def apply_optimizer_overrides(
+    optimizers: dict[str, torch.optim.Optimizer | None],
+    schedulers: dict[str, Any] | None,
+    overrides: dict[str, dict[str, Any]],
+) -> str | None:
+    """After `restore_state`: the hyper-parameters given now replace the checkpoint's in every param
+    group (a group without that key, e.g. Muon's betas, is left alone). A new `lr` becomes the
+    scheduler's base LR too, and the current LR is the new base times the schedule's multiplier at the
+    restored step. Returns the one log line saying what changed, or None (then nothing was touched and
+    the resume stays bitwise)."""
+    changes = []
+    for name, values in overrides.items():
+        opt = optimizers.get(name)
+        if opt is None or not values:
+            continue
+        sched = (schedulers or {}).get(name)
+        for key, value in values.items():
+            if key not in OPTIMIZER_HPARAMS:
+                raise ValueError(f"unknown optimizer hyper-parameter '{key}' (known: {', '.join(OPTIMIZER_HPARAMS)})")
+            old = []
+            for i, group in enumerate(opt.param_groups):
+                if key not in group:
+                    continue
+                if key == "lr":
+                    old.append(group.get("initial_lr", group["lr"]))
+                    _set_base_lr(group, i, float(value), sched)
+                else:
+                    old.append(group[key])
+                    group[key] = tuple(value) if key == "betas" else value
+            if old:
+                shown = old[0] if all(o == old[0] for o in old) else old
+                changes.append(f"{name} {key} {_fmt(shown)} -> {_fmt(value)}")
+        if sched is not None:
+            sched._last_lr = [g["lr"] for g in opt.param_groups]
+    if not changes:
+        return None
+    return "resume: given on the command line, replacing the checkpoint's values: " + "; ".join(changes)
+
+
+def _set_base_lr(group: dict, index: int, lr: float, sched: Any) -> None:
+    old_base = group.get("initial_lr", group["lr"])
+    group["initial_lr"] = lr
+    if sched is None:
+        group["lr"] = lr
+        return
+    if hasattr(sched, "lr_lambdas"):  # LambdaLR: the multiplier the next step would use, exactly
+        factor = sched.lr_lambdas[index](sched.last_epoch)
+    else:
+        factor = group["lr"] / old_base if old_base else 1.0
+    sched.base_lrs[index] = lr
+    group["lr"] = lr * factor
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return "(" + ", ".join(_fmt(v) for v in value) + ")"
+    return str(value)
 
 
 def backward(loss: torch.Tensor, scaler: torch.amp.GradScaler | None = None) -> None:

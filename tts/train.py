@@ -52,7 +52,16 @@ from common.muon import build_optimizer
 from common.precision import Precision
 from common.run_dir import add_run_args, prepare_run_dir
 from common.schedulers import build_scheduler
-from common.training import NonFiniteError, NonFiniteGuard, critic_for_generator, step_optimizer
+from common.training import (
+    NonFiniteError,
+    NonFiniteGuard,
+    apply_optimizer_overrides,
+    critic_for_generator,
+    nonfinite_stop_message,
+    optimizer_overrides,
+    saving_blocked,
+    step_optimizer,
+)
 from tts.data import DataError, VitsDataset, collate, read_speakers
 from tts.evaluation import evaluate
 from tts.models.discriminator import MultiPeriodDiscriminator
@@ -139,6 +148,7 @@ class VitsTrainer:
         self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.save_n_checkpoints,
                                       save_best_after=cfg.save_best_after, mode="min", prefix="vits")
         self.step = self.epoch = self.batch_in_epoch = 0
+        self.last_good: Path | None = None  # the newest checkpoint known to hold a good state
 
         self.say(f"parameters: generator {count(self.gen) / 1e6:.2f} M, discriminator {count(self.disc) / 1e6:.2f} M "
                  f"(total {(count(self.gen) + count(self.disc)) / 1e6:.2f} M), used at inference "
@@ -162,7 +172,13 @@ class VitsTrainer:
             self.step, self.epoch = counters["step"], counters["epoch"]
             self.batch_in_epoch = counters["batch_in_epoch"]
             self.guard.load_state_dict(counters["guard"])
+            self.last_good = path
             self.say(f"resumed from {path} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
+            changed = apply_optimizer_overrides({"generator": self.opt_g, "discriminator": self.opt_d},
+                                                {"generator": self.sched_g, "discriminator": self.sched_d},
+                                                optimizer_overrides(self.cfg, self.optimizer_spec()))
+            if changed:
+                self.say(changed)
         elif init_from:
             ckpt = load_checkpoint(init_from)
             for name, model in (("generator", self.gen), ("discriminator", self.disc)):
@@ -173,7 +189,19 @@ class VitsTrainer:
         elif resume == "auto":
             self.say("no checkpoint to resume in this run folder: starting fresh")
 
+    def optimizer_spec(self) -> dict:
+        """Each optimizer's hyper-parameters and the config keys that set them (a resume that gives
+        one explicitly replaces the checkpoint's value: `common.training.optimizer_overrides`)."""
+        cfg = self.cfg
+        shared = {"betas": (("betas",), tuple(cfg.betas)), "eps": (("eps",), cfg.eps),
+                  "weight_decay": (("weight_decay",), cfg.weight_decay)}
+        return {name: {"lr": ((own,) if getattr(cfg, own) else (own, "lr"), getattr(cfg, own) or cfg.lr), **shared}
+                for name, own in (("generator", "lr_gen"), ("discriminator", "lr_disc"))}
+
     def save(self, metric: float | None = None) -> Path | None:
+        if saving_blocked(self.guard):
+            self.say(f"step {self.step}: no checkpoint while steps are non-finite (last good: {self.last_good or 'none'})")
+            return None
         counters = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                     "guard": self.guard.state_dict()}
         state = make_state({"generator": self.gen, "discriminator": self.disc},
@@ -182,6 +210,7 @@ class VitsTrainer:
                            self.scaler, counters=counters, config=config_to_dict(self.cfg),
                            extra={"speakers": self.speakers, "symbols": list(SYMBOLS)})
         path = self.ckpt.save(state, self.step, metric) if self.info.is_main else None
+        self.last_good = path or self.last_good
         barrier()
         return path
 
@@ -314,6 +343,7 @@ class VitsTrainer:
                     except NonFiniteError as e:
                         progress.close()
                         self.say(f"error: {e}")
+                        self.say(nonfinite_stop_message(self.last_good, "--set lr=<lower>"))
                         raise
                     self.step += 1
                     self.batch_in_epoch += 1

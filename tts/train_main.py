@@ -39,6 +39,7 @@ from common.config import (
     add_config_args,
     config_to_dict,
     load_config,
+    mark_explicit,
     parse_override,
     read_config_file,
     save_config,
@@ -51,7 +52,15 @@ from common.muon import build_optimizer
 from common.precision import Precision
 from common.run_dir import add_run_args, prepare_run_dir
 from common.schedulers import build_scheduler
-from common.training import NonFiniteError, NonFiniteGuard, step_optimizer
+from common.training import (
+    NonFiniteError,
+    NonFiniteGuard,
+    apply_optimizer_overrides,
+    nonfinite_stop_message,
+    optimizer_overrides,
+    saving_blocked,
+    step_optimizer,
+)
 from tts.clone_data import (
     BucketCollate,
     CloneDataset,
@@ -168,6 +177,7 @@ def resolve_config(args: argparse.Namespace) -> Resolved:
         if cfg.scheduler.warmup_steps <= 0:
             raise UsageError("--aggressive-lr lengthens the warmup, but warmup_steps is 0: give --warmup-steps > 0")
         cfg.optim.lr *= AGGRESSIVE_LR_FACTOR
+        mark_explicit(cfg, "optim.lr", "--aggressive-lr")  # on resume too, the doubled LR is what was asked
         cfg.scheduler.warmup_steps = int(round(cfg.scheduler.warmup_steps * AGGRESSIVE_WARMUP_FACTOR))
     res = Resolved(cfg, explicit, presets)
     check_options(res)
@@ -513,6 +523,12 @@ def train(res: Resolved, resume: str | None = None, log=print, progress: bool = 
         history = list(extra["history"])
         log(f"resumed from {resume_path} at step {counters['step']} (epoch {counters['epoch']}, "
             f"batch {counters['batch_in_epoch']})")
+        spec = {"optimizer": {"lr": (("optim.lr",), o.lr), "betas": (("optim.beta1", "optim.beta2"), (o.beta1, o.beta2)),
+                              "eps": (("optim.eps",), o.eps), "weight_decay": (("optim.weight_decay",), o.weight_decay)}}
+        changed = apply_optimizer_overrides({"optimizer": optimizer}, {"optimizer": scheduler},
+                                            optimizer_overrides(cfg, spec))
+        if changed:
+            log(changed)
     else:
         model.set_stats(*feature_stats(train_items, cfg.data.stats_items))
         if init_from:  # weights only: a new run (fine-tuning), mismatched layers re-initialised and listed
@@ -534,13 +550,19 @@ def train(res: Resolved, resume: str | None = None, log=print, progress: bool = 
                         info.world_size))
     logger = RunLogger(ckpt_dir / "logs", enabled=info.is_main)
 
+    last_good = resume_path  # the newest checkpoint known to hold a good state
+
     def save(step: int, metric: float | None = None) -> None:
+        nonlocal last_good
+        if saving_blocked(guard):
+            log(f"step {step}: no checkpoint while steps are non-finite (last good: {last_good or 'none'})")
+            return
         counters["train_s"] = train_time
         state = make_state({"model": model}, {"optimizer": optimizer}, {"scheduler": scheduler}, precision.scaler,
                            counters=dict(counters), config=config_to_dict(cfg),
                            extra={"guard": guard.state_dict(), "plateau": plateau.state_dict(), "history": history})
         if info.is_main:
-            manager.save(state, step, metric)
+            last_good = manager.save(state, step, metric)
 
     train_time = float(counters.get("train_s", 0.0))  # wall time spent training (not validating) so far
     recent: list[float] = []  # train losses at log points, for the plateau's trend
@@ -655,6 +677,7 @@ def train(res: Resolved, resume: str | None = None, log=print, progress: bool = 
     except NonFiniteError as e:
         stop_reason = "non-finite"
         log(f"error: {e}")
+        log(nonfinite_stop_message(last_good, "--lr <lower>"))
     except RuntimeError as e:
         if is_oom(e):
             raise OutOfMemory(oom_message("voice-cloning training", t.batch_size, {
@@ -667,7 +690,7 @@ def train(res: Resolved, resume: str | None = None, log=print, progress: bool = 
     summary = {
         "step": counters["step"], "history": history, "skipped_steps": guard.skipped_total, "stop": stop_reason,
         "data_wait_fraction": bar.data_wait_fraction, "train_s": train_time, "ckpt_dir": str(ckpt_dir),
-        "best": manager.best_metric, "n_params": n_params,
+        "best": manager.best_metric, "n_params": n_params, "last_good": str(last_good) if last_good else None,
     }
     if history:
         log(f"validation mel L1: step {history[0]['step']} {history[0]['mel_l1']:.4f} -> "

@@ -4,7 +4,8 @@ real tiny bf16 training step, and whether LPIPS' weights are available offline.
     python vae/check_compatibility.py
 
 Works on a CPU-only machine (and says so). Exit status 1 only when something training needs is
-broken (the bf16 step fails, or a GPU is present that this torch cannot run on).
+broken (the bf16 step fails, a GPU is present that this torch cannot run on, or an LPIPS backbone
+file is present or given but training would refuse to load it).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 
 from common.hardware import arch_support, hardware_report
 from common.precision import Precision, bf16_supported
-from vae.losses import BACKBONE_FILES, backbone_cache_path
+from vae.losses import BACKBONE_FILES, FrozenLPIPS, PerceptualWeightsError, backbone_cache_path
 
 
 def _version(pkg: str) -> str:
@@ -55,6 +56,21 @@ def tiny_bf16_step(device: torch.device) -> tuple[bool, str]:
         return False, f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
+def backbone_status(net: str, path: Path, given: bool) -> tuple[bool | None, str]:
+    """Loads the backbone file exactly as training does (FrozenLPIPS: the safe weights-only loader,
+    then the torchvision key/shape check). None = no file (fine unless it is needed), False = a file
+    training would refuse (or a `--perceptual_weights` file that does not exist)."""
+    if not path.is_file():
+        if given:
+            return False, f"--perceptual_weights {path}: no such file"
+        return None, f"NOT cached ({path})"
+    try:
+        FrozenLPIPS(net, path)
+    except (PerceptualWeightsError, ValueError) as exc:
+        return False, f"UNUSABLE: {exc}"
+    return True, f"{'given' if given else 'cached'}, loads (weights-only, torchvision {net} layout) ({path})"
+
+
 def report(perceptual_weights: str | None = None) -> tuple[list[str], bool]:
     lines, ok = [], True
     lines.append(hardware_report())
@@ -86,9 +102,11 @@ def report(perceptual_weights: str | None = None) -> tuple[list[str], bool]:
     lin = Path(lpips.__file__).parent / "weights" / "v0.1" / "vgg.pth"
     lines.append(f"  LPIPS linear weights (ship with lpips): {'found' if lin.is_file() else 'MISSING'} ({lin})")
     for net in BACKBONE_FILES:
-        path = Path(perceptual_weights) if (perceptual_weights and net == "vgg") else backbone_cache_path(net)
-        state = "cached" if path.is_file() else "NOT cached"
-        lines.append(f"  LPIPS {net} backbone: {state} ({path})")
+        given = bool(perceptual_weights and net == "vgg")
+        path = Path(perceptual_weights) if given else backbone_cache_path(net)
+        usable, state = backbone_status(net, path, given)
+        ok &= usable is not False
+        lines.append(f"  LPIPS {net} backbone: {state}")
     if not backbone_cache_path("vgg").is_file() and not perceptual_weights:
         lines.append("    -> training with --perceptual_weight > 0 needs it: copy vgg16-397923af.pth into "
                      f"{backbone_cache_path('vgg').parent}/ or pass --perceptual_weights PATH "

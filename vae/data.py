@@ -147,6 +147,36 @@ def open_image_rgb(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS, min_s
     return rgb, info
 
 
+def default_min_size(size: int) -> int:
+    """The one size filter of prepare_data.py (`--min_size` default from `--target_size`) and of
+    training (from `image_size`): a shorter side below min(256, size) is too small to learn from,
+    so it is skipped, never upscaled from 1x1 or 8x8."""
+    return min(256, size) if size > 0 else 256
+
+
+def usable_images(files: list[Path], size: int, max_pixels: int = DEFAULT_MAX_PIXELS,
+                  where: str | Path = "") -> list[Path]:
+    """The files that pass prepare_data.py's filters at crop `size` (decoded once, JPEGs at draft
+    scale). None usable → ValueError with one line: how many were skipped and why."""
+    good, reasons = [], {}
+    for path in files:
+        try:
+            open_image_rgb(path, max_pixels, default_min_size(size), draft_size=size)
+            good.append(path)
+        except BadImage as exc:
+            reasons.setdefault(exc.kind, []).append(f"{Path(path).name}: {exc.reason}")
+    if reasons:
+        n_bad = sum(len(v) for v in reasons.values())
+        summary = ", ".join(f"{len(v)} {kind.replace('_', ' ')}" for kind, v in sorted(reasons.items()))
+        example = next(iter(reasons.values()))[0]
+        line = f"{n_bad} files skipped: {summary}; e.g. {example}"
+        if not good:
+            raise ValueError(f"no usable image in {where or Path(files[0]).parent} ({line}). Check the folder "
+                             "with `python vae/prepare_data.py --mode validate`")
+        warnings.warn(f"{where}: {line}", stacklevel=2)
+    return good
+
+
 def image_to_tensor(im: Image.Image) -> torch.Tensor:
     """8-bit RGB PIL image → float CHW tensor in [-1, 1] (the VAE's input range)."""
     arr = np.asarray(im, dtype=np.uint8)
@@ -199,8 +229,9 @@ def split_train_val(files: list[Path], num_val: int, seed: int = 1234) -> tuple[
 class ImageDataset(Dataset):
     """Square crops of `image_size` px: random crop + flip for training, centre crop for validation.
 
-    An image smaller than the crop is upscaled (short side → image_size) with a warning; an image that
-    fails to load is reported by name and replaced by the next file (never by a black tensor).
+    An image smaller than the crop but not below prepare_data.py's size filter (`default_min_size`)
+    is upscaled (short side → image_size) with a warning; an image that fails to load or fails the
+    filters is reported by name and replaced by the next file (never by a black tensor).
     """
 
     def __init__(self, files: list[Path], image_size: int, train: bool = True, random_flip: bool = True,
@@ -222,7 +253,8 @@ class ImageDataset(Dataset):
         for attempt in range(len(self.files)):
             path = self.files[(index + attempt) % len(self.files)]
             try:
-                im, _ = open_image_rgb(path, self.max_pixels, draft_size=self.image_size, allow_blank=True)
+                im, _ = open_image_rgb(path, self.max_pixels, default_min_size(self.image_size),
+                                       draft_size=self.image_size)
                 return im, path
             except BadImage as exc:
                 self._failures += 1

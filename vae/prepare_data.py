@@ -30,7 +30,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from common.run_dir import OutputPathError, check_output_dir, check_output_file
-from vae.data import DEFAULT_MAX_PIXELS, BadImage, list_images, open_image_rgb
+from vae.data import DEFAULT_MAX_PIXELS, BadImage, default_min_size, list_images, open_image_rgb
 
 SETTINGS_KEYS = ("target_size", "resize_mode", "format", "min_size", "background")
 
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --input_dir {args.input_dir}: no such folder")
         return 2
     if args.min_size is None:
-        args.min_size = min(256, args.target_size) if args.target_size > 0 else 256
+        args.min_size = default_min_size(args.target_size)
     if args.target_size < 0 or args.min_size < 1:
         print("error: --target_size must be >= 0 and --min_size >= 1")
         return 2

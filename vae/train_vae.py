@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import copy
 import json
+import os
 import resource
 import sys
 import time
@@ -72,9 +73,20 @@ from common.muon import build_optimizer
 from common.precision import Precision
 from common.run_dir import add_run_args, check_output_dir, prepare_run_dir
 from common.schedulers import build_scheduler
-from common.training import EMA, NonFiniteError, NonFiniteGuard, backward, step_optimizer
+from common.training import (
+    EMA,
+    BufferSnapshot,
+    NonFiniteError,
+    NonFiniteGuard,
+    apply_optimizer_overrides,
+    backward,
+    nonfinite_stop_message,
+    optimizer_overrides,
+    saving_blocked,
+    step_optimizer,
+)
 from vae.config import VAEConfig
-from vae.data import ImageDataset, find_training_images, split_train_val
+from vae.data import ImageDataset, find_training_images, read_manifest, split_train_val, usable_images
 from vae.diffusers_io import save_diffusers
 from vae.losses import FrozenLPIPS, PatchDiscriminator, PerceptualWeightsError, VAELoss
 from vae.metrics import evaluate, grid_image, latent_statistics
@@ -171,6 +183,7 @@ class VAETrainer:
         self.plan(total_steps)
         self.ema = EMA(self.vae_module, cfg.ema_decay) if cfg.ema_decay > 0 else None
         self.guard = NonFiniteGuard(cfg.max_nonfinite)
+        self.buffers = BufferSnapshot(self.vae_module, self.disc_module)  # the discriminator's BatchNorm stats
         if not quiet and self.info.is_main:
             print(f"VAE {count_parameters(self.vae_module) / 1e6:.1f} M parameters"
                   + (f", discriminator {count_parameters(self.disc_module) / 1e6:.1f} M" if self.disc_module else "")
@@ -186,6 +199,18 @@ class VAETrainer:
         if self.cfg.lr_scheduler == "cosine_with_warmup":
             kw.update(total_steps=self.total_steps, min_ratio=self.cfg.min_lr_ratio)
         self.schedulers = {name: build_scheduler(opt, self.cfg.lr_scheduler, **kw) for name, opt in self.optimizers.items()}
+
+    def optimizer_spec(self) -> dict:
+        """Each optimizer's hyper-parameters and the config keys that set them (for a resume that
+        changes them: `common.training.optimizer_overrides`)."""
+        cfg = self.cfg
+        shared = {"betas": (("adam_beta1", "adam_beta2"), (cfg.adam_beta1, cfg.adam_beta2)),
+                  "weight_decay": (("weight_decay",), cfg.weight_decay)}
+        spec = {"vae": {"lr": (("learning_rate",), cfg.learning_rate), **shared}}
+        if self.opt_d is not None:
+            keys = ("disc_learning_rate",) if cfg.disc_learning_rate else ("disc_learning_rate", "learning_rate")
+            spec["disc"] = {"lr": (keys, cfg.disc_learning_rate or cfg.learning_rate), **shared}
+        return spec
 
     def models(self) -> dict[str, nn.Module]:
         out = {"vae": self.vae_module, "logvar": self.loss.logvar}
@@ -208,6 +233,7 @@ class VAETrainer:
         grad_scale = float(scaler.get_scale()) if scaler.is_enabled() else 1.0
         logs: dict[str, torch.Tensor] = {}
         recs = []
+        self.buffers.take()
         if gan:
             self.disc_module.requires_grad_(False)  # the generator's GAN term must not train D
         for i, x in enumerate(micro_batches):
@@ -230,7 +256,8 @@ class VAETrainer:
         clip = cfg.gradient_clip or None
         g_norm, stepped = step_optimizer(None, self.opt_g, self.g_params, scaler, clip, self.guard)
         logs["grad_norm"] = g_norm
-        if gan:
+        d_finite = True
+        if gan and stepped:  # a skipped generator step skips the whole step
             for i, (x, x_rec) in enumerate(recs):
                 with self._no_sync(self.disc, i == n - 1):
                     with self.precision.autocast():
@@ -238,8 +265,10 @@ class VAETrainer:
                     backward(d_loss / n, scaler)
                 for k, v in parts.items():
                     logs[k] = logs.get(k, 0) + v / n
-            d_norm, _ = step_optimizer(None, self.opt_d, self.disc_module.parameters(), scaler, clip, None)
+            d_norm, d_finite = step_optimizer(None, self.opt_d, self.disc_module.parameters(), scaler, clip, None)
             logs["disc_grad_norm"] = d_norm
+        if not (stepped and d_finite):
+            self.buffers.restore()  # no BatchNorm statistics from a skipped step
         scaler.update()
         with warnings.catch_warnings():
             # LambdaLR warns when an optimizer skipped its step (non-finite skip, D before disc_start);
@@ -295,6 +324,45 @@ def auto_batch_size(cfg: VAEConfig, device: torch.device, perceptual: FrozenLPIP
     return min(sizes)
 
 
+def checked_images(folder: str, cfg: VAEConfig) -> list[Path]:
+    """The images of `folder`: a prepared folder's manifest as is (prepare_data.py filtered it), a
+    raw folder through the same filters once, so an unusable file is never upscaled or counted."""
+    files = find_training_images(folder)
+    if read_manifest(Path(folder)) is not None:
+        return files
+    return usable_images(files, cfg.image_size, cfg.max_pixels, folder)
+
+
+def next_stage(old: dict, extra: dict, image_size: int) -> tuple[dict, list[dict]]:
+    """Counters and stage history for a new resolution stage: the step and epoch counts continue
+    (checkpoint_epoch_N.pt numbers keep rising, so no stage overwrites another's files and rotation
+    keeps the newest), the data position restarts."""
+    stage = int(old.get("stage", 1)) + 1
+    first_step = int(old.get("steps_before_stage", 0)) + int(old.get("step", 0))
+    counters = {"step": 0, "epoch": int(old.get("epoch", 0)), "micro_in_epoch": 0, "stage": stage,
+                "steps_before_stage": first_step}
+    stages = list(extra.get("stages") or [{"stage": stage - 1, "image_size": old.get("image_size"),
+                                             "first_step": first_step - int(old.get("step", 0)), "first_epoch": 0}])
+    stages = [s for s in stages if s["stage"] < stage]  # a re-run of this stage replaces its record
+    stages.append({"stage": stage, "image_size": image_size, "first_step": first_step, "first_epoch": counters["epoch"]})
+    return counters, stages
+
+
+def keep_stage_files(out_dir: Path, stage: int, image_size: int | None) -> list[str]:
+    """At a new stage, the previous stage's `checkpoint_last.pt` and `best.pt` (+ best.json) would be
+    overwritten by this stage's (and PSNR at another crop size is not comparable for "best"): they are
+    renamed `stage{K}_{size}px_last.pt` / `_best.pt`, outside rotation. An existing name is never
+    overwritten: a re-run of the same transition keeps the first copy and leaves the files of the
+    interrupted attempt (same resolution as this one) where they are."""
+    kept = []
+    for name, suffix in (("checkpoint_last.pt", "last.pt"), ("best.pt", "best.pt"), ("best.json", "best.json")):
+        src, dst = out_dir / name, out_dir / f"stage{stage}_{image_size}px_{suffix}"
+        if src.is_file() and not dst.exists():
+            os.replace(src, dst)
+            kept.append(dst.name)
+    return [k for k in kept if not k.endswith(".json")]
+
+
 def load_vae_weights(path: str | Path, use_ema: bool = True) -> tuple[AutoencoderKL, dict]:
     """A trained VAE from a training checkpoint, `vae_final.pt`, or a diffusers folder."""
     path = Path(path)
@@ -336,9 +404,9 @@ def train(cfg: VAEConfig, overwrite: bool = False, init_from: str | None = None)
     main = info.is_main
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank (DDP also broadcasts them)
 
-    files = find_training_images(cfg.data_path)
+    files = checked_images(cfg.data_path, cfg)
     if cfg.val_data_path:
-        train_files, val_files = files, find_training_images(cfg.val_data_path)
+        train_files, val_files = files, checked_images(cfg.val_data_path, cfg)
     else:
         train_files, val_files = split_train_val(files, cfg.num_val_images, seed=cfg.seed)
 
@@ -365,6 +433,7 @@ def train(cfg: VAEConfig, overwrite: bool = False, init_from: str | None = None)
     torch.manual_seed(cfg.seed + info.rank)  # distinct posterior noise per rank (restored on resume)
     samples_per_step = batch * accum * info.world_size
     counters = {"step": 0, "epoch": 0, "micro_in_epoch": 0, "stage": 1, "steps_before_stage": 0}
+    stages = [{"stage": 1, "image_size": cfg.image_size, "first_step": 0, "first_epoch": 0}]
     best_psnr = last_psnr = None
 
     manager = CheckpointManager(out_dir, keep_last=cfg.keep_checkpoints, mode="max",
@@ -381,6 +450,11 @@ def train(cfg: VAEConfig, overwrite: bool = False, init_from: str | None = None)
                 extra = ckpt.get("extra", {})
                 trainer.guard.load_state_dict(extra.get("guard", trainer.guard.state_dict()))
                 best_psnr = extra.get("best_psnr")
+                stages = list(extra.get("stages", stages))
+                changed = apply_optimizer_overrides(trainer.optimizers, trainer.schedulers,
+                                                    optimizer_overrides(cfg, trainer.optimizer_spec()))
+                if changed and main:
+                    print(changed)
                 if (old.get("samples_per_step"), old.get("num_train")) != (samples_per_step, len(train_files)):
                     if main:
                         print(f"resume: batch size, GPU count or dataset changed since {resume.name}; the data "
@@ -392,13 +466,15 @@ def train(cfg: VAEConfig, overwrite: bool = False, init_from: str | None = None)
                 # A new resolution stage: weights carry over; optimizer and LR schedule are re-planned.
                 models = {k: m for k, m in trainer.models().items() if k in ckpt.get("models", {})}
                 restore_state(ckpt, models, ema=ema if ckpt.get("ema") else None, rank=info.rank)
-                counters = {"step": 0, "epoch": 0, "micro_in_epoch": 0, "stage": int(old.get("stage", 1)) + 1,
-                            "steps_before_stage": int(old.get("steps_before_stage", 0)) + int(old.get("step", 0))}
+                counters, stages = next_stage(old, ckpt.get("extra", {}), cfg.image_size)
                 if main:
+                    kept = keep_stage_files(out_dir, int(old.get("stage", 1)), old.get("image_size"))
                     print(f"resume {resume.name}: trained at {old.get('image_size')} px, now {cfg.image_size} px -> "
                           f"stage {counters['stage']}: weights{' and EMA' if ema else ''} loaded; optimizer "
                           f"and LR schedule re-planned for this run ({total_steps} steps, warmup "
-                          f"{min(cfg.warmup_steps, total_steps - 1)})")
+                          f"{min(cfg.warmup_steps, total_steps - 1)}); epochs continue at {counters['epoch'] + 1}, "
+                          f"global step at {counters['steps_before_stage']}"
+                          + (f"; kept the previous stage's {', '.join(kept)}" if kept else ""))
         except (RuntimeError, KeyError) as exc:
             raise CheckpointError(f"{resume}: cannot resume into this configuration (architecture changed?): "
                                   f"{str(exc)[:400]}") from None
@@ -413,6 +489,7 @@ def train(cfg: VAEConfig, overwrite: bool = False, init_from: str | None = None)
             elif name in weights:
                 load_matching(module, weights[name])
     step = int(counters["step"])
+    last_good: Path | None = resume  # the newest checkpoint known to hold a good state
 
     logger = RunLogger(out_dir / "tensorboard", enabled=main)
     if main:
@@ -431,18 +508,25 @@ def train(cfg: VAEConfig, overwrite: bool = False, init_from: str | None = None)
         return int(counters["steps_before_stage"]) + step
 
     def state() -> dict:
-        c = {**counters, "step": step, "image_size": cfg.image_size, "samples_per_step": samples_per_step,
-             "num_train": len(train_files)}
+        c = {**counters, "step": step, "global_step": gstep(), "image_size": cfg.image_size,
+             "samples_per_step": samples_per_step, "num_train": len(train_files)}
         return make_state(trainer.models(), trainer.optimizers, trainer.schedulers, trainer.precision.scaler,
                           {"vae": trainer.ema} if trainer.ema else None, c, config_to_dict(cfg),
                           extra={"arch": trainer.vae_module.arch(), "guard": trainer.guard.state_dict(),
-                                 "best_psnr": best_psnr})
+                                 "best_psnr": best_psnr, "stages": stages})
 
-    def save_last(reason: str) -> None:
+    def save_last(reason: str) -> bool:
+        nonlocal last_good
+        if saving_blocked(trainer.guard):
+            if main:
+                print(f"not saving checkpoint_last.pt at step {step} ({reason}): the newest steps were non-finite; "
+                      f"the last good checkpoint is {last_good or 'none'}")
+            return False
         s = state()  # on every rank: it gathers every rank's RNG state
         if main:
-            save_atomic(s, out_dir / "checkpoint_last.pt")
+            last_good = save_atomic(s, out_dir / "checkpoint_last.pt")
             print(f"saved {out_dir / 'checkpoint_last.pt'} at step {step} ({reason})")
+        return True
 
     def save_samples() -> None:
         model = trainer.eval_model()
@@ -476,6 +560,7 @@ def train(cfg: VAEConfig, overwrite: bool = False, init_from: str | None = None)
 
     if main:
         (out_dir / "samples").mkdir(exist_ok=True)
+        logger.scalar("train/image_size", cfg.image_size, gstep())  # the resolution of this stage, in the log
         if step == 0 and val_batches:
             print(f"step {gstep()}: {describe(validate())}")
             save_samples()
@@ -542,21 +627,21 @@ def train(cfg: VAEConfig, overwrite: bool = False, init_from: str | None = None)
                     break  # left mid-epoch (stop request or the planned last step)
                 counters["epoch"] = epoch + 1
                 counters["micro_in_epoch"] = 0
-                if (epoch + 1) % cfg.checkpoint_freq == 0:
+                if (epoch + 1) % cfg.checkpoint_freq == 0 and not saving_blocked(trainer.guard):
                     s = state()
                     if main:
-                        progress.write(f"saved {manager.save(s, epoch + 1, metric=last_psnr)}")
+                        last_good = manager.save(s, epoch + 1, metric=last_psnr)
+                        progress.write(f"saved {last_good}")
                     barrier()
     except NonFiniteError as exc:
         progress.close()
         print(f"error: {exc}", file=sys.stderr)
-        print("nothing was saved after the failure: the newest checkpoint_epoch_*.pt / checkpoint_last.pt "
-              "is the last good state", file=sys.stderr)
+        print(nonfinite_stop_message(last_good, "--learning_rate <lower>", "--resume_from auto"), file=sys.stderr)
         logger.close()
         cleanup()
         return exit_codes.NON_FINITE
     progress.close()
-    save_last(stop_reason or "end of training")
+    saved = save_last(stop_reason or "end of training")
     if main:
         m = validate() if val_batches else {}
         save_samples()
@@ -564,8 +649,8 @@ def train(cfg: VAEConfig, overwrite: bool = False, init_from: str | None = None)
             print(f"final (step {gstep()}): {describe(m)}")
         if stop_reason:
             print(f"stopped early ({stop_reason}) at step {step} of {total_steps}; continue with "
-                  f"--resume_from {out_dir / 'checkpoint_last.pt'}")
-        if stop_reason in ("", "time limit"):  # a time-boxed run is a finished run: export it
+                  f"--resume_from {last_good or 'auto'}")
+        if stop_reason in ("", "time limit") and saved:  # a time-boxed run is a finished run: export it
             export_final(cfg, trainer, train_files, out_dir, device, logger, gstep(), m, eval_batch)
     logger.close()
     barrier()

@@ -57,7 +57,16 @@ from common.muon import build_optimizer
 from common.precision import Precision
 from common.run_dir import add_run_args, prepare_run_dir
 from common.schedulers import lr_lambda
-from common.training import NonFiniteError, NonFiniteGuard, critic_for_generator, step_optimizer
+from common.training import (
+    NonFiniteError,
+    NonFiniteGuard,
+    apply_optimizer_overrides,
+    critic_for_generator,
+    nonfinite_stop_message,
+    optimizer_overrides,
+    saving_blocked,
+    step_optimizer,
+)
 from vocoder.config import OptimizerArgs, VocoderConfig
 from vocoder.data import DatasetError, VocoderDataset, collate, load_manifest
 from vocoder.discriminators import Discriminators, build_discriminators
@@ -234,6 +243,7 @@ class VocoderTrainer:
         self.epoch = 0
         self.batch_in_epoch = 0
         self.history: dict = {}
+        self.last_good: Path | None = resume_path  # the newest checkpoint known to hold a good state
         if resume_path is not None:
             self._restore(resume_path)
         else:
@@ -276,8 +286,25 @@ class VocoderTrainer:
         self.d_guard.load_state_dict(counters["d_guard"])
         self.history = json.loads(counters.get("history", "{}"))
         self.log(f"resumed from {path} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
+        changed = apply_optimizer_overrides(self._optimizers(), self._schedulers(),
+                                            optimizer_overrides(self.cfg, self._optimizer_spec()))
+        if changed:
+            self.log(changed)
+
+    def _optimizer_spec(self) -> dict:
+        """Each optimizer's hyper-parameters and the config keys that set them (a resume that gives
+        one explicitly replaces the checkpoint's value: `common.training.optimizer_overrides`)."""
+        spec = {}
+        for name, key in (("generator", "generator_optimizer_args"), ("discriminator", "discriminator_optimizer_args")):
+            a = getattr(self.cfg, key)
+            spec[name] = {"lr": ((f"{key}.lr",), a.lr), "betas": ((f"{key}.beta1", f"{key}.beta2"), (a.beta1, a.beta2)),
+                          "eps": ((f"{key}.eps",), a.eps), "weight_decay": ((f"{key}.weight_decay",), a.weight_decay)}
+        return spec
 
     def save(self, metric: float | None = None) -> Path | None:
+        if saving_blocked(self.g_guard, self.d_guard):
+            self.log(f"step {self.step}: no checkpoint while steps are non-finite (last good: {self.last_good or 'none'})")
+            return None
         counters = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                     "g_guard": self.g_guard.state_dict(), "d_guard": self.d_guard.state_dict(),
                     "history": json.dumps(self.history)}
@@ -285,6 +312,7 @@ class VocoderTrainer:
                            self._optimizers(), self._schedulers(), self.scaler, counters=counters,
                            config=config_to_dict(self.cfg), extra={"export": export_info(self.cfg)})
         path = self.manager.save(state, self.step, metric) if self.is_main else None
+        self.last_good = path or self.last_good
         distributed.barrier()
         return path
 
@@ -549,6 +577,8 @@ def main(argv: list[str] | None = None) -> int:
         return exit_codes.BAD_INPUT
     except NonFiniteError as e:
         print(f"error: {e}", file=sys.stderr)
+        print(nonfinite_stop_message(trainer.last_good, "--set generator_optimizer_args.lr=<lower> "
+                                     "--set discriminator_optimizer_args.lr=<lower>"), file=sys.stderr)
         return exit_codes.NON_FINITE
     except RuntimeError as e:
         if not is_oom(e):
