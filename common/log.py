@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import resource
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,8 @@ import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from tqdm import tqdm
+
+from common.schedulers import sample_curve, schedule_preview
 
 ArrayLike = torch.Tensor | np.ndarray
 
@@ -148,6 +151,50 @@ def plot_alignment(attn: ArrayLike, title: str = "") -> Figure:
     if x.ndim != 2:
         raise ValueError(f"plot_alignment expects a [T_text, T_frames] array, got shape {x.shape}")
     return _heatmap(x, (6, 4), "decoder frame", "text token", title)
+
+
+def plot_lr_schedule(curves: dict[str, Callable[[int], float]], total_steps: int, title: str = "") -> Figure:
+    """Each named `step -> lr` curve over the whole plan of `total_steps` updates (log y axis when
+    every sampled lr is positive, so a decay over decades stays readable)."""
+    fig = Figure(figsize=(6, 3), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    positive = True
+    for name, fn in curves.items():
+        steps, lrs = sample_curve(fn, total_steps)
+        positive = positive and min(lrs) > 0
+        ax.plot(steps, lrs, label=name)
+    if positive:
+        ax.set_yscale("log")
+    ax.set_xlabel("optimizer update")
+    ax.set_ylabel("learning rate")
+    ax.set_xlim(0, max(1, total_steps - 1))
+    if len(curves) > 1:
+        ax.legend()
+    if title:
+        ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def report_lr_plan(curves: dict[str, Callable[[int], float]], total_steps: int, keys: str,
+                   run_dir: str | Path | None, logger: RunLogger | None = None, say: Callable[[str], object] = print,
+                   title: str = "") -> list[str]:
+    """Start-of-run view of the whole LR plan: prints each curve's `schedule_preview` lines (with the
+    warning naming `keys` when the lr collapses before half the plan), writes `lr_schedule.png` into
+    `run_dir` and the same figure to TensorBoard (`lr_schedule`). Call it on rank 0 only."""
+    lines = [line for name, fn in curves.items() for line in schedule_preview(fn, total_steps, keys, name)]
+    for line in lines:
+        say(line)
+    fig = plot_lr_schedule(curves, total_steps, title)
+    if run_dir is not None:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        fig.savefig(Path(run_dir) / "lr_schedule.png")
+    if logger is not None:
+        logger.figure("lr_schedule", fig, 0)
+        logger.text("lr_schedule", "\n\n".join(lines), 0)
+    return lines
 
 
 # ----------------------------------------------------------------------------- progress

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.optim.lr_scheduler import LambdaLR
 
 from common.checkpoint import (
     CheckpointError,
@@ -44,10 +45,10 @@ from common.config import (
 from common.data import BucketBatchSampler, make_loader
 from common.distributed import all_reduce_mean, cleanup, setup_distributed, wrap_ddp
 from common.hardware import is_oom, oom_message
-from common.log import Progress, RunLogger, plot_alignment, plot_spectrogram
+from common.log import Progress, RunLogger, plot_alignment, plot_spectrogram, report_lr_plan
 from common.muon import build_optimizer
 from common.precision import Precision
-from common.schedulers import build_scheduler
+from common.schedulers import build_scheduler, lr_curve
 from common.training import NonFiniteError, NonFiniteGuard, step_optimizer
 from tts.clone_data import (
     BucketCollate,
@@ -60,7 +61,7 @@ from tts.clone_data import (
 )
 from tts.infer_clone import VocoderMismatchError, load_matching_vocoder, synthesize
 from tts.models.clone import VoiceCloneTTS, count_parameters
-from tts.models.clone_config import SIZES, CloneConfig
+from tts.models.clone_config import SIZES, CloneConfig, SchedulerConfig
 from tts.models.clone_decoder import durations_to_path
 from tts.text import SYMBOLS
 
@@ -423,6 +424,22 @@ def log_validation(logger: RunLogger, model: VoiceCloneTTS, metrics: dict, cfg: 
 # ---------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------
+def build_clone_scheduler(optimizer: torch.optim.Optimizer, s: SchedulerConfig, total_steps: int) -> LambdaLR:
+    """The run's LR schedule, stepped once per optimizer update (after `grad_accum` micro-batches):
+    cosine_with_warmup warms up linearly over warmup_steps and follows a half cosine to
+    min_ratio x lr at `total_steps`, the planned updates of the whole run (max_updates, or epochs x
+    optimizer steps per epoch); exponential multiplies by gamma every update after the warmup."""
+    sched_kw: dict = {"warmup_steps": 0 if s.name == "constant" else s.warmup_steps}
+    if s.name == "cosine_with_warmup":
+        if total_steps <= s.warmup_steps:
+            raise UsageError(f"the run has {total_steps} optimizer steps but the warmup is {s.warmup_steps}: "
+                             "lower --warmup-steps or train longer (--epochs / train.max_updates)")
+        sched_kw.update(total_steps=total_steps, min_ratio=s.min_ratio)
+    elif s.name == "exponential":
+        sched_kw.update(gamma=s.gamma)
+    return build_scheduler(optimizer, s.name, **sched_kw)
+
+
 def train(res: Resolved, resume: str | None = None, log=print, progress: bool = True,
           stop_at_step: int | None = None) -> dict:
     """Runs training; returns a summary (validation history, skipped steps, throughput, why it stopped).
@@ -479,16 +496,7 @@ def train(res: Resolved, resume: str | None = None, log=print, progress: bool = 
     o = cfg.optim
     optimizer = build_optimizer({"adamw": "AdamW", "muon_adamw": "MuonAdamW"}[o.optimizer], model, lr=o.lr,
                                 betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
-    s = cfg.scheduler
-    sched_kw: dict = {"warmup_steps": 0 if s.name == "constant" else s.warmup_steps}
-    if s.name == "cosine_with_warmup":
-        if total_steps <= s.warmup_steps:
-            raise UsageError(f"the run has {total_steps} optimizer steps but the warmup is {s.warmup_steps}: "
-                             "lower --warmup-steps or train longer (--epochs / train.max_updates)")
-        sched_kw.update(total_steps=total_steps, min_ratio=s.min_ratio)
-    elif s.name == "exponential":
-        sched_kw.update(gamma=s.gamma)
-    scheduler = build_scheduler(optimizer, s.name, **sched_kw)
+    scheduler = build_clone_scheduler(optimizer, cfg.scheduler, total_steps)
     guard = NonFiniteGuard(t.max_nonfinite)
     plateau = PlateauDetector(cfg.val.plateau_patience, cfg.val.plateau_min_delta)
     manager = CheckpointManager(ckpt_dir, keep_last=t.save_n_checkpoints, save_best_after=t.save_best_after,
@@ -525,6 +533,9 @@ def train(res: Resolved, resume: str | None = None, log=print, progress: bool = 
     log(effective_block(res, device, precision, n_params, steps_per_epoch, total_steps, collate.shapes(),
                         info.world_size))
     logger = RunLogger(ckpt_dir / "logs", enabled=info.is_main)
+    if info.is_main:
+        report_lr_plan({"lr": lr_curve(scheduler)}, total_steps, "--lr / --scheduler / --warmup-steps "
+                       "(scheduler.*) or --epochs / train.max_updates", ckpt_dir, logger, log)
 
     def save(step: int, metric: float | None = None) -> None:
         counters["train_s"] = train_time

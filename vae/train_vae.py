@@ -57,10 +57,10 @@ from common.distributed import (
     wrap_ddp,
 )
 from common.hardware import cuda_memory_stats, find_batch_size, is_oom, oom_message, resolve_preset
-from common.log import Progress, RunLogger
+from common.log import Progress, RunLogger, report_lr_plan
 from common.muon import build_optimizer
 from common.precision import Precision
-from common.schedulers import build_scheduler
+from common.schedulers import build_scheduler, lr_curve
 from common.training import EMA, NonFiniteError, NonFiniteGuard, backward, step_optimizer
 from vae.config import VAEConfig
 from vae.data import ImageDataset, find_training_images, split_train_val
@@ -406,6 +406,9 @@ def train(cfg: VAEConfig) -> int:
         print(format_config(cfg))
         print(f"{len(train_files)} training / {len(val_files)} validation images, {steps_per_epoch} steps per "
               f"epoch, {samples_per_step} images per step, {total_steps} steps planned, device {device}")
+        report_lr_plan({f"lr_{k}": lr_curve(v) for k, v in trainer.schedulers.items()}, trainer.total_steps,
+                       "learning_rate / lr_scheduler / warmup_steps / min_lr_ratio (or num_epochs, max_steps)",
+                       out_dir, logger)
     manager = CheckpointManager(out_dir, keep_last=cfg.keep_checkpoints, mode="max",
                                 name_fn=lambda n: f"checkpoint_epoch_{n}.pt")
     eval_batch = max(1, min(4, batch))  # never above the training batch: validation must not OOM
