@@ -61,7 +61,7 @@ from tts.clone_data import (
 )
 from tts.infer_clone import VocoderMismatchError, load_matching_vocoder, synthesize
 from tts.models.clone import VoiceCloneTTS, count_parameters
-from tts.models.clone_config import SIZES, CloneConfig, SchedulerConfig
+from tts.models.clone_config import SIZES, CloneConfig, SchedulerConfig, TrainConfig
 from tts.models.clone_decoder import durations_to_path
 from tts.text import SYMBOLS
 
@@ -424,6 +424,17 @@ def log_validation(logger: RunLogger, model: VoiceCloneTTS, metrics: dict, cfg: 
 # ---------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------
+def planned_steps(t: TrainConfig, batches_per_epoch: int, n_items: int) -> tuple[int, int]:
+    """(optimizer steps per epoch, planned optimizer steps of the run) from this rank's batches per
+    epoch: one step is grad_accum batches; the plan is max_updates, or epochs x steps per epoch."""
+    steps_per_epoch = batches_per_epoch // t.grad_accum
+    if steps_per_epoch < 1:
+        raise UsageError(f"{n_items} training utterances give {batches_per_epoch} full batches of "
+                         f"{t.batch_size} per epoch (per rank), fewer than --grad-accum {t.grad_accum}: "
+                         "lower --batch-size or --grad-accum, or add data")
+    return steps_per_epoch, t.max_updates or t.epochs * steps_per_epoch
+
+
 def build_clone_scheduler(optimizer: torch.optim.Optimizer, s: SchedulerConfig, total_steps: int) -> LambdaLR:
     """The run's LR schedule, stepped once per optimizer update (after `grad_accum` micro-batches):
     cosine_with_warmup warms up linearly over warmup_steps and follows a half cosine to
@@ -480,13 +491,7 @@ def train(res: Resolved, resume: str | None = None, log=print, progress: bool = 
                      pin_memory=cfg.data.pin_memory and device.type == "cuda", persistent_workers=False)
     val_loader = make_loader(val_set, batch_sampler=val_sampler, collate_fn=val_collate, seed=0,
                              **{**loader_kw, "num_workers": min(t.num_workers, 2)})
-    batches_per_epoch = len(sampler)
-    steps_per_epoch = batches_per_epoch // t.grad_accum
-    if steps_per_epoch < 1:
-        raise UsageError(f"{len(train_items)} training utterances give {batches_per_epoch} full batches of "
-                         f"{t.batch_size} per epoch (per rank), fewer than --grad-accum {t.grad_accum}: "
-                         "lower --batch-size or --grad-accum, or add data")
-    total_steps = t.max_updates or t.epochs * steps_per_epoch
+    steps_per_epoch, total_steps = planned_steps(t, len(sampler), len(train_items))
 
     # ---- model, optimizer, schedule ---------------------------------------------------------------
     model = VoiceCloneTTS(cfg.model, len(SYMBOLS), cfg.audio.n_mels).to(device)

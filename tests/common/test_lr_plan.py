@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from common.log import RunLogger, report_lr_plan
-from common.schedulers import build_scheduler, collapse_step, lr_curve, lr_lambda, preview_steps, schedule_preview
+from common.schedulers import (
+    build_scheduler,
+    collapse_step,
+    lr_curve,
+    lr_lambda,
+    preview_steps,
+    schedule_preview,
+)
 from tests.common.schedule_checks import lrs_through, one_param_optimizer
 
 
