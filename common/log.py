@@ -154,17 +154,17 @@ def plot_alignment(attn: ArrayLike, title: str = "") -> Figure:
 
 
 def plot_lr_schedule(curves: dict[str, Callable[[int], float]], total_steps: int, title: str = "") -> Figure:
-    """Each named `step -> lr` curve over the whole plan of `total_steps` updates (log y axis when
-    every sampled lr is positive, so a decay over decades stays readable)."""
+    """Each named `step -> lr` curve over the whole plan of `total_steps` updates (a log y axis when
+    the curves span more than two decades and never touch 0, so such a decay stays readable)."""
     fig = Figure(figsize=(6, 3), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    positive = True
+    lo, hi = float("inf"), 0.0
     for name, fn in curves.items():
         steps, lrs = sample_curve(fn, total_steps)
-        positive = positive and min(lrs) > 0
+        lo, hi = min(lo, min(lrs)), max(hi, max(lrs))
         ax.plot(steps, lrs, label=name)
-    if positive:
+    if lo > 0 and hi / lo > 100:
         ax.set_yscale("log")
     ax.set_xlabel("optimizer update")
     ax.set_ylabel("learning rate")
@@ -184,7 +184,14 @@ def report_lr_plan(curves: dict[str, Callable[[int], float]], total_steps: int, 
     """Start-of-run view of the whole LR plan: prints each curve's `schedule_preview` lines (with the
     warning naming `keys` when the lr collapses before half the plan), writes `lr_schedule.png` into
     `run_dir` and the same figure to TensorBoard (`lr_schedule`). Call it on rank 0 only."""
-    lines = [line for name, fn in curves.items() for line in schedule_preview(fn, total_steps, keys, name)]
+    groups: dict[tuple[float, ...], list[str]] = {}  # identical curves (G and D alike) share one line
+    first: dict[tuple[float, ...], Callable[[int], float]] = {}
+    for name, fn in curves.items():
+        key = tuple(sample_curve(fn, total_steps)[1])
+        groups.setdefault(key, []).append(name)
+        first.setdefault(key, fn)
+    lines = [line for key, names in groups.items()
+             for line in schedule_preview(first[key], total_steps, keys, " = ".join(names))]
     for line in lines:
         say(line)
     fig = plot_lr_schedule(curves, total_steps, title)

@@ -78,6 +78,11 @@ def test_report_writes_png_and_tensorboard(tmp_path):
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
 
 
+def test_identical_curves_share_one_line(tmp_path):
+    lines = report_lr_plan({"lr_g": lambda s: 1e-3, "lr_d": lambda s: 1e-3}, 10, "k", None, None, lambda m: None)
+    assert len(lines) == 1 and lines[0].startswith("lr_g = lr_d plan over 10 updates")
+
+
 def test_preview_rejects_an_empty_plan():
     with pytest.raises(ValueError, match="at least 1"):
         schedule_preview(lambda s: 1.0, 0, "k")
