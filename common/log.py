@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import resource
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,8 @@ import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from tqdm import tqdm
+
+from common.schedulers import sample_curve, schedule_preview
 
 ArrayLike = torch.Tensor | np.ndarray
 
@@ -148,6 +151,57 @@ def plot_alignment(attn: ArrayLike, title: str = "") -> Figure:
     if x.ndim != 2:
         raise ValueError(f"plot_alignment expects a [T_text, T_frames] array, got shape {x.shape}")
     return _heatmap(x, (6, 4), "decoder frame", "text token", title)
+
+
+def plot_lr_schedule(curves: dict[str, Callable[[int], float]], total_steps: int, title: str = "") -> Figure:
+    """Each named `step -> lr` curve over the whole plan of `total_steps` updates (a log y axis when
+    the curves span more than two decades and never touch 0, so such a decay stays readable)."""
+    fig = Figure(figsize=(6, 3), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    lo, hi = float("inf"), 0.0
+    for name, fn in curves.items():
+        steps, lrs = sample_curve(fn, total_steps)
+        lo, hi = min(lo, min(lrs)), max(hi, max(lrs))
+        ax.plot(steps, lrs, label=name)
+    if lo > 0 and hi / lo > 100:
+        ax.set_yscale("log")
+    ax.set_xlabel("optimizer update")
+    ax.set_ylabel("learning rate")
+    ax.set_xlim(0, max(1, total_steps - 1))
+    if len(curves) > 1:
+        ax.legend()
+    if title:
+        ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def report_lr_plan(curves: dict[str, Callable[[int], float]], total_steps: int, keys: str,
+                   run_dir: str | Path | None, logger: RunLogger | None = None, say: Callable[[str], object] = print,
+                   title: str = "") -> list[str]:
+    """Start-of-run view of the whole LR plan: prints each curve's `schedule_preview` lines (with the
+    warning naming `keys` when the lr collapses before half the plan), writes `lr_schedule.png` into
+    `run_dir` and the same figure to TensorBoard (`lr_schedule`). Call it on rank 0 only."""
+    groups: dict[tuple[float, ...], list[str]] = {}  # identical curves (G and D alike) share one line
+    first: dict[tuple[float, ...], Callable[[int], float]] = {}
+    for name, fn in curves.items():
+        key = tuple(sample_curve(fn, total_steps)[1])
+        groups.setdefault(key, []).append(name)
+        first.setdefault(key, fn)
+    lines = [line for key, names in groups.items()
+             for line in schedule_preview(first[key], total_steps, keys, " = ".join(names))]
+    for line in lines:
+        say(line)
+    fig = plot_lr_schedule(curves, total_steps, title)
+    if run_dir is not None:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        fig.savefig(Path(run_dir) / "lr_schedule.png")
+    if logger is not None:
+        logger.figure("lr_schedule", fig, 0)
+        logger.text("lr_schedule", "\n\n".join(lines), 0)
+    return lines
 
 
 # ----------------------------------------------------------------------------- progress

@@ -108,3 +108,81 @@ def build_scheduler(optimizer: Optimizer, name: str, **kwargs) -> LambdaLR:
     same multiplier. Note: LambdaLR sets lr = lr * f(0) immediately, which is 0 with warmup.
     """
     return LambdaLR(optimizer, lr_lambda(name, **kwargs))
+
+
+# ----------------------------------------------------------------------------- the plan, before the run
+PREVIEW_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
+COLLAPSE_RATIO = 0.01  # "the LR has collapsed": below 1 % of its peak ...
+COLLAPSE_BEFORE = 0.5  # ... before half of the planned run
+
+
+def lr_curve(scheduler: LambdaLR, group: int = 0) -> Callable[[int], float]:
+    """`step -> lr` that update number `step` (0-based) of a LambdaLR-driven run uses.
+
+    After `step` calls of `scheduler.step()` the optimizer's lr is base_lr * lambda(step), and the
+    next optimizer update uses it. Reads only the scheduler's lambda and base lr: no state changes.
+    """
+    base, fn = scheduler.base_lrs[group], scheduler.lr_lambdas[group]
+    return lambda step: base * fn(step)
+
+
+def preview_steps(total_steps: int) -> list[int]:
+    """The update indices shown as 0/25/50/75/100 % of a run of `total_steps` updates
+    (100 % is the last update, `total_steps - 1`)."""
+    last = max(0, int(total_steps) - 1)
+    return [min(last, round(f * last)) for f in PREVIEW_FRACTIONS]
+
+
+def sample_curve(lr_fn: Callable[[int], float], total_steps: int, points: int = 2001) -> tuple[list[int], list[float]]:
+    """The curve at up to `points` evenly spaced updates (every update of a shorter run), plus the
+    preview steps, in order: cheap enough for a 1 M-step plan, fine enough for a plot."""
+    last = max(0, int(total_steps) - 1)
+    n = min(points, last + 1)
+    steps = sorted({round(i * last / max(1, n - 1)) for i in range(n)} | set(preview_steps(total_steps)))
+    return steps, [float(lr_fn(s)) for s in steps]
+
+
+def collapse_step(lr_fn: Callable[[int], float], total_steps: int, ratio: float = COLLAPSE_RATIO) -> int | None:
+    """The first update after the (sampled) peak whose lr is below `ratio` x the peak, or None.
+
+    Found on the sampled curve, then bisected between the two samples around the crossing: exact
+    for schedules that are monotone between samples (every schedule here is)."""
+    steps, lrs = sample_curve(lr_fn, total_steps)
+    peak = max(lrs)
+    if peak <= 0:
+        return None
+    start = lrs.index(peak)
+    i = next((i for i in range(start, len(steps)) if lrs[i] < ratio * peak), None)
+    if i is None:
+        return None
+    lo, hi = steps[i - 1] if i > start else steps[i], steps[i]  # lr(lo) >= threshold > lr(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if lr_fn(mid) < ratio * peak else (mid, hi)
+    return hi
+
+
+def schedule_preview(lr_fn: Callable[[int], float], total_steps: int, keys: str, name: str = "lr") -> list[str]:
+    """Lines that show a whole LR plan before any GPU time is spent.
+
+    One line with the lr at 0 / 25 / 50 / 75 / 100 % of the `total_steps` planned updates (each
+    also as a multiple of the curve's peak), and a warning line when the lr falls below 1 % of
+    its peak before half of the plan: such a run stops learning long before it ends. `keys`
+    names the config keys that shape the schedule (the warning tells the user to change them).
+    """
+    if total_steps < 1:
+        raise ValueError(f"schedule_preview: the plan has {total_steps} updates; it needs at least 1")
+    _, lrs = sample_curve(lr_fn, total_steps)
+    peak = max(lrs)
+    parts = []
+    for frac, step in zip(PREVIEW_FRACTIONS, preview_steps(total_steps)):
+        lr = float(lr_fn(step))
+        rel = f" ({lr / peak:.3g}x)" if peak > 0 else ""
+        parts.append(f"{frac:.0%} {lr:.3g}{rel}")
+    lines = [f"{name} plan over {total_steps} updates (peak {peak:.3g}): " + " | ".join(parts)]
+    hit = collapse_step(lr_fn, total_steps)
+    if hit is not None and hit < COLLAPSE_BEFORE * total_steps:
+        lines.append(f"warning: {name} falls below {COLLAPSE_RATIO:.0%} of its peak at update {hit} of "
+                     f"{total_steps} ({hit / total_steps:.0%} of the plan), so the rest of the run barely "
+                     f"learns: change {keys}")
+    return lines

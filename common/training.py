@@ -242,6 +242,33 @@ def critic_for_generator(critic: Callable[[torch.Tensor], Out], real: torch.Tens
     return out_real, out_fake
 
 
+class ClipStats:
+    """How often gradient clipping actually clipped, per network, over a logging window.
+
+    `update(name, pre_clip_norm)` once per optimizer step adds on the device (no host sync);
+    `pop()` returns {f"clipped_{name}": fraction of this window's steps whose pre-clip norm
+    exceeded `max_norm`} and starts a new window. A fraction near 1 means the clip, not the
+    learning rate, sets every step's size.
+    """
+
+    def __init__(self, max_norm: float | None) -> None:
+        self.max_norm = float(max_norm) if max_norm else None
+        self._clipped: dict[str, torch.Tensor] = {}
+        self._steps: dict[str, int] = {}
+
+    def update(self, name: str, norm: torch.Tensor) -> None:
+        if self.max_norm is None:
+            return
+        hit = (norm.detach() > self.max_norm).float()
+        self._clipped[name] = self._clipped[name] + hit if name in self._clipped else hit
+        self._steps[name] = self._steps.get(name, 0) + 1
+
+    def pop(self) -> dict[str, float]:
+        out = {f"clipped_{k}": float(v) / self._steps[k] for k, v in self._clipped.items()}
+        self._clipped, self._steps = {}, {}
+        return out
+
+
 class EMA:
     """Exponential moving average of a model's floating-point state (fp32 shadow copy)."""
 

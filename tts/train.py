@@ -47,12 +47,13 @@ from common.config import (
 from common.data import BucketBatchSampler, make_loader
 from common.distributed import DistInfo, barrier, cleanup, setup_distributed, wrap_ddp
 from common.hardware import is_oom
-from common.log import Progress, RunLogger, plot_alignment, plot_spectrogram
+from common.log import Progress, RunLogger, plot_alignment, plot_spectrogram, report_lr_plan
 from common.muon import build_optimizer
 from common.precision import Precision
 from common.run_dir import add_run_args, prepare_run_dir
-from common.schedulers import build_scheduler
+from common.schedulers import build_scheduler, lr_curve
 from common.training import (
+    ClipStats,
     NonFiniteError,
     NonFiniteGuard,
     apply_optimizer_overrides,
@@ -85,6 +86,13 @@ def build_models(cfg: TrainConfig, n_speakers: int) -> tuple[VITS, MultiPeriodDi
 def build_mel(cfg: TrainConfig) -> MelSpectrogram:
     a = cfg.audio
     return MelSpectrogram(a.sample_rate, a.n_fft, a.win_length, a.hop_length, a.n_mels, a.fmin, a.fmax)
+
+
+def schedule_kwargs(cfg: TrainConfig, steps_per_epoch: int) -> dict:
+    """The exponential schedule of G and D: lr * lr_gamma ** k, k = finished epochs (the
+    references) or optimizer steps. `steps_per_epoch` is this rank's number of optimizer steps
+    per epoch (the batch sampler shards batches by rank; VITS does not accumulate gradients)."""
+    return {"gamma": cfg.lr_gamma, "per": cfg.lr_scheduler_per, "steps_per_epoch": steps_per_epoch}
 
 
 @contextlib.contextmanager
@@ -141,10 +149,11 @@ class VitsTrainer:
         opt_kw = {"betas": tuple(cfg.betas), "eps": cfg.eps, "weight_decay": cfg.weight_decay}
         self.opt_g = build_optimizer(cfg.optimizer_cls, self.gen, lr=cfg.lr_gen or cfg.lr, **opt_kw)
         self.opt_d = build_optimizer(cfg.optimizer_cls, self.disc, lr=cfg.lr_disc or cfg.lr, **opt_kw)
-        sched_kw = {"gamma": cfg.lr_gamma, "per": cfg.lr_scheduler_per, "steps_per_epoch": self.steps_per_epoch}
+        sched_kw = schedule_kwargs(cfg, self.steps_per_epoch)
         self.sched_g = build_scheduler(self.opt_g, "exponential", **sched_kw)
         self.sched_d = build_scheduler(self.opt_d, "exponential", **sched_kw)
         self.guard = NonFiniteGuard(cfg.max_nonfinite_steps)
+        self.clip_stats = ClipStats(cfg.grad_clip)
         self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.save_n_checkpoints,
                                       save_best_after=cfg.save_best_after, mode="min", prefix="vits")
         self.step = self.epoch = self.batch_in_epoch = 0
@@ -262,6 +271,8 @@ class VitsTrainer:
             losses = self.generator_losses(out, y_d_g, fmap_r, fmap_g, mel_y, mel_hat)
         gn_g, ok_g = step_optimizer(losses["total"], self.opt_g, self.gen.parameters(), self.scaler,
                                     self.cfg.grad_clip)
+        self.clip_stats.update("g", gn_g)
+        self.clip_stats.update("d", gn_d)
         finite = ok_d and ok_g and bool(torch.isfinite(losses["total"] + loss_d))
         # before update(): an fp16 loss-scale back-off is counted but is not divergence
         self.guard.check_step(finite, self.scaler)  # raises NonFiniteError after max_nonfinite_steps in a row
@@ -321,6 +332,8 @@ class VitsTrainer:
         if self.info.is_main:
             save_config(cfg, self.run_dir)
             self.say(format_config(cfg))
+            report_lr_plan({"lr_g": lr_curve(self.sched_g), "lr_d": lr_curve(self.sched_d)}, total,
+                           "lr_gamma / lr_scheduler_per (or lr, epochs, max_steps)", self.run_dir, self.log, self.say)
         last_metrics = None
         if cfg.eval_at_start and self.step == 0:
             last_metrics = self.evaluate()
@@ -350,6 +363,7 @@ class VitsTrainer:
                     progress.update(self.step, data_s, time.time() - t0)
                     if self.step % cfg.print_step == 0 and self.info.is_main:
                         lr = self.opt_g.param_groups[0]["lr"]
+                        metrics.update(self.clip_stats.pop())  # fraction of clipped steps since the last line
                         self.log.scalars({**metrics, "lr": lr, "data_wait": progress.data_wait_fraction,
                                           "skipped_steps": self.guard.skipped_total}, self.step, prefix="train")
                         self.log.figure("train/alignment", plot_alignment(self.last_attn.cpu()), self.step)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.optim.lr_scheduler import LambdaLR
 
 from common import exit_codes
 from common.checkpoint import (
@@ -47,11 +48,11 @@ from common.config import (
 from common.data import BucketBatchSampler, make_loader
 from common.distributed import all_reduce_mean, cleanup, setup_distributed, wrap_ddp
 from common.hardware import OutOfMemory, is_oom, oom_message
-from common.log import Progress, RunLogger, plot_alignment, plot_spectrogram
+from common.log import Progress, RunLogger, plot_alignment, plot_spectrogram, report_lr_plan
 from common.muon import build_optimizer
 from common.precision import Precision
 from common.run_dir import add_run_args, prepare_run_dir
-from common.schedulers import build_scheduler
+from common.schedulers import build_scheduler, lr_curve
 from common.training import (
     NonFiniteError,
     NonFiniteGuard,
@@ -72,7 +73,7 @@ from tts.clone_data import (
 )
 from tts.infer_clone import VocoderMismatchError, load_matching_vocoder, synthesize
 from tts.models.clone import VoiceCloneTTS, count_parameters
-from tts.models.clone_config import SIZES, CloneConfig
+from tts.models.clone_config import SIZES, CloneConfig, SchedulerConfig, TrainConfig
 from tts.models.clone_decoder import durations_to_path
 from tts.text import SYMBOLS
 
@@ -436,6 +437,33 @@ def log_validation(logger: RunLogger, model: VoiceCloneTTS, metrics: dict, cfg: 
 # ---------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------
+def planned_steps(t: TrainConfig, batches_per_epoch: int, n_items: int) -> tuple[int, int]:
+    """(optimizer steps per epoch, planned optimizer steps of the run) from this rank's batches per
+    epoch: one step is grad_accum batches; the plan is max_updates, or epochs x steps per epoch."""
+    steps_per_epoch = batches_per_epoch // t.grad_accum
+    if steps_per_epoch < 1:
+        raise UsageError(f"{n_items} training utterances give {batches_per_epoch} full batches of "
+                         f"{t.batch_size} per epoch (per rank), fewer than --grad-accum {t.grad_accum}: "
+                         "lower --batch-size or --grad-accum, or add data")
+    return steps_per_epoch, t.max_updates or t.epochs * steps_per_epoch
+
+
+def build_clone_scheduler(optimizer: torch.optim.Optimizer, s: SchedulerConfig, total_steps: int) -> LambdaLR:
+    """The run's LR schedule, stepped once per optimizer update (after `grad_accum` micro-batches):
+    cosine_with_warmup warms up linearly over warmup_steps and follows a half cosine to
+    min_ratio x lr at `total_steps`, the planned updates of the whole run (max_updates, or epochs x
+    optimizer steps per epoch); exponential multiplies by gamma every update after the warmup."""
+    sched_kw: dict = {"warmup_steps": 0 if s.name == "constant" else s.warmup_steps}
+    if s.name == "cosine_with_warmup":
+        if total_steps <= s.warmup_steps:
+            raise UsageError(f"the run has {total_steps} optimizer steps but the warmup is {s.warmup_steps}: "
+                             "lower --warmup-steps or train longer (--epochs / train.max_updates)")
+        sched_kw.update(total_steps=total_steps, min_ratio=s.min_ratio)
+    elif s.name == "exponential":
+        sched_kw.update(gamma=s.gamma)
+    return build_scheduler(optimizer, s.name, **sched_kw)
+
+
 def train(res: Resolved, resume: str | None = None, log=print, progress: bool = True,
           stop_at_step: int | None = None, init_from: str | None = None) -> dict:
     """Runs training; returns a summary (validation history, skipped steps, throughput, why it stopped).
@@ -476,13 +504,7 @@ def train(res: Resolved, resume: str | None = None, log=print, progress: bool = 
                      pin_memory=cfg.data.pin_memory and device.type == "cuda", persistent_workers=False)
     val_loader = make_loader(val_set, batch_sampler=val_sampler, collate_fn=val_collate, seed=0,
                              **{**loader_kw, "num_workers": min(t.num_workers, 2)})
-    batches_per_epoch = len(sampler)
-    steps_per_epoch = batches_per_epoch // t.grad_accum
-    if steps_per_epoch < 1:
-        raise UsageError(f"{len(train_items)} training utterances give {batches_per_epoch} full batches of "
-                         f"{t.batch_size} per epoch (per rank), fewer than --grad-accum {t.grad_accum}: "
-                         "lower --batch-size or --grad-accum, or add data")
-    total_steps = t.max_updates or t.epochs * steps_per_epoch
+    steps_per_epoch, total_steps = planned_steps(t, len(sampler), len(train_items))
 
     # ---- model, optimizer, schedule ---------------------------------------------------------------
     model = VoiceCloneTTS(cfg.model, len(SYMBOLS), cfg.audio.n_mels).to(device)
@@ -492,16 +514,7 @@ def train(res: Resolved, resume: str | None = None, log=print, progress: bool = 
     o = cfg.optim
     optimizer = build_optimizer({"adamw": "AdamW", "muon_adamw": "MuonAdamW"}[o.optimizer], model, lr=o.lr,
                                 betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
-    s = cfg.scheduler
-    sched_kw: dict = {"warmup_steps": 0 if s.name == "constant" else s.warmup_steps}
-    if s.name == "cosine_with_warmup":
-        if total_steps <= s.warmup_steps:
-            raise UsageError(f"the run has {total_steps} optimizer steps but the warmup is {s.warmup_steps}: "
-                             "lower --warmup-steps or train longer (--epochs / train.max_updates)")
-        sched_kw.update(total_steps=total_steps, min_ratio=s.min_ratio)
-    elif s.name == "exponential":
-        sched_kw.update(gamma=s.gamma)
-    scheduler = build_scheduler(optimizer, s.name, **sched_kw)
+    scheduler = build_clone_scheduler(optimizer, cfg.scheduler, total_steps)
     guard = NonFiniteGuard(t.max_nonfinite)
     plateau = PlateauDetector(cfg.val.plateau_patience, cfg.val.plateau_min_delta)
     manager = CheckpointManager(ckpt_dir, keep_last=t.save_n_checkpoints, save_best_after=t.save_best_after,
@@ -549,6 +562,9 @@ def train(res: Resolved, resume: str | None = None, log=print, progress: bool = 
     log(effective_block(res, device, precision, n_params, steps_per_epoch, total_steps, collate.shapes(),
                         info.world_size))
     logger = RunLogger(ckpt_dir / "logs", enabled=info.is_main)
+    if info.is_main:
+        report_lr_plan({"lr": lr_curve(scheduler)}, total_steps, "--lr / --scheduler / --warmup-steps "
+                       "(scheduler.*) or --epochs / train.max_updates", ckpt_dir, logger, log)
 
     last_good = resume_path  # the newest checkpoint known to hold a good state
 

@@ -68,11 +68,11 @@ from common.hardware import (
     oom_message,
     resolve_preset,
 )
-from common.log import Progress, RunLogger
+from common.log import Progress, RunLogger, report_lr_plan
 from common.muon import build_optimizer
 from common.precision import Precision
 from common.run_dir import add_run_args, check_output_dir, prepare_run_dir
-from common.schedulers import build_scheduler
+from common.schedulers import build_scheduler, lr_curve
 from common.training import (
     EMA,
     BufferSnapshot,
@@ -498,6 +498,9 @@ def train(cfg: VAEConfig, overwrite: bool = False, init_from: str | None = None)
         print(format_config(cfg))
         print(f"{len(train_files)} training / {len(val_files)} validation images, {steps_per_epoch} steps per "
               f"epoch, {samples_per_step} images per step, {total_steps} steps planned, device {device}")
+        report_lr_plan({f"lr_{k}": lr_curve(v) for k, v in trainer.schedulers.items()}, trainer.total_steps,
+                       "learning_rate / lr_scheduler / warmup_steps / min_lr_ratio (or num_epochs, max_steps)",
+                       out_dir, logger)
     eval_batch = max(1, min(4, batch))  # never above the training batch: validation must not OOM
     val_batches = list(_loader_batches(val_files, cfg, batch_size=eval_batch)) if (val_files and main) else []
     sample_src = val_files or train_files

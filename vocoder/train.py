@@ -52,11 +52,11 @@ from common.config import (
 )
 from common.data import ResumableSampler, make_loader
 from common.hardware import is_oom
-from common.log import Progress, RunLogger, plot_spectrogram
+from common.log import Progress, RunLogger, plot_spectrogram, report_lr_plan
 from common.muon import build_optimizer
 from common.precision import Precision
 from common.run_dir import add_run_args, prepare_run_dir
-from common.schedulers import lr_lambda
+from common.schedulers import lr_curve, lr_lambda
 from common.training import (
     NonFiniteError,
     NonFiniteGuard,
@@ -456,6 +456,9 @@ class VocoderTrainer:
         cfg = self.cfg
         if self.is_main:
             save_config(cfg, self.run_dir)
+            report_lr_plan({"lr_g": lr_curve(self.g_sched)} | ({"lr_d": lr_curve(self.d_sched)} if self.d_sched else {}),
+                           cfg.max_updates, "lr_scheduler_args (scheduler_cls, warmup_steps, min_lr, gamma) or max_updates",
+                           self.run_dir, self.logger, self.log)
         if self.step == 0 and cfg.num_sanity_val_steps > 0:
             self._record_validation(self.validate(limit=cfg.num_sanity_val_steps))
         progress = Progress(cfg.max_updates, initial=self.step, samples_per_step=cfg.batch_size * self.info.world_size,

@@ -3,7 +3,7 @@ import torch
 from torch import nn
 
 from common.precision import Precision, normalize_precision
-from common.training import EMA, NonFiniteError, NonFiniteGuard, step_optimizer
+from common.training import EMA, ClipStats, NonFiniteError, NonFiniteGuard, step_optimizer
 
 
 def test_precision_aliases_and_cpu_report():
@@ -89,3 +89,15 @@ def test_guard_does_not_count_fp16_scale_backoff_as_divergence():
     assert not guard.check_step(False, exhausted)
     with pytest.raises(NonFiniteError):
         guard.check_step(False, exhausted)
+
+
+def test_clip_stats_counts_clipped_steps_per_window():
+    stats = ClipStats(1.0)
+    for g, d in ((150.0, 0.5), (0.9, 2.0), (320.0, 0.1), (1.0, 0.2)):  # a norm equal to the limit is not clipped
+        stats.update("g", torch.tensor(g))
+        stats.update("d", torch.tensor(d))
+    assert stats.pop() == {"clipped_g": 0.5, "clipped_d": 0.25}
+    assert stats.pop() == {}  # a new window
+    off = ClipStats(None)  # no clipping: nothing to report
+    off.update("g", torch.tensor(5.0))
+    assert off.pop() == {}

@@ -114,7 +114,8 @@ def test_training_lowers_the_validation_mel_loss_and_logs_audio(trained):
     acc = EventAccumulator(str(run / "logs"), size_guidance={"audio": 0, "images": 0}).Reload()
     tags = acc.Tags()
     assert "synth/0/audio" in tags["audio"]  # through the vocoder (no "_griffinlim" suffix)
-    assert {"val/alignment_mas", "synth/0/mel", "synth/0/alignment"} <= set(tags["images"])
+    assert {"val/alignment_mas", "synth/0/mel", "synth/0/alignment", "lr_schedule"} <= set(tags["images"])
+    assert (run / "lr_schedule.png").is_file()
     assert {"val/mel_l1", "train/loss", "train/data_wait_fraction"} <= set(tags["scalars"])
 
 

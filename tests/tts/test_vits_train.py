@@ -103,6 +103,8 @@ def test_steps_and_exact_resume(straight_run, data_one, tmp_path, capsys):
     assert train_mod.main(_args(data_one, run, steps=2)) == 0
     out = capsys.readouterr().out
     assert "parameters: generator" in out and "used at inference" in out
+    assert "lr_g = lr_d plan over 2 updates" in out and (run / "lr_schedule.png").is_file()
+    assert "grad_norm_g=" in out and "clipped_g=" in out  # pre-clip norm and clipped fraction per line
     assert train_mod.main(_args(data_one, run, steps=4) + ["--resume", "auto"]) == 0
     assert "resumed from" in capsys.readouterr().out
     a = _states(straight_run / "checkpoints" / "vits_00000004.pt")

@@ -60,6 +60,7 @@ def test_guide_flags_override_config_and_resolved_config_is_saved(image_dir, tmp
     assert saved["accumulation_steps"] == 2 and saved["ema_decay"] == 0.5 and saved["disc_weight"] == 0.25
     assert saved["channels"] == [16, 32]  # from the YAML
     assert (out / "checkpoint_epoch_1.pt").is_file() and (out / "vae_final.pt").is_file()
+    assert (out / "lr_schedule.png").is_file()
     assert sorted(p.name for p in (out / "samples").iterdir())[-1] == "step_0000002.png"
     diff_cfg = json.loads((out / "diffusers" / "config.json").read_text())
     assert diff_cfg["latent_channels"] == 8 and diff_cfg["block_out_channels"] == [16, 32]

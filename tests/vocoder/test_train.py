@@ -144,6 +144,7 @@ def test_exact_resume_is_bitwise(tiny_data, tmp_path):
             "lr_scheduler_args.warmup_steps=3"]
     straight = _trainer(tiny_data, tmp_path / "a", *over, "max_updates=4")
     straight.fit()
+    assert (tmp_path / "a" / "lr_schedule.png").is_file()
     first = _trainer(tiny_data, tmp_path / "b", *over, "max_updates=2")
     first.fit()
     assert first.batch_in_epoch == 2 and first.epoch == 0  # stops mid-epoch (4 items, batch 1)

@@ -161,9 +161,11 @@ class TrainConfig:
     lr_disc: float | None = None
     betas: list[float] = field(default_factory=lambda: [0.8, 0.99])
     eps: float = 1e-9
-    weight_decay: float = 0.0
+    weight_decay: float = 0.01  # AdamW's; jaywalnut310 (torch's default) and Coqui both use 0.01
     lr_gamma: float = 0.999875  # exponential decay factor ...
-    lr_scheduler_per: Literal["step", "epoch"] = "step"  # ... applied once per step or per epoch
+    # ... applied once per EPOCH as jaywalnut310 (scheduler.step() after each epoch) and Coqui
+    # (scheduler_after_epoch) do; "step" applies it after every optimizer step (far faster decay)
+    lr_scheduler_per: Literal["step", "epoch"] = "epoch"
     grad_clip: float | None = 1.0  # max total gradient norm per network (None: measure only)
     mixed_precision: bool = True
     amp_dtype: Literal["fp16", "bf16"] = "bf16"
