@@ -120,6 +120,25 @@ def diffusers_config(model: AutoencoderKL, sample_size: int = 512, scaling_facto
     }
 
 
+# The latent layout (downsampling factor, channels) whose pipelines shift latents before scaling:
+# diffusers' StableDiffusion3Pipeline and FluxPipeline encode (z - shift_factor) * scaling_factor and
+# decode z / scaling_factor + shift_factor. SD 1.x/2.x and SDXL (f8c4) read only scaling_factor.
+SHIFTED_LAYOUT = (8, 16)
+
+
+def latent_layout(model: AutoencoderKL) -> tuple[int, int]:
+    """(spatial downsampling factor, latent channels): (8, 4) for SD, (8, 16) for SD3/FLUX."""
+    return 2 ** (len(model.channels) - 1), model.z_channels
+
+
+def pipeline_factors(model: AutoencoderKL, stats: dict) -> dict[str, float | None]:
+    """`scaling_factor` and `shift_factor` for config.json from `latent_statistics`' output: the shift
+    (the latent mean) only for the f8c16 layout, whose pipelines subtract it; None (not applied)
+    otherwise, where no diffusers pipeline reads it (it stays in latent_stats.json)."""
+    shift = stats["shift_factor"] if latent_layout(model) == SHIFTED_LAYOUT else None
+    return {"scaling_factor": float(stats["scaling_factor"]), "shift_factor": shift}
+
+
 def save_diffusers(model: AutoencoderKL, folder: str | Path, sample_size: int = 512,
                    scaling_factor: float = 0.18215, shift_factor: float | None = None) -> Path:
     """Writes `folder/config.json` and the weights (safetensors when installed, else a .bin

@@ -87,10 +87,11 @@ from common.training import (
 )
 from vae.config import VAEConfig
 from vae.data import ImageDataset, find_training_images, read_manifest, split_train_val, usable_images
-from vae.diffusers_io import save_diffusers
+from vae.diffusers_io import pipeline_factors, save_diffusers
 from vae.losses import FrozenLPIPS, PatchDiscriminator, PerceptualWeightsError, VAELoss
 from vae.metrics import evaluate, grid_image, latent_statistics
 from vae.model import AutoencoderKL, build_vae, count_parameters
+from vae.run_plan import gan_phase_report, world_size_note
 
 # The guide's flags, each a VAEConfig key. None = "not given", so the config's value stands.
 VALUE_FLAGS: dict[str, type] = {
@@ -163,7 +164,8 @@ class VAETrainer:
             perceptual = FrozenLPIPS(cfg.perceptual_net, cfg.perceptual_weights or None)
         self.perceptual = perceptual.to(device) if perceptual is not None else None
         self.loss = VAELoss(cfg.kl_weight, cfg.perceptual_weight, self.perceptual, cfg.rec_loss, cfg.learn_logvar,
-                            cfg.logvar_init, cfg.disc_start, cfg.disc_weight, cfg.disc_factor).to(device)
+                            cfg.logvar_init, cfg.disc_start, cfg.disc_weight, cfg.disc_factor,
+                            cfg.gan_weight_clamp).to(device)
         self.disc_module: nn.Module | None = None
         self.disc = None
         if cfg.disc_weight > 0:
@@ -501,6 +503,10 @@ def train(cfg: VAEConfig, overwrite: bool = False, init_from: str | None = None)
         report_lr_plan({f"lr_{k}": lr_curve(v) for k, v in trainer.schedulers.items()}, trainer.total_steps,
                        "learning_rate / lr_scheduler / warmup_steps / min_lr_ratio (or num_epochs, max_steps)",
                        out_dir, logger)
+        for line in (gan_phase_report(trainer.loss, trainer.schedulers["vae"], total_steps, steps_per_epoch,
+                                      int(counters["steps_before_stage"]), step)
+                     + world_size_note(cfg.learning_rate, samples_per_step, info.world_size)):
+            print(line)
     eval_batch = max(1, min(4, batch))  # never above the training batch: validation must not OOM
     val_batches = list(_loader_batches(val_files, cfg, batch_size=eval_batch)) if (val_files and main) else []
     sample_src = val_files or train_files
@@ -681,9 +687,10 @@ def export_final(cfg: VAEConfig, trainer: VAETrainer, train_files: list[Path], o
     save_atomic(final, out_dir / "vae_final.pt")
     print(f"saved {out_dir / 'vae_final.pt'}" + (" (EMA weights)" if trainer.ema else ""))
     if cfg.export_diffusers:
-        folder = save_diffusers(model, out_dir / "diffusers", sample_size=cfg.image_size,
-                                scaling_factor=stats["scaling_factor"])
-        print(f"saved diffusers AutoencoderKL folder {folder} (AutoencoderKL.from_pretrained('{folder}'))")
+        factors = pipeline_factors(model, stats)
+        folder = save_diffusers(model, out_dir / "diffusers", sample_size=cfg.image_size, **factors)
+        print(f"saved diffusers AutoencoderKL folder {folder} (AutoencoderKL.from_pretrained('{folder}')), "
+              + ", ".join(f"{k} {v:.5f}" for k, v in factors.items() if v is not None))
 
 
 # ----------------------------------------------------------------------------- --profile_memory

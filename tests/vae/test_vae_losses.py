@@ -12,6 +12,7 @@ from vae.losses import (
     PerceptualWeightsError,
     VAELoss,
     adaptive_gan_weight,
+    adaptive_weight_max,
     find_backbone_weights,
     hinge_d_loss,
 )
@@ -59,6 +60,63 @@ def test_adaptive_weight_is_the_gradient_norm_ratio():
     assert adaptive_gan_weight(a, b, last, grad_scale=1024.0).item() == pytest.approx(w.item(), rel=1e-4)
     # Clamped and NaN-safe.
     assert adaptive_gan_weight((last * 1e9).sum(), (last * 1e-9).sum(), last).item() == 1e4
+
+
+def test_clamp_is_latent_diffusions_at_256_and_1024():
+    # Their clamp, 1e4 on the loss summed over C·H·W pixel values, carried to our per-pixel mean.
+    assert adaptive_weight_max(3 * 256 * 256) == pytest.approx(0.050862630, rel=1e-6)   # 1e4 / 196608
+    assert adaptive_weight_max(3 * 1024 * 1024) == pytest.approx(0.0031789144, rel=1e-6)  # 1e4 / 3145728
+    assert adaptive_weight_max(3 * 1024 * 1024, "per_pixel") == 1e4  # the old behaviour, by name
+    with pytest.raises(ValueError, match="gan_weight_clamp"):
+        VAELoss(perceptual_weight=0, gan_weight_clamp="summed")
+
+
+class ScaledDisc(nn.Module):
+    """A PatchGAN whose logits are scaled: a small scale makes ∇g tiny, so the ratio is large."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.disc, self.scale = PatchDiscriminator(3, 8, 2), scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.disc(x) * self.scale
+
+
+def reference_gan_weight(x: torch.Tensor, rec: torch.Tensor, disc: nn.Module, last: torch.Tensor) -> torch.Tensor:
+    """latent-diffusion's formula written out: L1 NLL summed over pixels / batch, ratio of the gradient
+    norms at the last layer with +1e-4, clamped to [0, 1e4], times disc_weight 0.5."""
+    nll_sum = (x - rec).abs().sum() / x.shape[0]
+    g_loss = -disc(rec).mean()
+    g_nll = torch.autograd.grad(nll_sum, last, retain_graph=True)[0]
+    g_gan = torch.autograd.grad(g_loss, last, retain_graph=True)[0]
+    return (g_nll.norm() / (g_gan.norm() + 1e-4)).clamp(0.0, 1e4) * 0.5
+
+
+@pytest.mark.parametrize("size", [16, 32])
+@pytest.mark.parametrize("scale", [1e-4, 1.0])  # clamp binding / not binding
+def test_gan_weight_equals_latent_diffusions_on_their_scale(size, scale):
+    torch.manual_seed(size)
+    last = nn.Parameter(torch.randn(3, 3, 3, 3) * 0.2)
+    x = torch.rand(2, 3, size, size) * 2 - 1
+    rec = nn.functional.conv2d(x, last, padding=1)
+    disc = ScaledDisc(scale)
+    pixels = 3 * size * size
+    ref = reference_gan_weight(x, rec, disc, last)
+    ours = VAELoss(kl_weight=0, perceptual_weight=0, disc_start=0)
+    loss, logs = ours.generator_loss(x, rec, known_posterior(), 1, disc, last)
+    binding = logs["gan_grad_ratio"].item() > adaptive_weight_max(pixels)
+    assert binding == (scale < 1)  # the two cases really are the two regimes
+    assert (logs["d_weight"] * pixels).item() == pytest.approx(ref.item(), rel=1e-4)
+    # The whole generator loss is latent-diffusion's divided by C·H·W (KL weight 0 here).
+    ref_total = (x - rec).abs().sum() / 2 - ref * disc(rec).mean()
+    assert (loss * pixels).item() == pytest.approx(ref_total.item(), rel=1e-4)
+    old = VAELoss(kl_weight=0, perceptual_weight=0, disc_start=0, gan_weight_clamp="per_pixel")
+    _, logs_old = old.generator_loss(x, rec, known_posterior(), 1, disc, last)
+    if binding:  # the per-pixel clamp lets the GAN term through at full ratio: stronger than theirs
+        assert logs_old["d_weight"].item() == pytest.approx(0.5 * logs["gan_grad_ratio"].item(), rel=1e-5)
+        assert logs_old["d_weight"].item() > 2 * logs["d_weight"].item()
+    else:
+        assert logs_old["d_weight"].item() == pytest.approx(logs["d_weight"].item(), rel=1e-6)
 
 
 def test_disc_start_gates_the_gan_terms():

@@ -15,7 +15,9 @@ from helpers import REPO, TINY_CONFIG
 
 import vae.train_vae as tv
 from common.checkpoint import load_checkpoint
+from common.log import RunLogger
 from vae.config import VAEConfig
+from vae.diffusers_io import load_diffusers
 from vae.losses import VAELoss
 
 
@@ -261,3 +263,21 @@ def test_profile_memory_on_cpu_says_it_needs_cuda(tmp_path, capsys):
     assert tv.main(["--config", str(TINY_CONFIG), "--output_dir", str(tmp_path), "--profile_memory"]) == 0
     assert "needs a CUDA GPU" in capsys.readouterr().out
     assert sys.modules["vae.train_vae"] is tv
+
+
+@pytest.mark.parametrize("channels, z, shifted", [([8, 16, 16, 16], 16, True),   # f8c16: SD3 / FLUX
+                                                  ([8, 16, 16, 16], 4, False),   # f8c4: SD 1.x / SDXL
+                                                  ([8, 16, 16], 16, False)])     # f4c16: no pipeline
+def test_export_carries_shift_factor_for_f8c16(image_dir, tmp_path, channels, z, shifted):
+    cfg = tiny_cfg(channels=channels, z_channels=z, disc_weight=0.0, ema_decay=0.0, output_dir=str(tmp_path))
+    trainer = tv.VAETrainer(cfg, torch.device("cpu"), quiet=True)
+    files = sorted(image_dir.glob("*.png"))[:4]
+    tv.export_final(cfg, trainer, files, tmp_path, torch.device("cpu"), RunLogger(tmp_path, enabled=False), 0, {})
+    stats = json.loads((tmp_path / "latent_stats.json").read_text())
+    folder_cfg = json.loads((tmp_path / "diffusers" / "config.json").read_text())
+    assert folder_cfg["scaling_factor"] == pytest.approx(stats["scaling_factor"])
+    if shifted:  # pipelines compute z / scaling_factor + shift_factor: both must be the measured ones
+        assert stats["shift_factor"] != 0 and folder_cfg["shift_factor"] == pytest.approx(stats["shift_factor"])
+        assert load_diffusers(tmp_path / "diffusers")[1]["shift_factor"] == pytest.approx(stats["shift_factor"])
+    else:
+        assert folder_cfg["shift_factor"] is None

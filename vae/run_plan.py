@@ -1,0 +1,63 @@
+"""What a planned VAE run will do, said at start-up: when the GAN phase begins, and at which LR.
+
+Why: `disc_start` is a global step, the LR schedule and the run length are planned from the dataset
+size, batch and GPU count. latent-diffusion trains at constant LR, so its GAN joins at full strength
+whenever it joins; here a decaying schedule or a short plan can start the GAN at a decayed LR, or
+never. Nothing in the logs would show that until the run is over, so the trainer prints it first.
+"""
+
+from __future__ import annotations
+
+from torch.optim.lr_scheduler import LambdaLR
+
+from vae.losses import VAELoss
+
+LOW_LR_RATIO = 0.5  # below this fraction of the peak LR the start-up report adds a note
+
+
+def scheduled_lr(schedule: LambdaLR, step: int) -> float:
+    """The LR of the first param group at optimizer step `step` (the schedule is a pure function of it)."""
+    return schedule.base_lrs[0] * schedule.lr_lambdas[0](step)
+
+
+def gan_phase_report(loss: VAELoss, schedule: LambdaLR, total_steps: int, steps_per_epoch: int,
+                     steps_before_stage: int = 0, first_step: int = 0) -> list[str]:
+    """Lines to print at start-up. Local step s of this run (0 ≤ s < total_steps) trains at global step
+    `steps_before_stage + s` with the LR `scheduled_lr(schedule, s)`; `first_step` > 0 when resumed.
+    A line that starts with "warning:" means the run as planned never trains the GAN."""
+    if loss.disc_weight <= 0 or loss.disc_factor <= 0:
+        return ["GAN phase: off (disc_weight 0 or disc_factor 0): no discriminator is trained"]
+    peak = schedule.base_lrs[0]
+    last_global = steps_before_stage + total_steps - 1
+    start = max(first_step, loss.disc_start - steps_before_stage)  # first local step with the GAN on
+    if start >= total_steps:
+        runs = (f"this run's steps are {steps_before_stage + first_step}..{last_global} "
+                f"({total_steps} planned, {steps_per_epoch} per epoch)")
+        half = steps_before_stage + total_steps // 2
+        return [f"warning: the GAN phase never begins: disc_start {loss.disc_start} is after the last step; {runs}. "
+                f"Without it reconstructions stay blurrier. Start it earlier (e.g. --disc_start {half}: the second "
+                f"half of this run) or plan a longer run (--num_epochs / --max_steps)."]
+    lr = scheduled_lr(schedule, start)
+    share = (total_steps - start) / total_steps
+    if start <= first_step:
+        where = f"on from this run's first step (global step {steps_before_stage + first_step} >= disc_start " \
+                f"{loss.disc_start})"
+    else:
+        where = (f"begins at global step {steps_before_stage + start} = step {start} of {total_steps} of this run, "
+                 f"in epoch {start // steps_per_epoch + 1} of {-(-total_steps // steps_per_epoch)}")
+    lines = [f"GAN phase: {where}, at LR {lr:.3g} ({lr / peak:.2f}x the peak {peak:.3g}); "
+             f"{total_steps - start} GAN steps ({share:.0%} of the run)"]
+    if lr < LOW_LR_RATIO * peak:
+        lines.append(f"note: the LR schedule has decayed to {lr / peak:.2f}x when the GAN joins (latent-diffusion "
+                     f"trains at constant LR): consider --set lr_scheduler=constant or an earlier --disc_start")
+    return lines
+
+
+def world_size_note(learning_rate: float, images_per_step: int, world_size: int) -> list[str]:
+    """Under torchrun the LR is NOT scaled with the GPU count (latent-diffusion scales its base LR by
+    batch × accumulation × GPUs); said once so a multi-GPU user knows what they are running."""
+    if world_size <= 1:
+        return []
+    return [f"note: learning_rate {learning_rate:.3g} is per optimizer step and is not scaled with the {world_size} "
+            f"GPUs ({images_per_step} images per step, {world_size}x a single GPU's; steps per epoch and the "
+            f"planned steps are {world_size}x fewer). See vae/README.md 'More GPUs'."]
