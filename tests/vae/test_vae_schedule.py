@@ -1,5 +1,6 @@
-"""The shipped VAE profiles over their whole length: the 5090 guide's linear warmup, then a half
-cosine from the peak to min_lr_ratio x peak at the planned last optimizer step (max_steps, or
+"""The shipped VAE profiles over their whole length: a linear warmup, then either latent-diffusion's
+constant LR (the 5090 profiles: the GAN phase must join at the full LR, see vae/configs/base.yaml) or
+a half cosine from the peak to min_lr_ratio x peak at the planned last optimizer step (max_steps, or
 num_epochs x steps per epoch of batch x accumulation_steps images). No model is built: the
 trainer's own `plan` runs on a stand-in holding only the config and a one-parameter optimizer."""
 
@@ -33,15 +34,19 @@ def _total(cfg: VAEConfig) -> int:
 
 
 @pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.name)
-def test_profile_is_cosine_with_warmup_over_the_planned_steps(path):
+def test_profile_lr_over_the_planned_steps(path):
     cfg = load_config(path, VAEConfig)
-    assert cfg.lr_scheduler == "cosine_with_warmup"
+    assert cfg.lr_scheduler in ("constant", "cosine_with_warmup")
     lr, w, total, floor = cfg.learning_rate, cfg.warmup_steps, _total(cfg), cfg.min_lr_ratio
     curve = lr_curve(_plan(cfg, one_param_optimizer(lr), total))
     w = min(w, total - 1)
     assert curve(0) == 0 and curve(w // 2) == pytest.approx(lr * (w // 2) / w)
     assert curve(w) == pytest.approx(lr)  # the peak at the end of the warmup
     mid = w + (total - w) // 2
+    if cfg.lr_scheduler == "constant":  # latent-diffusion: no decay after the warmup
+        assert curve(mid) == pytest.approx(lr) and curve(total) == pytest.approx(lr)
+        assert len(schedule_preview(curve, total, "k")) == 1
+        return
     expected_mid = floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * (mid - w) / (total - w)))
     assert curve(mid) == pytest.approx(lr * expected_mid)
     assert curve(total) == pytest.approx(lr * floor)  # the floor exactly at the planned end
