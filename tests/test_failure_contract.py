@@ -24,19 +24,11 @@ from common.checkpoint import load_checkpoint
 from common.training import apply_optimizer_overrides
 from tests.tts.test_clone_train import AUDIO, corpus  # noqa: F401 - module fixture (espeak-ng corpus)
 from tests.tts.test_vits_train import FAST, data_one  # noqa: F401 - module fixture (VITS corpus)
-from tests.vae.conftest import image_dir  # noqa: F401 - session fixture (10 textured PNGs)
+from tests.vae.conftest import _one_thread, image_dir  # noqa: F401 - fixtures: one torch thread (autouse), 10 PNGs
 from tests.vae.helpers import TINY_CONFIG
 from tests.vocoder.conftest import DEMO_YAML, TINY, tiny_data  # noqa: F401 - session fixture
 
 LOW_LR = 1e-5
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 def _bad(step: int) -> bool:
