@@ -111,9 +111,12 @@ def test_check_compatibility_really_loads_the_given_backbone_file(tmp_path, caps
     assert compat_main(["--perceptual_weights", str(unsafe)]) == 1
     out = capsys.readouterr().out
     assert "LPIPS vgg backbone: UNUSABLE" in out and "refused to load" in out and "Verdict: NOT ready" in out
+    from vae.check_compatibility import backbone_status
+
     plain = tmp_path / "not_vgg.pth"
     torch.save({"weight": torch.zeros(3)}, plain)  # safe, but not a VGG16 state dict
-    assert compat_main(["--perceptual_weights", str(plain)]) == 1
-    assert "not a torchvision vgg state dict" in capsys.readouterr().out
-    assert compat_main(["--perceptual_weights", str(tmp_path / "missing.pth")]) == 1
-    assert "no such file" in capsys.readouterr().out
+    usable, line = backbone_status("vgg", plain, given=True)
+    assert usable is False and "not a torchvision vgg state dict" in line
+    usable, line = backbone_status("vgg", tmp_path / "missing.pth", given=True)
+    assert usable is False and "no such file" in line
+    assert backbone_status("vgg", tmp_path / "missing.pth", given=False)[0] is None  # absent cache: not an error
