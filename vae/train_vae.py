@@ -9,7 +9,8 @@
 
 Flags override the config (`--config` YAML, or the guide's JSON); `--set key=value` overrides any key.
 Resuming at a different `--image_size` starts a new resolution stage: weights (and EMA) carry over,
-the optimizer and the warmup+cosine schedule are re-planned for the new run.
+the optimizer and the warmup+cosine schedule are re-planned for the new run, and the epoch and step
+counters continue (see vae/README.md, "Multi-resolution stages").
 """
 
 from __future__ import annotations

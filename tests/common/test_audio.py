@@ -293,3 +293,17 @@ def test_missing_espeak_says_how_to_install(tmp_path, monkeypatch):
         make_corpus(UZBEK_SENTENCES[:1], tmp_path)
     with pytest.raises(RuntimeError, match="espeak-ng not found"):
         speak("salom", tmp_path / "x.wav")
+
+
+def test_truncated_wav_is_reported_as_truncated_not_too_short(tmp_path):
+    from common.audio import AudioError, load_audio
+
+    full = tmp_path / "full.wav"
+    sf.write(full, (0.1 * np.sin(np.arange(22050) / 10)).astype(np.float32), 22050, subtype="PCM_16")
+    data = full.read_bytes()
+    for name, keep in (("half.wav", len(data) // 2), ("header_only.wav", 44), ("three_samples.wav", 50)):
+        cut = tmp_path / name
+        cut.write_bytes(data[:keep])
+        with pytest.raises(AudioError, match="truncated/unreadable: the WAV header declares 44100 bytes"):
+            load_audio(cut)
+    assert load_audio(full)[0].shape == (22050,)

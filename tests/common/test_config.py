@@ -95,3 +95,31 @@ def test_import_from_string():
     assert import_from_string("torch.optim.AdamW") is torch.optim.AdamW
     with pytest.raises(ConfigError, match="no 'Nope'"):
         import_from_string("torch.optim.Nope")
+
+
+# ---------------------------------------------------------------------------------------------- issue 9
+def test_wrong_type_from_set_names_set_not_the_yaml_file(tmp_path):
+    f = write(tmp_path / "c.yaml", "optim:\n  lr: 0.001\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(f, Schema, overrides=["optim.lr=fast"])
+    msg = str(e.value)
+    assert "optim.lr" in msg and "--set optim.lr=fast" in msg and "c.yaml" not in msg
+
+
+def test_union_type_error_says_the_type_in_words():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, Schema, overrides=["clip_grad_norm=abc"])
+    assert "Union" not in str(e.value) and "expected a number or null" in str(e.value)
+
+
+def test_explicit_keys_are_the_command_line_ones_with_aliases_resolved(tmp_path):
+    from common.config import explicit_keys, mark_explicit
+
+    f = write(tmp_path / "c.yaml", "crop_mel_frames: 48\noptim:\n  lr: 0.001\n")
+    cfg = load_config(f, Schema, overrides=["optim.lr=3e-4", "max_steps=5"], extra={"use_stftloss": True,
+                                                                                    "precision": None})
+    keys = explicit_keys(cfg)
+    assert set(keys) == {"optim.lr", "max_updates", "use_stftloss"}  # not the YAML's crop_mel_frames
+    assert keys["optim.lr"] == "--set optim.lr=3e-4"
+    mark_explicit(cfg, "optim.betas", "--preset")
+    assert "optim.betas" in explicit_keys(cfg) and explicit_keys(load_config(f, Schema)) == {}

@@ -128,7 +128,9 @@ def test_cli_runs_as_script_and_module(robust, tmp_path):
 
 def test_training_dataset_never_returns_a_black_image_for_a_bad_file(tmp_path):
     good = tmp_path / "a.png"
-    Image.fromarray(np.full((40, 40, 3), 200, np.uint8)).save(good)
+    arr = np.full((40, 40, 3), 200, np.uint8)
+    arr[0, 0, 0] = 201  # not blank: training applies prepare_data.py's filters, and those skip blank images
+    Image.fromarray(arr).save(good)
     bad = tmp_path / "b.png"
     bad.write_bytes(b"not a png")
     ds = ImageDataset([bad, good], 32, train=True)

@@ -99,3 +99,24 @@ def test_script_runs_as_a_file():
     p = subprocess.run([sys.executable, str(REPO / "vae" / "reconstruct.py"), "--help"], capture_output=True,
                        text=True, cwd=REPO, timeout=120)
     assert p.returncode == 0 and "--tile_size" in p.stdout, p.stderr
+
+
+class _Code:
+    """Pickled as a class reference: what weights-only loading must refuse."""
+
+
+def test_check_compatibility_really_loads_the_given_backbone_file(tmp_path, capsys):
+    unsafe = tmp_path / "vgg16-397923af.pth"
+    torch.save({"features.0.weight": torch.zeros(1), "payload": _Code()}, unsafe)
+    assert compat_main(["--perceptual_weights", str(unsafe)]) == 1
+    out = capsys.readouterr().out
+    assert "LPIPS vgg backbone: UNUSABLE" in out and "refused to load" in out and "Verdict: NOT ready" in out
+    from vae.check_compatibility import backbone_status
+
+    plain = tmp_path / "not_vgg.pth"
+    torch.save({"weight": torch.zeros(3)}, plain)  # safe, but not a VGG16 state dict
+    usable, line = backbone_status("vgg", plain, given=True)
+    assert usable is False and "not a torchvision vgg state dict" in line
+    usable, line = backbone_status("vgg", tmp_path / "missing.pth", given=True)
+    assert usable is False and "no such file" in line
+    assert backbone_status("vgg", tmp_path / "missing.pth", given=False)[0] is None  # absent cache: not an error

@@ -281,3 +281,69 @@ def test_export_carries_shift_factor_for_f8c16(image_dir, tmp_path, channels, z,
         assert load_diffusers(tmp_path / "diffusers")[1]["shift_factor"] == pytest.approx(stats["shift_factor"])
     else:
         assert folder_cfg["shift_factor"] is None
+
+
+# ----------------------------------------------------------------------------- issue 9
+
+
+def test_resolution_stages_continue_counters_and_keep_every_stage_file(image_dir, tmp_path, capsys):
+    out = tmp_path / "run"  # one output_dir for both stages, as in the guide
+    assert run(image_dir, out, "--num_epochs", "2", "--image_size", "32", "--no-export_diffusers") == 0
+    stage1 = load_checkpoint(out / "checkpoint_last.pt")
+    capsys.readouterr()
+    assert run(image_dir, out, "--num_epochs", "2", "--image_size", "40", "--no-export_diffusers",
+               "--resume_from", str(out / "checkpoint_epoch_2.pt")) == 0
+    printed = capsys.readouterr().out
+    assert "now 40 px -> stage 2" in printed and "epochs continue at 3" in printed
+    # Epoch numbers continue (3, 4), so stage 2 overwrote nothing of stage 1 and rotation (keep 2) kept
+    # the newest, not stage 1's higher numbers; stage 1's last and best checkpoints are kept under stage
+    # names (best.pt is per stage: PSNR at another crop size is not comparable).
+    assert sorted(p.name for p in out.glob("*.pt")) == ["best.pt", "checkpoint_epoch_3.pt", "checkpoint_epoch_4.pt",
+                                                        "checkpoint_last.pt", "stage1_32px_best.pt",
+                                                        "stage1_32px_last.pt", "vae_final.pt"]
+    assert load_checkpoint(out / "best.pt")["counters"]["image_size"] == 40
+    assert same_state(load_checkpoint(out / "stage1_32px_last.pt")["models"], stage1["models"])
+    c = load_checkpoint(out / "checkpoint_last.pt")
+    assert (c["counters"]["epoch"], c["counters"]["global_step"], c["counters"]["stage"]) == (4, 16, 2)
+    assert [(s["stage"], s["image_size"], s["first_step"], s["first_epoch"]) for s in c["extra"]["stages"]] == [
+        (1, 32, 0, 0), (2, 40, 8, 2)]
+    assert load_checkpoint(out / "checkpoint_epoch_3.pt")["counters"]["image_size"] == 40
+    # the log: TensorBoard has the resolution of each stage at its first global step
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "tensorboard")).Reload().Scalars("train/image_size")
+    assert sorted((e.step, e.value) for e in events) == [(0, 32.0), (8, 40.0)]
+
+
+def test_folder_of_only_unusable_images_is_one_line_exit_2(tmp_path, capsys):
+    from helpers import textured
+    from PIL import Image
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    Image.fromarray(textured(64, 1)).save(bad / "good.jpg")
+    data = (bad / "good.jpg").read_bytes()
+    (bad / "good.jpg").write_bytes(data[: len(data) // 2])  # truncated
+    (bad / "notes.jpg").write_text("not a JPEG")
+    Image.fromarray(textured(8, 2)).save(bad / "eight.png")
+    Image.fromarray(textured(1, 3)).save(bad / "one.png")
+    for batch in ("2", "16"):  # was a traceback with a small batch, "4 training images" with a large one
+        assert run(bad, tmp_path / "out", "--batch_size", batch) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err
+        assert f"no usable image in {bad} (4 files skipped: 1 corrupt, 1 not image, 2 too small" in err
+
+
+def test_training_skips_what_prepare_skips_instead_of_upscaling(image_dir, tmp_path, capsys):
+    import shutil
+
+    from helpers import textured
+    from PIL import Image
+
+    mixed = tmp_path / "mixed"
+    shutil.copytree(image_dir, mixed)
+    Image.fromarray(textured(8, 2)).save(mixed / "eight.png")
+    Image.fromarray(textured(1, 3)).save(mixed / "one.png")
+    with pytest.warns(UserWarning, match="2 files skipped: 2 too small"):
+        assert run(mixed, tmp_path / "out", "--max_steps", "1", "--no-export_diffusers") == 0
+    assert "8 training / 2 validation images" in capsys.readouterr().out  # the 10 good ones only

@@ -1,0 +1,264 @@
+"""The failure contract every trainer keeps (issue 9), tested once over all four trainers:
+
+- a non-finite stop exits 3; no checkpoint is written while the non-finite counter is above 0, so
+  every checkpoint on disk is finite (module buffers such as BatchNorm statistics included: a
+  skipped step leaves none behind) and the newest is the state before the streak, named in the
+  final message;
+- an optimizer hyper-parameter given explicitly on resume (the lowered LR the message recommends)
+  replaces the checkpoint's in every param group and the scheduler's base, with one log line;
+  without one the checkpoint's state stands (the trainers' bitwise resume tests cover that).
+
+Each trainer runs tiny on CPU: steps 1, 2 good, step 3 non-finite (isolated), step 4 good, then
+non-finite from step 5 with max 2 in a row, so the run stops in step 6 with step 4 newest.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.checkpoint import load_checkpoint
+from common.training import apply_optimizer_overrides
+from tests.tts.test_clone_train import AUDIO, corpus  # noqa: F401 - module fixture (espeak-ng corpus)
+from tests.tts.test_vits_train import FAST, data_one  # noqa: F401 - module fixture (VITS corpus)
+from tests.vae.conftest import _one_thread, image_dir  # noqa: F401 - fixtures: one torch thread (autouse), 10 PNGs
+from tests.vae.helpers import TINY_CONFIG
+from tests.vocoder.conftest import DEMO_YAML, TINY, tiny_data  # noqa: F401 - session fixture
+
+LOW_LR = 1e-5
+
+
+def _bad(step: int) -> bool:
+    """Which optimizer steps (1-based) get a non-finite loss."""
+    return step == 3 or step >= 5
+
+
+def _sets(*pairs: str) -> list[str]:
+    return [a for p in pairs for a in ("--set", p)]
+
+
+# ------------------------------------------------------------------------------- one adapter per trainer
+class Vocoder:
+    name = "vocoder"
+    keys = {"generator": "generator", "discriminator": "discriminator"}
+
+    def __init__(self, data: Path, run: Path) -> None:
+        self.run = run
+        self.args = ["--config", str(DEMO_YAML), "--data_dir", str(data), "--run_dir", str(run), "--device", "cpu",
+                     *_sets(*TINY, "val_check_interval=1", "max_nonfinite_steps=2")]
+
+    def poison(self, monkeypatch) -> None:
+        from vocoder.data import VocoderDataset
+
+        original, seen = VocoderDataset.__getitem__, {"n": 0}
+
+        def getitem(ds, key):
+            item = original(ds, key)
+            if ds.train:
+                seen["n"] += 1
+                if _bad((seen["n"] + 1) // 2):  # batch_size 2
+                    item["mel"] = torch.full_like(item["mel"], math.nan)
+            return item
+        monkeypatch.setattr(VocoderDataset, "__getitem__", getitem)
+
+    def train(self, *extra: str) -> int:
+        from vocoder.train import main
+
+        return main([*self.args, *_sets("max_updates=10"), *extra])
+
+    def resume_low_lr(self) -> int:
+        from vocoder.train import main
+
+        return main([*self.args, "--resume", "auto", *_sets("max_updates=5", f"generator_optimizer_args.lr={LOW_LR}")])
+
+    def checkpoints(self) -> list[Path]:
+        return sorted((self.run / "checkpoints").glob("model_*.pt"))
+
+    changed = ("generator",)
+
+
+class Vits:
+    name = "vits"
+    changed = ("generator", "discriminator")  # `lr` sets both networks' LR
+
+    def __init__(self, data: Path, run: Path) -> None:
+        self.run = run
+        self.args = ["--data_dir", str(data), "--run_dir", str(run), "--device", "cpu",
+                     *_sets(*FAST, "save_step=1", "max_nonfinite_steps=2")]
+
+    def poison(self, monkeypatch) -> None:
+        from tts import train as train_mod
+
+        real = train_mod.VitsTrainer.generator_losses
+
+        def losses(trainer, *a, **k):
+            out = real(trainer, *a, **k)
+            if _bad(trainer.step + 1):
+                out["total"] = out["total"] * math.nan
+            return out
+        monkeypatch.setattr(train_mod.VitsTrainer, "generator_losses", losses)
+
+    def train(self) -> int:
+        from tts.train import main
+
+        return main([*self.args, *_sets("max_steps=10")])
+
+    def resume_low_lr(self) -> int:
+        from tts.train import main
+
+        return main([*self.args, "--resume", "auto", *_sets("max_steps=5", f"lr={LOW_LR}")])
+
+    def checkpoints(self) -> list[Path]:
+        return sorted((self.run / "checkpoints").glob("vits_*.pt"))
+
+
+class Clone:
+    name = "train_main"
+    changed = ("optimizer",)
+    schedulers = {"optimizer": "scheduler"}  # checkpoint names: optimizer name -> its scheduler's
+
+    def __init__(self, data: Path, run: Path) -> None:
+        self.run = run
+        self.args = ["--train-data", str(data), "--checkpoint-dir", str(run), "--model-size", "tiny",
+                     "--batch-size", "4", "--num-workers", "0", "--precision", "32-true", "--lr", "3e-3",
+                     "--warmup-steps", "2", *AUDIO,
+                     *_sets("model.dropout=0.0", "data.num_buckets=2", "data.ref_seconds=1.5", "val.batch_size=4",
+                            f"data.cache_dir={data.parent / 'cache'}", "val.sentences=[]", "val.at_start=false",
+                            "train.save_interval=1", "train.val_check_interval=100", "train.max_nonfinite=2")]
+
+    def poison(self, monkeypatch) -> None:
+        from tts.models.clone import VoiceCloneTTS
+
+        original, calls = VoiceCloneTTS.losses, {"n": 0}
+
+        def losses(model, out, batch, weights):
+            result = original(model, out, batch, weights)
+            if model.training:
+                calls["n"] += 1  # grad_accum 1: one call per step
+                if _bad(calls["n"]):
+                    result["loss"] = result["loss"] * math.nan
+            return result
+        monkeypatch.setattr(VoiceCloneTTS, "losses", losses)
+
+    def train(self) -> int:
+        from tts.train_main import main
+
+        return main([*self.args, *_sets("train.max_updates=10")])
+
+    def resume_low_lr(self) -> int:
+        from tts.train_main import main
+
+        return main([*self.args, "--resume", "auto", "--lr", str(LOW_LR), *_sets("train.max_updates=5")])
+
+    def checkpoints(self) -> list[Path]:
+        return sorted(self.run.glob("clone_*.pt"))
+
+
+class Vae:
+    name = "vae"
+    changed = ("vae", "disc")  # the discriminator's LR follows learning_rate unless disc_learning_rate is set
+
+    def __init__(self, data: Path, run: Path) -> None:
+        self.run = run
+        self.args = ["--config", str(TINY_CONFIG), "--data_path", str(data), "--output_dir", str(run),
+                     "--no-export_diffusers", "--num_epochs", "3", *_sets("save_every_steps=1", "max_nonfinite=2")]
+
+    def poison(self, monkeypatch) -> None:
+        from vae.data import ImageDataset
+
+        original, seen = ImageDataset.__getitem__, {"n": 0}
+
+        def getitem(ds, key):
+            x = original(ds, key)
+            if ds.train:
+                seen["n"] += 1
+                if _bad((seen["n"] + 1) // 2):  # batch_size 2: a NaN image reaches the BatchNorm critic
+                    x = torch.full_like(x, math.nan)
+            return x
+        monkeypatch.setattr(ImageDataset, "__getitem__", getitem)
+
+    def train(self) -> int:
+        from vae.train_vae import main
+
+        return main(self.args)
+
+    def resume_low_lr(self) -> int:
+        from vae.train_vae import main
+
+        return main([*self.args, "--resume_from", "auto", "--learning_rate", str(LOW_LR), "--stop_at_step", "5"])
+
+    def checkpoints(self) -> list[Path]:
+        return sorted(self.run.glob("checkpoint_*.pt"))
+
+
+TRAINERS = {"vocoder": (Vocoder, "tiny_data"), "vits": (Vits, "data_one"), "train_main": (Clone, "corpus"),
+            "vae": (Vae, "image_dir")}
+
+
+def _finite(obj) -> bool:
+    if isinstance(obj, torch.Tensor):
+        return not obj.is_floating_point() or bool(torch.isfinite(obj).all())
+    if isinstance(obj, dict):
+        return all(_finite(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return all(_finite(v) for v in obj)
+    return True
+
+
+@pytest.mark.parametrize("which", list(TRAINERS))
+def test_nonfinite_stop_then_resume_with_a_lower_lr(which, request, tmp_path, monkeypatch, capsys):
+    cls, fixture = TRAINERS[which]
+    t = cls(request.getfixturevalue(fixture), tmp_path / "run")
+    with monkeypatch.context() as m:
+        t.poison(m)
+        assert t.train() == 3  # common.exit_codes.NON_FINITE
+    printed = "".join(capsys.readouterr())
+    assert "consecutive steps had non-finite" in printed
+    files = t.checkpoints()
+    assert files, "the good steps before the streak were saved"
+    for path in files:  # all finite: weights, optimizer moments, EMA, BatchNorm running statistics
+        ckpt = load_checkpoint(path)
+        assert _finite({k: ckpt[k] for k in ("models", "optimizers", "ema")}), path.name
+    newest = max(files, key=lambda p: (load_checkpoint(p)["counters"]["step"], p.stat().st_mtime))
+    assert load_checkpoint(newest)["counters"]["step"] == 4  # the step before the streak; nothing after it
+    assert f"last good checkpoint: {newest}" in printed
+
+    old = load_checkpoint(newest)
+    assert t.resume_low_lr() == 0  # the message's advice: lower LR, --resume auto
+    printed = "".join(capsys.readouterr())
+    assert printed.count("replacing the checkpoint's values") == 1
+    after = load_checkpoint(max(t.checkpoints(), key=lambda p: (load_checkpoint(p)["counters"]["step"],
+                                                                p.stat().st_mtime)))
+    assert after["counters"]["step"] == 5
+    for name, opt in after["optimizers"].items():
+        groups, sched = opt["param_groups"], after["schedulers"][getattr(t, "schedulers", {}).get(name, name)]
+        if name in t.changed:
+            assert all(g["initial_lr"] == LOW_LR and 0 < g["lr"] <= LOW_LR for g in groups), name
+            assert sched["base_lrs"] == [LOW_LR] * len(groups), name
+        else:
+            assert [g["initial_lr"] for g in groups] == [g["initial_lr"] for g in old["optimizers"][name]["param_groups"]]
+
+
+def test_apply_optimizer_overrides_keeps_the_schedule_position():
+    from common.muon import MuonAdamW
+    from common.schedulers import build_scheduler
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    opt = MuonAdamW(model, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
+    sched = build_scheduler(opt, "cosine_with_warmup", warmup_steps=2, total_steps=10)
+    for _ in range(4):
+        opt.step()
+        sched.step()
+    factor = opt.param_groups[0]["lr"] / 1e-3
+    assert apply_optimizer_overrides({"o": opt}, {"o": sched}, {"o": {}}) is None  # nothing given: untouched
+    line = apply_optimizer_overrides({"o": opt}, {"o": sched}, {"o": {"lr": 2e-4, "betas": (0.5, 0.9)}})
+    assert line == ("resume: given on the command line, replacing the checkpoint's values: o lr 0.001 -> 0.0002; "
+                    "o betas (0.9, 0.99) -> (0.5, 0.9)")
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([2e-4 * factor] * 2)  # Muon and AdamW groups
+    assert sched.base_lrs == [2e-4, 2e-4] and sched.get_last_lr() == [g["lr"] for g in opt.param_groups]
+    assert opt.param_groups[1]["betas"] == (0.5, 0.9) and "betas" not in opt.param_groups[0]
+    sched.step()  # the schedule continues from the new base
+    assert opt.param_groups[1]["lr"] == pytest.approx(2e-4 * sched.lr_lambdas[1](5))
