@@ -45,9 +45,10 @@ def gan_phase_report(loss: VAELoss, schedule: LambdaLR, total_steps: int, steps_
     else:
         where = (f"begins at global step {steps_before_stage + start} = step {start} of {total_steps} of this run, "
                  f"in epoch {start // steps_per_epoch + 1} of {-(-total_steps // steps_per_epoch)}")
-    lines = [f"GAN phase: {where}, at LR {lr:.3g} ({lr / peak:.2f}x the peak {peak:.3g}); "
-             f"{total_steps - start} GAN steps ({share:.0%} of the run)"]
-    if lr < LOW_LR_RATIO * peak:
+    rising = scheduled_lr(schedule, start + 1) > lr  # still in the warmup: not a decayed LR
+    lines = [f"GAN phase: {where}, at LR {lr:.3g} ({lr / peak:.2f}x the peak {peak:.3g}"
+             f"{', rising: in the warmup' if rising else ''}); {total_steps - start} GAN steps ({share:.0%} of the run)"]
+    if lr < LOW_LR_RATIO * peak and not rising:
         lines.append(f"note: the LR schedule has decayed to {lr / peak:.2f}x when the GAN joins (latent-diffusion "
                      f"trains at constant LR): consider --set lr_scheduler=constant or an earlier --disc_start")
     return lines

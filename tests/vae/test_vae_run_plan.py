@@ -55,7 +55,8 @@ def test_gan_phase_of_a_later_stage_or_resumed_run_and_off():
     # A 1536 px stage resumed from a 1024 px run that trained 60k steps: the GAN is on from the start.
     lines = gan_phase_report(loss(50001), schedule("constant"), 20_000, 1250, steps_before_stage=60_000)
     assert "on from this run's first step (global step 60000 >= disc_start 50001)" in lines[0]
-    assert "at LR 0 " in lines[0]  # step 0 of a warmup schedule: said as it is
+    assert "at LR 0 (0.00x the peak 0.0001, rising: in the warmup)" in lines[0]  # step 0 of the warmup
+    assert len(lines) == 1  # a warmup is not a decayed LR: no note
     resumed = gan_phase_report(loss(50001), schedule("constant"), 125_000, 1250, first_step=70_000)
     assert "global step 70000" in resumed[0] and "55000 GAN steps" in resumed[0]
     assert gan_phase_report(loss(disc_weight=0), schedule(), 125_000, 1250)[0].startswith("GAN phase: off")
