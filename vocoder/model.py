@@ -88,16 +88,28 @@ def _padding(kernel_size: int, dilation: int = 1) -> int:
     return (kernel_size * dilation - dilation) // 2
 
 
-def _init(m: nn.Module, std: float = 0.01) -> nn.Module:
-    """HiFi-GAN's N(0, 0.01) init; applied before weight norm so g = ||v|| starts consistent."""
-    nn.init.normal_(m.weight, 0.0, std)
+# Effective init, on purpose (tests/vocoder/test_init.py): as SingingVocoders / jik876 HiFi-GAN, whose
+# N(0, 0.01) init_weights runs after the old hook weight_norm and never reaches the weight a forward uses,
+# every weight keeps PyTorch's default U(+-1/sqrt(fan_in)); biases of ups/resblocks/conv_post and the
+# plain mini-NSF source_conv are N(0, 0.01). A weight really drawn N(0, 0.01) learns slower per step.
+INIT_STD = 0.01
+
+
+def _init_bias(m: nn.Module, std: float = INIT_STD) -> nn.Module:
+    """N(0, std) bias, default-init weight: the reference's *effective* init of a weight-normed conv."""
     if m.bias is not None:
         nn.init.normal_(m.bias, 0.0, std)
     return m
 
 
+def _init(m: nn.Module, std: float = INIT_STD) -> nn.Module:
+    """N(0, std) weight and bias: the reference's init of a plain (not weight-normed) conv."""
+    nn.init.normal_(m.weight, 0.0, std)
+    return _init_bias(m, std)
+
+
 def _wn_conv(*args, **kwargs) -> nn.Module:
-    return weight_norm(_init(nn.Conv1d(*args, **kwargs)))
+    return weight_norm(_init_bias(nn.Conv1d(*args, **kwargs)))
 
 
 def remove_all_weight_norm(module: nn.Module) -> int:
@@ -222,7 +234,7 @@ class Generator(nn.Module):
         ch = args.upsample_initial_channel
         for i, (u, k) in enumerate(zip(args.upsample_rates, args.upsample_kernel_sizes)):
             ch //= 2
-            self.ups.append(weight_norm(_init(nn.ConvTranspose1d(2 * ch, ch, k, u, padding=(k - u) // 2))))
+            self.ups.append(weight_norm(_init_bias(nn.ConvTranspose1d(2 * ch, ch, k, u, padding=(k - u) // 2))))
             for rk, rd in zip(args.resblock_kernel_sizes, args.resblock_dilation_sizes):
                 self.resblocks.append(block(ch, rk, tuple(rd)))
             if not args.mini_nsf:
@@ -234,7 +246,7 @@ class Generator(nn.Module):
                     self.noise_convs.append(nn.Conv1d(1, ch, 1))
             elif i == 1:
                 self.source_conv = _init(nn.Conv1d(1, ch, 1))
-        self.conv_post = weight_norm(_init(nn.Conv1d(ch, 1, 7, 1, padding=3)))
+        self.conv_post = weight_norm(_init_bias(nn.Conv1d(ch, 1, 7, 1, padding=3)))
 
     def source(self, f0: torch.Tensor) -> torch.Tensor:
         """The excitation signal for ``f0`` [B, T], at the rate where it enters the stack."""

@@ -59,7 +59,7 @@ def test_clip_grad_norm_really_clips(tiny_data, tmp_path):
     assert float(logs["grad_norm_g"]) > 0.01  # the unclipped norm is far above the limit ...
     assert seen and seen[-1] <= 0.001 * 1.001  # ... and the optimizer saw the clipped one
 
-    tr2 = _trainer(tiny_data, tmp_path / "b")  # clip_grad_norm: null -> measured, not clipped
+    tr2 = _trainer(tiny_data, tmp_path / "b", "clip_grad_norm=null")  # measured, not clipped
     seen.clear()
     tr2.g_opt.register_step_pre_hook(record)
     logs = tr2.train_step(_batch(tr2))

@@ -4,6 +4,9 @@ Transposed-convolution upsampling by ``prod(upsample_rates)`` (= the hop length)
 followed by a multi-receptive-field fusion of residual blocks (type "1": two convolutions
 per dilation; type "2": one, lighter, as Piper's medium/x_low). Weight-normed throughout;
 ``remove_weight_norm`` (tts.models.modules) folds it for inference.
+
+Effective init: PyTorch's default for every weight and bias, as in jaywalnut310/vits (its init_weights
+runs after weight_norm and never reaches the weight a forward uses); tested in tests/tts/test_vits_init.py.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
-from tts.models.modules import get_padding, init_weights
+from tts.models.modules import get_padding
 
 LRELU_SLOPE = 0.1
 
@@ -27,7 +30,6 @@ class ResBlock1(nn.Module):
         self.convs2 = nn.ModuleList(
             weight_norm(nn.Conv1d(channels, channels, kernel_size, padding=get_padding(kernel_size)))
             for _ in dilation)
-        self.apply(init_weights)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for c1, c2 in zip(self.convs1, self.convs2):
@@ -41,7 +43,6 @@ class ResBlock2(nn.Module):
         self.convs = nn.ModuleList(
             weight_norm(nn.Conv1d(channels, channels, kernel_size, dilation=d, padding=get_padding(kernel_size, d)))
             for d in dilation)
-        self.apply(init_weights)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for c in self.convs:
@@ -65,7 +66,6 @@ class Generator(nn.Module):
             ch //= 2
             for rk, rd in zip(resblock_kernel_sizes, resblock_dilation_sizes):
                 self.resblocks.append(block(ch, rk, tuple(rd)))
-        self.ups.apply(init_weights)
         self.conv_post = nn.Conv1d(ch, 1, 7, padding=3, bias=False)
         if gin_channels:
             self.cond = nn.Conv1d(gin_channels, upsample_initial_channel, 1)

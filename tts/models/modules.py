@@ -18,12 +18,6 @@ from torch.nn.utils.parametrizations import weight_norm
 from tts.models.attentions import LayerNorm
 
 
-def init_weights(m: nn.Module, std: float = 0.01) -> None:
-    """HiFi-GAN's init: N(0, 0.01) for conv weights (before weight norm is applied)."""
-    if isinstance(m, (nn.Conv1d, nn.ConvTranspose1d, nn.Conv2d)):
-        m.weight.data.normal_(0.0, std)
-
-
 def get_padding(kernel_size: int, dilation: int = 1) -> int:
     return (kernel_size * dilation - dilation) // 2
 

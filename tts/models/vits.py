@@ -9,6 +9,10 @@ Parts, named as in the paper:
 - ``dp``: stochastic (or deterministic) duration predictor, trained on those durations;
 - ``dec``: HiFi-GAN generator decoding random windows of z to waveform;
 - ``emb_g``: speaker embedding (multi-speaker), conditioning enc_q, flow, dp and dec.
+
+Effective init as jaywalnut310/vits, on purpose (tests/tts/test_vits_init.py): PyTorch's default for every
+layer, weight-normed or plain, except token embedding N(0, 1/sqrt(hidden)), attention q/k/v Xavier-uniform,
+and zeros for the last layer of each coupling / ConvFlow (each flow starts as the identity).
 """
 
 from __future__ import annotations
