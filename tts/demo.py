@@ -170,7 +170,7 @@ def held_out_check(checkpoint: Path, prepared: Path, out_dir: Path) -> tuple[lis
         torch.manual_seed(cfg.seed)  # the synthesis noise: repeatable figures
         wav = synthesize.synthesize(model, cfg, row["raw_text"], int(row["speaker_id"]), cfg.noise_scale,
                                     noise_scale_w=0.0).numpy()
-        ref, _ = load_audio(row["wav"], sr=cfg.audio.sample_rate)
+        ref, _ = load_audio(prepared / row["wav"], sr=cfg.audio.sample_rate)
         name = f"heldout_{row['id'].replace('/', '_')}"
         save_wav(out_dir / f"{name}.wav", wav, cfg.audio.sample_rate)
         save_wav(out_dir / f"{name}_gt.wav", ref, cfg.audio.sample_rate)
