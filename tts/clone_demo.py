@@ -14,7 +14,12 @@
    cosine between outputs made with DIFFERENT references must be clearly below the cosine between
    outputs made with the SAME reference (different sentences in both cases). The learned
    reference-encoder cosine is printed beside it.
-Exit status 1 when either check fails. Idempotent: a finished run is reported, not retrained
+5. Held-out check: every held-out sentence (eval.jsonl) is spoken with ANOTHER held-out clip of
+   the same speaker as the reference; the output is compared with the recording of that sentence
+   (common.plausibility: level within 6 dB, mean MCD-DTW below tts.demo.MAX_MCD, the VITS demo's
+   threshold from the same corpus) and drawn beside it: `samples/heldout_<id>.png`
+   (reference | target | output).
+Exit status 1 when any check fails. Idempotent: a finished run is reported, not retrained
 (`--retrain` starts again).
 """
 
@@ -32,10 +37,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.audio import save_wav
+from common.audio import MelSpectrogram, save_wav
 from common.demo_speech import espeak_available
+from common.log import plot_spectrograms, save_figure
+from common.plausibility import compare_mels, compare_speech, report, speech_figures
 from tts.clone_data import load_reference, read_manifest
+from tts.demo import MAX_MCD
 from tts.infer_clone import load_clone_model, load_matching_vocoder, synthesize
+from tts.models.clone_config import mel_kwargs
 from tts.train_main import build_parser, resolve_config, train
 
 PREPARED_DIR = Path("data/demo/tts_prepared")
@@ -149,6 +158,38 @@ def unseen_voice(prepared: Path, out_dir: Path, text: str) -> tuple[str, Path] |
     return spk["name"], path
 
 
+def held_out_check(model, cfg, prepared: Path, vocoder, out_dir: Path) -> tuple[list, list[Path]]:
+    """Each held-out sentence spoken with another held-out clip of its speaker as the reference,
+    against its recording; (plausibility figures, pictures reference | target | output)."""
+    evals, _ = read_manifest(prepared / "eval.jsonl")
+    by_speaker: dict[str, list[dict]] = {}
+    for row in evals:
+        by_speaker.setdefault(row["speaker"], []).append(row)
+    mel_module = MelSpectrogram(**mel_kwargs(cfg.audio))
+    pairs, pictures = [], []
+    for row in evals:
+        others = [r for r in by_speaker[row["speaker"]] if r["id"] != row["id"]]
+        ref_row = others[0] if others else row  # a lone held-out clip of a speaker must be its own reference
+        reference = load_reference(ref_row["wav"], cfg.audio, cfg.data)
+        target = load_reference(row["wav"], cfg.audio, cfg.data, max_seconds=3600.0)
+        text = row["raw_text"] if "raw_text" in row else row["text"]
+        res = synthesize(model, text, reference, vocoder)
+        name = f"heldout_{row['id'].replace('/', '_')}"
+        if res["wav"] is not None:
+            save_wav(out_dir / f"{name}.wav", res["wav"], vocoder.sample_rate)
+            save_wav(out_dir / f"{name}_gt.wav", target.wav, cfg.audio.sample_rate)
+            pair = compare_speech(name, res["wav"], target.wav, mel_module)
+        else:
+            pair = compare_mels(name, res["mel"].float().cpu().numpy(), target.mel[0].float().numpy())
+        pairs.append(pair)
+        pictures.append(save_figure(plot_spectrograms(
+            [(f"reference ({ref_row['id']})", reference.mel[0]), ("target (recording)", pair.ref_mel),
+             (f"output ({pair.level_db:+.1f} dB, MCD {pair.mcd:.2f} dB)", pair.gen_mel)],
+            title=f"voice cloning, held-out: {text[:60]}",
+            hop_seconds=cfg.audio.hop_length / cfg.audio.sample_rate), out_dir / f"{name}.png"))
+    return speech_figures(pairs, MAX_MCD), pictures
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Voice-cloning TTS CPU demo")
     p.add_argument("--retrain", action="store_true", help=f"delete {RUN_DIR} and train again")
@@ -190,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     samples = RUN_DIR / "samples"
     check = speaker_check(model, cfg, prepared, vocoder, samples)
     (RUN_DIR / "speaker_check.json").write_text(json.dumps(check, indent=1, ensure_ascii=False))
+    figures, pictures = held_out_check(model, cfg, prepared, vocoder, samples)
 
     first, last = summary["history"][0], summary["history"][-1]
     print(f"\nvoice-cloning demo ({summary['n_params'] / 1e6:.2f} M parameters, {summary['step']} steps, "
@@ -208,6 +250,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{u['same_reference']:.3f}, vs outputs for the held-out references {u['different_reference']:.3f}")
     if vocoder is not None:
         print(f"samples (through {vocoder_path}): {samples}/")
+    plausible = report(figures, "held-out sentences (another clip of the speaker as reference) vs their recordings"
+                       + ("" if vocoder is not None else " [mel only: no vocoder]"))
+    print("pictures (reference | target | output):")
+    for path in pictures:
+        print(f"  {path}")
     print(f"tensorboard --logdir {RUN_DIR / 'logs'}   ({time.time() - t0:.0f} s)")
     ok_loss = last["mel_l1"] < first["mel_l1"]
     ok_spk = s["different_reference"] < s["same_reference"] - MARGIN
@@ -216,9 +263,11 @@ def main(argv: list[str] | None = None) -> int:
     if not ok_spk:
         print(f"error: outputs for different references are not clearly less similar than for the same reference "
               f"(margin {MARGIN})", file=sys.stderr)
-    if ok_loss and ok_spk:
-        print("validation loss fell, and the reference voice changes the output.")
-    return 0 if ok_loss and ok_spk else 1
+    if not plausible:
+        print("error: the held-out outputs are not plausible speech (figures above)", file=sys.stderr)
+    if ok_loss and ok_spk and plausible:
+        print("validation loss fell, the reference voice changes the output, and the held-out outputs are plausible.")
+    return 0 if ok_loss and ok_spk and plausible else 1
 
 
 if __name__ == "__main__":

@@ -23,35 +23,12 @@ better): 1 dB of MCD weighs as much as 0.1 of sharpness or 10 % of total-duratio
 
 from __future__ import annotations
 
-import math
-
-import librosa
 import numpy as np
-import scipy.fft
 import torch
 
 from common.audio import MelSpectrogram
+from common.plausibility import mcd_dtw
 from tts.alignment import alignment_posterior
-
-MCD_K = 10.0 / math.log(10.0) * math.sqrt(2.0)
-N_CEPS = 24
-
-
-def mel_cepstrum(log_mel: np.ndarray, n_ceps: int = N_CEPS) -> np.ndarray:
-    """[n_mels, T] natural-log mel → [T, n_ceps] cepstra c1..c_n."""
-    log_mel = np.asarray(log_mel, dtype=np.float64)
-    ceps = scipy.fft.dct(log_mel, type=2, norm="ortho", axis=0) / math.sqrt(2 * log_mel.shape[0])
-    return ceps[1 : n_ceps + 1].T
-
-
-def mcd_dtw(ref_log_mel: np.ndarray, syn_log_mel: np.ndarray, n_ceps: int = N_CEPS) -> float:
-    """DTW-aligned mel-cepstral distortion in dB between two log-mel spectrograms."""
-    a, b = mel_cepstrum(ref_log_mel, n_ceps), mel_cepstrum(syn_log_mel, n_ceps)
-    if len(a) == 0 or len(b) == 0:
-        return float("nan")
-    _, wp = librosa.sequence.dtw(X=a.T, Y=b.T, metric="euclidean")
-    dist = np.linalg.norm(a[wp[:, 0]] - b[wp[:, 1]], axis=1)
-    return float(MCD_K * dist.mean())
 
 
 def alignment_sharpness(log_lik: torch.Tensor, band: float = 0.1) -> float:
