@@ -120,7 +120,9 @@ def _run_until_first_step_then_sigterm(argv: list[str], steps: int, timeout: flo
     reader = threading.Thread(target=lambda: [chunks.append(c) for c in iter(lambda: proc.stdout.read1(4096), b"")],
                               daemon=True)
     reader.start()
-    started = re.compile(rf"(\b[1-9]\d*/{steps}\b)|(step [1-9]\d*[: ])")
+    # a progress bar "N/steps" or a log line that starts with "step N" (not start-up text that
+    # mentions a step, such as the VAE's GAN-phase report)
+    started = re.compile(rf"(\b[1-9]\d*/{steps}\b)|(^step [1-9]\d*[: ])", re.M)
     deadline = time.time() + timeout
     while time.time() < deadline and proc.poll() is None:
         if started.search(b"".join(chunks).decode(errors="replace")):
