@@ -1,7 +1,7 @@
 """Evaluation that tells the truth about a GAN-trained TTS model, on held-out recordings:
 
 - **MCD** (dB): mel-cepstral distortion between the synthesised utterance (text only, predicted
-  durations) and the recording, time-aligned by DTW (``librosa.sequence.dtw``). Cepstra are
+  durations) and the recording, time-aligned by DTW (``common.plausibility.mcd_dtw``, shared with the demos). Cepstra are
   the cepstrum of the natural-log amplitude mel spectrum (the model's own mel filterbank):
   c_n = (1/N) Σ_k log m_k cos(π n (k + ½) / N), i.e. the orthonormal DCT-II divided by
   sqrt(2N), coefficients 1..24 (energy c0 excluded); MCD = 10/ln10 · sqrt(2) · mean over the
