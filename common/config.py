@@ -52,8 +52,13 @@ def _read_yaml(path: Path) -> dict:
     return data
 
 
-def read_config_file(path: str | Path, _seen: tuple[Path, ...] = ()) -> tuple[dict, dict[str, Path]]:
-    """Returns the merged mapping and, for every dotted key, the file that set it last."""
+def read_config_file(path: str | Path, _seen: tuple[Path, ...] = (),
+                     schema: type | None = None) -> tuple[dict, dict[str, Path]]:
+    """Returns the merged mapping and, for every dotted key, the file that set it last.
+
+    With `schema`, each file's keys are first renamed to the schema's field names (its `ALIASES`),
+    so a layer that spells a key the other way (`generater_optimizer_args` over a base's
+    `generator_optimizer_args`) replaces it like any later layer does, instead of setting it twice."""
     path = Path(path).resolve()
     if path in _seen:
         chain = " -> ".join(str(p) for p in (*_seen, path))
@@ -68,9 +73,11 @@ def read_config_file(path: str | Path, _seen: tuple[Path, ...] = ()) -> tuple[di
         base_path = Path(base) if Path(base).is_absolute() else path.parent / base
         if not base_path.is_file():
             raise ConfigError(f"{path}: base_config '{base}' not found (looked at {base_path})")
-        base_data, base_sources = read_config_file(base_path, (*_seen, path))
+        base_data, base_sources = read_config_file(base_path, (*_seen, path), schema)
         merged = _deep_merge(merged, base_data)
         sources.update(base_sources)
+    if schema is not None:
+        data = canonical_names(schema, data, str(path))
     merged = _deep_merge(merged, data)
     for key in _dotted_keys(data):
         sources[key] = path
@@ -92,6 +99,28 @@ def _dotted_keys(d: dict, prefix: str = "") -> list[str]:
 # ---------------------------------------------------------------------------------------------
 def _aliases(cls: type) -> dict[str, str]:
     return dict(getattr(cls, "ALIASES", {}) or {})
+
+
+def _field_schema(cls: Any, name: str) -> type | None:
+    """The dataclass type of field `name` of `cls` (None when it is not a nested dataclass)."""
+    if cls is None or not dataclasses.is_dataclass(cls):
+        return None
+    hint = typing.get_type_hints(cls).get(name)
+    return hint if hint is not None and dataclasses.is_dataclass(hint) else None
+
+
+def canonical_names(schema: type, data: dict, source: str, prefix: str = "") -> dict:
+    """`data` with every alias renamed to its field name, level by level (unknown keys kept, so the
+    schema check still names them). One mapping giving both spellings is an error: which one was meant?"""
+    aliases, out = _aliases(schema), {}
+    for raw_key, value in data.items():
+        key = aliases.get(raw_key, raw_key)
+        if key in out:
+            raise ConfigError(f"'{prefix}{raw_key}' ({source}) sets '{prefix}{key}' twice (once through an "
+                              "alias): keep one spelling")
+        sub = _field_schema(schema, key)
+        out[key] = canonical_names(sub, value, source, f"{prefix}{key}.") if sub and isinstance(value, dict) else value
+    return out
 
 
 def _type_name(tp: Any) -> str:
@@ -209,8 +238,6 @@ def _build(cls: type[T], data: dict, prefix: str, sources: dict[str, Path], defa
             close = difflib.get_close_matches(str(raw_key), valid, n=1, cutoff=0.5)
             hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid keys here: {', '.join(valid)}"
             raise ConfigError(f"unknown config key '{dotted}' in {source}{hint}")
-        if key in kwargs:
-            raise ConfigError(f"'{dotted}' ({source}) sets '{prefix}{key}' twice (once through an alias)")
         kwargs[key] = _convert(value, hints[key], prefix + key, source, sources)
     for name, f in fields.items():
         if name in kwargs:
@@ -259,10 +286,11 @@ def load_config(
     data: dict = {}
     sources: dict[str, Any] = {}
     if path is not None:
-        data, sources = read_config_file(path)
+        data, sources = read_config_file(path, schema=schema)
     for dotted, value in (extra or {}).items():
         if value is None:
             continue
+        dotted = _canonical_key(schema, dotted)
         _set_dotted(data, dotted, value)
         sources[dotted] = "command-line flag"
         for i in range(1, dotted.count(".") + 1):
@@ -273,6 +301,7 @@ def load_config(
             explicit[_canonical_key(schema, dotted)] = "command-line flag"
     for text in overrides or ():
         dotted, value = parse_override(text)
+        dotted = _canonical_key(schema, dotted)
         _set_dotted(data, dotted, value)
         sources[dotted] = f"--set {text}"
         explicit[_canonical_key(schema, dotted)] = f"--set {text}"
@@ -290,8 +319,7 @@ def _canonical_key(schema: type, dotted: str) -> str:
     for part in parts:
         name = _aliases(cls).get(part, part) if cls is not None else part
         out.append(name)
-        hint = typing.get_type_hints(cls).get(name) if cls is not None and dataclasses.is_dataclass(cls) else None
-        cls = hint if hint is not None and dataclasses.is_dataclass(hint) else None
+        cls = _field_schema(cls, name)
     return ".".join(out)
 
 

@@ -123,3 +123,18 @@ def test_explicit_keys_are_the_command_line_ones_with_aliases_resolved(tmp_path)
     assert keys["optim.lr"] == "--set optim.lr=3e-4"
     mark_explicit(cfg, "optim.betas", "--preset")
     assert "optim.betas" in explicit_keys(cfg) and explicit_keys(load_config(f, Schema)) == {}
+
+
+# ---------------------------------------------------------------------------------------------- issue 12
+def test_the_later_layer_wins_whichever_spelling_it_uses(tmp_path):
+    write(tmp_path / "canon.yaml", "max_updates: 5\n")
+    write(tmp_path / "alias.yaml", "max_steps: 6\n")
+    assert load_config(write(tmp_path / "a.yaml", "base_config: canon.yaml\nmax_steps: 7\n"), Schema).max_updates == 7
+    assert load_config(write(tmp_path / "b.yaml", "base_config: alias.yaml\nmax_updates: 9\n"), Schema).max_updates == 9
+    # --set and a trainer's flags are later layers too, in either spelling
+    assert load_config(tmp_path / "canon.yaml", Schema, overrides=["max_steps=8"]).max_updates == 8
+    assert load_config(tmp_path / "alias.yaml", Schema, extra={"max_updates": 4}).max_updates == 4
+    # one file giving both spellings is ambiguous: an error naming it
+    both = write(tmp_path / "both.yaml", "max_updates: 5\nmax_steps: 6\n")
+    with pytest.raises(ConfigError, match=r"max_steps.*both\.yaml.*twice"):
+        load_config(both, Schema)

@@ -52,6 +52,9 @@ def test_base_hifi_rtx5090_table_values():
     assert c.max_updates == 300000
     assert c.clip_grad_norm == 1.0
     assert c.model_args.noise_sigma == 0.0 and raw["model_args"]["noise_sigma"] == 0.0
+    assert c.num_valid_plots == 32  # the 5090 guide's value
+    # the guide does not change the source: the base's full NSF source, mini-NSF stays an option
+    assert "mini_nsf" not in raw["model_args"] and c.model_args.mini_nsf is False
 
 
 def test_demo_config_is_small():
@@ -94,3 +97,28 @@ def test_inconsistent_values_are_rejected():
         load_config(GPU_YAML, VocoderConfig, ["pc_aug=true"])
     with pytest.raises(ConfigError, match="scheduler_cls"):
         load_config(GPU_YAML, VocoderConfig, ["lr_scheduler_args.scheduler_cls=OneCycle"])
+
+
+def test_singingvocoders_spellings_layer_over_our_base_configs(tmp_path):
+    """A SingingVocoders-style file over base_hifi_gpu.yaml (which spells the keys our way): the later
+    layer wins whichever spelling it uses, keys it does not give are inherited."""
+    sv = tmp_path / "sv.yaml"
+    sv.write_text(f"base_config: {GPU_YAML}\n"
+                  "generater_optimizer_args: {optimizer_cls: modules.optimizer.muon.Muon_AdamW, lr: 0.0002}\n"
+                  "discriminate_optimizer_args: {lr: 0.00005}\n"
+                  "save_n_checkpoints: 3\n")
+    c = load_config(sv, VocoderConfig)
+    g, d = c.generator_optimizer_args, c.discriminator_optimizer_args
+    assert g.is_muon and g.lr == 2e-4 and (g.beta1, g.beta2) == (0.8, 0.99)  # betas from the base
+    assert d.optimizer_cls == "torch.optim.AdamW" and d.lr == 5e-5
+    assert c.num_ckpt_keep == 3
+    # ours over theirs: the child's canonical spelling wins over the base's alias
+    ours = tmp_path / "ours.yaml"
+    ours.write_text(f"base_config: {sv}\ngenerator_optimizer_args: {{lr: 0.0004}}\nnum_ckpt_keep: 2\n")
+    c = load_config(ours, VocoderConfig, ["discriminate_optimizer_args.lr=0.0007"])
+    assert c.generator_optimizer_args.lr == 4e-4 and c.generator_optimizer_args.is_muon
+    assert c.num_ckpt_keep == 2 and c.discriminator_optimizer_args.lr == 7e-4
+    both = tmp_path / "both.yaml"
+    both.write_text("num_ckpt_keep: 2\nsave_n_checkpoints: 3\n")
+    with pytest.raises(ConfigError, match="twice"):
+        load_config(both, VocoderConfig)

@@ -300,3 +300,16 @@ def test_worker_counts_reach_the_pools(tiny_data, tmp_path, monkeypatch):
     prep.prepare(tiny_config("binarization_args.num_workers=2"), [tmp_path / "w"], tmp_path / "bin",
                  log=lambda *a: None)
     assert seen["max_workers"] == 2
+
+
+@pytest.mark.parametrize("plots, expected", [(2, 2), (32, 3)])
+def test_num_valid_plots_sets_how_many_files_are_logged(tiny_data, tmp_path, plots, expected):
+    """num_valid_plots files (at most the validation set) are logged as audio + mel figure."""
+    tr = _trainer(tiny_data, tmp_path, f"num_valid_plots={plots}")
+    tr.valid_set = [dict(tr.valid_set[0], name=f"v{i}") for i in range(3)]  # three held-out files
+    audio, figures = [], []
+    tr.logger.audio = lambda tag, *a, **k: audio.append(tag)
+    tr.logger.figure = lambda tag, *a, **k: figures.append(tag)
+    tr.validate()
+    assert len([t for t in audio if t.endswith("/generated")]) == expected
+    assert len(figures) == expected
