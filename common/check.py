@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import sys
 
-from common.hardware import hardware_report
+from common.hardware import hardware_report, preset_name
+from common.presets import PRESET_CHOICES, preset_summary
 
 
 def main() -> int:
     print(hardware_report())
+    print(f"Presets     --preset {{{','.join(PRESET_CHOICES)}}} on every trainer; auto picks here:")
+    for line in preset_summary(preset_name("auto", say=lambda _line: None)):
+        print(f"  {line}")
     return 0
 
 

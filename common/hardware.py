@@ -3,8 +3,9 @@
 - `hardware_report()` answers "will this torch run on my GPU?" before a long job starts
   (RTX 50xx cards need a torch built for sm_120; older wheels import fine and then fail on the
   first kernel, which is the most common first-day problem).
-- `PRESETS` / `resolve_preset()` give batch size, DataLoader workers and precision per card, so a
-  user with a 4090 or 5090 does not have to tune them by hand.
+- `PRESETS` / `resolve_preset()` give batch size, DataLoader workers, precision and the training
+  crop per card, so a user with a 4090 or 5090 does not have to tune them by hand (`--preset` on
+  every trainer: `common.presets`).
 - `find_batch_size()` measures the largest batch that fits instead of guessing.
 - `is_oom()` / `oom_message()` turn a CUDA OOM traceback into the next settings to try.
 """
@@ -24,40 +25,44 @@ import torch
 
 GIB = 1024**3
 
-# Per-card settings. Keys per trainer:
+# Per-card settings. Keys per trainer (common.presets maps them onto each trainer's own config keys):
 #   batch_size  - per-GPU batch (DDP multiplies it by the number of GPUs)
 #   num_workers - DataLoader worker processes per GPU (the seed configs call it `ds_workers`)
 #   precision   - `32-true | 16-mixed | bf16-mixed` (see common.precision)
-#   image_size  - (vae only) square training crop in pixels
+#   crop        - the training crop: vocoder mel frames, VITS latent segment frames, voice-cloning
+#                 reference seconds, VAE square crop in pixels
 # Why these values:
 # - vocoder (NSF-HiFiGAN, fixed mel crops): openvpi's recipe trains in fp16 and warns that bf16
-#   costs audio quality, so 16-mixed. The generator + MPD/MSD at batch 16 fits a 24 GB card;
-#   32 GB takes 32 with the same crop. Waveform crops are cheap to load but f0/mel caching
-#   still wants workers, hence 6 / 12 (the 5090 eats batches twice as fast).
-# - tts (VITS, text → wav with random slice decoding): jaywalnut310's base config is batch 64
-#   per GPU; it fits 24 GB under autocast. bf16 avoids fp16 overflow in the flow/duration losses.
-# - tts_clone (transformer text + reference → mel): full-length mel targets, so a smaller batch.
+#   costs audio quality, so 16-mixed. The generator + MPD/MSD at batch 16 x 48 frames fits a 24 GB
+#   card; the 5090 guide's 32 x 80 frames fits 32 GB. Waveform crops are cheap to load but f0/mel
+#   caching still wants workers, hence 6 / 12 (the 5090 eats batches twice as fast).
+# - tts (VITS, text -> wav with random slice decoding): jaywalnut310's base config is batch 64
+#   per GPU with 32-frame segments (8192 samples / hop 256); it fits 24 GB under autocast, and the
+#   5090 recipe (tts/configs/uzbek_vits_rtx5090.yaml) takes 96 with 8 workers. bf16 avoids fp16
+#   overflow in the flow/duration losses.
+# - tts_clone (transformer text + reference -> mel): full-length mel targets, so a smaller batch;
+#   the crop is the 3-second reference clip of the recipe.
 # - vae (KL autoencoder + LPIPS + patch discriminator at 1024 px): activations dominate; 4 per
 #   24 GB card and 8 per 32 GB card in bf16.
 # - cpu: tiny settings so tests and the demo finish; fp32 because it is the safe default here.
 PRESETS: dict[str, dict[str, dict]] = {
     "rtx4090": {  # 24 GB, Ada, sm_89
-        "vocoder": {"batch_size": 16, "num_workers": 6, "precision": "16-mixed"},
-        "tts": {"batch_size": 64, "num_workers": 6, "precision": "bf16-mixed"},
-        "tts_clone": {"batch_size": 32, "num_workers": 6, "precision": "bf16-mixed"},
-        "vae": {"batch_size": 4, "num_workers": 6, "precision": "bf16-mixed", "image_size": 1024},
+        "vocoder": {"batch_size": 16, "num_workers": 6, "precision": "16-mixed", "crop": 48},
+        "tts": {"batch_size": 64, "num_workers": 6, "precision": "bf16-mixed", "crop": 32},
+        "tts_clone": {"batch_size": 32, "num_workers": 6, "precision": "bf16-mixed", "crop": 3.0},
+        "vae": {"batch_size": 4, "num_workers": 6, "precision": "bf16-mixed", "crop": 1024},
     },
     "rtx5090": {  # 32 GB, Blackwell, sm_120
-        "vocoder": {"batch_size": 32, "num_workers": 12, "precision": "16-mixed"},
-        "tts": {"batch_size": 80, "num_workers": 12, "precision": "bf16-mixed"},
-        "tts_clone": {"batch_size": 48, "num_workers": 12, "precision": "bf16-mixed"},
-        "vae": {"batch_size": 8, "num_workers": 12, "precision": "bf16-mixed", "image_size": 1024},
+        "vocoder": {"batch_size": 32, "num_workers": 12, "precision": "16-mixed", "crop": 80},
+        "tts": {"batch_size": 96, "num_workers": 8, "precision": "bf16-mixed", "crop": 32},
+        "tts_clone": {"batch_size": 48, "num_workers": 12, "precision": "bf16-mixed", "crop": 3.0},
+        "vae": {"batch_size": 8, "num_workers": 12, "precision": "bf16-mixed", "crop": 1024},
     },
     "cpu": {
-        "vocoder": {"batch_size": 2, "num_workers": 0, "precision": "32-true"},
-        "tts": {"batch_size": 4, "num_workers": 0, "precision": "32-true"},
-        "tts_clone": {"batch_size": 4, "num_workers": 0, "precision": "32-true"},
-        "vae": {"batch_size": 2, "num_workers": 0, "precision": "32-true", "image_size": 256},
+        "vocoder": {"batch_size": 2, "num_workers": 0, "precision": "32-true", "crop": 32},
+        "tts": {"batch_size": 4, "num_workers": 0, "precision": "32-true", "crop": 16},
+        "tts_clone": {"batch_size": 4, "num_workers": 0, "precision": "32-true", "crop": 2.0},
+        "vae": {"batch_size": 2, "num_workers": 0, "precision": "32-true", "crop": 256},
     },
 }
 TRAINERS = ("vocoder", "tts", "tts_clone", "vae")
@@ -207,23 +212,31 @@ def _preset_for_vram(vram_gb: float | None) -> str:
     return "rtx4090"  # below 20 GB too, with a warning from resolve_preset
 
 
-def resolve_preset(name: str, trainer: str | None = None, vram_gb: float | None = None) -> dict:
-    """Settings of preset `name` for `trainer` (a copy), or the whole preset when trainer is None.
-
-    `auto` picks by GPU memory: >= 30 GB -> rtx5090, otherwise rtx4090 (a warning below 20 GB),
-    no CUDA -> cpu. `vram_gb` overrides detection (tests, or planning for another machine).
-    """
+def preset_name(name: str, vram_gb: float | None = None, say: Callable[[str], None] = print) -> str:
+    """`rtx4090 | rtx5090 | cpu` for `name`; `auto` picks by GPU memory (>= 30 GB -> rtx5090,
+    otherwise rtx4090 with a warning below 20 GB, no CUDA -> cpu) and says what it picked.
+    `vram_gb` overrides detection (tests, or planning for another machine)."""
     key = str(name).strip().lower()
     if key == "auto":
         vram = _gpu_vram_gb() if vram_gb is None else vram_gb
         key = _preset_for_vram(vram)
-        where = "no CUDA GPU" if vram is None else f"GPU with {vram:.0f} GB"
-        print(f"[preset] auto -> '{key}' ({where})")
+        if vram is None:
+            say("[preset] auto: no CUDA GPU found, so the 'cpu' preset (small batches, fp32); training "
+                "on the CPU is slow. `make check` says why no GPU is usable.")
+        else:
+            say(f"[preset] auto -> '{key}' (GPU with {vram:.0f} GB)")
         if vram is not None and vram < 20:
-            print(f"[preset] warning: {vram:.0f} GB is less than the 24 GB preset assumes; if it runs out "
-                  "of memory, lower batch_size or use common.hardware.find_batch_size")
+            say(f"[preset] warning: {vram:.0f} GB is less than the 24 GB preset assumes; if it runs out "
+                "of memory, lower batch_size or use common.hardware.find_batch_size")
     if key not in PRESETS:
         raise ValueError(f"unknown preset '{name}': valid presets are {', '.join(['auto', *PRESETS])}")
+    return key
+
+
+def resolve_preset(name: str, trainer: str | None = None, vram_gb: float | None = None) -> dict:
+    """Settings of preset `name` for `trainer` (a copy), or the whole preset when trainer is None.
+    `auto` as in `preset_name`."""
+    key = preset_name(name, vram_gb)
     if trainer is None:
         return copy.deepcopy(PRESETS[key])
     if trainer not in PRESETS[key]:

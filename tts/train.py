@@ -50,6 +50,7 @@ from common.hardware import is_oom
 from common.log import Progress, RunLogger, plot_alignment, plot_spectrogram, report_lr_plan
 from common.muon import build_optimizer
 from common.precision import Precision
+from common.presets import add_preset_arg, apply_preset
 from common.run_dir import add_run_args, prepare_run_dir
 from common.schedulers import build_scheduler, lr_curve
 from common.training import (
@@ -409,6 +410,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data_dir", default=None, help="prepared dataset folder (tts/prepare_data.py --output_dir)")
     add_run_args(p, run_help="where checkpoints, TensorBoard logs and samples go (default: runs/<run_name>)")
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
+    add_preset_arg(p)
     return p.parse_args(argv)
 
 
@@ -417,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, TrainConfig, args.overrides,
                           extra={"data_dir": args.data_dir, "run_dir": args.run_dir})
+        apply_preset(cfg, args.preset, "tts")
         if args.resume and args.init_from:
             raise ConfigError("--resume and --init_from exclude each other (resume continues a run; "
                               "init_from starts a new one from weights)")

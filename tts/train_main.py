@@ -51,6 +51,7 @@ from common.hardware import OutOfMemory, is_oom, oom_message
 from common.log import Progress, RunLogger, plot_alignment, plot_spectrogram, report_lr_plan
 from common.muon import build_optimizer
 from common.precision import Precision
+from common.presets import add_preset_arg, apply_preset
 from common.run_dir import add_run_args, prepare_run_dir
 from common.schedulers import build_scheduler, lr_curve
 from common.training import (
@@ -129,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_args(p, run_aliases=("--checkpoint-dir",), run_dest="checkpoint_dir",
                  run_help="run folder: checkpoints, TensorBoard logs, config.yaml (alias --checkpoint-dir)")
     add_config_args(p)
+    add_preset_arg(p)
     return p
 
 
@@ -719,6 +721,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         res = resolve_config(args)
+        apply_preset(res.cfg, args.preset, "tts_clone")
         prepare_run_dir(res.cfg.train.checkpoint_dir, None, args.resume, args.overwrite, args.init_from,
                         keep=("features",))
         summary = train(res, args.resume, progress=sys.stderr.isatty(), init_from=args.init_from)

@@ -72,6 +72,7 @@ from common.hardware import (
 from common.log import Progress, RunLogger, report_lr_plan
 from common.muon import build_optimizer
 from common.precision import Precision
+from common.presets import add_preset_arg, apply_preset
 from common.run_dir import add_run_args, check_output_dir, prepare_run_dir
 from common.schedulers import build_scheduler, lr_curve
 from common.training import (
@@ -123,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measure peak GPU memory per resolution and batch size, write a table, exit")
     p.add_argument("--profile_resolutions", type=int, nargs="+", default=[256, 512, 768, 1024, 1536, 2048])
     p.add_argument("--profile_batches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    add_preset_arg(p)
     return p
 
 
@@ -764,6 +766,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = resolve_config(args)
+        apply_preset(cfg, args.preset, "vae")
         if args.profile_memory:
             return profile_memory(cfg, args.profile_resolutions, args.profile_batches)
         return train(cfg, args.overwrite, args.init_from)

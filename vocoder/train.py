@@ -55,6 +55,7 @@ from common.hardware import is_oom
 from common.log import Progress, RunLogger, plot_spectrogram, report_lr_plan
 from common.muon import build_optimizer
 from common.precision import Precision
+from common.presets import add_preset_arg, apply_preset
 from common.run_dir import add_run_args, prepare_run_dir
 from common.schedulers import lr_curve, lr_lambda
 from common.training import (
@@ -555,6 +556,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_args(p, run_help="checkpoints, TensorBoard logs, config (default: runs/vocoder/<config>)")
     p.add_argument("--precision", default=None, help="shortcut for --set pl_trainer_precision=... (32-true|16-mixed|bf16-mixed)")
     p.add_argument("--device", default=None, help="force a device, e.g. cpu (default: cuda if available)")
+    add_preset_arg(p)
     return p
 
 
@@ -563,6 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, VocoderConfig, args.overrides,
                           extra={"pl_trainer_precision": args.precision, "binary_data_dir": args.data_dir})
+        apply_preset(cfg, args.preset, "vocoder")
         if not cfg.binary_data_dir:
             raise ConfigError("no dataset: pass --data_dir (a folder made by vocoder/prepare_data.py) or set binary_data_dir")
         run_dir = Path(args.run_dir or Path("runs") / "vocoder" / Path(args.config or "default").stem)

@@ -1,0 +1,116 @@
+"""`--preset` on every trainer: what it sets in each trainer's own keys, that typed values win, the
+`auto` fallback, and that each trainer script really accepts and applies it (and `make check` lists it)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from common import check
+from common.config import load_config
+from common.hardware import PRESETS
+from common.presets import PRESET_CHOICES, TRAINER_SCRIPTS, apply_preset, get_key
+from tts.models.clone_config import CloneConfig
+from tts.models.vits_config import TrainConfig
+from vae.config import VAEConfig
+from vocoder.config import VocoderConfig
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = {  # a shipped recipe per trainer: the preset must change it (it sits above the YAML)
+    "vocoder": (VocoderConfig, REPO / "vocoder/configs/base_hifi_gpu.yaml"),
+    "tts": (TrainConfig, REPO / "tts/configs/uzbek_vits.yaml"),
+    "tts_clone": (CloneConfig, REPO / "tts/configs/clone_base.yaml"),
+    "vae": (VAEConfig, REPO / "vae/configs/base.yaml"),
+}
+EXPECTED_5090 = {
+    "vocoder": {"batch_size": 32, "ds_workers": 12, "crop_mel_frames": 80, "pl_trainer_precision": "16-mixed"},
+    "tts": {"batch_size": 96, "num_loader_workers": 8, "model_args.segment_frames": 32,
+            "mixed_precision": True, "amp_dtype": "bf16"},
+    "tts_clone": {"train.batch_size": 48, "train.num_workers": 12, "data.ref_seconds": 3.0,
+                  "train.precision": "bf16-mixed"},
+    "vae": {"batch_size": 8, "num_workers": 12, "image_size": 1024, "mixed_precision": True, "use_bf16": True},
+}
+TYPED = {  # one typed batch size and one typed precision key per trainer
+    "vocoder": ["batch_size=3", "pl_trainer_precision=bf16-mixed"],
+    "tts": ["batch_size=3", "amp_dtype=fp16"],
+    "tts_clone": ["train.batch_size=3", "train.precision=32-true"],
+    "vae": ["batch_size=3", "mixed_precision=false"],
+}
+
+
+@pytest.mark.parametrize("trainer", list(CONFIGS))
+def test_preset_sets_the_trainers_own_keys_over_the_yaml(trainer, capsys):
+    schema, path = CONFIGS[trainer]
+    cfg = load_config(path, schema)
+    applied = apply_preset(cfg, "rtx5090", trainer)
+    assert applied == EXPECTED_5090[trainer]
+    for key, value in EXPECTED_5090[trainer].items():
+        assert get_key(cfg, key) == value
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith(f"[preset] rtx5090 for {trainer}: set ")
+    assert apply_preset(cfg, None, trainer) == {}  # no --preset: nothing
+
+
+@pytest.mark.parametrize("trainer", list(CONFIGS))
+def test_what_the_user_typed_wins_and_is_named(trainer, capsys):
+    schema, path = CONFIGS[trainer]
+    cfg = load_config(path, schema, TYPED[trainer])
+    applied = apply_preset(cfg, "rtx4090", trainer)
+    batch_key, precision_key = (t.split("=")[0] for t in TYPED[trainer])
+    assert get_key(cfg, batch_key) == 3 and batch_key not in applied
+    assert not set(applied) & {precision_key, "mixed_precision", "amp_dtype", "use_bf16", "train.precision",
+                               "pl_trainer_precision"}  # precision is one setting: left whole
+    assert len(applied) == 2  # workers and crop still come from the preset
+    line = capsys.readouterr().out
+    assert f"kept what you typed: {batch_key}=3 (--set {batch_key}=3" in line and precision_key in line
+
+
+def test_auto_picks_by_gpu_memory_and_falls_back_to_cpu(capsys):
+    cfg = load_config(None, VocoderConfig)
+    apply_preset(cfg, "auto", "vocoder", vram_gb=32.0)
+    assert cfg.batch_size == PRESETS["rtx5090"]["vocoder"]["batch_size"]
+    assert "auto -> 'rtx5090'" in capsys.readouterr().out
+    if not torch.cuda.is_available():
+        cfg = load_config(None, VocoderConfig)
+        apply_preset(cfg, "auto", "vocoder")
+        assert (cfg.batch_size, cfg.pl_trainer_precision) == (2, "32-true")
+        out = capsys.readouterr().out
+        assert "no CUDA GPU found, so the 'cpu' preset" in out and "[preset] cpu for vocoder" in out
+
+
+def _mains():
+    from tts.train import main as vits_main
+    from tts.train_main import main as clone_main
+    from vae.train_vae import main as vae_main
+    from vocoder.train import main as vocoder_main
+    return {"vocoder": vocoder_main, "tts": vits_main, "tts_clone": clone_main, "vae": vae_main}
+
+
+def test_every_trainer_script_takes_the_preset_and_applies_it(tmp_path, capsys):
+    """Each trainer's real CLI: --preset is accepted, applied (its line printed) before the missing
+    dataset stops it with exit 2; an unknown preset is refused by argparse."""
+    missing = str(tmp_path / "no_data")
+    argv = {
+        "vocoder": ["--preset", "cpu", "--run_dir", str(tmp_path / "voc")],
+        "tts": ["--config", str(REPO / "tts/configs/demo.yaml"), "--preset", "cpu", "--data_dir", missing,
+                "--run_dir", str(tmp_path / "vits")],
+        "tts_clone": ["--preset", "cpu", "--train-data", missing, "--checkpoint-dir", str(tmp_path / "clone")],
+        "vae": ["--config", str(REPO / "vae/configs/test_tiny.yaml"), "--preset", "cpu", "--data_path", missing,
+                "--output_dir", str(tmp_path / "vae")],
+    }
+    mains = _mains()
+    assert set(mains) == set(TRAINER_SCRIPTS)
+    for trainer, main in mains.items():
+        assert main(argv[trainer]) == 2, trainer
+        assert f"[preset] cpu for {trainer}: set batch_size" in capsys.readouterr().out.replace("train.batch", "batch")
+        with pytest.raises(SystemExit) as e:
+            main(["--preset", "a100"])
+        assert e.value.code == 2 and "invalid choice: 'a100'" in capsys.readouterr().err
+
+
+def test_make_check_lists_the_preset_of_every_trainer(capsys):
+    assert check.main() == 0
+    out = capsys.readouterr().out
+    assert f"--preset {{{','.join(PRESET_CHOICES)}}}" in out
+    for script in TRAINER_SCRIPTS.values():
+        assert f"{script} --preset " in out
