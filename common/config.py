@@ -109,11 +109,29 @@ def _field_schema(cls: Any, name: str) -> type | None:
     return hint if hint is not None and dataclasses.is_dataclass(hint) else None
 
 
+def _flatten_nested_aliases(aliases: dict[str, str], data: dict, source: str, prefix: str):
+    """Yields (key, value) of `data`, a mapping whose keys have dotted aliases (SingingVocoders'
+    `muon_args: {weight_decay: x}` → `muon_weight_decay`) replaced by their targets."""
+    for raw_key, value in data.items():
+        nested = {a: t for a, t in aliases.items() if a.startswith(f"{raw_key}.")}
+        if not nested or not isinstance(value, dict):
+            yield raw_key, value
+            continue
+        for sub, sub_value in value.items():
+            dotted = f"{raw_key}.{sub}"
+            if dotted not in nested:
+                known = ", ".join(f"{prefix}{a}" for a in nested)
+                raise ConfigError(f"'{prefix}{dotted}' ({source}) has no equivalent here; the keys of "
+                                  f"'{prefix}{raw_key}' that are read: {known}")
+            yield dotted, sub_value
+
+
 def canonical_names(schema: type, data: dict, source: str, prefix: str = "") -> dict:
     """`data` with every alias renamed to its field name, level by level (unknown keys kept, so the
-    schema check still names them). One mapping giving both spellings is an error: which one was meant?"""
+    schema check still names them). One mapping giving both spellings is an error: which one was meant?
+    An alias may be dotted (`adamw_args.weight_decay` → `weight_decay`): the nested mapping is flattened."""
     aliases, out = _aliases(schema), {}
-    for raw_key, value in data.items():
+    for raw_key, value in _flatten_nested_aliases(aliases, data, source, prefix):
         key = aliases.get(raw_key, raw_key)
         if key in out:
             raise ConfigError(f"'{prefix}{raw_key}' ({source}) sets '{prefix}{key}' twice (once through an "
@@ -316,8 +334,12 @@ _EXPLICIT_ATTR = "_explicit_keys"
 def _canonical_key(schema: type, dotted: str) -> str:
     """`lr` → `learning_rate` (through each level's ALIASES); unknown parts are kept as given."""
     parts, out, cls = dotted.split("."), [], schema
-    for part in parts:
-        name = _aliases(cls).get(part, part) if cls is not None else part
+    while parts:
+        aliases = _aliases(cls) if cls is not None else {}
+        pair = ".".join(parts[:2])
+        part = pair if len(parts) > 1 and pair in aliases else parts[0]  # a dotted alias takes two parts
+        parts = parts[part.count(".") + 1:]
+        name = aliases.get(part, part)
         out.append(name)
         cls = _field_schema(cls, name)
     return ".".join(out)

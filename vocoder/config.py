@@ -3,8 +3,9 @@ DiffSinger name and meaning, and the code that reads it.
 
 Loaded by ``common.config.load_config(path, VocoderConfig, overrides)``; an unknown key is an
 error naming the closest valid key, so a typo never silently does nothing. The seed configs'
-misspelt optimizer keys (``generater_optimizer_args``, ``discriminate_optimizer_args``) and
-``save_n_checkpoints`` are accepted as aliases.
+misspelt optimizer keys (``generater_optimizer_args``, ``discriminate_optimizer_args``),
+``save_n_checkpoints`` and Muon_AdamW's ``muon_args.weight_decay`` / ``adamw_args.{weight_decay,eps}``
+are accepted as aliases, in any layer (the later layer wins whichever spelling it uses).
 
 Step semantics: one "step" (``max_updates``, ``val_check_interval``, ``log_interval``,
 ``warmup_steps``, ``save_best_after``) is one training iteration = one discriminator update
@@ -74,6 +75,13 @@ class ModelArgs:
 
 @dataclass
 class OptimizerArgs:
+    # SingingVocoders' Muon_AdamW takes per-half arguments (nsf_hifigan_fast.yaml: `muon_args:
+    # {weight_decay: 0.03}`, `adamw_args: {weight_decay: 0.0}`); these are the ones with a key here.
+    # weight_decay is the AdamW half's, and the Muon half's too unless muon_weight_decay is given.
+    ALIASES: ClassVar[dict[str, str]] = {
+        "muon_args.weight_decay": "muon_weight_decay", "adamw_args.weight_decay": "weight_decay",
+        "adamw_args.eps": "eps",
+    }
     # torch.optim.AdamW / AdamW, or common.muon.MuonAdamW / Muon_AdamW (Muon on hidden weights,
     # AdamW - with beta1/beta2 below - on the rest).
     optimizer_cls: str = "torch.optim.AdamW"

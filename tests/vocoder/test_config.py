@@ -122,3 +122,19 @@ def test_singingvocoders_spellings_layer_over_our_base_configs(tmp_path):
     both.write_text("num_ckpt_keep: 2\nsave_n_checkpoints: 3\n")
     with pytest.raises(ConfigError, match="twice"):
         load_config(both, VocoderConfig)
+
+
+def test_singingvocoders_muon_adamw_per_half_args(tmp_path):
+    """nsf_hifigan_fast.yaml's `muon_args` / `adamw_args` mappings land on our keys, in YAML and --set."""
+    sv = tmp_path / "fast.yaml"
+    sv.write_text(f"base_config: {RTX_YAML}\n"
+                  "generater_optimizer_args:\n  optimizer_cls: modules.optimizer.muon.Muon_AdamW\n  lr: 0.0002\n"
+                  "  muon_args: {weight_decay: 0.03}\n  adamw_args: {weight_decay: 0.0}\n")
+    c = load_config(sv, VocoderConfig, ["discriminate_optimizer_args.muon_args.weight_decay=0.02"])
+    g = c.generator_optimizer_args
+    assert g.is_muon and g.lr == 2e-4 and g.muon_weight_decay == 0.03 and g.weight_decay == 0.0
+    assert c.discriminator_optimizer_args.muon_weight_decay == 0.02
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("generater_optimizer_args:\n  muon_args: {momentum: 0.9}\n")
+    with pytest.raises(ConfigError, match=r"muon_args\.momentum.*has no equivalent.*muon_args\.weight_decay"):
+        load_config(bad, VocoderConfig)
