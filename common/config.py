@@ -252,6 +252,9 @@ def _build(cls: type[T], data: dict, prefix: str, sources: dict[str, Path], defa
         dotted = prefix + str(raw_key)
         source = str(sources.get(dotted, default_source))
         if key not in fields:
+            foreign = getattr(cls, "NOT_READ_HERE", {}).get(raw_key)
+            if foreign:  # another tool's key we know: say what replaces it here
+                raise ConfigError(f"config key '{dotted}' in {source} is {foreign}; remove it")
             valid = sorted(set(fields) | set(aliases))
             close = difflib.get_close_matches(str(raw_key), valid, n=1, cutoff=0.5)
             hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid keys here: {', '.join(valid)}"

@@ -131,8 +131,33 @@ class BinarizationArgs:
     max_clip_fraction: float = 0.01  # more samples than this at full scale -> skipped as clipped
 
 
+# SingingVocoders keys with no equivalent here, each with what does the job instead (a config
+# written for SingingVocoders fails on them with that line, not with a guess at a similar name).
+_LIGHTNING = ("a PyTorch Lightning launch setting; here a plain run uses one device (cuda when available, "
+              "--device cpu forces the CPU) and several GPUs/nodes run through torchrun "
+              "(torchrun --nproc_per_node N vocoder/train.py ..., nccl on GPU)")
+_LAYOUT = ("SingingVocoders' binarizer layout; here prepare_data.py writes one folder (--output, key "
+           "binary_data_dir) holding the train/valid split (val_num) in its manifest.json")
+
+
 @dataclass
 class VocoderConfig:
+    NOT_READ_HERE: ClassVar[dict[str, str]] = {  # common.config names the replacement instead of guessing
+        **dict.fromkeys(("pl_trainer_accelerator", "pl_trainer_devices", "pl_trainer_num_nodes",
+                         "pl_trainer_strategy", "ddp_backend", "nccl_p2p"), _LIGHTNING),
+        **dict.fromkeys(("data_out_path", "DataIndexPath", "valid_set_name", "train_set_name", "raw_data_dir"),
+                        _LAYOUT),
+        "aug_num": ("SingingVocoders' count of offline augmented copies; here key_aug augments each crop on the "
+                    "fly (key_aug, key_aug_prob, aug_min, aug_max)"),
+        "shuff_val": ("SingingVocoders' validation-pick shuffle; here binarization_args.shuffle (a seeded "
+                      "shuffle before the val_num files are held out)"),
+        **dict.fromkeys(("permanent_ckpt_start", "permanent_ckpt_interval"),
+                        "not implemented here: the newest num_ckpt_keep checkpoints and best.pt are kept"),
+        "accumulate_grad_batches": ("not implemented for this GAN loop (one critic and one generator update per "
+                                    "batch); raise batch_size, or lower crop_mel_frames to fit it"),
+        "sampler_frame_count_grid": ("SingingVocoders' length-grid sampler setting; training crops here have one "
+                                     "fixed length (crop_mel_frames)"),
+    }
     ALIASES: ClassVar[dict[str, str]] = {
         "generater_optimizer_args": "generator_optimizer_args",
         "discriminate_optimizer_args": "discriminator_optimizer_args",

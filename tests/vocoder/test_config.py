@@ -138,3 +138,14 @@ def test_singingvocoders_muon_adamw_per_half_args(tmp_path):
     bad.write_text("generater_optimizer_args:\n  muon_args: {momentum: 0.9}\n")
     with pytest.raises(ConfigError, match=r"muon_args\.momentum.*has no equivalent.*muon_args\.weight_decay"):
         load_config(bad, VocoderConfig)
+
+
+@pytest.mark.parametrize("key", ["pl_trainer_devices=auto", "accumulate_grad_batches=1", "DataIndexPath=data",
+                                 "permanent_ckpt_start=200000", "aug_num=1"])
+def test_singingvocoders_keys_without_equivalent_say_what_replaces_them(key):
+    name = key.split("=")[0]
+    assert name in VocoderConfig.NOT_READ_HERE and name not in VocoderConfig.__dataclass_fields__
+    with pytest.raises(ConfigError) as e:
+        load_config(GPU_YAML, VocoderConfig, [key])
+    msg = str(e.value)
+    assert f"config key '{name}'" in msg and msg.endswith("remove it") and "unknown" not in msg
