@@ -325,7 +325,7 @@ def load_config(
         dotted = _canonical_key(schema, dotted)
         _set_dotted(data, dotted, value)
         sources[dotted] = f"--set {text}"
-        explicit[_canonical_key(schema, dotted)] = f"--set {text}"
+        explicit[dotted] = f"--set {text}"
     cfg = _build(schema, data, "", sources, str(path) if path else "defaults")
     object.__setattr__(cfg, _EXPLICIT_ATTR, explicit)
     return cfg

@@ -92,6 +92,11 @@ def _set_key(cfg: Any, dotted: str, value: Any) -> None:
         setattr(node, last, value)
 
 
+def _typed_source(key: str, explicit: dict[str, str]) -> str | None:
+    """Where the user typed `key` (or a mapping holding it, e.g. `--set model_args={...}`), or None."""
+    return explicit.get(key) or next((src for e, src in explicit.items() if key.startswith(f"{e}.")), None)
+
+
 def apply_preset(cfg: Any, name: str | None, trainer: str, log: Callable[[str], None] | None = None,
                  vram_gb: float | None = None) -> dict[str, Any]:
     """Applies preset `name` (None: nothing) to a loaded config in place; returns {key: value} it set.
@@ -110,9 +115,9 @@ def apply_preset(cfg: Any, name: str | None, trainer: str, log: Callable[[str], 
     precision_keys = {k for keys in PRECISION_KEYS[trainer].values() for k in keys}
     for setting, keys in preset_settings(name, trainer).items():
         owned = precision_keys if setting == "precision" else set(keys)  # every key that spells it
-        typed = [k for k in sorted(owned) if k in explicit]
+        typed = {k: src for k in sorted(owned) if (src := _typed_source(k, explicit))}
         if typed:
-            kept_words += [f"{k}={get_key(cfg, k)} ({explicit[k]}; preset: {keys.get(k, '-')})" for k in typed]
+            kept_words += [f"{k}={get_key(cfg, k)} ({src}; preset: {keys.get(k, '-')})" for k, src in typed.items()]
             continue
         for key, value in keys.items():
             old = get_key(cfg, key)
