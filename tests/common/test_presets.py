@@ -114,3 +114,10 @@ def test_make_check_lists_the_preset_of_every_trainer(capsys):
     assert f"--preset {{{','.join(PRESET_CHOICES)}}}" in out
     for script in TRAINER_SCRIPTS.values():
         assert f"{script} --preset " in out
+
+
+def test_a_typed_mapping_keeps_the_preset_off_the_keys_inside_it(capsys):
+    cfg = load_config(REPO / "tts/configs/uzbek_vits.yaml", TrainConfig, ["model_args={segment_frames: 24}"])
+    applied = apply_preset(cfg, "rtx4090", "tts")
+    assert cfg.model_args["segment_frames"] == 24 and "model_args.segment_frames" not in applied
+    assert "model_args.segment_frames=24 (--set model_args={segment_frames: 24}" in capsys.readouterr().out
