@@ -49,7 +49,7 @@ ABBREVIATIONS = {
     "mlrd.": "milliard", "mln": "million", "mlrd": "milliard", "sh.": "shahri",
     "yy.": "yillar", "masl.": "masalan", "t.y.": f"tug{OKINA}ilgan yili",
 }
-TITLES = {"professor", "dotsent", "akademik", "doktor"}  # never end a sentence
+TITLES = {"professor", "dotsent", "akademik", "doktor", f"tug{OKINA}ilgan yili"}  # never end a sentence
 # Acronyms (matched case-sensitively).
 ACRONYMS = {
     "AQSH": f"amerika qo{OKINA}shma shtatlari", "AQSh": f"amerika qo{OKINA}shma shtatlari",

@@ -8,8 +8,8 @@ normalisation), where case and quotes still tell a sentence end from an abbrevia
   upper-case letter, a digit or an opening quote (Latin or Cyrillic); ``Salom! dedi u`` does
   not end at ``!`` (lower case follows);
 - never after a title (``prof.``, ``dr.``, ``akad.``, ``dots.``) or a place abbreviation
-  (``sh.``, ``vil.``, ``koʻch.``) - a name follows - nor after a single letter (initials
-  ``A. Navoiy``, unknown abbreviations such as ``t.y.``); other known abbreviations of the
+  (``sh.``, ``vil.``, ``koʻch.``) or ``t.y.`` (tugʻilgan yili) - a name follows - nor after an
+  initial (``A. Navoiy``, ``Sh.M.``) or an unknown dotted abbreviation; other known abbreviations of the
   normaliser (``va h.k.``, ``mln.``) end a sentence when a capitalised word follows, as
   ``tts.text.normalize`` reads them;
 - digits and dates (``5.09.2024``, ``3.5``) never split (no space after the dot);
@@ -54,7 +54,10 @@ def _ends_sentence(before: str, mark: str) -> bool:
     known = ABBREVIATIONS.get(word + ".")
     if known is not None:
         return known not in TITLES
-    return not (len(last) == 1 and last.isalpha())  # an initial or an unknown abbreviation
+    if "." in word:  # an unknown dotted abbreviation ("b.z.", "Sh.M.")
+        return False
+    m = _WORD_BEFORE.search(before)
+    return not (len(word) == 1 and m is not None and m.group(1)[-1:].isupper())  # an initial ("A. Navoiy")
 
 
 def _cut_long(sentence: str, max_chars: int) -> list[str]:
