@@ -83,6 +83,8 @@ def test_espeak_phonemes_piper_sequence():
     assert all(c in ESPEAK_SYMBOLS for p in got for c in p)
     ids = Frontend("espeak").ids(texts[0], on_unknown="error")
     assert [ESPEAK_SYMBOLS[i] for i in ids] == list(first)
+    with pytest.raises(ConfigError, match="espeak_voice"):
+        phonemize(["salom"], voice="zz")
 
 
 @pytest.fixture(scope="module")

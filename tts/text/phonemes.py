@@ -56,7 +56,8 @@ def _run_espeak(lines: list[str], voice: str) -> list[str]:
     proc = subprocess.run([_espeak_exe(), "-q", "--ipa", "-v", voice], input="\n".join(lines) + "\n",
                           capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
-        raise PhonemizerError(f"espeak-ng -v {voice} failed ({proc.returncode}): {proc.stderr.strip()[:300]}")
+        raise PhonemizerError(f"espeak-ng -v {voice} failed ({proc.returncode}): {proc.stderr.strip()[:300]}; "
+                              "check the config key espeak_voice (`espeak-ng --voices` lists them)")
     return [ln.strip() for ln in proc.stdout.splitlines()]
 
 
