@@ -2,6 +2,7 @@
 
     python -m bench.learning --trainer vocoder [--compare init=old,new] [--steps 200] [--eval_every 50]
     python -m bench.learning --trainer vits --compare lr=0.001,0.002
+    python -m bench.learning --trainer vits --compare phoneme_type=text,espeak --steps 300
     python -m bench.learning --trainer vae                 # default: --compare mixed_precision=false,true
     make bench-learning                                    # all three, default settings
 
@@ -124,6 +125,19 @@ def vocoder_runners(key: str, values: list[str], args, tmp: Path) -> tuple[list[
     return runners, batches
 
 
+TOKEN_KEYS = ("phoneme_type", "espeak_voice", "data.add_blank")  # settings that change the token ids of a batch
+
+
+def retokenize(batch: dict, dataset) -> dict:
+    """The stored batch with its token ids as ``dataset``'s front-end makes them (same audio, same items)."""
+    index = {it["id"]: i for i, it in enumerate(dataset.items)}
+    ids = [dataset.tokens(dataset.items[index[name]]["text"]) for name in batch["id"]]
+    x = torch.zeros(len(ids), max(len(t) for t in ids), dtype=torch.long)
+    for i, t in enumerate(ids):
+        x[i, : len(t)] = t
+    return {**batch, "ids": x, "ids_len": torch.tensor([len(t) for t in ids])}
+
+
 def vits_runners(key: str, values: list[str], args, tmp: Path) -> tuple[list[Runner], list]:
     from common.config import load_config
     from common.distributed import setup_distributed
@@ -146,6 +160,8 @@ def vits_runners(key: str, values: list[str], args, tmp: Path) -> tuple[list[Run
             batches = take_batches(tr.loader, tr.sampler, args.steps)
 
         def step(batch, tr=tr):
+            if key in TOKEN_KEYS:  # the stored batches hold the first setting's tokens
+                batch = retokenize(batch, tr.train_set)
             tr.train_step(batch)
             tr.step += 1  # the MAS prior fades with the step count
 

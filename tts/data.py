@@ -19,7 +19,8 @@ from torch.utils.data import Dataset
 from common.audio import to_float32
 from common.data import sample_rng
 from tts.models.vits_config import AudioConfig
-from tts.text import intersperse, text_to_ids
+from tts.text import intersperse
+from tts.text.phonemes import Frontend, PhonemeCache
 
 
 class DataError(RuntimeError):
@@ -62,12 +63,21 @@ def check_prepared_audio(data_dir: str | Path, audio: AudioConfig) -> None:
 
 
 class VitsDataset(Dataset):
-    def __init__(self, data_dir: str | Path, split: str, audio: AudioConfig, add_blank: bool = True):
+    def __init__(self, data_dir: str | Path, split: str, audio: AudioConfig, add_blank: bool = True,
+                 frontend: Frontend | None = None):
         self.dir = Path(data_dir)
         self.items = read_manifest(data_dir, split)
         self.hop = audio.hop_length
         self.spec_channels = audio.n_fft // 2 + 1
         self.add_blank = add_blank
+        self.frontend = frontend or Frontend()
+        self.phonemes: dict[str, str] = {}
+        if self.frontend.phoneme_type == "espeak":  # prepare_data.py cached them; data prepared for text: now
+            cache = PhonemeCache(data_dir, self.frontend.voice)
+            new = cache.fill([it["text"] for it in self.items])
+            if new:
+                print(f"note: phonemized {new} {split} utterance(s) with espeak-ng into {cache.path}")
+            self.phonemes = cache.table
         check_prepared_audio(data_dir, audio)
 
     def __len__(self) -> int:
@@ -81,7 +91,7 @@ class VitsDataset(Dataset):
         return [self.frames(i) for i in range(len(self.items))]
 
     def tokens(self, text: str) -> torch.Tensor:
-        ids = text_to_ids(text, on_unknown="error")
+        ids = self.frontend.ids(text, on_unknown="error", phonemes=self.phonemes.get(text))
         return torch.tensor(intersperse(ids) if self.add_blank else ids, dtype=torch.long)
 
     def __getitem__(self, key) -> dict:

@@ -6,9 +6,19 @@ Graph (Piper's layout, so Piper-style runtimes can drive it): inputs ``input`` [
 ids (normalised text, blanks interspersed when the config's ``data.add_blank``), ``input_lengths``
 [B] int64, ``scales`` [3] float32 = (noise_scale, length_scale, noise_scale_w), ``sid`` [B] int64
 (used when the model has several speakers); output ``output`` [B, 1, samples] float32.
-Weight norm is folded into plain weights first. ``OUT.json`` next to the model holds the sample
-rate, symbols, speakers and add_blank. The check runs the same inputs through both with the
-noise scales at 0 (deterministic) and fails when they differ by more than ``--tolerance``.
+Weight norm is folded into plain weights first. The check runs the same inputs through both with
+the noise scales at 0 (deterministic) and fails when they differ by more than ``--tolerance``.
+
+``OUT.json`` next to the model is a Piper voice config (the keys rhasspy/piper's runtime and the
+``piper-tts`` package read): ``audio.sample_rate``, ``espeak.voice``, ``phoneme_type`` (``text`` or
+``espeak``, the model's front-end), ``phoneme_id_map`` (one codepoint → [ids]), ``num_symbols``,
+``num_speakers``, ``speaker_id_map``, ``inference`` (noise_scale, length_scale, noise_w) and
+``hop_length``. Piper builds ``^ _ p1 _ p2 ... _ $`` from the map; we map ``^`` and ``$`` to no id
+and ``_`` to the blank (no id without ``data.add_blank``), which is exactly our model's input. Our
+own keys (symbols, add_blank, speakers, model) are kept beside them. Piper reads the text as given
+(no Uzbek normaliser): feed it normalised Latin text. A ``text`` model's digraph tokens (sh, ch,
+oʻ, gʻ) cannot be a Piper map key (one codepoint each), so Piper reads them as two letters: voices
+meant for Piper are trained with ``phoneme_type: espeak``.
 """
 
 from __future__ import annotations
@@ -27,8 +37,12 @@ from torch import nn
 from common.checkpoint import CheckpointError
 from common.run_dir import check_output_file
 from tts.models.vits import VITS
+from tts.models.vits_config import TrainConfig
 from tts.synthesize import load_generator, text_to_input
-from tts.text import SYMBOLS
+from tts.text.phonemes import Frontend
+from tts.text.symbols import PAD
+
+PIPER_BOS, PIPER_EOS = "^", "$"
 
 
 class OnnxVits(nn.Module):
@@ -68,15 +82,42 @@ def run_onnx(session, x: torch.Tensor, scales: tuple[float, float, float], sid: 
     return session.run(None, {k: v for k, v in feeds.items() if k in names})[0]
 
 
+def piper_config(cfg: TrainConfig, speakers: dict[str, int]) -> dict:
+    """The ``.onnx.json`` of a Piper voice for this model (see the module docstring)."""
+    frontend = Frontend.of(cfg)
+    symbols = frontend.symbols
+    id_map = {PIPER_BOS: [], PIPER_EOS: [], PAD: [0] if cfg.data.add_blank else []}
+    id_map.update({s: [i] for i, s in enumerate(symbols) if len(s) == 1 and s != PAD})
+    if frontend.phoneme_type == "text":  # Piper does not lower-case: capitals read as their letters
+        id_map.update({s.upper(): [i] for i, s in enumerate(symbols) if len(s) == 1 and s.upper() not in id_map})
+    return {
+        "audio": {"sample_rate": cfg.audio.sample_rate, "quality": cfg.model},
+        "espeak": {"voice": cfg.espeak_voice},
+        "language": {"code": cfg.espeak_voice},
+        "phoneme_type": frontend.phoneme_type,
+        "phoneme_map": {},
+        "phoneme_id_map": id_map,
+        "num_symbols": len(symbols),
+        "num_speakers": len(speakers),
+        "speaker_id_map": dict(speakers) if len(speakers) > 1 else {},
+        "inference": {"noise_scale": cfg.noise_scale, "length_scale": cfg.length_scale, "noise_w": cfg.noise_scale_w},
+        "hop_length": cfg.audio.hop_length,
+        "piper_version": "1.0.0",
+        # ours (Piper ignores them): what synthesize.py-style callers need beyond Piper's keys
+        "symbols": list(symbols), "pad_id": 0, "add_blank": cfg.data.add_blank, "speakers": speakers,
+        "model": cfg.model,
+    }
+
+
 def check(model: VITS, onnx_path: str | Path, sentences: list[str], add_blank: bool, n_speakers: int,
-          tolerance: float = 1e-3) -> float:
+          tolerance: float = 1e-3, frontend: Frontend | None = None) -> float:
     """Max |ONNX − PyTorch| over the sentences (noise 0, every speaker id 0..min(n, 2)); raises above tolerance."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     worst = 0.0
     for text in sentences:
-        x = text_to_input(text, add_blank)
+        x = text_to_input(text, add_blank, frontend)
         for sid in range(min(n_speakers, 2)):
             with torch.no_grad():
                 ref, _, _ = model.infer(x, torch.tensor([x.size(1)]), torch.tensor([sid]), 0.0, 1.0, 0.0)
@@ -105,17 +146,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     t0 = time.time()
     out = export(model, args.out, args.opset)
-    meta = {"audio": {"sample_rate": cfg.audio.sample_rate}, "symbols": list(SYMBOLS), "pad_id": 0,
-            "add_blank": cfg.data.add_blank, "speakers": speakers, "model": cfg.model,
-            "inference": {"noise_scale": cfg.noise_scale, "length_scale": cfg.length_scale,
-                          "noise_scale_w": cfg.noise_scale_w}}
+    meta = piper_config(cfg, speakers)
     Path(str(out) + ".json").write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
-    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) and {out}.json in {time.time() - t0:.1f} s")
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) and {out}.json (Piper voice config, phoneme_type "
+          f"{meta['phoneme_type']}) in {time.time() - t0:.1f} s")
+    if meta["phoneme_type"] == "text":
+        print("note: Piper reads a phoneme_type text voice codepoint by codepoint, so it says sh, ch, oʻ, gʻ as two "
+              "letters and does not normalise numbers: for Piper, train with phoneme_type: espeak and feed it "
+              "normalised text")
     if not args.no_check:
         sentences = ["Salom, dunyo!", "Toshkentda 2024-yil 5-sentabrda havo 25 daraja boʻldi.",
                      *cfg.test_sentences[:2]]
         try:
-            worst = check(model, out, sentences, cfg.data.add_blank, len(speakers), args.tolerance)
+            worst = check(model, out, sentences, cfg.data.add_blank, len(speakers), args.tolerance,
+                          Frontend.of(cfg))
         except RuntimeError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1

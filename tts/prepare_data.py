@@ -15,7 +15,8 @@ Metadata forms (``--format auto`` detects them):
 Output (``OUT``): ``wavs/<id>.wav`` (mono 16-bit at the config's rate), ``spec/<id>.npy``
 (float16 linear magnitude [n_fft/2+1, frames], common.audio.MelSpectrogram.linear of that wav),
 ``train.jsonl`` / ``eval.jsonl`` (id, wav, spec, text, raw_text, speaker, speaker_id, duration,
-num_samples, source, line), ``speakers.json`` (name → id), ``report.json``.
+num_samples, source, line), ``speakers.json`` (name → id), ``report.json``; with ``phoneme_type: espeak``
+also ``phonemes_<espeak_voice>.json`` (normalised text → espeak-ng phonemes, tts/text/phonemes.py).
 
 Nothing in the input is modified. A bad line or file is dropped and reported with its file and
 line; the rest is prepared (exit 0). Nothing usable → a clear error (exit 1). A second run
@@ -45,6 +46,7 @@ from common.config import ConfigError, load_config
 from common.run_dir import check_output_dir
 from tts.models.vits_config import AudioConfig, DataConfig, TrainConfig
 from tts.text import SYMBOLS, find_unknown, normalize, text_to_ids
+from tts.text.phonemes import PhonemeCache
 from tts.text.symbols import PUNCTUATION, describe_char
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".mp3", ".opus")
@@ -438,6 +440,11 @@ def prepare(metadata: str | Path, audio_dir: str | Path, output_dir: str | Path,
         tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in items), encoding="utf-8")
         os.replace(tmp, out / name)
     (out / "speakers.json").write_text(json.dumps(speakers, ensure_ascii=False, indent=1), encoding="utf-8")
+    if cfg.phoneme_type == "espeak":  # cached once here, so training never runs espeak-ng
+        cache = PhonemeCache(out, cfg.espeak_voice)
+        new = cache.fill([r["text"] for r in records])
+        if not quiet:
+            print(f"phonemes: {new} new utterance(s) phonemized with espeak-ng -v {cfg.espeak_voice} → {cache.path}")
     report = _write_report(out, metadata, fmt, rows, problems, notes, train, evals, speakers)
     _print_summary(problems, notes, len(train), len(evals), report["hours"], quiet=quiet)
     return report

@@ -1,12 +1,18 @@
-"""Text (Latin or Cyrillic Uzbek, digits and all) → wav with a trained VITS checkpoint.
+"""Text (Latin or Cyrillic Uzbek, digits and all, any length) → wav with a trained VITS checkpoint.
 
     python tts/synthesize.py --checkpoint runs/uzbek_vits/checkpoints/best.pt \
         --text "Salom, dunyo! Bugun 2024-yil 5-sentabr." --out salom.wav \
         [--speaker NAME|ID] [--noise_scale 0.667] [--length_scale 1.0] [--noise_scale_w 0.8]
-    python tts/synthesize.py --checkpoint ... --text_file sentences.txt --out_dir out/   (one wav per line)
+    python tts/synthesize.py --checkpoint ... --text_file book.txt --out book.wav   (paragraphs: blank lines)
+    python tts/synthesize.py --checkpoint ... --text_file book.txt --out_dir out/   (one wav per paragraph)
 
-Prints the real-time factor (synthesis seconds / audio seconds), text processing included.
-Unknown characters are dropped with a warning that names them.
+Long text is split into paragraphs (blank lines) and sentences (tts/text/sentences.py: Uzbek
+punctuation, abbreviations, quotes, Latin or Cyrillic), each normalised and synthesised on its own,
+and written to the output file as soon as it is ready (``--sentence_pause`` between sentences,
+``--paragraph_pause`` between paragraphs), so a book never sits in memory and the start of the
+file is playable while the rest is synthesised. The model's own front-end (graphemes or espeak-ng
+phonemes, saved in the checkpoint) reads the text. Prints the real-time factor (synthesis seconds /
+audio seconds), text processing included. Unknown characters are dropped with a warning that names them.
 """
 
 from __future__ import annotations
@@ -17,15 +23,19 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
+import soundfile as sf
 import torch
 
-from common.audio import save_wav
+from common.audio import to_int16
 from common.checkpoint import CheckpointError, load_checkpoint
 from common.config import ConfigError, load_config
 from common.run_dir import check_output_dir, check_output_file
 from tts.models.vits import VITS
 from tts.models.vits_config import TrainConfig
-from tts.text import SYMBOLS, intersperse, normalize, text_to_ids
+from tts.text import intersperse, normalize
+from tts.text.phonemes import Frontend
+from tts.text.sentences import paragraphs, split_sentences
 
 
 def load_generator(path: str | Path, device: str | torch.device = "cpu", remove_wn: bool = True
@@ -37,9 +47,11 @@ def load_generator(path: str | Path, device: str | torch.device = "cpu", remove_
     cfg = load_config(None, TrainConfig, extra=ckpt.get("config", {}))
     extra = ckpt.get("extra", {})
     speakers = dict(extra.get("speakers", {"speaker": 0}))
-    if extra.get("symbols") and list(extra["symbols"]) != list(SYMBOLS):
+    symbols = Frontend.of(cfg).symbols
+    if extra.get("symbols") and list(extra["symbols"]) != list(symbols):
         raise CheckpointError(f"{path} was trained with a different symbol set ({len(extra['symbols'])} symbols, "
-                              f"this code has {len(SYMBOLS)}); fine-tune it with --init_from first")
+                              f"this code has {len(symbols)} for phoneme_type {cfg.phoneme_type}); "
+                              "fine-tune it with --init_from first")
     n_vocab = ckpt["models"]["generator"]["enc_p.emb.weight"].shape[0]
     model = VITS(n_vocab, cfg.audio.n_fft // 2 + 1, len(speakers), cfg.args(), cfg.audio.hop_length)
     model.load_state_dict(ckpt["models"]["generator"])
@@ -59,8 +71,9 @@ def resolve_speaker(speaker: str | None, speakers: dict[str, int]) -> int:
     raise ConfigError(f"--speaker {speaker!r} is not in this model's speakers: {', '.join(speakers) or '(one)'}")
 
 
-def text_to_input(text: str, add_blank: bool) -> torch.Tensor:
-    ids = text_to_ids(normalize(text), on_unknown="warn")
+def text_to_input(text: str, add_blank: bool, frontend: Frontend | None = None) -> torch.Tensor:
+    """Raw text → [1, T] ids as the model reads them (normalised, graphemes or phonemes, blanks)."""
+    ids = (frontend or Frontend()).ids(normalize(text), on_unknown="warn")
     if not ids:
         raise ValueError(f"nothing to say in {text!r} after normalisation")
     return torch.tensor([intersperse(ids) if add_blank else ids], dtype=torch.long)
@@ -71,25 +84,77 @@ def synthesize(model: VITS, cfg: TrainConfig, text: str, sid: int = 0, noise_sca
                length_scale: float = 1.0, noise_scale_w: float = 0.8, device: str | torch.device = "cpu"
                ) -> torch.Tensor:
     """One sentence → waveform [T] (float, −1..1)."""
-    x = text_to_input(text, cfg.data.add_blank).to(device)
+    x = text_to_input(text, cfg.data.add_blank, Frontend.of(cfg)).to(device)
     wav, _, _ = model.infer(x, torch.tensor([x.size(1)], device=device), torch.tensor([sid], device=device),
                             noise_scale, length_scale, noise_scale_w)
     return wav[0, 0].float().cpu()
+
+
+def plan(text: str, max_chars: int = 300) -> list[tuple[str, str]]:
+    """Raw text → [(raw sentence, what follows it: "sentence" | "paragraph" | "end")]."""
+    items = []
+    paras = paragraphs(text)
+    for p, para in enumerate(paras):
+        sentences = split_sentences(para, max_chars)
+        for s, sentence in enumerate(sentences):
+            last = s == len(sentences) - 1
+            items.append((sentence, "end" if last and p == len(paras) - 1 else "paragraph" if last else "sentence"))
+    return items
+
+
+def synthesize_long(model: VITS, cfg: TrainConfig, text: str, out: str | Path, sid: int = 0,
+                    noise_scale: float = 0.667, length_scale: float = 1.0, noise_scale_w: float = 0.8,
+                    sentence_pause: float = 0.3, paragraph_pause: float = 0.8, device: str | torch.device = "cpu",
+                    on_sentence=None) -> dict:
+    """Any amount of text → one 16-bit wav, streamed: each sentence is appended (and flushed) as soon
+    as it is synthesised, followed by its pause. ``on_sentence(i, normalised, seconds)`` is called
+    after each write. Sentences with nothing to say (only symbols) are skipped with a note.
+    Returns {"seconds", "sentences", "skipped", "elapsed"}."""
+    sr = cfg.audio.sample_rate
+    pauses = {"sentence": sentence_pause, "paragraph": paragraph_pause, "end": 0.0}
+    items = plan(text)
+    if not items:
+        raise ValueError("nothing to say: the text is empty")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    done, skipped, samples, t0 = 0, [], 0, time.perf_counter()
+    with sf.SoundFile(str(out), "w", samplerate=sr, channels=1, subtype="PCM_16", format="WAV") as f:
+        for sentence, after in items:
+            try:
+                wav = synthesize(model, cfg, sentence, sid, noise_scale, length_scale, noise_scale_w, device)
+            except ValueError:  # nothing speakable after normalisation ("***", a lone quote)
+                skipped.append(sentence)
+                continue
+            block = to_int16(wav)
+            if after != "end":
+                block = np.concatenate([block, np.zeros(round(pauses[after] * sr), dtype=np.int16)])
+            f.write(block)
+            f.flush()
+            samples += len(block)
+            done += 1
+            if on_sentence is not None:
+                on_sentence(done - 1, normalize(sentence), wav.numel() / sr)
+    if skipped:
+        print(f"note: skipped {len(skipped)} sentence(s) with nothing to say: {skipped[:3]}")
+    if not done:
+        raise ValueError(f"nothing to say in {text[:80]!r} after normalisation")
+    return {"seconds": samples / sr, "sentences": done, "skipped": len(skipped), "elapsed": time.perf_counter() - t0}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True)
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--text")
-    src.add_argument("--text_file", help="UTF-8 file, one sentence per line")
-    p.add_argument("--out", default="out.wav", help="output wav (with --text)")
-    p.add_argument("--out_dir", default="synth_out", help="output folder (with --text_file)")
+    src.add_argument("--text", help="text to speak (any length: split into sentences)")
+    src.add_argument("--text_file", help="UTF-8 text file; paragraphs are separated by blank lines")
+    p.add_argument("--out", default="out.wav", help="output wav (everything, streamed sentence by sentence)")
+    p.add_argument("--out_dir", default=None, help="with --text_file: one wav per paragraph in this folder instead")
     p.add_argument("--speaker", default=None, help="speaker name or id (see --list_speakers)")
     p.add_argument("--list_speakers", action="store_true")
     p.add_argument("--noise_scale", type=float, default=0.667)
     p.add_argument("--length_scale", type=float, default=1.0, help="> 1 speaks slower")
     p.add_argument("--noise_scale_w", type=float, default=0.8)
+    p.add_argument("--sentence_pause", type=float, default=0.3, help="seconds of silence between sentences")
+    p.add_argument("--paragraph_pause", type=float, default=0.8, help="seconds of silence between paragraphs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads)")
@@ -97,8 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
+        for flag in ("sentence_pause", "paragraph_pause"):
+            if getattr(args, flag) < 0:
+                raise ValueError(f"--{flag} must be >= 0 seconds, not {getattr(args, flag)}")
+        if args.out_dir is not None and args.text_file is None:
+            raise ValueError("--out_dir goes with --text_file (one wav per paragraph); with --text use --out")
         if not args.list_speakers:
-            if args.text is not None:
+            if args.out_dir is None:
                 check_output_file(args.out, "--out")
             else:
                 check_output_dir(args.out_dir, "--out_dir")
@@ -110,22 +180,22 @@ def main(argv: list[str] | None = None) -> int:
         if args.text is not None:
             jobs = [(args.text, Path(args.out))]
         else:
-            lines = [ln.strip() for ln in Path(args.text_file).read_text(encoding="utf-8").splitlines()]
-            jobs = [(ln, Path(args.out_dir) / f"{i:04d}.wav") for i, ln in enumerate(lines) if ln]
+            text = Path(args.text_file).read_text(encoding="utf-8")
+            if args.out_dir is None:
+                jobs = [(text, Path(args.out))]
+            else:
+                jobs = [(para, Path(args.out_dir) / f"{i:04d}.wav") for i, para in enumerate(paragraphs(text))]
         synthesize(model, cfg, "salom", sid, device=args.device)  # warm-up (lazy inits), not timed
         torch.manual_seed(args.seed)
-        sr = cfg.audio.sample_rate
         for text, out in jobs:
-            t0 = time.perf_counter()
             with warnings.catch_warnings():
                 warnings.simplefilter("always")
-                wav = synthesize(model, cfg, text, sid, args.noise_scale, args.length_scale, args.noise_scale_w,
-                                 args.device)
-            elapsed = time.perf_counter() - t0
-            save_wav(out, wav, sr)
-            seconds = wav.numel() / sr
-            print(f"{out}: {seconds:.2f} s of audio in {elapsed:.3f} s, RTF {elapsed / max(seconds, 1e-9):.3f} "
-                  f"(text processing included) | {normalize(text)}")
+                stats = synthesize_long(
+                    model, cfg, text, out, sid, args.noise_scale, args.length_scale, args.noise_scale_w,
+                    args.sentence_pause, args.paragraph_pause, args.device,
+                    on_sentence=lambda i, norm, sec: print(f"  [{i + 1}] {sec:.2f} s | {norm}", flush=True))
+            print(f"{out}: {stats['sentences']} sentence(s), {stats['seconds']:.2f} s of audio in {stats['elapsed']:.3f} s, "
+                  f"RTF {stats['elapsed'] / max(stats['seconds'], 1e-9):.3f} (text processing included)")
     except (CheckpointError, ConfigError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

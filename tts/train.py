@@ -70,7 +70,8 @@ from tts.models.discriminator import MultiPeriodDiscriminator
 from tts.models.vits import VITS, slice_segments
 from tts.models.vits_config import TrainConfig
 from tts.models.vits_losses import discriminator_loss, feature_loss, generator_loss, kl_loss
-from tts.text import SYMBOLS, normalize
+from tts.text import normalize
+from tts.text.phonemes import Frontend
 
 
 def count(module: torch.nn.Module) -> int:
@@ -79,7 +80,7 @@ def count(module: torch.nn.Module) -> int:
 
 def build_models(cfg: TrainConfig, n_speakers: int) -> tuple[VITS, MultiPeriodDiscriminator]:
     args = cfg.args()
-    gen = VITS(len(SYMBOLS), cfg.audio.n_fft // 2 + 1, n_speakers, args, cfg.audio.hop_length)
+    gen = VITS(len(Frontend.of(cfg).symbols), cfg.audio.n_fft // 2 + 1, n_speakers, args, cfg.audio.hop_length)
     disc = MultiPeriodDiscriminator(args.mpd_periods, args.disc_channel_scale, args.use_spectral_norm)
     return gen, disc
 
@@ -122,8 +123,8 @@ class VitsTrainer:
 
         # data
         self.speakers = read_speakers(cfg.data_dir)
-        self.train_set = VitsDataset(cfg.data_dir, "train", cfg.audio, cfg.data.add_blank)
-        self.eval_set = VitsDataset(cfg.data_dir, "eval", cfg.audio, cfg.data.add_blank)
+        self.train_set = VitsDataset(cfg.data_dir, "train", cfg.audio, cfg.data.add_blank, Frontend.of(cfg))
+        self.eval_set = VitsDataset(cfg.data_dir, "eval", cfg.audio, cfg.data.add_blank, Frontend.of(cfg))
         if len(self.train_set) == 0:
             raise DataError(f"{cfg.data_dir}/train.jsonl is empty")
         batch = min(cfg.batch_size, len(self.train_set) // info.world_size)
@@ -218,7 +219,7 @@ class VitsTrainer:
                            {"generator": self.opt_g, "discriminator": self.opt_d},
                            {"generator": self.sched_g, "discriminator": self.sched_d},
                            self.scaler, counters=counters, config=config_to_dict(self.cfg),
-                           extra={"speakers": self.speakers, "symbols": list(SYMBOLS)})
+                           extra={"speakers": self.speakers, **Frontend.of(self.cfg).to_checkpoint()})
         path = self.ckpt.save(state, self.step, metric) if self.info.is_main else None
         self.last_good = path or self.last_good
         barrier()

@@ -146,6 +146,10 @@ class TrainConfig:
     model_args: dict[str, Any] = field(default_factory=dict)
     audio: AudioConfig = field(default_factory=AudioConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    # front-end: "text" = normalised Latin letters; "espeak" = espeak-ng IPA of espeak_voice (Piper's
+    # phoneme_type; needs espeak-ng; prepare_data.py caches the phonemes), see tts/text/phonemes.py
+    phoneme_type: Literal["text", "espeak"] = "text"
+    espeak_voice: str = "uz"
     # batches and loading
     batch_size: int = 64
     eval_batch_size: int = 16

@@ -47,9 +47,9 @@ ABBREVIATIONS = {
     "akad.": "akademik", "dr.": "doktor", "vil.": "viloyati", f"ko{OKINA}ch.": f"ko{OKINA}chasi",
     "t.f.n.": "texnika fanlari nomzodi", "f.f.d.": "falsafa doktori", "mln.": "million",
     "mlrd.": "milliard", "mln": "million", "mlrd": "milliard", "sh.": "shahri",
-    "yy.": "yillar", "masl.": "masalan",
+    "yy.": "yillar", "masl.": "masalan", "t.y.": f"tug{OKINA}ilgan yili",
 }
-TITLES = {"professor", "dotsent", "akademik", "doktor"}  # never end a sentence
+TITLES = {"professor", "dotsent", "akademik", "doktor", f"tug{OKINA}ilgan yili"}  # never end a sentence
 # Acronyms (matched case-sensitively).
 ACRONYMS = {
     "AQSH": f"amerika qo{OKINA}shma shtatlari", "AQSh": f"amerika qo{OKINA}shma shtatlari",
