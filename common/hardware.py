@@ -301,6 +301,20 @@ def _free_cuda() -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
+def _runs(try_batch: Callable[[int], None], b: int) -> bool:
+    """True when `try_batch(b)` ran, False when it ran out of memory (anything else propagates); the
+    try's memory is given back either way."""
+    oom = False
+    try:
+        try_batch(b)
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
+        oom = True  # leave the except block first so the traceback (and its tensors) is freed
+    _free_cuda()
+    return not oom
+
+
 def fit_batch_size(
     try_batch: Callable[[int], None],
     batch_size: int,
@@ -322,15 +336,7 @@ def fit_batch_size(
         return batch_size, accumulation, (f"batch_size {batch_size} kept as configured: no CUDA device, so GPU "
                                           "memory cannot be measured here")
     for b in [d for d in range(batch_size, 0, -1) if batch_size % d == 0]:
-        oom = False
-        try:
-            try_batch(b)
-        except Exception as exc:
-            if not is_oom(exc):
-                raise
-            oom = True  # leave the except block first so the traceback (and its tensors) is freed
-        _free_cuda()
-        if not oom:
+        if _runs(try_batch, b):
             if b == batch_size:
                 return b, accumulation, f"batch_size {b} fits (measured one training step)"
             factor = batch_size // b
@@ -365,16 +371,9 @@ def find_batch_size(
         return start
 
     def fits(b: int) -> bool:
-        oom = False
-        try:
-            try_batch(b)
-        except Exception as exc:
-            if not is_oom(exc):
-                raise
-            oom = True  # leave the except block first so the traceback (and its tensors) is freed
-        _free_cuda()
-        print(f"[find_batch_size] batch {b}: {'OOM' if oom else 'fits'}")
-        return not oom
+        ok = _runs(try_batch, b)
+        print(f"[find_batch_size] batch {b}: {'fits' if ok else 'OOM'}")
+        return ok
 
     lo, hi = 0, limit + 1  # largest known fit, smallest known failure
     b = start
