@@ -80,6 +80,10 @@ def test_reconstruct_cli_from_a_training_run(image_dir, tmp_path):
         assert reconstruct_main(["--checkpoint", str(ckpt), "--input", str(big), "--output", str(out),
                                  "--tile_size", "32", "--tile_overlap", "8"]) == 0
         assert Image.open(out).size == (80, 80)
+    latent = tmp_path / "rec_latent_tiles.png"  # --tiling latent: one latent, decoded in latent tiles
+    assert reconstruct_main(["--checkpoint", str(run / "diffusers"), "--input", str(big), "--output", str(latent),
+                             "--tile_size", "32", "--tile_overlap", "8", "--tiling", "latent"]) == 0
+    assert Image.open(latent).size == (80, 80)
     assert reconstruct_main(["--checkpoint", str(tmp_path / "nope.pt"), "--input", str(big),
                              "--output", str(tmp_path / "x.png")]) == 2
 
