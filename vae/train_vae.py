@@ -317,9 +317,10 @@ def auto_batch_size(cfg: VAEConfig, device: torch.device, perceptual: FrozenLPIP
 
 
 def _trial_step(cfg: VAEConfig, device: torch.device, perceptual: FrozenLPIPS | None):
-    """One real training step at batch b (GAN on: the heaviest step), for the batch-size searches."""
+    """One real training step at batch b (GAN on: the heaviest step), for the batch-size searches;
+    eager (compiling each trial would take minutes, and eager needs at least the compiled memory)."""
     trial_cfg = copy.copy(cfg)
-    trial_cfg.ema_decay, trial_cfg.disc_start = 0.0, 0
+    trial_cfg.ema_decay, trial_cfg.disc_start, trial_cfg.use_torch_compile = 0.0, 0, False
 
     def try_batch(b: int) -> None:
         t = VAETrainer(trial_cfg, device, perceptual=perceptual, quiet=True)
