@@ -314,6 +314,51 @@ def _free_cuda() -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
+def _runs(try_batch: Callable[[int], None], b: int) -> bool:
+    """True when `try_batch(b)` ran, False when it ran out of memory (anything else propagates); the
+    try's memory is given back either way."""
+    oom = False
+    try:
+        try_batch(b)
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
+        oom = True  # leave the except block first so the traceback (and its tensors) is freed
+    _free_cuda()
+    return not oom
+
+
+def fit_batch_size(
+    try_batch: Callable[[int], None],
+    batch_size: int,
+    accumulation: int = 1,
+    cuda_available: bool | None = None,
+) -> tuple[int, int, str]:
+    """Keep a configured batch when it fits; otherwise lower it. Returns (batch, accumulation, line).
+
+    For profiles whose batch comes from a guide: the batch x accumulation product is the run's
+    effective batch (its LR and GAN plan assume it), so a batch that does not fit is lowered to the
+    largest DIVISOR of it that fits and the accumulation is raised by the same factor - the effective
+    batch stays exact. The configured batch is tried first (one step when it fits), then the divisors
+    from the largest down. Without CUDA nothing can be measured: the configured value is kept and the
+    line says so plainly. `try_batch(b)` runs one full training step at batch b (OOM = does not fit).
+    """
+    if batch_size < 1 or accumulation < 1:
+        raise ValueError(f"fit_batch_size needs batch_size >= 1 and accumulation >= 1, got {batch_size}, {accumulation}")
+    if not (torch.cuda.is_available() if cuda_available is None else cuda_available):
+        return batch_size, accumulation, (f"batch_size {batch_size} kept as configured: no CUDA device, so GPU "
+                                          "memory cannot be measured here")
+    for b in [d for d in range(batch_size, 0, -1) if batch_size % d == 0]:
+        if _runs(try_batch, b):
+            if b == batch_size:
+                return b, accumulation, f"batch_size {b} fits (measured one training step)"
+            factor = batch_size // b
+            return b, accumulation * factor, (
+                f"batch_size {batch_size} does not fit: using batch_size {b} x accumulation_steps "
+                f"{accumulation * factor} (was {accumulation}), the same {batch_size * accumulation} images per step")
+    raise RuntimeError(f"fit_batch_size: even batch size 1 runs out of memory.\n{oom_message('fit_batch_size', 1)}")
+
+
 def find_batch_size(
     try_batch: Callable[[int], None],
     start: int = 1,
@@ -339,16 +384,9 @@ def find_batch_size(
         return start
 
     def fits(b: int) -> bool:
-        oom = False
-        try:
-            try_batch(b)
-        except Exception as exc:
-            if not is_oom(exc):
-                raise
-            oom = True  # leave the except block first so the traceback (and its tensors) is freed
-        _free_cuda()
-        print(f"[find_batch_size] batch {b}: {'OOM' if oom else 'fits'}")
-        return not oom
+        ok = _runs(try_batch, b)
+        print(f"[find_batch_size] batch {b}: {'fits' if ok else 'OOM'}")
+        return ok
 
     lo, hi = 0, limit + 1  # largest known fit, smallest known failure
     b = start

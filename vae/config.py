@@ -24,6 +24,7 @@ class VAEConfig:
     output_dir: str = "runs/vae"
     image_size: int = 256                     # square random crop; multiple of 8
     batch_size: int | Literal["auto"] = 4     # per GPU; "auto" measures the largest that fits (CUDA)
+    fit_batch_size: bool = True               # CUDA: lower batch_size at start when it does not fit (accumulation raised)
     num_workers: int = 4
     persistent_workers: bool = True
     prefetch_factor: int = 2
@@ -80,8 +81,10 @@ class VAEConfig:
     seed: int = 42
 
     # ---- speed / precision
-    mixed_precision: bool = True              # autocast; bf16 with --use_bf16, else fp16 + GradScaler
-    use_bf16: bool = True
+    # The guide's switches, as its flags read: --mixed_precision alone = fp16 autocast + GradScaler,
+    # --mixed_precision --use_bf16 = bf16 autocast, neither = fp32. The profiles set both (bf16).
+    mixed_precision: bool = False
+    use_bf16: bool = False
     enable_tf32: bool = True
     channels_last: bool = True
     use_torch_compile: bool = False
@@ -98,6 +101,9 @@ class VAEConfig:
     num_sample_images: int = 4
     latent_stats_images: int = 64             # images encoded at the end for the scaling factor
     export_diffusers: bool = True             # write output_dir/diffusers/ at the end
+    # After --init_from a diffusers folder: "init" writes that folder's scaling/shift factors into the
+    # export (the latent space its diffusion models were trained on), "measured" the new run's.
+    export_factors: Literal["init", "measured"] = "init"
     resume_from: str = ""                     # checkpoint path or "auto"
 
     def __post_init__(self) -> None:

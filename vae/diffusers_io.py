@@ -157,8 +157,31 @@ def save_diffusers(model: AutoencoderKL, folder: str | Path, sample_size: int = 
     return folder
 
 
-def load_diffusers(folder: str | Path) -> tuple[AutoencoderKL, dict]:
-    """Reads a diffusers AutoencoderKL folder into our model; returns (model, config.json dict)."""
+# diffusers before 0.15 named the middle attention's parts `query/key/value/proj_attn` (many hub
+# folders, e.g. SD 1.x VAEs, still do); diffusers renames them on load, and so do we.
+_DEPRECATED_ATTN = {"query": "to_q", "key": "to_k", "value": "to_v", "proj_attn": "to_out.0"}
+
+
+def _modern_key(key: str) -> str:
+    m = re.fullmatch(r"(.+\.mid_block\.attentions\.0\.)(query|key|value|proj_attn)\.(weight|bias)", key)
+    return f"{m.group(1)}{_DEPRECATED_ATTN[m.group(2)]}.{m.group(3)}" if m else key
+
+
+def weights_file(folder: Path) -> Path:
+    """The folder's weights: safetensors first (cannot carry code), then the pickled .bin; the fp16
+    variants (`diffusion_pytorch_model.fp16.*`) when the plain files are absent."""
+    for name in (WEIGHTS_SAFETENSORS, WEIGHTS_BIN, "diffusion_pytorch_model.fp16.safetensors",
+                 "diffusion_pytorch_model.fp16.bin"):
+        if (folder / name).is_file():
+            return folder / name
+    raise FileNotFoundError(f"{folder}: neither {WEIGHTS_SAFETENSORS} nor {WEIGHTS_BIN} found")
+
+
+def read_diffusers_folder(folder: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """(weights with today's diffusers key names in fp32, config.json) of an AutoencoderKL folder, read
+    safely: safetensors by `common.safetensors_io`, a .bin only by `torch.load(weights_only=True)`."""
+    from common.safetensors_io import load_safetensors
+
     folder = Path(folder)
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
@@ -166,19 +189,29 @@ def load_diffusers(folder: str | Path) -> tuple[AutoencoderKL, dict]:
     cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     if cfg.get("_class_name", "AutoencoderKL") != "AutoencoderKL":
         raise ValueError(f"{cfg_path}: _class_name is {cfg.get('_class_name')!r}, not AutoencoderKL")
-    model = build_vae({
-        "channels": cfg["block_out_channels"], "z_channels": cfg.get("latent_channels", 4),
-        "layers_per_block": cfg.get("layers_per_block", 1), "in_channels": cfg.get("in_channels", 3),
-        "out_channels": cfg.get("out_channels", 3), "norm_num_groups": cfg.get("norm_num_groups", 32),
-        "mid_attention": cfg.get("mid_block_add_attention", True),
-        "use_quant_conv": cfg.get("use_quant_conv", True),
-    })
-    if (folder / WEIGHTS_SAFETENSORS).is_file():
-        from safetensors.torch import load_file
-        sd = load_file(str(folder / WEIGHTS_SAFETENSORS))
-    elif (folder / WEIGHTS_BIN).is_file():
-        sd = load_checkpoint(folder / WEIGHTS_BIN)
-    else:
-        raise FileNotFoundError(f"{folder}: neither {WEIGHTS_SAFETENSORS} nor {WEIGHTS_BIN} found")
+    path = weights_file(folder)
+    raw = load_safetensors(path) if path.suffix == ".safetensors" else load_checkpoint(path)
+    sd = {}
+    for k, v in raw.items():
+        k = _modern_key(k)
+        if k.endswith(("to_q.weight", "to_k.weight", "to_v.weight", "to_out.0.weight")) and v.dim() == 4:
+            v = v[:, :, 0, 0]  # very old conversions stored the attention projections as 1x1 convs
+        sd[k] = v.float() if v.is_floating_point() else v
+    return sd, cfg
+
+
+def arch_from_config(cfg: dict) -> dict:
+    """Our `arch()` dict from a diffusers config.json, with diffusers' defaults for absent keys."""
+    return {"channels": list(cfg["block_out_channels"]), "z_channels": cfg.get("latent_channels", 4),
+            "layers_per_block": cfg.get("layers_per_block", 1), "in_channels": cfg.get("in_channels", 3),
+            "out_channels": cfg.get("out_channels", 3), "norm_num_groups": cfg.get("norm_num_groups", 32),
+            "mid_attention": cfg.get("mid_block_add_attention", True),
+            "use_quant_conv": cfg.get("use_quant_conv", True)}
+
+
+def load_diffusers(folder: str | Path) -> tuple[AutoencoderKL, dict]:
+    """Reads a diffusers AutoencoderKL folder into our model; returns (model, config.json dict)."""
+    sd, cfg = read_diffusers_folder(folder)
+    model = build_vae(arch_from_config(cfg))
     model.load_state_dict(from_diffusers(sd, model))
     return model, cfg

@@ -62,32 +62,83 @@ def _ramp(size: int, overlap: int, fade_start: bool, fade_end: bool) -> torch.Te
     return w
 
 
+def blend_tiles(fn, x: torch.Tensor, tile: int, overlap: int, num: int = 1, den: int = 1) -> torch.Tensor:
+    """`fn` applied to overlapping `tile`-sided squares of x [B,C,H,W] and blended with linear ramps.
+
+    `fn` maps a tile of side t to one of side t*num/den (1/1: image -> reconstruction, 1/f: image ->
+    latent, f/1: latent -> image); the ramps run over the overlap in the output's units, and the weights
+    are normalised where tiles meet, so the result is a weighted mean of the tiles that cover a pixel.
+    The caller makes tile, overlap and the tile starts whole multiples in both units."""
+    H, W = x.shape[-2:]
+    th, tw = min(tile, H), min(tile, W)
+    stride = tile - overlap
+    o_ov = overlap * num // den
+    out = weight = None
+    for y0 in _starts(H, tile, stride):
+        wy = _ramp(th * num // den, o_ov, y0 > 0, y0 + th < H)
+        for x0 in _starts(W, tile, stride):
+            wx = _ramp(tw * num // den, o_ov, x0 > 0, x0 + tw < W)
+            piece = fn(x[..., y0:y0 + th, x0:x0 + tw]).float()
+            if out is None:
+                out = torch.zeros(*piece.shape[:2], H * num // den, W * num // den, device=x.device)
+                weight = torch.zeros(1, 1, *out.shape[-2:], device=x.device)
+            oy, ox = y0 * num // den, x0 * num // den
+            wt = (wy[:, None] * wx[None, :]).to(x.device)[None, None]
+            out[..., oy:oy + piece.shape[-2], ox:ox + piece.shape[-1]] += piece * wt
+            weight[..., oy:oy + piece.shape[-2], ox:ox + piece.shape[-1]] += wt
+    return out / weight.clamp_min(1e-8)
+
+
 @torch.no_grad()
 def reconstruct_tiled(model: AutoencoderKL, x: torch.Tensor, tile: int = 512, overlap: int = 64) -> torch.Tensor:
-    """Reconstruct [B,3,H,W] in overlapping `tile`-px squares blended with linear ramps."""
+    """Image-space tiles: each `tile`-px square is encoded and decoded on its own, blended in pixels."""
     f = model.downsample_factor
     tile = max(f, tile - tile % f)
     overlap = min(overlap, tile // 2)
     xp, h, w = _pad_to(x, f)
-    H, W = xp.shape[-2:]
-    if H <= tile and W <= tile:
+    if max(xp.shape[-2:]) <= tile:
         return reconstruct_full(model, x)
-    stride = tile - overlap
-    out = torch.zeros(xp.shape[0], 3, H, W, dtype=torch.float32, device=x.device)
-    weight = torch.zeros(1, 1, H, W, dtype=torch.float32, device=x.device)
-    ys, xs = _starts(H, tile, stride), _starts(W, tile, stride)
-    for y0 in ys:
-        th = min(tile, H)
-        wy = _ramp(th, overlap, y0 > 0, y0 + th < H)
-        for x0 in xs:
-            tw = min(tile, W)
-            wx = _ramp(tw, overlap, x0 > 0, x0 + tw < W)
-            piece = xp[..., y0:y0 + th, x0:x0 + tw]
-            rec = model.decode(model.encode(piece).mode()).float()
-            wt = (wy[:, None] * wx[None, :]).to(x.device)[None, None]
-            out[..., y0:y0 + th, x0:x0 + tw] += rec * wt
-            weight[..., y0:y0 + th, x0:x0 + tw] += wt
-    return (out / weight.clamp_min(1e-8))[..., :h, :w]
+    rec = blend_tiles(lambda p: model.decode(model.encode(p).mode()), xp, tile, overlap)
+    return rec[..., :h, :w]
+
+
+def _latent_tiling(model: AutoencoderKL, tile_px: int, overlap_px: int) -> tuple[int, int]:
+    """Tile and overlap in latent elements (>= 1 and < the tile) from pixel values."""
+    f = model.downsample_factor
+    tile = max(2, tile_px // f)
+    return tile, max(0, min(overlap_px // f, tile // 2))
+
+
+@torch.no_grad()
+def encode_tiled(model: AutoencoderKL, x: torch.Tensor, tile: int = 512, overlap: int = 64) -> torch.Tensor:
+    """The posterior mode of [B,3,H,W] (H, W multiples of the model's factor) from overlapping image
+    tiles, blended in latent space: a latent for images too large to encode at once."""
+    f = model.downsample_factor
+    t, o = _latent_tiling(model, tile, overlap)
+    if max(x.shape[-2:]) <= t * f:
+        return model.encode(x).mode().float()
+    return blend_tiles(lambda p: model.encode(p).mode(), x, t * f, o * f, 1, f)
+
+
+@torch.no_grad()
+def decode_tiled(model: AutoencoderKL, z: torch.Tensor, tile: int = 64, overlap: int = 8) -> torch.Tensor:
+    """Decode latents [B,z,h,w] in overlapping `tile`-element latent squares, blended in pixels with
+    ramps over `overlap` x factor px (diffusers' `enable_tiling` decode does the same): the decoder,
+    the memory-heavy half at full resolution, only ever sees one tile."""
+    if max(z.shape[-2:]) <= tile:
+        return model.decode(z).float()
+    overlap = max(0, min(overlap, tile // 2))
+    return blend_tiles(model.decode, z, tile, overlap, model.downsample_factor, 1)
+
+
+@torch.no_grad()
+def reconstruct_latent_tiled(model: AutoencoderKL, x: torch.Tensor, tile: int = 512, overlap: int = 64) -> torch.Tensor:
+    """Latent tiling end to end: `encode_tiled` to one latent for the whole image, then `decode_tiled`
+    (tile and overlap in pixels, converted to latent elements)."""
+    xp, h, w = _pad_to(x, model.downsample_factor)
+    z = encode_tiled(model, xp, tile, overlap)
+    t, o = _latent_tiling(model, tile, overlap)
+    return decode_tiled(model, z, t, o)[..., :h, :w]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,7 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", required=True, help="an image file or a folder of images")
     p.add_argument("--output", required=True, help="output file (single input) or folder")
     p.add_argument("--tile_size", type=int, default=512, help="tile side in px; 0 = never tile")
-    p.add_argument("--tile_overlap", type=int, default=64)
+    p.add_argument("--tile_overlap", type=int, default=64, help="overlap of neighbouring tiles in px")
+    p.add_argument("--tiling", choices=("image", "latent"), default="image",
+                   help="image: each image tile encoded+decoded alone, blended in pixels; latent: one latent "
+                        "from blended image tiles, decoded in overlapping latent tiles (diffusers' tiling)")
     p.add_argument("--ema", action=argparse.BooleanOptionalAction, default=True, help="use EMA weights if present")
     p.add_argument("--precision", default="32-true", help="32-true | bf16-mixed | 16-mixed")
     p.add_argument("--device", default="", help="cuda / cpu (default: cuda if available)")
@@ -138,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         x = image_to_tensor(im)[None].to(device)
         with prec.autocast():
             if args.tile_size and max(x.shape[-2:]) > args.tile_size:
-                rec = reconstruct_tiled(model, x, args.tile_size, args.tile_overlap)
+                tiled = reconstruct_latent_tiled if args.tiling == "latent" else reconstruct_tiled
+                rec = tiled(model, x, args.tile_size, args.tile_overlap)
             else:
                 rec = reconstruct_full(model, x)
         dst = out if not src.is_dir() else out / path.relative_to(src).with_suffix(".png")

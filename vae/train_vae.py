@@ -36,7 +36,6 @@ from common.checkpoint import (
     CheckpointManager,
     GracefulExit,
     load_checkpoint,
-    load_matching,
     make_state,
     resolve_resume,
     restore_state,
@@ -65,6 +64,7 @@ from common.hardware import (
     OutOfMemory,
     cuda_memory_stats,
     find_batch_size,
+    fit_batch_size,
     is_oom,
     oom_message,
     resolve_preset,
@@ -73,7 +73,7 @@ from common.log import Progress, RunLogger, report_lr_plan
 from common.muon import build_optimizer
 from common.precision import Precision
 from common.presets import add_preset_arg, apply_preset
-from common.run_dir import add_run_args, check_output_dir, prepare_run_dir
+from common.run_dir import add_run_args, check_output_dir, prepare_run_dir, tensorboard_dir
 from common.schedulers import build_scheduler, lr_curve
 from common.training import (
     EMA,
@@ -93,6 +93,7 @@ from vae.diffusers_io import pipeline_factors, save_diffusers
 from vae.losses import FrozenLPIPS, PatchDiscriminator, PerceptualWeightsError, VAELoss
 from vae.metrics import evaluate, grid_image, latent_statistics
 from vae.model import AutoencoderKL, build_vae, count_parameters
+from vae.pretrained import export_factors, init_weights
 from vae.run_plan import gan_phase_report, world_size_note
 
 # The guide's flags, each a VAEConfig key. None = "not given", so the config's value stands.
@@ -312,8 +313,16 @@ def auto_batch_size(cfg: VAEConfig, device: torch.device, perceptual: FrozenLPIP
         print(f"--batch_size auto: no CUDA device, so GPU memory cannot be measured; using batch_size "
               f"{fallback} (the CPU preset). Give an explicit --batch_size to choose another.")
         return fallback
+    best = find_batch_size(_trial_step(cfg, device, perceptual), start=1, limit=256, headroom=0.9)
+    sizes = gather_objects(best)
+    return min(sizes)
+
+
+def _trial_step(cfg: VAEConfig, device: torch.device, perceptual: FrozenLPIPS | None):
+    """One real training step at batch b (GAN on: the heaviest step), for the batch-size searches;
+    eager (compiling each trial would take minutes, and eager needs at least the compiled memory)."""
     trial_cfg = copy.copy(cfg)
-    trial_cfg.ema_decay, trial_cfg.disc_start = 0.0, 0  # the heaviest step: GAN on
+    trial_cfg.ema_decay, trial_cfg.disc_start, trial_cfg.use_torch_compile = 0.0, 0, False
 
     def try_batch(b: int) -> None:
         t = VAETrainer(trial_cfg, device, perceptual=perceptual, quiet=True)
@@ -324,9 +333,18 @@ def auto_batch_size(cfg: VAEConfig, device: torch.device, perceptual: FrozenLPIP
         finally:
             del t, x
 
-    best = find_batch_size(try_batch, start=1, limit=256, headroom=0.9)
-    sizes = gather_objects(best)
-    return min(sizes)
+    return try_batch
+
+
+def fit_profile_batch(cfg: VAEConfig, device: torch.device, perceptual: FrozenLPIPS | None) -> str:
+    """The profile's batch (the guide's 4/8/16/24/12) as written, lowered at start when it does not fit
+    this GPU (accumulation raised so images per step stay the same); every rank takes the smallest."""
+    cuda = device.type == "cuda"
+    batch, accum, line = fit_batch_size(_trial_step(cfg, device, perceptual) if cuda else lambda b: None,
+                                        int(cfg.batch_size), cfg.accumulation_steps, cuda_available=cuda)
+    batch, accum = min(gather_objects((batch, accum)), key=lambda ba: ba[0])
+    cfg.batch_size, cfg.accumulation_steps = batch, accum
+    return line
 
 
 def checked_images(folder: str, cfg: VAEConfig) -> list[Path]:
@@ -420,6 +438,10 @@ def train(cfg: VAEConfig, overwrite: bool = False, init_from: str | None = None)
         perceptual = FrozenLPIPS(cfg.perceptual_net, cfg.perceptual_weights or None)
     if cfg.batch_size == "auto":
         cfg.batch_size = auto_batch_size(cfg, device, perceptual)
+    elif cfg.fit_batch_size:
+        fit_line = fit_profile_batch(cfg, device, perceptual)
+        if main:
+            print(f"batch finder: {fit_line}")
     batch, accum = int(cfg.batch_size), cfg.accumulation_steps
 
     train_ds = ImageDataset(train_files, cfg.image_size, train=True, random_flip=cfg.random_flip,
@@ -483,20 +505,14 @@ def train(cfg: VAEConfig, overwrite: bool = False, init_from: str | None = None)
         except (RuntimeError, KeyError) as exc:
             raise CheckpointError(f"{resume}: cannot resume into this configuration (architecture changed?): "
                                   f"{str(exc)[:400]}") from None
-    elif init_from:  # weights only (a new run): mismatched layers re-initialised and listed
-        init = load_checkpoint(init_from)
-        weights = init.get("models") or ({"vae": init["state_dict"]} if "state_dict" in init else {})
-        if "vae" not in weights:
-            raise CheckpointError(f"--init_from {init_from}: no VAE weights (a train_vae.py checkpoint or vae_final.pt)")
-        for name, module in trainer.models().items():
-            if name in weights and main:
-                print(f"init_from {name}: {load_matching(module, weights[name])}")
-            elif name in weights:
-                load_matching(module, weights[name])
+    elif init_from:  # weights only (a new run): a diffusers folder, or a checkpoint (see vae/pretrained.py)
+        for line in init_weights(trainer, init_from, out_dir, main):
+            if main:
+                print(line)
     step = int(counters["step"])
     last_good: Path | None = resume  # the newest checkpoint known to hold a good state
 
-    logger = RunLogger(out_dir / "tensorboard", enabled=main)
+    logger = RunLogger(tensorboard_dir(out_dir, main), enabled=main)
     if main:
         out_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out_dir)
@@ -690,7 +706,9 @@ def export_final(cfg: VAEConfig, trainer: VAETrainer, train_files: list[Path], o
     save_atomic(final, out_dir / "vae_final.pt")
     print(f"saved {out_dir / 'vae_final.pt'}" + (" (EMA weights)" if trainer.ema else ""))
     if cfg.export_diffusers:
-        factors = pipeline_factors(model, stats)
+        factors, notes = export_factors(cfg, out_dir, pipeline_factors(model, stats))
+        for line in notes:
+            print(line)
         folder = save_diffusers(model, out_dir / "diffusers", sample_size=cfg.image_size, **factors)
         print(f"saved diffusers AutoencoderKL folder {folder} (AutoencoderKL.from_pretrained('{folder}')), "
               + ", ".join(f"{k} {v:.5f}" for k, v in factors.items() if v is not None))

@@ -311,7 +311,7 @@ def test_resolution_stages_continue_counters_and_keep_every_stage_file(image_dir
     # the log: TensorBoard has the resolution of each stage at its first global step
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(out / "tensorboard")).Reload().Scalars("train/image_size")
+    events = EventAccumulator(str(out / "logs")).Reload().Scalars("train/image_size")
     assert sorted((e.step, e.value) for e in events) == [(0, 32.0), (8, 40.0)]
 
 

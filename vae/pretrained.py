@@ -1,0 +1,163 @@
+"""`--init_from`: start a run from pretrained weights — a diffusers `AutoencoderKL` folder (fine-tuning
+SD 1.x/2.x, SDXL, SD3 or FLUX's VAE) or one of our checkpoints.
+
+Why a diffusers folder must match the profile exactly (no partial load): a VAE whose latent layout
+changed is no longer the VAE its diffusion models were trained on, so a mismatch stops with the
+config keys that differ and the flags that make the run match the folder.
+
+Why the folder's latent factors are kept: SD/SDXL/SD3/FLUX denoisers were trained on latents scaled
+(and for f8c16 shifted) by the factors in that folder's config.json. A fine-tuned decoder is meant to
+drop into those pipelines, so the export keeps the folder's `scaling_factor`/`shift_factor`
+(`export_factors: init`) and says how far the measured ones moved; `export_factors: measured` writes
+the new statistics instead (a VAE for a new diffusion model). The folder's factors are recorded in
+`<output_dir>/init_from.json`, so a resumed run exports them too.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from common.checkpoint import CheckpointError, load_checkpoint, load_matching
+from common.training import EMA
+from vae.config import VAEConfig
+from vae.diffusers_io import arch_from_config, from_diffusers, read_diffusers_folder
+
+if TYPE_CHECKING:
+    from vae.train_vae import VAETrainer
+
+INIT_RECORD = "init_from.json"
+# config.json key -> (our config key, how to set it on the command line)
+_LAYOUT_KEYS = {"block_out_channels": ("channels", "--channels {}"), "latent_channels": ("z_channels", "--z_channels {}"),
+                "layers_per_block": ("layers_per_block", "--layers_per_block {}"),
+                "norm_num_groups": ("norm_num_groups", "--set norm_num_groups={}"),
+                "use_quant_conv": ("use_quant_conv", "--set use_quant_conv={}"),
+                "mid_block_add_attention": ("mid_attention", "--set mid_attention={}")}
+
+
+def layout_name(arch: dict) -> str:
+    """The family a layout belongs to, for messages: SD 1.x/2.x/SDXL (f8c4) or SD3/FLUX (f8c16)."""
+    f, z = 2 ** (len(arch["channels"]) - 1), arch["z_channels"]
+    family = {(8, 4): " (the SD 1.x/2.x/SDXL layout)", (8, 16): " (the SD3/FLUX layout)"}.get((f, z), "")
+    return f"f{f}c{z}{family}"
+
+
+def _flag_value(v) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, list):
+        return " ".join(str(x) for x in v)
+    return str(v)
+
+
+def layout_mismatch(folder_cfg: dict, cfg: VAEConfig) -> list[tuple[str, object, str, object, str]]:
+    """(config.json key, its value, our config key, our value, the flag that matches the folder) for every
+    architecture key that differs; empty when the folder fits this run's model."""
+    arch = arch_from_config(folder_cfg)
+    folder_values = {"block_out_channels": arch["channels"], "latent_channels": arch["z_channels"],
+                     "layers_per_block": arch["layers_per_block"], "norm_num_groups": arch["norm_num_groups"],
+                     "use_quant_conv": arch["use_quant_conv"], "mid_block_add_attention": arch["mid_attention"]}
+    out = []
+    for key, value in folder_values.items():
+        ours, flag = _LAYOUT_KEYS[key]
+        if getattr(cfg, ours) != value:
+            out.append((key, value, ours, getattr(cfg, ours), flag.format(_flag_value(value))))
+    return out
+
+
+def check_supported(folder: Path, folder_cfg: dict) -> None:
+    """The parts of a diffusers AutoencoderKL our model does not have (block types, activation, a
+    quant conv without its post-quant twin): one clear error instead of a wrong model."""
+    problems = []
+    if folder_cfg.get("act_fn", "silu") != "silu":
+        problems.append(f"act_fn {folder_cfg['act_fn']!r} (only 'silu')")
+    for key, want in (("down_block_types", "DownEncoderBlock2D"), ("up_block_types", "UpDecoderBlock2D")):
+        bad = sorted({t for t in folder_cfg.get(key, [want]) if t != want})
+        if bad:
+            problems.append(f"{key} {bad} (only {want})")
+    if folder_cfg.get("use_post_quant_conv", folder_cfg.get("use_quant_conv", True)) != folder_cfg.get("use_quant_conv", True):
+        problems.append("use_quant_conv and use_post_quant_conv differ (this model has both or neither)")
+    for key in ("in_channels", "out_channels"):
+        if folder_cfg.get(key, 3) != 3:
+            problems.append(f"{key} {folder_cfg[key]} (RGB only: 3)")
+    if problems:
+        raise CheckpointError(f"--init_from {folder}: this AutoencoderKL has parts this trainer's model does not: "
+                              + "; ".join(problems))
+
+
+def init_from_diffusers(trainer: VAETrainer, folder: str | Path, out_dir: Path, main: bool = True) -> list[str]:
+    """Loads a diffusers folder into the trainer's VAE (all weights, exactly); returns the lines to print."""
+    folder = Path(folder)
+    sd, folder_cfg = read_diffusers_folder(folder)
+    check_supported(folder, folder_cfg)
+    arch = arch_from_config(folder_cfg)
+    diff = layout_mismatch(folder_cfg, trainer.cfg)
+    if diff:
+        keys = ", ".join(f"{k} {_flag_value(v)} (this run's {ours}: {_flag_value(mine)})" for k, v, ours, mine, _ in diff)
+        raise CheckpointError(
+            f"--init_from {folder}: the folder's layout, {layout_name(arch)}, does not match this run's model: "
+            f"{keys}. To fine-tune this VAE, add: {' '.join(flag for *_, flag in diff)}")
+    try:
+        trainer.vae_module.load_state_dict(from_diffusers(sd, trainer.vae_module))
+    except (KeyError, ValueError) as exc:
+        raise CheckpointError(f"--init_from {folder}: {str(exc).strip(chr(34))}") from None
+    reset_ema(trainer)
+    factors = {"scaling_factor": folder_cfg.get("scaling_factor"), "shift_factor": folder_cfg.get("shift_factor")}
+    if main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / INIT_RECORD).write_text(json.dumps({"init_from": str(folder), **factors}, indent=1) + "\n",
+                                           encoding="utf-8")
+    return [f"init_from {folder}: all {len(sd)} tensors of a diffusers AutoencoderKL, {layout_name(arch)}; "
+            f"its scaling_factor {factors['scaling_factor']}, shift_factor {factors['shift_factor']} "
+            f"(export_factors: {trainer.cfg.export_factors})"]
+
+
+def init_from_checkpoint(trainer: VAETrainer, path: str | Path, main: bool = True) -> list[str]:
+    """Weights only from a train_vae.py checkpoint or vae_final.pt (mismatched layers re-initialised and listed)."""
+    init = load_checkpoint(path)
+    weights = init.get("models") or ({"vae": init["state_dict"]} if "state_dict" in init else {})
+    if "vae" not in weights:
+        raise CheckpointError(f"--init_from {path}: no VAE weights (a train_vae.py checkpoint, vae_final.pt "
+                              "or a diffusers AutoencoderKL folder)")
+    lines = [f"init_from {name}: {load_matching(module, weights[name])}"
+             for name, module in trainer.models().items() if name in weights]
+    reset_ema(trainer)
+    return lines
+
+
+def init_weights(trainer: VAETrainer, path: str | Path, out_dir: Path, main: bool = True) -> list[str]:
+    """`--init_from PATH`: a diffusers folder or a checkpoint file."""
+    if Path(path).is_dir():
+        return init_from_diffusers(trainer, path, out_dir, main)
+    return init_from_checkpoint(trainer, path, main)
+
+
+def reset_ema(trainer: VAETrainer) -> None:
+    """The EMA copy was taken from the random initial weights: restart it from the loaded ones."""
+    if trainer.ema is not None:
+        trainer.ema = EMA(trainer.vae_module, trainer.ema.decay)
+
+
+def export_factors(cfg: VAEConfig, out_dir: Path, measured: dict[str, float | None]) -> tuple[dict, list[str]]:
+    """The factors to write into the exported config.json and the lines that explain the choice."""
+    record = out_dir / INIT_RECORD
+    if not record.is_file():
+        return measured, []
+    init = json.loads(record.read_text(encoding="utf-8"))
+    old = {"scaling_factor": init.get("scaling_factor"), "shift_factor": init.get("shift_factor")}
+    if old["scaling_factor"] is None:
+        return measured, [f"{init['init_from']} had no scaling_factor: exporting the measured factors"]
+
+    def rel(a, b) -> float:
+        return abs((a or 0.0) - (b or 0.0)) / max(abs(b or 0.0), 1e-8)
+
+    differ = [k for k in old if (old[k] is None) != (measured[k] is None) or rel(measured[k], old[k]) > 0.05]
+    lines = []
+    if differ:
+        lines.append("latent factors differ from the init folder's: " + ", ".join(
+            f"{k} measured {measured[k]} vs {init['init_from']} {old[k]}" for k in differ)
+            + ". Diffusion models trained on that VAE expect its factors"
+            + ("; exporting them (export_factors: init; --set export_factors=measured writes the measured ones)"
+               if cfg.export_factors == "init" else "; exporting the measured ones as asked (export_factors: measured)"))
+    return (old if cfg.export_factors == "init" else measured), lines
