@@ -32,7 +32,9 @@ TRAINER_KEYS: dict[str, dict[str, str]] = {
     "vocoder": {"batch_size": "batch_size", "num_workers": "ds_workers", "crop": "crop_mel_frames"},
     "tts": {"batch_size": "batch_size", "num_workers": "num_loader_workers", "crop": "model_args.segment_frames"},
     "tts_clone": {"batch_size": "train.batch_size", "num_workers": "train.num_workers", "crop": "data.ref_seconds"},
-    "vae": {"batch_size": "batch_size", "num_workers": "num_workers", "crop": "image_size"},
+    # The VAE guide fixes batch and crop per resolution profile (24/16/8/4 at 768/1024/1536/2048) and
+    # `fit_batch_size` lowers the batch at start when memory says so; a card preset must not undo that.
+    "vae": {"num_workers": "num_workers"},
 }
 # Each trainer's spelling of a precision (`32-true | 16-mixed | bf16-mixed`): the keys it sets.
 PRECISION_KEYS: dict[str, dict[str, dict[str, Any]]] = {

@@ -9,7 +9,7 @@ import torch
 from common import check
 from common.config import load_config
 from common.hardware import PRESETS
-from common.presets import PRESET_CHOICES, TRAINER_SCRIPTS, apply_preset, get_key
+from common.presets import PRESET_CHOICES, TRAINER_KEYS, TRAINER_SCRIPTS, apply_preset, get_key
 from tts.models.clone_config import CloneConfig
 from tts.models.vits_config import TrainConfig
 from vae.config import VAEConfig
@@ -28,7 +28,7 @@ EXPECTED_5090 = {
             "mixed_precision": True, "amp_dtype": "bf16"},
     "tts_clone": {"train.batch_size": 48, "train.num_workers": 12, "data.ref_seconds": 3.0,
                   "train.precision": "bf16-mixed"},
-    "vae": {"batch_size": 8, "num_workers": 12, "image_size": 1024, "mixed_precision": True, "use_bf16": True},
+    "vae": {"num_workers": 12, "mixed_precision": True, "use_bf16": True},  # batch and crop: the profile's
 }
 TYPED = {  # one typed batch size and one typed precision key per trainer
     "vocoder": ["batch_size=3", "pl_trainer_precision=bf16-mixed"],
@@ -60,9 +60,13 @@ def test_what_the_user_typed_wins_and_is_named(trainer, capsys):
     assert get_key(cfg, batch_key) == 3 and batch_key not in applied
     assert not set(applied) & {precision_key, "mixed_precision", "amp_dtype", "use_bf16", "train.precision",
                                "pl_trainer_precision"}  # precision is one setting: left whole
-    assert len(applied) == 2  # workers and crop still come from the preset
+    # workers and crop (where the trainer takes one from the preset) still come from the preset
+    assert set(applied) == {key for name, key in TRAINER_KEYS[trainer].items() if name != "batch_size"}
     line = capsys.readouterr().out
-    assert f"kept what you typed: {batch_key}=3 (--set {batch_key}=3" in line and precision_key in line
+    assert f"kept what you typed: {precision_key}=" in line or f"{batch_key}=3 (--set {batch_key}=3" in line
+    assert precision_key in line
+    if "batch_size" in TRAINER_KEYS[trainer]:  # the VAE's batch is its profile's, never the preset's
+        assert f"kept what you typed: {batch_key}=3 (--set {batch_key}=3" in line
 
 
 def test_auto_picks_by_gpu_memory_and_falls_back_to_cpu(capsys):
@@ -102,7 +106,8 @@ def test_every_trainer_script_takes_the_preset_and_applies_it(tmp_path, capsys):
     assert set(mains) == set(TRAINER_SCRIPTS)
     for trainer, main in mains.items():
         assert main(argv[trainer]) == 2, trainer
-        assert f"[preset] cpu for {trainer}: set batch_size" in capsys.readouterr().out.replace("train.batch", "batch")
+        first = "batch_size" if "batch_size" in TRAINER_KEYS[trainer] else "num_workers"
+        assert f"[preset] cpu for {trainer}: set {first}" in capsys.readouterr().out.replace("train.batch", "batch")
         with pytest.raises(SystemExit) as e:
             main(["--preset", "a100"])
         assert e.value.code == 2 and "invalid choice: 'a100'" in capsys.readouterr().err
