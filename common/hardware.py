@@ -43,7 +43,9 @@ GIB = 1024**3
 # - tts_clone (transformer text + reference -> mel): full-length mel targets, so a smaller batch;
 #   the crop is the 3-second reference clip of the recipe.
 # - vae (KL autoencoder + LPIPS + patch discriminator at 1024 px): activations dominate; 4 per
-#   24 GB card and 8 per 32 GB card in bf16.
+#   24 GB card and 8 per 32 GB card in bf16. `--preset` applies only its workers and precision to
+#   the VAE (the guide's profiles fix batch and crop per resolution); the batch here is the
+#   `--batch_size auto` answer where memory cannot be measured.
 # - cpu: tiny settings so tests and the demo finish; fp32 because it is the safe default here.
 PRESETS: dict[str, dict[str, dict]] = {
     "rtx4090": {  # 24 GB, Ada, sm_89
