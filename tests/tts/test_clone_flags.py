@@ -164,3 +164,9 @@ def test_max_gpu_memory_caps_the_cuda_allocator(monkeypatch):
     assert cap_gpu_memory(0.0, cuda) is None and len(calls) == 1  # 0 = no cap
     note = cap_gpu_memory(0.95, torch.device("cpu"))
     assert len(calls) == 1 and note.startswith("--max-gpu-memory 0.95 ignored: this run is on the CPU")
+
+
+def test_the_guides_aggressive_training_command_runs_as_written():
+    cfg = resolve("--aggressive-lr", "--batch-size", "56", "--grad-accum", "6", "--num-workers", "20").cfg
+    assert (cfg.train.batch_size, cfg.train.grad_accum, cfg.train.num_workers) == (56, 6, 20)
+    assert cfg.optim.lr == pytest.approx(4e-4) and cfg.scheduler.warmup_steps == 2000
