@@ -170,3 +170,20 @@ def test_the_guides_aggressive_training_command_runs_as_written():
     cfg = resolve("--aggressive-lr", "--batch-size", "56", "--grad-accum", "6", "--num-workers", "20").cfg
     assert (cfg.train.batch_size, cfg.train.grad_accum, cfg.train.num_workers) == (56, 6, 20)
     assert cfg.optim.lr == pytest.approx(4e-4) and cfg.scheduler.warmup_steps == 2000
+
+
+def test_the_guides_standard_command_takes_two_prepared_folders(tmp_path):
+    from tts.clone_data import DataError, resolve_manifests
+
+    train_dir, eval_dir = tmp_path / "dataset_train", tmp_path / "dataset_eval"
+    for d in (train_dir, eval_dir):
+        d.mkdir()
+        (d / "train.jsonl").write_text("{}\n")
+        (d / "eval.jsonl").write_text("{}\n")
+    args = build_parser().parse_args(["--train-data", str(train_dir), "--val-data", str(eval_dir),
+                                      "--checkpoint-dir", str(tmp_path / "checkpoints")])
+    cfg = resolve_config(args).cfg
+    assert resolve_manifests(cfg.data.train, cfg.data.val) == (train_dir / "train.jsonl", eval_dir / "eval.jsonl")
+    (eval_dir / "eval.jsonl").unlink()
+    with pytest.raises(DataError, match="--val-data"):
+        resolve_manifests(cfg.data.train, cfg.data.val)
