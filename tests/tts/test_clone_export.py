@@ -62,3 +62,15 @@ def test_onnx_export_matches_pytorch_with_dynamic_lengths_and_a_padded_batch(che
         np.testing.assert_allclose(got[1], want[1], rtol=1e-3)
     finally:
         torch.set_num_threads(before)
+
+
+def test_bad_checkpoint_or_output_is_one_error_line_and_exit_2(checkpoint, tmp_path, capsys):
+    path, _ = checkpoint
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    for argv, words in ((["--checkpoint", str(path), "--out", str(blocker / "sub.onnx")], "--out "),
+                        (["--checkpoint", str(tmp_path / "missing.pt"), "--out", str(tmp_path / "m.onnx")],
+                         "not found")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error:") and len(err.splitlines()) == 1 and words in err, err
