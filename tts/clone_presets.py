@@ -36,7 +36,8 @@ def fast_convergence_schedule(epochs: int) -> dict[str, int]:
 
 def fast_convergence_defaults(epochs: int, user: dict[str, object], explicit: dict[str, str],
                               names: dict[str, str]) -> tuple[dict[str, object], list[str]]:
-    """(preset values to apply, one line per preset value that something else replaced or will replace).
+    """(preset values to apply, one line per replacement: a typed value over the preset's, or the
+    preset's over a YAML value).
 
     `user` holds the values the user typed (flags and ``--set``, dotted keys); they are not
     applied here, they simply win. `explicit` says where each user/YAML value came from and
@@ -71,6 +72,7 @@ def cap_gpu_memory(fraction: float, device: torch.device) -> str | None:
     if fraction <= 0:
         return None
     if device.type != "cuda":
-        return f"--max-gpu-memory {fraction:g} ignored: this run is on the CPU (it caps CUDA memory only)"
+        where = "the CPU" if device.type == "cpu" else device.type
+        return f"--max-gpu-memory {fraction:g} ignored: this run is on {where} (it caps CUDA memory only)"
     torch.cuda.set_per_process_memory_fraction(fraction, device)
     return None
