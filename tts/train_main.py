@@ -72,6 +72,7 @@ from tts.clone_data import (
     load_reference,
     resolve_manifests,
 )
+from tts.clone_presets import cap_gpu_memory, fast_convergence_defaults
 from tts.infer_clone import VocoderMismatchError, load_matching_vocoder, synthesize
 from tts.models.clone import VoiceCloneTTS, count_parameters
 from tts.models.clone_config import SIZES, CloneConfig, SchedulerConfig, TrainConfig
@@ -88,11 +89,6 @@ FLAG_KEYS = {
 }
 KEY_FLAGS = {v: "--" + k.replace("_", "-") for k, v in FLAG_KEYS.items()}
 
-# The documented --fast-convergence preset (tts/CLONE.md), exactly.
-FAST_CONVERGENCE = {
-    "optim.lr": 1e-4, "scheduler.name": "cosine_with_warmup", "train.batch_size": 48, "train.grad_accum": 8,
-    "optim.beta2": 0.98, "optim.eps": 1e-9, "optim.weight_decay": 1e-4, "optim.clip_grad_norm": 0.5,
-}
 AGGRESSIVE_LR_FACTOR = 2.0      # --aggressive-lr: base LR × 2 ...
 AGGRESSIVE_WARMUP_FACTOR = 2.0  # ... with a warmup twice as long
 PRECISIONS = ("auto", "32-true", "16-mixed", "bf16-mixed")
@@ -121,8 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--aggressive-lr", action="store_true",
                    help=f"{AGGRESSIVE_LR_FACTOR:g}x the base LR with a {AGGRESSIVE_WARMUP_FACTOR:g}x longer warmup")
     p.add_argument("--fast-convergence", action="store_true",
-                   help="preset: LR 1e-4, cosine_with_warmup, batch 48 x grad-accum 8, Adam beta2 0.98, "
-                        "eps 1e-9, weight decay 1e-4, clip 0.5")
+                   help="the guide's preset, as defaults your flags override: LR 1e-4, cosine_with_warmup, "
+                        "batch 48 x grad-accum 8, Adam beta2 0.98, eps 1e-9, weight decay 1e-4, clip 0.5, "
+                        "16 workers, save every max(2000, 10 x epochs) / validate every max(500, 2 x epochs) "
+                        "steps, log every 50")
     p.add_argument("--max-gpu-memory", type=float, metavar="FRACTION",
                    help="cap this process's CUDA memory at FRACTION of the GPU (ignored with a notice on CPU)")
     p.add_argument("--optimizer", choices=["adamw", "muon_adamw"], help="default adamw")
@@ -132,13 +130,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(p)
     add_preset_arg(p)
     return p
-
-
-def _same(given, preset) -> bool:
-    try:
-        return type(preset)(given) == preset
-    except (TypeError, ValueError):
-        return False
 
 
 @dataclass
@@ -161,16 +152,13 @@ def resolve_config(args: argparse.Namespace) -> Resolved:
     explicit.update({k: f"--set {k}" for k in sets})
     explicit.update({k: KEY_FLAGS[k] for k in flags})
     presets: list[str] = []
+    notices: list[str] = []
     extra = dict(flags)
-    if args.fast_convergence:
+    if args.fast_convergence:  # the guide's values as defaults: what the user typed wins (tts/clone_presets.py)
         presets.append("fast-convergence")
-        for key, value in FAST_CONVERGENCE.items():
-            for given in (flags, sets):
-                if key in given and not _same(given[key], value):
-                    raise UsageError(
-                        f"--fast-convergence sets {KEY_FLAGS.get(key, key)} = {value}, but {explicit[key]} asks "
-                        f"for {given[key]}: drop one of the two (the preset is applied exactly as documented)")
-            extra.setdefault(key, value)
+        epochs = load_config(args.config, CloneConfig, args.overrides, flags).train.epochs
+        preset, notices = fast_convergence_defaults(epochs, {**flags, **sets}, explicit, KEY_FLAGS)
+        extra = {**preset, **flags}
     cfg = load_config(args.config, CloneConfig, args.overrides, extra)
     if args.aggressive_lr:
         presets.append("aggressive-lr")
@@ -182,7 +170,7 @@ def resolve_config(args: argparse.Namespace) -> Resolved:
         cfg.optim.lr *= AGGRESSIVE_LR_FACTOR
         mark_explicit(cfg, "optim.lr", "--aggressive-lr")  # on resume too, the doubled LR is what was asked
         cfg.scheduler.warmup_steps = int(round(cfg.scheduler.warmup_steps * AGGRESSIVE_WARMUP_FACTOR))
-    res = Resolved(cfg, explicit, presets)
+    res = Resolved(cfg, explicit, presets, notices)
     check_options(res)
     return res
 
@@ -264,7 +252,7 @@ def device_notices(res: Resolved, device: torch.device) -> list[str]:
     out = []
     if device.type != "cuda":
         if res.cfg.train.max_gpu_memory > 0:
-            out.append(f"--max-gpu-memory {res.cfg.train.max_gpu_memory:g} ignored: this run is on the CPU")
+            out.append(cap_gpu_memory(res.cfg.train.max_gpu_memory, device))
         for key in ("train.tf32", "train.cudnn_benchmark"):
             if key in res.explicit and _get(res.cfg, key):
                 out.append(f"{key} ignored: this run is on the CPU")
@@ -299,7 +287,8 @@ def effective_block(res: Resolved, device: torch.device, precision: Precision, n
         ("steps", f"{total_steps} optimizer steps ({steps_per_epoch}/epoch"
                   + (f", max_updates {t.max_updates}" if t.max_updates else f", {t.epochs} epochs")
                   + (f", at most {t.max_minutes:g} min)" if t.max_minutes else ")")),
-        ("validation", f"every {t.val_check_interval} steps"),
+        ("validation", f"every {t.val_check_interval} steps (checkpoint then too, and every {t.save_interval}; "
+                       f"log every {t.log_interval})"),
         ("static shapes", f"{len(shapes)} buckets (text, frames): " + ", ".join(f"{a}x{b}" for a, b in shapes)),
     ]
     if t.max_gpu_memory > 0 and device.type == "cuda":
@@ -480,8 +469,7 @@ def train(res: Resolved, resume: str | None = None, log=print, progress: bool = 
     if not info.is_main:
         log = lambda *a, **k: None  # noqa: E731 - rank 0 alone prints
     res.notices.extend(device_notices(res, device))
-    if device.type == "cuda" and t.max_gpu_memory > 0:
-        torch.cuda.set_per_process_memory_fraction(t.max_gpu_memory, device)
+    cap_gpu_memory(t.max_gpu_memory, device)  # on a CPU run device_notices() above says it is ignored
     torch.manual_seed(t.seed)
     np.random.seed(t.seed)
     ckpt_dir = Path(t.checkpoint_dir)

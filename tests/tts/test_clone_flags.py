@@ -7,8 +7,8 @@ import torch
 
 from common.config import ConfigError
 from common.precision import Precision
+from tts.clone_presets import FAST_CONVERGENCE, cap_gpu_memory
 from tts.train_main import (
-    FAST_CONVERGENCE,
     PlateauDetector,
     UsageError,
     build_parser,
@@ -31,26 +31,46 @@ def test_defaults_are_the_documented_after_values():
     assert (cfg.train.precision, cfg.model.size) == ("auto", "normal")
 
 
-def test_fast_convergence_is_exactly_the_documented_preset():
+def test_fast_convergence_is_exactly_the_guides_after_values():
     cfg = resolve("--fast-convergence").cfg
     assert cfg.optim.lr == 1e-4 and cfg.scheduler.name == "cosine_with_warmup"
     assert cfg.train.batch_size == 48 and cfg.train.grad_accum == 8
     assert cfg.optim.beta2 == 0.98 and cfg.optim.eps == 1e-9
     assert cfg.optim.weight_decay == 1e-4 and cfg.optim.clip_grad_norm == 0.5
-    assert len(FAST_CONVERGENCE) == 8
+    assert cfg.train.num_workers == 16 and cfg.train.log_interval == 50
+    # the guide's schedule: save_step = max(2000, epochs * 10), val_step = max(500, epochs * 2)
+    assert (cfg.train.save_interval, cfg.train.val_check_interval) == (10000, 2000)  # 1000 epochs
+    short = resolve("--fast-convergence", "--epochs", "30").cfg
+    assert (short.train.save_interval, short.train.val_check_interval) == (2000, 500)
+    assert len(FAST_CONVERGENCE) == 10
+    assert resolve("--fast-convergence").notices == []
 
 
-def test_fast_convergence_conflicting_flag_is_an_error_but_a_matching_one_is_not():
-    with pytest.raises(UsageError, match="--lr"):
-        resolve("--fast-convergence", "--lr", "3e-4")
-    with pytest.raises(UsageError, match="--batch-size"):
-        resolve("--fast-convergence", "--batch-size", "16")
-    with pytest.raises(UsageError, match="optim.clip_grad_norm"):
-        resolve("--fast-convergence", "--set", "optim.clip_grad_norm=1.0")
-    assert resolve("--fast-convergence", "--lr", "1e-4").cfg.optim.lr == 1e-4
+def test_fast_convergence_values_are_defaults_that_typed_flags_replace_with_one_line_each():
+    # the guide's "Maximum Performance Mode", word for word (its data flags aside)
+    res = resolve("--fast-convergence", "--batch-size", "64", "--lr", "2e-4", "--max-gpu-memory", "0.95")
+    cfg = res.cfg
+    assert (cfg.train.batch_size, cfg.optim.lr, cfg.train.max_gpu_memory) == (64, 2e-4, 0.95)
+    assert (cfg.train.grad_accum, cfg.optim.weight_decay, cfg.optim.clip_grad_norm, cfg.train.num_workers) == (
+        8, 1e-4, 0.5, 16)
+    assert sorted(res.notices) == ["--batch-size 64 replaces the --fast-convergence value 48",
+                                   "--lr 0.0002 replaces the --fast-convergence value 0.0001"]
+    res = resolve("--fast-convergence", "--set", "optim.clip_grad_norm=1.0", "--set", "train.val_check_interval=7")
+    assert res.cfg.optim.clip_grad_norm == 1.0 and res.cfg.train.val_check_interval == 7
+    assert len(res.notices) == 2 and "--set optim.clip_grad_norm 1.0 replaces the --fast-convergence value 0.5" in res.notices
+    # the same value as the preset is not a replacement
+    assert resolve("--fast-convergence", "--lr", "1e-4").notices == []
     # options the preset does not touch still apply
     cfg = resolve("--fast-convergence", "--warmup-steps", "500", "--num-workers", "2").cfg
     assert cfg.scheduler.warmup_steps == 500 and cfg.train.num_workers == 2
+
+
+def test_fast_convergence_over_a_yaml_value_says_so(tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("train:\n  batch_size: 8\n")
+    res = resolve("--config", str(y), "--fast-convergence")
+    assert res.cfg.train.batch_size == 48
+    assert res.notices == [f"--fast-convergence sets --batch-size = 48 over {y.resolve()}"]
 
 
 def test_aggressive_lr_doubles_the_lr_with_a_longer_warmup():
@@ -134,3 +154,36 @@ def test_plateau_detector_reports_once_with_a_reason():
     r = PlateauDetector(patience=1, min_delta=0.01)
     r.update(1.0, 1, 1.0, None)
     assert "--aggressive-lr" in r.update(1.0, 2, lr_ratio=0.9, train_trend=0.0)
+
+
+def test_max_gpu_memory_caps_the_cuda_allocator(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: calls.append((f, d)))
+    cuda = torch.device("cuda", 0)
+    assert cap_gpu_memory(0.95, cuda) is None and calls == [(0.95, cuda)]
+    assert cap_gpu_memory(0.0, cuda) is None and len(calls) == 1  # 0 = no cap
+    note = cap_gpu_memory(0.95, torch.device("cpu"))
+    assert len(calls) == 1 and note.startswith("--max-gpu-memory 0.95 ignored: this run is on the CPU")
+
+
+def test_the_guides_aggressive_training_command_runs_as_written():
+    cfg = resolve("--aggressive-lr", "--batch-size", "56", "--grad-accum", "6", "--num-workers", "20").cfg
+    assert (cfg.train.batch_size, cfg.train.grad_accum, cfg.train.num_workers) == (56, 6, 20)
+    assert cfg.optim.lr == pytest.approx(4e-4) and cfg.scheduler.warmup_steps == 2000
+
+
+def test_the_guides_standard_command_takes_two_prepared_folders(tmp_path):
+    from tts.clone_data import DataError, resolve_manifests
+
+    train_dir, eval_dir = tmp_path / "dataset_train", tmp_path / "dataset_eval"
+    for d in (train_dir, eval_dir):
+        d.mkdir()
+        (d / "train.jsonl").write_text("{}\n")
+        (d / "eval.jsonl").write_text("{}\n")
+    args = build_parser().parse_args(["--train-data", str(train_dir), "--val-data", str(eval_dir),
+                                      "--checkpoint-dir", str(tmp_path / "checkpoints")])
+    cfg = resolve_config(args).cfg
+    assert resolve_manifests(cfg.data.train, cfg.data.val) == (train_dir / "train.jsonl", eval_dir / "eval.jsonl")
+    (eval_dir / "eval.jsonl").unlink()
+    with pytest.raises(DataError, match="--val-data"):
+        resolve_manifests(cfg.data.train, cfg.data.val)

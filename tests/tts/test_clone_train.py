@@ -20,7 +20,8 @@ from tts import infer_clone
 from tts.clone_data import DataError, build_features, load_reference
 from tts.models.clone import VoiceCloneTTS
 from tts.models.clone_config import AudioConfig, DataConfig
-from tts.train_main import build_parser, resolve_config, train
+from tts.text import SYMBOLS
+from tts.train_main import build_parser, main, resolve_config, train
 
 pytestmark = pytest.mark.skipif(not espeak_available(), reason="espeak-ng is needed for the test corpus")
 
@@ -85,12 +86,15 @@ def vocoder_dir(tmp_path_factory) -> Path:
 
 
 def resolved(corpus: Path, run: Path, *extra: str):
-    argv = ["--train-data", str(corpus), "--checkpoint-dir", str(run), "--model-size", "tiny", "--batch-size", "4",
+    return resolve_config(build_parser().parse_args(clone_argv(corpus, run, *extra)))
+
+
+def clone_argv(corpus: Path, run: Path, *extra: str) -> list[str]:
+    return ["--train-data", str(corpus), "--checkpoint-dir", str(run), "--model-size", "tiny", "--batch-size", "4",
             "--num-workers", "0", "--precision", "32-true", "--lr", "3e-3", "--warmup-steps", "2", *AUDIO,
             "--set", "model.dropout=0.0", "--set", "data.num_buckets=2", "--set", "data.ref_seconds=1.5",
             "--set", "val.batch_size=4", "--set", "train.log_interval=1", "--set", f"data.cache_dir={corpus.parent / 'cache'}",
             "--set", "val.sentences=[\"Salom dunyo.\"]", *extra]
-    return resolve_config(build_parser().parse_args(argv))
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +138,39 @@ def test_resume_is_bitwise_exact(corpus, tmp_path):
     sa, sb = a["optimizers"]["optimizer"]["state"], b["optimizers"]["optimizer"]["state"]
     assert all(torch.equal(sa[k]["exp_avg_sq"], sb[k]["exp_avg_sq"]) for k in sa)
     assert a["schedulers"]["scheduler"]["last_epoch"] == b["schedulers"]["scheduler"]["last_epoch"] == 6
+
+
+def test_init_from_loads_weights_only_into_a_new_run_and_names_mismatched_tensors(trained, corpus, tmp_path):
+    source = trained["run"] / "best.pt"
+    lines: list[str] = []
+    res = resolved(corpus, tmp_path / "ft", "--set", "train.max_updates=3", "--set", "train.val_check_interval=3",
+                   "--set", "val.at_start=false", "--set", "model.ffn_mult=3")  # the feed-forward shapes change
+    s = train(res, progress=False, log=lines.append, init_from=str(source))
+    report = next(line for line in lines if line.startswith("init_from:"))
+    src = load_checkpoint(source)["models"]["model"]
+    own = VoiceCloneTTS(res.cfg.model, len(SYMBOLS), 80).state_dict()
+    differ = sorted(k for k in own if own[k].shape != src[k].shape)
+    assert differ and all(".ffn." in k for k in differ), differ
+    assert f"init_from: loaded {len(own) - len(differ)} tensors" in report
+    assert f"re-initialised (shape differs): {len(differ)}" in report
+    for k in differ:  # each named, with both shapes
+        assert f"{k}: checkpoint {tuple(src[k].shape)} vs model {tuple(own[k].shape)}" in report
+    # a new run: fresh optimizer and step counter, no inherited history
+    assert s["step"] == 3 and [h["step"] for h in s["history"]] == [3]
+    new = load_checkpoint(CheckpointManager(tmp_path / "ft", prefix="clone").latest())
+    assert new["counters"]["step"] == 3
+    assert {float(v["step"]) for v in new["optimizers"]["optimizer"]["state"].values()} == {3.0}
+
+
+def test_init_from_refuses_pickled_code_and_foreign_files(corpus, tmp_path, capsys):
+    evil = tmp_path / "evil.pt"
+    torch.save({"models": {"model": {}}, "payload": Path("x")}, evil)  # any non-tensor object needs pickle
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"state_dict": {"w": torch.zeros(2)}}, foreign)
+    assert main(clone_argv(corpus, tmp_path / "a", "--init_from", str(evil))) == 2
+    assert "weights_only=True" in capsys.readouterr().err
+    assert main(clone_argv(corpus, tmp_path / "b", "--init_from", str(foreign))) == 2
+    assert "no 'model' weights" in capsys.readouterr().err
 
 
 def _nan_losses(monkeypatch, bad_calls):

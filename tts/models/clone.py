@@ -142,9 +142,10 @@ class VoiceCloneTTS(nn.Module):
         h = self.text_encoder(text, text_mask)
         spk = self.speaker_embedding(ref_mel, ref_mask)
         log_dur = self.duration_predictor(h, spk, text_mask).clamp(max=self.cfg.max_log_duration)
-        durations = torch.round(torch.expm1(log_dur).clamp_min(0) * length_scale).clamp_min(1)
+        # exp - 1 rather than expm1: ONNX has no expm1 (the difference vanishes in the rounding)
+        durations = torch.round((torch.exp(log_dur) - 1).clamp_min(0) * length_scale).clamp_min(1)
         durations = (durations * text_mask).long()
-        n_frames = int(durations.sum(1).max().item())
+        n_frames = durations.sum(1).max()  # a tensor, not an int: an ONNX trace keeps the length dynamic
         path = durations_to_path(durations, n_frames)
         mel_mask = path.sum(1) > 0
         dec_mel, logf0, vuv = self.decoder(expand(h, path), spk, mel_mask)

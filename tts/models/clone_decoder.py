@@ -67,7 +67,7 @@ class DurationPredictor(nn.Module):
         return (self.out(x * m) * m).squeeze(1)
 
 
-def durations_to_path(durations: torch.Tensor, n_frames: int) -> torch.Tensor:
+def durations_to_path(durations: torch.Tensor, n_frames: int | torch.Tensor) -> torch.Tensor:
     """Integer durations [B, T_text] → hard monotonic path [B, T_text, n_frames] (0/1).
 
     Symbol i owns frames [cumsum_{i-1}, cumsum_i); frames past the total stay unassigned, which is

@@ -1,0 +1,78 @@
+"""The voice-cloning guide's performance flags of tts/train_main.py: `--fast-convergence`, `--max-gpu-memory`.
+
+The guide ("Fast Convergence Optimizations for MyXTTS Training", the page these users arrive with)
+lists its "after" values: LR 1e-4 with cosine_with_warmup, batch 48 x grad-accum 8, Adam beta2
+0.98 / eps 1e-9, weight decay 1e-4, clip 0.5, 16 data workers, and the training schedule
+``save_step = max(2000, epochs * 10)``, ``val_step = max(500, epochs * 2)``, ``log_step = 50``.
+Its "Maximum Performance Mode" then adds ``--batch-size 64 --lr 2e-4`` on top of the preset, so
+a preset can only be a set of *defaults*: a value the user typed (a flag or ``--set``) wins, and
+one line says which preset value it replaced. The preset still wins over a YAML file (the flag
+is the newer, more specific request), also with one line per replaced value.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# dotted config key → the guide's "after" value (the schedule keys are computed from the epochs)
+FAST_CONVERGENCE: dict[str, object] = {
+    "optim.lr": 1e-4,
+    "scheduler.name": "cosine_with_warmup",
+    "train.batch_size": 48,
+    "train.grad_accum": 8,
+    "optim.beta2": 0.98,
+    "optim.eps": 1e-9,
+    "optim.weight_decay": 1e-4,
+    "optim.clip_grad_norm": 0.5,
+    "train.num_workers": 16,
+    "train.log_interval": 50,
+}
+
+
+def fast_convergence_schedule(epochs: int) -> dict[str, int]:
+    """The guide's save/validation schedule, in optimizer steps, from the run's planned epochs."""
+    return {"train.save_interval": max(2000, epochs * 10), "train.val_check_interval": max(500, epochs * 2)}
+
+
+def fast_convergence_defaults(epochs: int, user: dict[str, object], explicit: dict[str, str],
+                              names: dict[str, str]) -> tuple[dict[str, object], list[str]]:
+    """(preset values to apply, one line per replacement: a typed value over the preset's, or the
+    preset's over a YAML value).
+
+    `user` holds the values the user typed (flags and ``--set``, dotted keys); they are not
+    applied here, they simply win. `explicit` says where each user/YAML value came from and
+    `names` maps a key to its flag (``optim.lr`` → ``--lr``) for the messages.
+    """
+    preset = {**FAST_CONVERGENCE, **fast_convergence_schedule(epochs)}
+    apply: dict[str, object] = {}
+    lines: list[str] = []
+    for key, value in preset.items():
+        label = names.get(key, key)
+        if key in user:
+            if not _same(user[key], value):
+                lines.append(f"{explicit.get(key, label)} {user[key]} replaces the --fast-convergence value {value}")
+            continue
+        apply[key] = value
+        if key in explicit:  # set in the YAML file to something other than the default
+            lines.append(f"--fast-convergence sets {label} = {value} over {explicit[key]}")
+    return apply, lines
+
+
+def _same(given: object, preset: object) -> bool:
+    try:
+        return type(preset)(given) == preset
+    except (TypeError, ValueError):
+        return False
+
+
+def cap_gpu_memory(fraction: float, device: torch.device) -> str | None:
+    """`--max-gpu-memory`: caps this process's CUDA caching allocator at `fraction` of the device
+    (an allocation beyond it raises CUDA OOM, which the trainer turns into its OOM advice), so
+    other processes keep the rest. 0 = no cap. On a CPU run it returns a one-line notice instead."""
+    if fraction <= 0:
+        return None
+    if device.type != "cuda":
+        where = "the CPU" if device.type == "cpu" else device.type
+        return f"--max-gpu-memory {fraction:g} ignored: this run is on {where} (it caps CUDA memory only)"
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    return None
