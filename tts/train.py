@@ -290,7 +290,8 @@ class VitsTrainer:
         if not (self.info.is_main and self.cfg.run_eval and len(self.eval_set)):
             return None
         metrics = evaluate(self.gen, self.eval_set, build_mel(self.cfg), self.device, self.cfg.eval_max_items,
-                           noise_scale=self.cfg.noise_scale, seed=self.cfg.seed)
+                           noise_scale=self.cfg.noise_scale, seed=self.cfg.seed, batch_size=self.cfg.eval_batch_size,
+                           num_workers=self.cfg.num_eval_loader_workers)
         self.log.scalars(metrics, self.step, prefix="eval")
         with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps({"step": self.step, **metrics}) + "\n")
