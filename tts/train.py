@@ -180,7 +180,8 @@ class VitsTrainer:
         """With cudnn.benchmark (CUDA) or torch.compile, pad every batch to its length bucket's fixed
         (text, frames) size: each shape is autotuned / compiled once, not once per batch."""
         cfg = self.cfg
-        if not (cfg.compile or (cfg.cudnn_benchmark and self.device.type == "cuda")) or cfg.deterministic:
+        benchmark = cfg.cudnn_benchmark and self.device.type == "cuda" and not cfg.deterministic  # as Precision
+        if not (cfg.compile or benchmark):
             return None
         shapes = BucketShapes(self.train_set.lengths, self.train_set.token_lengths(), self.sampler.boundaries)
         self.say(f"batches padded to {len(shapes.shapes())} bucket shapes (text, frames): {shapes.shapes()}")

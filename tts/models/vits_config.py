@@ -140,7 +140,7 @@ class DataConfig:
 class TrainConfig:
     """Everything train.py reads. Defaults are the RTX 4090 recipe's (tts/configs/uzbek_vits.yaml)."""
 
-    run_name: str = "uzbek_vits"
+    run_name: str = "uzbek_vits_rtx4090"
     seed: int = 1234
     model: str = "vits_base"  # preset name, see PRESETS
     model_args: dict[str, Any] = field(default_factory=dict)
