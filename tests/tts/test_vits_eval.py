@@ -3,13 +3,12 @@ padded batches with masks (the decoder's too), per-item noise, metrics on each i
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import soundfile as sf
 import torch
 
+from common.data import BucketShapes
 from tts.data import VitsDataset, collate
 from tts.evaluation import evaluate
 from tts.models.vits_config import TrainConfig
@@ -89,3 +88,21 @@ def test_batched_evaluation_equals_one_by_one(eval_set, batch_size, workers):
         assert batched[k] == pytest.approx(one[k], rel=1e-4, abs=1e-4), k
     with pytest.raises(ValueError, match="eval_batch_size"):
         evaluate(gen, ds, mel, torch.device("cpu"), batch_size=0)
+
+
+def test_bucket_shaped_padding_changes_no_valid_value(eval_set):
+    """cudnn_benchmark / compile pad training batches to the bucket's fixed shape: the teacher-forced
+    prior likelihoods and MAS paths on the valid region equal those of a batch padded to its longest item."""
+    ds, cfg = eval_set
+    gen = _model(cfg)
+    items = [ds[i] for i in range(3)]
+    frames, tokens = ds.lengths, ds.token_lengths()
+    shapes = BucketShapes(frames, tokens, [max(frames) + 20], frame_multiple=16, text_multiple=8)
+    tight, padded = collate(items), collate(items, shapes=shapes)
+    assert padded["spec"].size(2) > tight["spec"].size(2) and padded["ids"].size(1) > tight["ids"].size(1)
+    a = gen.align(tight["ids"], tight["ids_len"], tight["spec"], tight["spec_len"], tight["sid"])
+    b = gen.align(padded["ids"], padded["ids_len"], padded["spec"], padded["spec_len"], padded["sid"])
+    for j in range(3):
+        n, t = int(tight["ids_len"][j]), int(tight["spec_len"][j])
+        torch.testing.assert_close(b[0][j, :n, :t], a[0][j, :n, :t], atol=1e-3, rtol=1e-4)
+        assert torch.equal(b[1][j, :n, :t], a[1][j, :n, :t])
