@@ -198,8 +198,9 @@ class VitsTrainer:
                          "the generator and the scale critic: they are 1-D convs, which have no channels_last "
                          "layout (see tts/README.md for the measured effect)")
         if cfg.compile:
-            # One compiled graph per critic class × period × batch (2B in the D step, B in the G step):
-            # 12 for vits_base, over dynamo's default limit of 8, past which it silently runs eager.
+            # DiscriminatorP.forward is one code object for every period: one graph per period × batch
+            # (2B in the D step, B in the G step) = 10 for vits_base, over dynamo's default limit of 8,
+            # past which it falls back to eager.
             limit = 4 * len(self.disc.discriminators)
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
             self.gen.dec.compile()
