@@ -8,8 +8,10 @@
 2. ``channels_last`` on the period critics (the only 4-D convs in VITS): forward + backward time of
    the vits_base critics on one 32-frame crop (8192 samples), contiguous vs channels_last,
    interleaved repeats, median.
+3. With ``--demo_eval`` (after ``make tts-demo``): evaluation of the demo checkpoint's held-out items
+   one by one vs in one batch (``eval_batch_size``): time (best of 2) and whether the metrics agree.
 
-    python -m bench.bench_vits_rtx [--repeats 5] [--device cpu|cuda]
+    python -m bench.bench_vits_rtx [--repeats 5] [--device cpu|cuda] [--demo_eval]
 """
 
 from __future__ import annotations
@@ -73,10 +75,40 @@ def channels_last_times(device: torch.device, repeats: int) -> dict:
     return {k: statistics.median(v) for k, v in out.items()}
 
 
+def demo_eval_batching(device: torch.device, data: str = "data/demo/tts_prepared",
+                       ckpt_dir: str = "runs/tts_demo/checkpoints") -> None:
+    from pathlib import Path
+
+    from common.checkpoint import load_checkpoint
+    from common.config import load_config
+    from tts.data import VitsDataset, read_speakers
+    from tts.evaluation import evaluate
+    from tts.models.vits_config import TrainConfig
+    from tts.train import build_mel, build_models
+
+    cfg = load_config("tts/configs/demo.yaml", TrainConfig)
+    ds = VitsDataset(data, "eval", cfg.audio)
+    gen, _ = build_models(cfg, len(read_speakers(data)))
+    ckpt = sorted(Path(ckpt_dir).glob("vits_*.pt"))[-1]
+    gen.load_state_dict(load_checkpoint(ckpt)["models"]["generator"])
+    gen.to(device)
+    times: dict[int, list[float]] = {1: [], len(ds): []}
+    metrics = {}
+    for _ in range(2):
+        for bs in times:
+            t = time.perf_counter()
+            metrics[bs] = evaluate(gen, ds, build_mel(cfg), device, 32, batch_size=bs)
+            times[bs].append(time.perf_counter() - t)
+    same = all(abs(metrics[1][k] - metrics[len(ds)][k]) < 1e-4 for k in metrics[1])
+    print(f"evaluation of {len(ds)} held-out items ({ckpt.name}) on {device}: one by one {min(times[1]):.2f} s, "
+          f"batch {len(ds)} {min(times[len(ds)]):.2f} s; metrics equal within 1e-4: {same}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--demo_eval", action="store_true", help="also time batched evaluation on the demo checkpoint")
     a = p.parse_args(argv)
     s = shape_counts()
     print(f"bucket shapes, one epoch of {s['batches']} batches of 64: distinct shapes {s['shapes_exact']} padded to "
@@ -86,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"period critics (vits_base) fwd+bwd on {a.device} ({torch.get_num_threads()} threads): contiguous "
           f"{1e3 * t['contiguous']:.0f} ms, channels_last {1e3 * t['channels_last']:.0f} ms "
           f"({t['contiguous'] / t['channels_last']:.2f}x)")
+    if a.demo_eval:
+        demo_eval_batching(torch.device(a.device))
     return 0
 
 
