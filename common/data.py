@@ -9,6 +9,7 @@ change what a sample looks like, and resuming is `set_epoch(e)` + `skip(consumed
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -140,6 +141,42 @@ class BucketBatchSampler(Sampler[list[SampleKey]]):
 
     def __len__(self) -> int:
         return len(self._all_batches()) - self._skip
+
+
+def round_up(n: int, multiple: int) -> int:
+    return int(math.ceil(n / multiple) * multiple)
+
+
+class BucketShapes:
+    """The fixed (text, frames) size of each length bucket, so a run sees a handful of batch shapes
+    (cudnn.benchmark tunes each shape once; torch.compile compiles each once) instead of one per batch.
+
+    `boundaries` are `BucketBatchSampler.boundaries` (longest item per bucket) rounded up to
+    `frame_multiple`; the text length for a frame boundary is the longest text among ALL items that
+    short or shorter (so it always fits), rounded up to `text_multiple`."""
+
+    def __init__(self, frames: Sequence[int], n_text: Sequence[int], boundaries: Sequence[int],
+                 frame_multiple: int = 16, text_multiple: int = 8) -> None:
+        self.frame_bounds = sorted({round_up(b, frame_multiple) for b in boundaries})
+        order = np.argsort(frames)
+        sorted_frames = np.asarray(frames)[order]
+        running_max_text = np.maximum.accumulate(np.asarray(n_text)[order])
+        self.text_bounds = []
+        for fb in self.frame_bounds:
+            k = int(np.searchsorted(sorted_frames, fb, side="right")) - 1
+            self.text_bounds.append(round_up(int(running_max_text[max(k, 0)]), text_multiple))
+        self.frame_multiple, self.text_multiple = frame_multiple, text_multiple
+
+    def shapes(self) -> list[tuple[int, int]]:
+        """Every (text, frames) shape a batch can have."""
+        return list(zip(self.text_bounds, self.frame_bounds))
+
+    def shape_for(self, max_frames: int, max_text: int) -> tuple[int, int]:
+        i = bisect.bisect_left(self.frame_bounds, max_frames)
+        if i < len(self.frame_bounds) and max_text <= self.text_bounds[i]:
+            return self.text_bounds[i], self.frame_bounds[i]
+        # Longer than every bucket (an item not seen when the buckets were made): still a rounded shape.
+        return round_up(max_text, self.text_multiple), round_up(max_frames, self.frame_multiple)
 
 
 def pad_to_bucket(length: int, boundaries: Sequence[int]) -> int:

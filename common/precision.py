@@ -9,6 +9,7 @@ scaler, or with TF32 set through the legacy API that raises when mixed with the 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 
 import torch
@@ -55,6 +56,7 @@ class Precision:
         cudnn_benchmark: bool = False,
         channels_last: bool = False,
         compile: bool = False,
+        deterministic: bool = False,
     ) -> None:
         self.device = torch.device(device)
         self.precision = normalize_precision(precision, self.device)
@@ -92,10 +94,28 @@ class Precision:
                 self.notes.append("tf32 requested but this is not a CUDA device: ignored")
             if cudnn_benchmark:
                 self.notes.append("cudnn_benchmark requested but this is not a CUDA device: ignored")
+        if deterministic:
+            self._make_deterministic(is_cuda, cudnn_benchmark)
         if channels_last:
             self.applied.append("channels_last memory format for 4-D conv weights and inputs")
         if compile:
             self.applied.append("torch.compile on the model")
+
+    def _make_deterministic(self, is_cuda: bool, cudnn_benchmark: bool) -> None:
+        """Same inputs → same results run to run: deterministic kernels (a warning names any op that
+        has none, rather than stopping a long run), cuDNN's deterministic algorithms, no autotuning
+        (benchmark may pick a different algorithm per run), cuBLAS's fixed workspace."""
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        self.applied.append("deterministic algorithms on (torch.use_deterministic_algorithms, warn_only: an op "
+                            "without a deterministic kernel warns)")
+        if is_cuda:
+            torch.backends.cudnn.deterministic = True
+            torch.backends.cudnn.benchmark = False
+            self.applied.append("cudnn.deterministic on, cudnn.benchmark off")
+            if cudnn_benchmark:
+                self.applied.remove("cudnn.benchmark on")
+                self.notes.append("cudnn_benchmark requested but deterministic wins: benchmark off")
 
     @property
     def enabled(self) -> bool:

@@ -16,7 +16,6 @@ Three stages, each for a reason the XTTS-style users felt:
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import io
 import json
@@ -32,7 +31,7 @@ import torch
 from torch.utils.data import Dataset
 
 from common.audio import AudioError, MelSpectrogram, check_audio, extract_f0, load_audio
-from common.data import sample_rng
+from common.data import BucketShapes, sample_rng
 from tts.models.clone_config import AudioConfig, DataConfig, mel_kwargs
 from tts.models.vits_config import DataConfig as SharedCheckConfig
 from tts.prepare_data import check_item
@@ -251,41 +250,14 @@ class CloneDataset(Dataset):
         return feats
 
 
-def round_up(n: int, multiple: int) -> int:
-    return int(math.ceil(n / multiple) * multiple)
-
-
-class BucketCollate:
-    """Pads a batch to its bucket's fixed (text, frames) lengths; the reference to `ref_frames`.
-
-    `frame_bounds` are the bucket boundaries of `common.data.BucketBatchSampler` (longest item per
-    bucket) rounded up to `frame_multiple`; the text length for a frame boundary is the longest text
-    among ALL items that short or shorter (so it always fits), rounded up to `text_multiple`.
-    """
+class BucketCollate(BucketShapes):
+    """Pads a batch to its bucket's fixed (text, frames) lengths (`common.data.BucketShapes`); the
+    reference to `ref_frames`."""
 
     def __init__(self, frames: list[int], n_text: list[int], boundaries: list[int], ref_frames: int,
                  frame_multiple: int = 16, text_multiple: int = 8) -> None:
-        self.frame_bounds = sorted({round_up(b, frame_multiple) for b in boundaries})
-        order = np.argsort(frames)
-        sorted_frames = np.asarray(frames)[order]
-        running_max_text = np.maximum.accumulate(np.asarray(n_text)[order])
-        self.text_bounds = []
-        for fb in self.frame_bounds:
-            k = int(np.searchsorted(sorted_frames, fb, side="right")) - 1
-            self.text_bounds.append(round_up(int(running_max_text[max(k, 0)]), text_multiple))
+        super().__init__(frames, n_text, boundaries, frame_multiple, text_multiple)
         self.ref_frames = ref_frames
-        self.frame_multiple, self.text_multiple = frame_multiple, text_multiple
-
-    def shapes(self) -> list[tuple[int, int]]:
-        """Every (text, frames) shape a batch can have."""
-        return list(zip(self.text_bounds, self.frame_bounds))
-
-    def shape_for(self, max_frames: int, max_text: int) -> tuple[int, int]:
-        i = bisect.bisect_left(self.frame_bounds, max_frames)
-        if i < len(self.frame_bounds) and max_text <= self.text_bounds[i]:
-            return self.text_bounds[i], self.frame_bounds[i]
-        # Longer than every bucket (an item not seen when the buckets were made): still a rounded shape.
-        return round_up(max_text, self.text_multiple), round_up(max_frames, self.frame_multiple)
 
     def __call__(self, samples: list[dict]) -> dict:
         b = len(samples)

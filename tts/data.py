@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import Dataset
 
 from common.audio import to_float32
-from common.data import sample_rng
+from common.data import BucketShapes, sample_rng
 from tts.models.vits_config import AudioConfig
 from tts.text import intersperse
 from tts.text.phonemes import Frontend, PhonemeCache
@@ -90,6 +90,10 @@ class VitsDataset(Dataset):
     def lengths(self) -> list[int]:
         return [self.frames(i) for i in range(len(self.items))]
 
+    def token_lengths(self) -> list[int]:
+        """Tokens per item (blanks included), for the bucket shapes of ``collate``."""
+        return [len(self.tokens(item["text"])) for item in self.items]
+
     def tokens(self, text: str) -> torch.Tensor:
         ids = self.frontend.ids(text, on_unknown="error", phonemes=self.phonemes.get(text))
         return torch.tensor(intersperse(ids) if self.add_blank else ids, dtype=torch.long)
@@ -108,16 +112,20 @@ class VitsDataset(Dataset):
                 "sid": int(item.get("speaker_id", 0))}
 
 
-def collate(batch: list[dict]) -> dict:
-    """Zero-pad to the longest item; lengths say what is real."""
+def collate(batch: list[dict], shapes: BucketShapes | None = None) -> dict:
+    """Zero-pad to the longest item, or with ``shapes`` to the batch's length bucket's fixed
+    (text, frames) size (cudnn_benchmark / compile: a few shapes per run); lengths say what is real."""
     b = len(batch)
     x_len = torch.tensor([len(it["ids"]) for it in batch])
     y_len = torch.tensor([it["spec"].size(1) for it in batch])
+    t_text, t_frames = int(x_len.max()), int(y_len.max())
+    if shapes is not None:
+        t_text, t_frames = shapes.shape_for(t_frames, t_text)
     c = batch[0]["spec"].size(0)
     hop = batch[0]["wav"].numel() // max(1, batch[0]["spec"].size(1))
-    x = torch.zeros(b, int(x_len.max()), dtype=torch.long)
-    spec = torch.zeros(b, c, int(y_len.max()))
-    wav = torch.zeros(b, int(y_len.max()) * hop)
+    x = torch.zeros(b, t_text, dtype=torch.long)
+    spec = torch.zeros(b, c, t_frames)
+    wav = torch.zeros(b, t_frames * hop)
     for i, it in enumerate(batch):
         x[i, : x_len[i]] = it["ids"]
         spec[i, :, : y_len[i]] = it["spec"]

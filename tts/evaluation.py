@@ -27,8 +27,10 @@ import numpy as np
 import torch
 
 from common.audio import MelSpectrogram
+from common.data import make_loader
 from common.plausibility import mcd_dtw
 from tts.alignment import alignment_posterior
+from tts.data import collate
 
 
 def alignment_sharpness(log_lik: torch.Tensor, band: float = 0.1) -> float:
@@ -52,39 +54,57 @@ def combined_score(m: dict) -> float:
     return m["mcd"] + 10.0 * (1.0 - m["align_sharpness"]) + 10.0 * m["dur_err"]
 
 
+def eval_batches(lengths: list[int], max_items: int, batch_size: int) -> list[list[int]]:
+    """The first ``max_items`` items, sorted by length and cut into batches (least padding)."""
+    chosen = sorted(range(min(max_items, len(lengths))), key=lambda i: lengths[i])
+    return [chosen[i : i + batch_size] for i in range(0, len(chosen), batch_size)]
+
+
 @torch.no_grad()
 def evaluate(model, dataset, mel: MelSpectrogram, device: torch.device, max_items: int = 32,
-             noise_scale: float = 0.667, seed: int = 1234) -> dict:
-    """Mean metrics over the first ``max_items`` items of ``dataset`` (a VitsDataset split).
+             noise_scale: float = 0.667, seed: int = 1234, batch_size: int = 1, num_workers: int = 0) -> dict:
+    """Mean metrics over the first ``max_items`` items of ``dataset`` (a VitsDataset split), run in
+    padded batches of ``batch_size`` (``eval_batch_size``) loaded by ``num_workers``
+    (``num_eval_loader_workers``) processes.
 
-    Runs under its own RNG (``fork_rng`` + fixed seed): repeatable, and the training RNG (hence
-    exact resume) is untouched."""
+    Every item gets the same result in any batch (tests/tts/test_vits_eval.py): masks cover the
+    padding (the decoder's too), each item's sampling noise is its own draw (seed, item index),
+    MAS, sharpness, durations and MCD are computed on each item's unpadded part. The global RNG
+    (hence exact resume of training) is untouched."""
+    if batch_size < 1:
+        raise ValueError(f"eval_batch_size must be >= 1, got {batch_size}")
     was_training = model.training
     model.eval()
     mel = mel.to(device)
+    batches = eval_batches(dataset.lengths, max_items, batch_size)
+    loader = make_loader(dataset, batch_sampler=batches, num_workers=num_workers, collate_fn=collate, seed=seed)
     rows = []
+    # align()'s posterior sample and the SDP's zero-scaled noise draw from the global RNG: fork it
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(seed)
-        for i in range(min(max_items, len(dataset))):
-            it = dataset[i]
-            x = it["ids"][None].to(device)
-            x_len = torch.tensor([x.size(1)], device=device)
-            spec = it["spec"][None].to(device)
-            y_len = torch.tensor([spec.size(2)], device=device)
-            sid = torch.tensor([it["sid"]], device=device)
+        for idx, b in zip(batches, loader):
+            x, x_len = b["ids"].to(device), b["ids_len"].to(device)
+            spec, y_len = b["spec"].to(device), b["spec_len"].to(device)
+            sid = b["sid"].to(device)
             log_lik, path, _, _ = model.align(x, x_len, spec, y_len, sid)
-            sharp = alignment_sharpness(log_lik[0].cpu())
-            true_dur = path[0].sum(-1)
             h, _, _, x_mask = model.enc_p(x, x_len)
-            g = model.speaker_cond(sid)
-            pred_dur = model.predict_durations(h, x_mask, g, noise_scale_w=0.0)[0, 0]
-            dur_mae, dur_err = duration_errors(pred_dur, true_dur)
-            wav, _, _ = model.infer(x, x_len, sid, noise_scale=noise_scale, noise_scale_w=0.0,
-                                    max_frames=4 * spec.size(2))
-            ref = mel(it["wav"][None].to(device))[0].cpu().numpy()
-            syn = mel(wav[0].float())[0].cpu().numpy() if wav.size(-1) > mel.n_fft else ref[:, :0]
-            rows.append({"mcd": mcd_dtw(ref, syn), "align_sharpness": sharp, "dur_mae": dur_mae,
-                         "dur_err": dur_err})
+            pred_dur = model.predict_durations(h, x_mask, model.speaker_cond(sid), noise_scale_w=0.0)[:, 0]
+            cap = 4 * y_len
+            noise = torch.zeros(len(idx), model.args.inter_channels, int(cap.max()))
+            for j, i in enumerate(idx):
+                gen = torch.Generator().manual_seed(seed * 100003 + i)
+                noise[j, :, : int(cap[j])] = torch.randn(model.args.inter_channels, int(cap[j]), generator=gen)
+            wav, _, y_mask = model.infer(x, x_len, sid, noise_scale=noise_scale, noise_scale_w=0.0, max_frames=cap,
+                                         noise=noise.to(device), mask_decoder=True)
+            out_len = y_mask.sum((1, 2)).long() * model.hop_length
+            for j in range(len(idx)):
+                n, t = int(x_len[j]), int(y_len[j])
+                sharp = alignment_sharpness(log_lik[j, :n, :t].cpu())
+                dur_mae, dur_err = duration_errors(pred_dur[j, :n], path[j, :n, :t].sum(-1))
+                ref = mel(b["wav"][j : j + 1, : t * model.hop_length].to(device))[0].cpu().numpy()
+                syn_wav = wav[j : j + 1, 0, : int(out_len[j])].float()
+                syn = mel(syn_wav)[0].cpu().numpy() if syn_wav.size(-1) > mel.n_fft else ref[:, :0]
+                rows.append({"mcd": mcd_dtw(ref, syn), "align_sharpness": sharp, "dur_mae": dur_mae,
+                             "dur_err": dur_err})
     model.train(was_training)
     if not rows:
         return {}

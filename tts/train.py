@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import sys
 import time
@@ -44,7 +45,7 @@ from common.config import (
     load_config,
     save_config,
 )
-from common.data import BucketBatchSampler, make_loader
+from common.data import BucketBatchSampler, BucketShapes, make_loader
 from common.distributed import DistInfo, barrier, cleanup, setup_distributed, wrap_ddp
 from common.hardware import is_oom
 from common.log import Progress, RunLogger, plot_alignment, plot_spectrogram, report_lr_plan
@@ -127,6 +128,9 @@ class VitsTrainer:
         self.eval_set = VitsDataset(cfg.data_dir, "eval", cfg.audio, cfg.data.add_blank, Frontend.of(cfg))
         if len(self.train_set) == 0:
             raise DataError(f"{cfg.data_dir}/train.jsonl is empty")
+        if cfg.eval_batch_size < 1 or cfg.num_eval_loader_workers < 0:
+            raise ConfigError(f"eval_batch_size must be >= 1 and num_eval_loader_workers >= 0, got "
+                              f"{cfg.eval_batch_size} and {cfg.num_eval_loader_workers}")
         batch = min(cfg.batch_size, len(self.train_set) // info.world_size)
         if batch < cfg.batch_size:
             self.say(f"note: batch_size {cfg.batch_size} > training items per rank; using {batch}")
@@ -134,9 +138,11 @@ class VitsTrainer:
         buckets = max(1, min(cfg.data.num_buckets, len(self.train_set) // (self.batch_size * info.world_size)))
         self.sampler = BucketBatchSampler(self.train_set.lengths, self.batch_size, buckets,
                                           shuffle=True, seed=cfg.seed, drop_last=True)
+        self.shapes = self.bucket_shapes()
         self.loader = make_loader(self.train_set, batch_sampler=self.sampler, num_workers=cfg.num_loader_workers,
                                   prefetch_factor=cfg.prefetch_factor, pin_memory=cfg.pin_memory,
-                                  persistent_workers=cfg.persistent_workers, collate_fn=collate, seed=cfg.seed)
+                                  persistent_workers=cfg.persistent_workers, seed=cfg.seed,
+                                  collate_fn=functools.partial(collate, shapes=self.shapes))
         self.steps_per_epoch = len(self.sampler)
 
         # models, optimizers, schedulers, precision
@@ -146,7 +152,7 @@ class VitsTrainer:
         self.mel = build_mel(cfg).to(self.device)
         self.precision = Precision(
             ("bf16-mixed" if cfg.amp_dtype == "bf16" else "16-mixed") if cfg.mixed_precision else "32-true",
-            self.device, tf32=cfg.tf32, cudnn_benchmark=cfg.cudnn_benchmark)
+            self.device, tf32=cfg.tf32, cudnn_benchmark=cfg.cudnn_benchmark, deterministic=cfg.deterministic)
         self.scaler = self.precision.scaler
         opt_kw = {"betas": tuple(cfg.betas), "eps": cfg.eps, "weight_decay": cfg.weight_decay}
         self.opt_g = build_optimizer(cfg.optimizer_cls, self.gen, lr=cfg.lr_gen or cfg.lr, **opt_kw)
@@ -166,11 +172,45 @@ class VitsTrainer:
                  f"{self.gen.inference_parameters() / 1e6:.2f} M")
         self.say(f"data: {len(self.train_set)} train / {len(self.eval_set)} eval utterances, "
                  f"{len(self.speakers)} speaker(s), {self.steps_per_epoch} steps per epoch of batch {self.batch_size}")
-        for line in self.precision.report():
+        for line in self.precision.report() + self.apply_layout_and_compile():
             self.say(line)
         self._load(resume, init_from)
         self.gen_ddp = wrap_ddp(self.gen, info)
         self.disc_ddp = wrap_ddp(self.disc, info)
+
+    def bucket_shapes(self) -> BucketShapes | None:
+        """With cudnn.benchmark (CUDA) or torch.compile, pad every batch to its length bucket's fixed
+        (text, frames) size: each shape is autotuned / compiled once, not once per batch."""
+        cfg = self.cfg
+        benchmark = cfg.cudnn_benchmark and self.device.type == "cuda" and not cfg.deterministic  # as Precision
+        if not (cfg.compile or benchmark):
+            return None
+        shapes = BucketShapes(self.train_set.lengths, self.train_set.token_lengths(), self.sampler.boundaries)
+        self.say(f"batches padded to {len(shapes.shapes())} bucket shapes (text, frames): {shapes.shapes()}")
+        return shapes
+
+    def apply_layout_and_compile(self) -> list[str]:
+        """``channels_last`` and ``compile`` for VITS, done in place (checkpoint keys unchanged) before
+        DDP wraps the models; returns the report lines."""
+        cfg, lines = self.cfg, []
+        if cfg.channels_last:
+            convs2d = [m for m in self.disc.modules() if isinstance(m, torch.nn.Conv2d)]
+            self.disc.to(memory_format=torch.channels_last)
+            lines.append(f"applied: channels_last on the period critics' {len(convs2d)} Conv2d layers. Not applied to "
+                         "the generator and the scale critic: they are 1-D convs, which have no channels_last "
+                         "layout (see tts/README.md for the measured effect)")
+        if cfg.compile:
+            # DiscriminatorP.forward is one code object for every period: one graph per period × batch
+            # (2B in the D step, B in the G step) = 10 for vits_base, over dynamo's default limit of 8,
+            # past which it falls back to eager.
+            limit = 4 * len(self.disc.discriminators)
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
+            self.gen.dec.compile()
+            for critic in self.disc.discriminators:
+                critic.compile()
+            lines.append("applied: torch.compile on the HiFi-GAN decoder and each critic (fixed-shape crops); the "
+                         "text/posterior encoders, flow and MAS stay eager; evaluation runs eager")
+        return lines
 
     # ------------------------------------------------------------------ checkpoints
     def _load(self, resume: str | None, init_from: str | None) -> None:
@@ -291,8 +331,13 @@ class VitsTrainer:
     def evaluate(self) -> dict | None:
         if not (self.info.is_main and self.cfg.run_eval and len(self.eval_set)):
             return None
+        with torch.compiler.set_stance("force_eager"):  # eval lengths vary: compiling them would recompile
+            return self._evaluate()
+
+    def _evaluate(self) -> dict:
         metrics = evaluate(self.gen, self.eval_set, build_mel(self.cfg), self.device, self.cfg.eval_max_items,
-                           noise_scale=self.cfg.noise_scale, seed=self.cfg.seed)
+                           noise_scale=self.cfg.noise_scale, seed=self.cfg.seed, batch_size=self.cfg.eval_batch_size,
+                           num_workers=self.cfg.num_eval_loader_workers)
         self.log.scalars(metrics, self.step, prefix="eval")
         with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps({"step": self.step, **metrics}) + "\n")
@@ -305,6 +350,10 @@ class VitsTrainer:
         """Test sentences → TensorBoard (audio, alignment and mel plots) and run_dir/samples/."""
         if not self.cfg.test_sentences:
             return
+        with torch.compiler.set_stance("force_eager"):
+            self._synthesize_tests()
+
+    def _synthesize_tests(self) -> None:
         gen, was = self.gen, self.gen.training
         gen.eval()
         sid_name = self.cfg.test_speaker or next(iter(self.speakers))

@@ -227,8 +227,14 @@ class VITS(nn.Module):
     @torch.no_grad()
     def infer(self, x: torch.Tensor, x_lengths: torch.Tensor, sid: torch.Tensor | None = None,
               noise_scale: float | torch.Tensor = 0.667, length_scale: float | torch.Tensor = 1.0,
-              noise_scale_w: float | torch.Tensor = 0.8, max_frames: int | None = None):
-        """Text ids → (waveform [B, 1, T], alignment [B, T_text, T_frames], frame mask)."""
+              noise_scale_w: float | torch.Tensor = 0.8, max_frames: int | torch.Tensor | None = None,
+              noise: torch.Tensor | None = None, mask_decoder: bool = False):
+        """Text ids → (waveform [B, 1, T], alignment [B, T_text, T_frames], frame mask).
+
+        For batched evaluation that must equal item-by-item (tts/evaluation.py): ``max_frames`` may
+        be per item [B]; ``noise`` [B, C, ≥T_frames] is the standard normal for z_p (each item's own
+        draw, so an item's result does not depend on its batch); ``mask_decoder`` zeroes the
+        decoder's activations past each item's length (``Generator.forward``)."""
         h, m_p, logs_p, x_mask = self.enc_p(x, x_lengths)
         g = self.speaker_cond(sid)
         w_ceil = self.predict_durations(h, x_mask, g, noise_scale_w, length_scale)
@@ -239,9 +245,10 @@ class VITS(nn.Module):
         attn = generate_path(w_ceil[:, 0], x_mask.transpose(1, 2) * y_mask)  # [B, T_text, T_frames]
         m_p = m_p.float() @ attn
         logs_p = logs_p.float() @ attn
-        z_p = m_p + torch.randn_like(m_p) * torch.exp(logs_p) * noise_scale
+        eps = torch.randn_like(m_p) if noise is None else noise[:, :, : m_p.size(2)].to(m_p)
+        z_p = m_p + eps * torch.exp(logs_p) * noise_scale
         z = self.flow(z_p, y_mask, g=g, reverse=True)
-        o = self.dec((z * y_mask), g=g)
+        o = self.dec((z * y_mask), g=g, mask=y_mask if mask_decoder else None)
         return o, attn, y_mask
 
     def remove_weight_norm(self) -> int:

@@ -140,7 +140,7 @@ class DataConfig:
 class TrainConfig:
     """Everything train.py reads. Defaults are the RTX 4090 recipe's (tts/configs/uzbek_vits.yaml)."""
 
-    run_name: str = "uzbek_vits"
+    run_name: str = "uzbek_vits_rtx4090"
     seed: int = 1234
     model: str = "vits_base"  # preset name, see PRESETS
     model_args: dict[str, Any] = field(default_factory=dict)
@@ -174,7 +174,13 @@ class TrainConfig:
     mixed_precision: bool = True
     amp_dtype: Literal["fp16", "bf16"] = "bf16"
     tf32: bool = True
-    cudnn_benchmark: bool = False  # variable lengths: benchmark would re-tune every batch
+    # cudnn.benchmark autotunes each new input shape once. With it (on CUDA) or compile, each batch is
+    # padded to its length bucket's fixed (text, frames) size (data.num_buckets shapes per run, not one
+    # per batch): see common.data.BucketShapes and bench/bench_vits_rtx.py for the counts.
+    cudnn_benchmark: bool = False
+    compile: bool = False  # torch.compile (in place) the HiFi-GAN decoder and every critic: fixed-shape crops
+    channels_last: bool = False  # channels_last layout for the period critics' Conv2d (the only 4-D convs)
+    deterministic: bool = False  # deterministic kernels + cudnn flags (common.precision.Precision)
     max_nonfinite_steps: int = 20  # consecutive skipped steps before the run stops
     # alignment: the beta-binomial diagonal prior added to what MAS sees (not to the loss), with
     # weight mas_prior_weight at step 0 falling linearly to 0 at mas_prior_steps (0 = off, as the paper)
@@ -210,6 +216,7 @@ class TrainConfig:
         "max_updates": "max_steps", "val_check_interval": "eval_interval",
         "checkpoint_interval": "save_step", "log_interval": "print_step",
         "learning_rate": "lr", "lr_decay": "lr_gamma", "grad_clip_norm": "grad_clip",
+        "gradient_clip_val": "grad_clip",  # Lightning's name, as the 4090 guide writes it
     }
 
     def args(self) -> VitsArgs:
