@@ -20,10 +20,14 @@ from tts.models.vits_config import TrainConfig
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_gradient_clip_val_is_grad_clip():
+def test_gradient_clip_val_is_grad_clip(tmp_path):
     assert load_config(None, TrainConfig, ["gradient_clip_val=0.5"]).grad_clip == 0.5
-    with pytest.raises(ConfigError, match="twice"):
-        load_config(None, TrainConfig, ["gradient_clip_val=0.5", "grad_clip=1.0"])
+    # --set items are layers: the later one wins whichever spelling it uses
+    assert load_config(None, TrainConfig, ["gradient_clip_val=0.5", "grad_clip=1.0"]).grad_clip == 1.0
+    both = tmp_path / "both.yaml"
+    both.write_text("gradient_clip_val: 0.5\ngrad_clip: 1.0\n")
+    with pytest.raises(ConfigError, match="twice"):  # one file giving both spellings is ambiguous
+        load_config(both, TrainConfig)
 
 
 def test_recipes_name_their_card_and_enable_cudnn_benchmark():
