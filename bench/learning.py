@@ -39,7 +39,10 @@ DATA = REPO / "data" / "demo"
 TRAINERS = ("vocoder", "vits", "vae")
 # The fixed recipe per trainer: the demo config plus these (fp32: the reference precision).
 RECIPE = {
-    "vocoder": ["pl_trainer_precision=32-true", "num_valid_plots=0", "volume_aug=false"],
+    # critics from the first step: this loop calls train_step without advancing tr.step, so the demo's
+    # generator-only warm-up (discriminator_train_start_steps) would never end here
+    "vocoder": ["pl_trainer_precision=32-true", "num_valid_plots=0", "volume_aug=false",
+                "discriminator_train_start_steps=0"],
     "vits": ["mixed_precision=false", "progress_bar=false"],
     "vae": ["perceptual_weight=0.0", "ema_decay=0.0"],
 }

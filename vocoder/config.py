@@ -211,6 +211,10 @@ class VocoderConfig:
     loss_win_lengths: list[int] = field(default_factory=lambda: [2048, 1200, 2400, 480, 240, 120, 60, 600])
     lab_aux_melloss: float = 45.0
     lab_aux_stftloss: float = 2.5
+    # Steps before the critics switch on: until then no D update and no adversarial / feature-matching
+    # term, the generator learns from the mel (+ MR-STFT) reconstruction loss alone (ParallelWaveGAN's
+    # discriminator_train_start_steps). Such a step costs the generator's fwd+bwd only.
+    discriminator_train_start_steps: int = 0
 
     # ---- model
     model_args: ModelArgs = field(default_factory=ModelArgs)
@@ -259,6 +263,9 @@ class VocoderConfig:
             raise ValueError("pc_aug needs model_args.mini_nsf: true (the pitch-shift cycle uses the mini-NSF source)")
         if not 0 < self.aug_min <= self.aug_max:
             raise ValueError("need 0 < aug_min <= aug_max")
+        if self.discriminator_train_start_steps < 0:
+            raise ValueError(f"discriminator_train_start_steps must be >= 0 (0 = critics from the first step), "
+                             f"not {self.discriminator_train_start_steps}")
         if self.val_check_interval < 1 or self.log_interval < 1:
             raise ValueError("val_check_interval and log_interval must be >= 1")
 

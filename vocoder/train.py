@@ -362,8 +362,9 @@ class VocoderTrainer:
         with self.precision.autocast():
             fake, extras = self.generate(mel, f0)
 
-        # ---- discriminator update (on the detached fake)
-        if self.d_opt is not None:
+        # ---- discriminator update (on the detached fake); none during the generator-only warm-up
+        adversarial = self.step >= cfg.discriminator_train_start_steps
+        if self.d_opt is not None and adversarial:
             with self.precision.autocast():
                 out = self.d_train(torch.cat([real, fake.detach().to(real.dtype)]))
             d_real, d_fake = _split(out, b)
@@ -375,12 +376,15 @@ class VocoderTrainer:
         # ---- generator update (critics frozen, called unwrapped: their grads are not needed)
         self._set_d_grad(False)
         try:
-            d_real, d_fake = self.critics_for_generator(real, fake.to(real.dtype))
-            adv, adv_logs = generator_adv_loss(d_fake)
-            fm, fm_logs = feature_matching_loss(d_real, _head(d_fake, b))
             mel_l = self.mel_loss(fake[:b], real) * cfg.lab_aux_melloss
-            loss_g = adv + fm + mel_l
-            logs.update(**adv_logs, **fm_logs, loss_mel=mel_l.detach())
+            loss_g = mel_l
+            logs.update(loss_mel=mel_l.detach())
+            if adversarial:
+                d_real, d_fake = self.critics_for_generator(real, fake.to(real.dtype))
+                adv, adv_logs = generator_adv_loss(d_fake)
+                fm, fm_logs = feature_matching_loss(d_real, _head(d_fake, b))
+                loss_g = loss_g + adv + fm
+                logs.update(**adv_logs, **fm_logs)
             if cfg.use_stftloss:
                 sc, mag = self.stft(fake[:b], real)
                 stft_l = (sc + mag) * cfg.lab_aux_stftloss

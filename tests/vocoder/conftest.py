@@ -43,6 +43,7 @@ TINY = [
     "volume_aug=false",
     "val_num=1",
     "binarization_args.num_workers=0",
+    "discriminator_train_start_steps=0",  # the loop with its critics from step 0 (demo.yaml warms up 1500)
 ]
 
 

@@ -2,6 +2,7 @@
 same gradients as the former single call on cat([real, fake]), for every critic kind including the
 spectral-norm MSD sub-critic."""
 
+import pytest
 import torch
 
 from vocoder.losses import feature_matching_loss, generator_adv_loss
@@ -45,3 +46,28 @@ def test_split_critic_call_gives_the_concatenated_calls_grads(tiny_data, tmp_pat
     # one spectral-norm power iteration per G update, as the single call did
     for k, v in tr.discriminator.state_dict().items():
         torch.testing.assert_close(v, u_after_old[k], rtol=1e-5, atol=1e-6)
+
+
+def test_generator_only_warmup_leaves_the_critics_untouched_until_their_start(tiny_data, tmp_path):
+    """discriminator_train_start_steps=2: steps 0-1 update the generator from the reconstruction
+    losses alone (no critic update, no adversarial term logged); step 2 updates the critics."""
+    tr = VocoderTrainer(tiny_config("discriminator_train_start_steps=2"), tiny_data, tmp_path, **QUIET)
+    tr.sampler.set_epoch(0)
+    batch = next(iter(tr.loader))
+    d0 = [p.detach().clone() for p in tr.discriminator.parameters()]
+    g0 = [p.detach().clone() for p in tr.generator.parameters()]
+    for step in range(2):
+        tr.step = step
+        logs = tr.train_step(batch)
+        assert "loss_d" not in logs and "loss_mel" in logs
+    assert all(torch.equal(a, b) for a, b in zip(d0, tr.discriminator.parameters()))
+    assert not all(torch.equal(a, b) for a, b in zip(g0, tr.generator.parameters()))
+    tr.step = 2
+    logs = tr.train_step(batch)
+    assert "loss_d" in logs
+    assert not all(torch.equal(a, b) for a, b in zip(d0, tr.discriminator.parameters()))
+
+
+def test_negative_discriminator_start_is_refused():
+    with pytest.raises(ValueError, match="discriminator_train_start_steps"):
+        tiny_config("discriminator_train_start_steps=-1")
