@@ -1,8 +1,13 @@
 """Issue 10's two checks against the reference implementations, measured: (1) the *effective*
 initialisation of every layer, (2) gradient work in the generator update.
 
+    python -m bench.reference_checks vocoder --reference_dir /path/to/SingingVocoders
     python -m bench.reference_checks vits --reference_dir /path/to/jaywalnut310/vits
     python -m bench.reference_checks vae
+
+Vocoder (``--reference_dir``: an openvpi/SingingVocoders checkout, imported by
+bench/vocoder_reference.py): (1) their generator and MPD + MSD against ours, built from the reference
+recipe of ``bench.learning --reference_dir``; (2) is measured there (whole steps, side by side).
 
 VITS (``--reference_dir``: a jaywalnut310/vits checkout; its models.py, losses.py and their imports
 are loaded from there, never copied): (1) builds their ``SynthesizerTrn`` and ``MultiPeriodDiscriminator``
@@ -27,6 +32,7 @@ critic's init is taming's ``weights_init`` (checked here by std).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import re
@@ -44,18 +50,30 @@ REPO = Path(__file__).resolve().parent.parent
 
 def effective(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """name -> the weight/bias tensor a forward uses, for every conv/linear/embedding/norm layer
-    (old hook weight norm recomputed from weight_g/weight_v; the parametrization applied)."""
+    (old hook weight norm recomputed from weight_g/weight_v, old hook spectral norm from weight_orig and
+    its u, v; a parametrization applied)."""
     out = {}
     for name, m in module.named_modules():
         if ".parametrizations" in name or (list(m.children()) and not parametrize.is_parametrized(m)):
             continue
         if hasattr(m, "weight_g") and hasattr(m, "weight_v"):
             out[f"{name}.weight"] = torch._weight_norm(m.weight_v, m.weight_g, 0).detach()
+        elif hasattr(m, "weight_orig") and hasattr(m, "weight_u"):  # old hook spectral norm
+            out[f"{name}.weight"] = first_spectral_weight(m)
         elif isinstance(getattr(m, "weight", None), torch.Tensor):
             out[f"{name}.weight"] = m.weight.detach()
         if isinstance(getattr(m, "bias", None), torch.Tensor):
             out[f"{name}.bias"] = m.bias.detach()
     return out
+
+
+def first_spectral_weight(m: torch.nn.Module) -> torch.Tensor:
+    """The weight the first training forward of an old-hook spectral-norm layer uses: its hook's own
+    ``compute_weight`` with one power iteration from the random u, v (on a copy, so nothing changes)."""
+    m = copy.deepcopy(m)
+    hook = next(h for h in m._forward_pre_hooks.values() if hasattr(h, "compute_weight"))
+    with torch.no_grad():
+        return hook.compute_weight(m, do_power_iteration=True).detach()
 
 
 def their_flow_names(name: str) -> str:
@@ -180,6 +198,27 @@ def vits_checks(args) -> None:
           f"max |grad y_hat difference| / max |grad| = {diff:.1e}")
 
 
+def vocoder_checks(args) -> None:
+    from bench.learning import RECIPE
+    from bench.vocoder_reference import REFERENCE_RECIPE, ReferenceTrainer, import_reference
+    from common.config import load_config
+    from vocoder.config import VocoderConfig
+    from vocoder.demo import CONFIG
+    from vocoder.train import build_discriminator, build_generator
+
+    cfg = load_config(CONFIG, VocoderConfig, [*RECIPE["vocoder"], *REFERENCE_RECIPE, *args.set])
+    ref = ReferenceTrainer(import_reference(args.reference_dir), cfg, args.seed)
+    torch.manual_seed(args.seed)
+    for label, ours, theirs in (("generator", build_generator(cfg), ref.generator),
+                                ("MPD + MSD", build_discriminator(cfg), ref.discriminator)):
+        res = compare_init(ours, theirs)
+        print(f"(1) vocoder {label}, effective init: {res['compared']} tensors compared, std ratio ours/theirs "
+              f"{res['std_ratio_min']:.3f}..{res['std_ratio_max']:.3f}, {len(res['differs'])} outside 6 standard "
+              f"errors; only ours {res['only_ours']}, only theirs {res['only_theirs']}")
+        for line in res["differs"]:
+            print(f"    differs: {line}")
+
+
 def vae_checks(args) -> None:
     from common.config import load_config
     from common.data import ResumableSampler, make_loader
@@ -227,19 +266,20 @@ def vae_checks(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("model", choices=["vits", "vae"])
-    p.add_argument("--reference_dir", default=None, help="vits: a jaywalnut310/vits checkout")
+    p.add_argument("model", choices=["vocoder", "vits", "vae"])
+    p.add_argument("--reference_dir", default=None, help="vocoder: an openvpi/SingingVocoders checkout; "
+                   "vits: a jaywalnut310/vits checkout")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--batch", type=int, default=2, help="vits (2): batch of the critic timing")
     p.add_argument("--samples", type=int, default=8192, help="vits (2): samples per item (ljs_base's segment_size)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="vae: config override")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="vocoder / vae: config override")
     args = p.parse_args(argv)
-    if args.model == "vits" and not args.reference_dir:
-        p.error("vits needs --reference_dir (a jaywalnut310/vits checkout)")
+    if args.model != "vae" and not args.reference_dir:
+        p.error(f"{args.model} needs --reference_dir (the reference checkout)")
     torch.set_num_threads(args.threads)
-    (vits_checks if args.model == "vits" else vae_checks)(args)
+    {"vocoder": vocoder_checks, "vits": vits_checks, "vae": vae_checks}[args.model](args)
     return 0
 
 
