@@ -4,18 +4,21 @@
     python -m bench.learning --trainer vits --compare lr=0.001,0.002
     python -m bench.learning --trainer vits --compare phoneme_type=text,espeak --steps 300
     python -m bench.learning --trainer vae                 # default: --compare mixed_precision=false,true
+    python -m bench.learning --trainer vocoder --reference_dir /path/to/SingingVocoders --steps 600
     make bench-learning                                    # all three, default settings
 
 For one trainer: its demo data (made by the demo's own data functions, reused when present), a small
 fixed recipe (the demo config + RECIPE below), a fixed seed, and ONE stored sequence of batches that
 both settings train on, interleaved step by step in this process (so machine load hits both alike;
 the same RNG seed before each step, so noise draws match too). Prints the held-out metric curve
-(vocoder: MR-STFT distance and mel L1 of ``validate()``; VITS: MCD-DTW and alignment sharpness of
+(vocoder: MR-STFT distance, its log-magnitude part, mel L1 and MCD-DTW; VITS: MCD-DTW and alignment sharpness of
 tts/evaluation.py; VAE: PSNR / SSIM, LPIPS when its VGG backbone is cached) and the median step time.
 
 ``--compare KEY=A,B``: ``init=old,new`` compares initialisations (``new`` = the models' deliberate
 effective init; ``old`` = weights of the HiFi-GAN parts really drawn N(0, 0.01) under weight norm, the
 vocoder's pre-issue-10 init), any other KEY is a config key set to A and to B (``--set`` applies to both).
+``--reference_dir`` (vocoder only) trains ours against openvpi/SingingVocoders' own networks, losses
+and step order instead (bench/vocoder_reference.py says exactly what is theirs and what is ours).
 A benchmark, not a test: it never runs in the test suite. Use ``--steps 600`` for the issue's length.
 """
 
@@ -59,6 +62,7 @@ class Runner:
     step: Callable[[object], object]
     evaluate: Callable[[], dict]
     times: list[float] = field(default_factory=list)
+    train_loss: list[float] = field(default_factory=list)  # what ``step`` returned, when it returns a float
 
 
 def redraw_old_init(model: torch.nn.Module, prefixes: tuple[str, ...], seed: int) -> int:
@@ -106,6 +110,37 @@ def take_batches(loader, sampler, steps: int) -> list:
 
 
 # ----------------------------------------------------------------------------------- trainers
+# The held-out vocoder metric: our MR-STFT distance at the demo's three loss resolutions; "logmag" is
+# its log-magnitude L1 part alone (the issue's figure), "mrstft" adds spectral convergence (validate()'s).
+EVAL_STFT = ([1024, 2048, 512], [120, 240, 50], [600, 1200, 240])
+
+
+@torch.no_grad()
+def vocoder_held_out(generator: torch.nn.Module, tr, limit: int | None, seed: int) -> dict:
+    """One function for every vocoder under test (ours or the reference's): whole held-out files
+    of ``tr.valid_set`` through ``generator(mel, f0)`` under a fixed RNG; MR-STFT, log-magnitude
+    L1, mel L1 and MCD-DTW (common.plausibility's measure) against the ground truth."""
+    from common.plausibility import compare_speech
+    from vocoder.losses import MultiResolutionSTFTLoss
+
+    stft = MultiResolutionSTFTLoss(*EVAL_STFT)
+    items = [tr.valid_set[i] for i in range(len(tr.valid_set) if not limit else min(limit, len(tr.valid_set)))]
+    sums = dict.fromkeys(("mrstft", "logmag", "mel_l1", "mcd"), 0.0)
+    generator.eval()
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        for item in items:
+            wav = generator(item["mel"][None], item["f0"][None]).float().reshape(1, -1)
+            real = item["audio"].reshape(1, -1)[:, : wav.shape[1]]
+            sc, mag = stft(wav, real)
+            sums["mrstft"] += float(sc + mag)
+            sums["logmag"] += float(mag)
+            sums["mel_l1"] += float(torch.nn.functional.l1_loss(tr.input_mel(wav), item["mel"][None]))
+            sums["mcd"] += compare_speech("", wav[0].numpy(), real[0].numpy(), tr.input_mel).mcd
+    generator.train()
+    return {k: v / len(items) for k, v in sums.items()}
+
+
 def vocoder_runners(key: str, values: list[str], args, tmp: Path) -> tuple[list[Runner], list]:
     from common.config import load_config
     from vocoder.config import VocoderConfig
@@ -113,18 +148,23 @@ def vocoder_runners(key: str, values: list[str], args, tmp: Path) -> tuple[list[
     from vocoder.train import VocoderTrainer
 
     base = [*RECIPE["vocoder"], *args.set]
+    if args.reference_dir:
+        from bench.vocoder_reference import REFERENCE_RECIPE
+        base = [*RECIPE["vocoder"], *REFERENCE_RECIPE, *args.set]
     make_dataset(load_config(CONFIG, VocoderConfig, base), wavs=DATA / "vocoder_wavs", data=DATA / "vocoder_bin")
     runners, batches = [], None
     for value in values:
         overrides, init = setting_overrides(key, value)
         cfg = load_config(CONFIG, VocoderConfig, [*base, *overrides])
         tr = VocoderTrainer(cfg, DATA / "vocoder_bin", tmp / f"vocoder_{value}", device="cpu", log=lambda *a: None)
+        if args.reference_dir:
+            return reference_runners(tr, args), take_batches(tr.loader, tr.sampler, args.steps)
         if init == "old":
             redraw_old_init(tr.generator, ("ups.", "resblocks.", "conv_post"), args.seed)
         if batches is None:
             batches = take_batches(tr.loader, tr.sampler, args.steps)
-        runners.append(Runner(f"{key}={value}", tr.train_step,
-                              lambda tr=tr: tr.validate(limit=args.eval_items or None)))
+        runners.append(Runner(f"{key}={value}", lambda b, tr=tr: our_vocoder_step(tr, b),
+                              lambda tr=tr: vocoder_held_out(tr.generator, tr, args.eval_items, tr.cfg.seed)))
     return runners, batches
 
 
@@ -139,6 +179,30 @@ def retokenize(batch: dict, dataset) -> dict:
     for i, t in enumerate(ids):
         x[i, : len(t)] = t
     return {**batch, "ids": x, "ids_len": torch.tensor([len(t) for t in ids])}
+
+
+def our_vocoder_step(tr, batch) -> float:
+    """One step of our trainer; returns its training mel L1 (unweighted)."""
+    return float(tr.train_step(batch)["loss_mel"]) / tr.cfg.lab_aux_melloss
+
+
+def reference_runners(tr, args) -> list[Runner]:
+    """Ours (``tr``) and SingingVocoders' trainer built from the same config (bench/vocoder_reference.py)."""
+    from bench.vocoder_reference import (
+        ReferenceTrainer,
+        copy_initial_weights,
+        import_reference,
+        parameter_counts,
+    )
+
+    ref = ReferenceTrainer(import_reference(args.reference_dir), tr.cfg, tr.cfg.seed)
+    print(f"  [vocoder] {parameter_counts(tr, ref)}", flush=True)
+    if args.same_init:
+        print(f"  [vocoder] {copy_initial_weights(ref, tr)}", flush=True)
+    return [Runner("ours", lambda b: our_vocoder_step(tr, b),
+                   lambda: vocoder_held_out(tr.generator, tr, args.eval_items, tr.cfg.seed)),
+            Runner("SingingVocoders", ref.reference_step,
+                   lambda: vocoder_held_out(ref.generator, tr, args.eval_items, tr.cfg.seed))]
 
 
 def vits_runners(key: str, values: list[str], args, tmp: Path) -> tuple[list[Runner], list]:
@@ -237,11 +301,16 @@ def run(trainer: str, args) -> list[str]:
             for r in runners:
                 torch.manual_seed(args.seed * 100_003 + i)  # the same noise draws for both settings
                 t0 = time.perf_counter()
-                r.step(batch)
+                out = r.step(batch)
                 r.times.append(time.perf_counter() - t0)
+                if isinstance(out, float):
+                    r.train_loss.append(out)
             if i % eval_every == 0 or i == len(batches):
                 curve.append((i, [r.evaluate() for r in runners]))
-                print(f"  [{trainer}] step {i}/{len(batches)} ({time.time() - t_start:.0f} s)", flush=True)
+                print(f"  [{trainer}] step {i}/{len(batches)} ({time.time() - t_start:.0f} s): " + "; ".join(
+                    f"{r.label} " + " ".join(f"{k} {v:.4f}" for k, v in m.items())
+                    + f" median step {statistics.median(r.times):.3f} s" for r, m in zip(runners, curve[-1][1])),
+                    flush=True)
     return format_table(trainer, runners, curve)
 
 
@@ -251,6 +320,12 @@ def format_table(trainer: str, runners: list[Runner], curve: list[tuple[int, lis
     lines = [f"== {trainer}: held-out metrics, same batches and seed ==", head]
     for step, ms in curve:
         lines.append(f"{step:>6} " + " ".join(f"{m[n]:>26.4f}" for n in names for m in ms))
+    for r in runners:
+        if r.train_loss:  # the last quarter of the steps (451-600 of 600)
+            first = len(r.train_loss) - max(1, len(r.train_loss) // 4)
+            tail = r.train_loss[first:]
+            lines.append(f"training mel L1 [{r.label}]: mean {statistics.mean(tail):.4f} over steps "
+                         f"{first + 1}-{len(r.train_loss)}")
     for r in runners:
         t = r.times[1:] or r.times  # the first step pays one-off allocations
         lines.append(f"step time [{r.label}]: median {statistics.median(t):.3f} s, mean {statistics.mean(t):.3f} s "
@@ -270,10 +345,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval_items", type=int, default=0, help="held-out items per evaluation (0 = the recipe's)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: comparable on a shared machine)")
+    p.add_argument("--reference_dir", default=None, help="vocoder: an openvpi/SingingVocoders checkout; trains "
+                   "ours against its networks, losses and step order (see bench/vocoder_reference.py)")
+    p.add_argument("--same_init", action="store_true", help="with --reference_dir: ours starts from the "
+                   "reference's initial weights (isolates the training code from the luck of the init draw)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for both settings")
     args = p.parse_args(argv)
     if args.steps is not None and args.steps < 1:
         p.error("--steps must be >= 1")
+    if args.reference_dir and args.trainer != "vocoder":
+        p.error("--reference_dir needs --trainer vocoder (the reference is openvpi/SingingVocoders)")
+    if args.same_init and not args.reference_dir:
+        p.error("--same_init needs --reference_dir")
     torch.set_num_threads(args.threads)
     os.chdir(REPO)  # the demo data functions write under data/demo like the demos do
     out = []
