@@ -73,6 +73,7 @@ from tts.models.vits_config import TrainConfig
 from tts.models.vits_losses import discriminator_loss, feature_loss, generator_loss, kl_loss
 from tts.text import normalize
 from tts.text.phonemes import Frontend
+from vocoder.losses import MultiResolutionSTFTLoss
 
 
 def count(module: torch.nn.Module) -> int:
@@ -150,6 +151,8 @@ class VitsTrainer:
         self.gen.to(self.device)
         self.disc.to(self.device)
         self.mel = build_mel(cfg).to(self.device)
+        # three Parallel WaveGAN resolutions (fft, hop, win): short, medium, long windows
+        self.stft = MultiResolutionSTFTLoss([512, 1024, 2048], [50, 120, 240], [240, 600, 1200]).to(self.device)
         self.precision = Precision(
             ("bf16-mixed" if cfg.amp_dtype == "bf16" else "16-mixed") if cfg.mixed_precision else "32-true",
             self.device, tf32=cfg.tf32, cudnn_benchmark=cfg.cudnn_benchmark, deterministic=cfg.deterministic)
@@ -266,10 +269,11 @@ class VitsTrainer:
         return path
 
     # ------------------------------------------------------------------ one step
-    def generator_losses(self, out: dict, y_d_g, fmap_r, fmap_g, mel_y, mel_hat) -> dict[str, torch.Tensor]:
+    def generator_losses(self, out: dict, y_d_g, fmap_r, fmap_g, mel_y, mel_hat, y, y_hat) -> dict[str, torch.Tensor]:
         cfg = self.cfg
         losses = {
             "mel": F.l1_loss(mel_hat, mel_y) * cfg.c_mel,
+            **({"stft": self.stft.distance(y_hat, y) * cfg.c_stft} if cfg.c_stft > 0 else {}),
             "kl": kl_loss(out["z_p"], out["logs_q"], out["m_p"], out["logs_p"], out["y_mask"]) * cfg.c_kl,
             "dur": torch.sum(out["l_length"].float()),
             "fm": feature_loss(fmap_r, fmap_g),
@@ -310,7 +314,7 @@ class VitsTrainer:
         with frozen(self.disc), self.precision.autocast():
             (_, fmap_r), (y_d_g, fmap_g) = critic_for_generator(self.disc.score, y, y_hat)
         with self.precision.no_autocast():
-            losses = self.generator_losses(out, y_d_g, fmap_r, fmap_g, mel_y, mel_hat)
+            losses = self.generator_losses(out, y_d_g, fmap_r, fmap_g, mel_y, mel_hat, y, y_hat)
         gn_g, ok_g = step_optimizer(losses["total"], self.opt_g, self.gen.parameters(), self.scaler,
                                     self.cfg.grad_clip)
         self.clip_stats.update("g", gn_g)

@@ -189,6 +189,10 @@ class TrainConfig:
     # losses
     c_mel: float = 45.0
     c_kl: float = 1.0
+    # multi-resolution STFT loss on the decoded segment (Parallel WaveGAN's, from vocoder/losses.py);
+    # 0 = the paper's objective. Its spectral-convergence term is linear in magnitude, so it weighs
+    # the harmonic peaks that carry the power, which the log-mel L1 leaves too quiet early on
+    c_stft: float = 0.0
     # schedule
     epochs: int = 200
     max_steps: int | None = None  # stop after this many steps (None: run the epochs)
