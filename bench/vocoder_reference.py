@@ -119,36 +119,34 @@ class ReferenceTrainer:
         self.opt_g = adamw(self.generator, cfg.generator_optimizer_args)
         self.opt_d = adamw(self.discriminator, cfg.discriminator_optimizer_args)
 
-    def Dforward(self, wav: torch.Tensor):  # noqa: N802 - their name
-        msd_out, msd_feature = self.discriminator["msd"](wav)
-        mpd_out, mpd_feature = self.discriminator["mpd"](wav)
-        return (msd_out, msd_feature), (mpd_out, mpd_feature)
+    def critics(self, wav: torch.Tensor):
+        """Both critics on ``wav``, as the pairs (scores, features) their loss functions take."""
+        return self.discriminator["msd"](wav), self.discriminator["mpd"](wav)
 
     def reference_step(self, batch: dict) -> float:
-        """Their ``_training_step`` with pc_aug off; returns the training mel L1 (their Auxloss / weight)."""
+        """One update in the reference's order (pc_aug off): critic update on the detached fake, then
+        the generator update with the critics frozen, real audio through them again with grad and the
+        reference's adversarial + feature-matching + auxiliary losses. Returns the training mel L1
+        (their auxiliary mel term divided by its weight)."""
         sample = {"mel": batch["mel"], "f0": batch["f0"], "audio": batch["audio"]}
-        opt_g, opt_d = self.opt_g, self.opt_d
-        audio_fake = self.generator(x=sample["mel"], f0=sample["f0"])
-        Dfake = self.Dforward(audio_fake.detach())  # noqa: N806 - their names from here on
-        Dtrue = self.Dforward(sample["audio"])  # noqa: N806
-        Dloss, _ = self.mix_loss.Dloss(Dfake=Dfake, Dtrue=Dtrue)  # noqa: N806
-        opt_d.zero_grad()
-        Dloss.backward()
-        opt_d.step()
-        d_trainable_params = [p for D in self.discriminator.values() for p in D.parameters() if p.requires_grad]
-        for p in d_trainable_params:
-            p.requires_grad = False
-        GDfake = self.Dforward(audio_fake)  # noqa: N806
-        GDtrue = self.Dforward(sample["audio"])  # noqa: N806
-        GDloss, _ = self.mix_loss.GDloss(GDfake=GDfake, GDtrue=GDtrue)  # noqa: N806
-        spec_loss, aux_log = self.mix_loss.Auxloss(Goutput={"audio": audio_fake}, sample=sample)
-        Gloss = GDloss + spec_loss  # noqa: N806
-        opt_g.zero_grad()
-        Gloss.backward()
-        opt_g.step()
-        for p in d_trainable_params:
-            p.requires_grad = True
-        return float(aux_log["aux_mel_loss"].detach()) / self.mel_weight
+        fake = self.generator(x=sample["mel"], f0=sample["f0"])
+
+        critic_loss, _ = self.mix_loss.Dloss(Dfake=self.critics(fake.detach()), Dtrue=self.critics(sample["audio"]))
+        self.opt_d.zero_grad()
+        critic_loss.backward()
+        self.opt_d.step()
+
+        trainable = [p for p in self.discriminator.parameters() if p.requires_grad]
+        for p in trainable:
+            p.requires_grad_(False)
+        adversarial, _ = self.mix_loss.GDloss(GDfake=self.critics(fake), GDtrue=self.critics(sample["audio"]))
+        auxiliary, aux_parts = self.mix_loss.Auxloss(Goutput={"audio": fake}, sample=sample)
+        self.opt_g.zero_grad()
+        (adversarial + auxiliary).backward()
+        self.opt_g.step()
+        for p in trainable:
+            p.requires_grad_(True)
+        return float(aux_parts["aux_mel_loss"].detach()) / self.mel_weight
 
 
 def copy_initial_weights(theirs: ReferenceTrainer, ours) -> str:
