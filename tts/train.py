@@ -151,8 +151,9 @@ class VitsTrainer:
         self.gen.to(self.device)
         self.disc.to(self.device)
         self.mel = build_mel(cfg).to(self.device)
-        # three Parallel WaveGAN resolutions (fft, hop, win): short, medium, long windows
-        self.stft = MultiResolutionSTFTLoss([512, 1024, 2048], [50, 120, 240], [240, 600, 1200]).to(self.device)
+        # c_stft > 0: three Parallel WaveGAN resolutions (fft, hop, win): short, medium, long windows
+        self.stft = (MultiResolutionSTFTLoss([512, 1024, 2048], [50, 120, 240], [240, 600, 1200]).to(self.device)
+                     if cfg.c_stft > 0 else None)
         self.precision = Precision(
             ("bf16-mixed" if cfg.amp_dtype == "bf16" else "16-mixed") if cfg.mixed_precision else "32-true",
             self.device, tf32=cfg.tf32, cudnn_benchmark=cfg.cudnn_benchmark, deterministic=cfg.deterministic)
