@@ -14,10 +14,13 @@ when n_fft - hop is even). `extract_f0` samples the pitch at those same instants
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import librosa
 import numpy as np
@@ -201,6 +204,37 @@ def check_audio(
 # ---------------------------------------------------------------------------------------------
 # Spectrograms
 # ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class AudioSettings:
+    """The mel contract a model is trained on, as one config block (`audio:`) of the vocoder, VITS
+    and voice-cloning schemas: a mel made with other values is another model's input.
+
+    Defaults are the 44.1 kHz NSF-HiFiGAN contract (the vocoder's, which the cloning model must
+    match); a schema with other defaults subclasses this with its own values. The seed configs'
+    key names are aliases: SingingVocoders / DiffSinger (`audio_sample_rate`, `fft_size`,
+    `win_size`, `hop_size`, `audio_num_mel_bins`) and Coqui / jaywalnut310 VITS (`sampling_rate`,
+    `filter_length`, `num_mels`, `n_mel_channels`, `mel_fmin`, `mel_fmax`)."""
+
+    ALIASES: ClassVar[dict[str, str]] = {
+        "audio_sample_rate": "sample_rate", "fft_size": "n_fft", "win_size": "win_length",
+        "hop_size": "hop_length", "audio_num_mel_bins": "n_mels",
+        "sampling_rate": "sample_rate", "filter_length": "n_fft", "num_mels": "n_mels",
+        "n_mel_channels": "n_mels", "mel_fmin": "fmin", "mel_fmax": "fmax",
+    }
+    sample_rate: int = 44100
+    n_fft: int = 2048
+    win_length: int = 2048
+    hop_length: int = 512
+    n_mels: int = 128
+    fmin: float = 40.0
+    fmax: float | None = 16000.0  # None = sample_rate / 2
+
+    @property
+    def mel_kwargs(self) -> dict:
+        """The keyword arguments of `MelSpectrogram` for these settings (the seven fields only)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(AudioSettings)}
 
 
 class MelSpectrogram(nn.Module):

@@ -129,15 +129,26 @@ def _flatten_nested_aliases(aliases: dict[str, str], data: dict, source: str, pr
 def canonical_names(schema: type, data: dict, source: str, prefix: str = "") -> dict:
     """`data` with every alias renamed to its field name, level by level (unknown keys kept, so the
     schema check still names them). One mapping giving both spellings is an error: which one was meant?
-    An alias may be dotted (`adamw_args.weight_decay` → `weight_decay`): the nested mapping is flattened."""
-    aliases, out = _aliases(schema), {}
+    An alias may be dotted (`adamw_args.weight_decay` → `weight_decay`): the nested mapping is flattened;
+    an alias's target may be dotted (`hop_size` → `audio.hop_length`): the value moves into that block."""
+    aliases, out, lifted = _aliases(schema), {}, []
     for raw_key, value in _flatten_nested_aliases(aliases, data, source, prefix):
         key = aliases.get(raw_key, raw_key)
+        if "." in key:  # a flat seed key of a nested block (the vocoder's `hop_size` → `audio.hop_length`)
+            lifted.append((raw_key, key, value))
+            continue
         if key in out:
             raise ConfigError(f"'{prefix}{raw_key}' ({source}) sets '{prefix}{key}' twice (once through an "
                               "alias): keep one spelling")
         sub = _field_schema(schema, key)
         out[key] = canonical_names(sub, value, source, f"{prefix}{key}.") if sub and isinstance(value, dict) else value
+    for raw_key, key, value in lifted:
+        head, leaf = key.split(".", 1)
+        node = out.setdefault(head, {})
+        if not isinstance(node, dict) or leaf in node:
+            raise ConfigError(f"'{prefix}{raw_key}' ({source}) sets '{prefix}{key}' twice (once through an "
+                              "alias): keep one spelling")
+        node[leaf] = value
     return out
 
 

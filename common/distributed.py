@@ -83,6 +83,17 @@ def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:
     return value / dist.get_world_size()
 
 
+def any_rank(flag: bool) -> bool:
+    """True on every rank when `flag` is True on any one (a SIGTERM that reached one process must
+    stop all of them at the same step, or the others hang in the next collective)."""
+    if not is_enabled():
+        return flag
+    on_nccl = dist.get_backend() == "nccl"
+    t = torch.tensor([1.0 if flag else 0.0], device="cuda" if on_nccl else "cpu")
+    dist.all_reduce(t)
+    return bool(t.item() > 0)
+
+
 def gather_objects(obj: Any) -> list[Any]:
     if not is_enabled():
         return [obj]

@@ -275,13 +275,17 @@ class OutOfMemory(RuntimeError):
 
 
 def oom_message(what: str, batch_size: int, hints: dict | None = None) -> str:
-    """Explain an OOM and list concrete next settings as `--set` overrides.
+    """Explain an OOM and list concrete next settings as `--set` overrides; every trainer prints it.
 
     `hints` (all optional) describes what the trainer can do:
-      batch_key ("batch_size"), accum_key ("accumulate_grad_batches"), accumulation (current, 1),
+      batch_key ("batch_size"), accum_key ("accumulate_grad_batches"; None: the trainer has no
+      gradient accumulation, so only the batch is halved), accumulation (current, 1),
       precision_key ("precision"), precision (current; bf16 suggested unless already mixed),
+      precision_set (the overrides that select bf16, when the key is not a precision string:
+      "mixed_precision=true --set amp_dtype=bf16"; default "<precision_key>=bf16-mixed"),
       checkpointing_key (config key that enables gradient checkpointing, if the model has it),
-      crop_key + crop (config key and current value of the training crop, if it has one).
+      crop_key + crop (config key and current value of the training crop, if it has one),
+      resume (the flag that continues the run afterwards, e.g. "--resume auto").
     """
     h = hints or {}
     batch_key = h.get("batch_key", "batch_size")
@@ -293,18 +297,22 @@ def oom_message(what: str, batch_size: int, hints: dict | None = None) -> str:
         lines.append(f"Peak allocated {stats['peak_gib']:.2f} GiB, reserved {stats['reserved_gib']:.2f} GiB "
                      f"of {stats['total_gib']:.1f} GiB.")
     lines.append("Try, in this order:")
-    if batch_size > 1:
+    if batch_size > 1 and accum_key:
         lines.append(f"  --set {batch_key}={batch_size // 2} --set {accum_key}={accum * 2}   "
                      "(half the batch, twice the accumulation: same effective batch)")
+    elif batch_size > 1:
+        lines.append(f"  --set {batch_key}={batch_size // 2}   (half the batch)")
     precision = h.get("precision")
     if precision is None or "mixed" not in str(precision):
-        lines.append(f"  --set {h.get('precision_key', 'precision')}=bf16-mixed   "
-                     "(activations in bf16 take half the memory)")
+        setting = h.get("precision_set") or f"{h.get('precision_key', 'precision')}=bf16-mixed"
+        lines.append(f"  --set {setting}   (half-precision activations take half the memory)")
     if h.get("checkpointing_key"):
         lines.append(f"  --set {h['checkpointing_key']}=true   (gradient checkpointing: recompute activations)")
     if h.get("crop_key") and h.get("crop"):
         lines.append(f"  --set {h['crop_key']}={max(1, int(h['crop']) // 2)}   (a smaller training crop)")
     lines.append("Or measure what fits: common.hardware.find_batch_size. Close other programs using the GPU.")
+    if h.get("resume"):
+        lines.append(f"Then {h['resume']} continues from the last checkpoint.")
     return "\n".join(lines)
 
 

@@ -3,7 +3,9 @@
 Why one object: the precision string (`pl_trainer_precision`, `--mixed_precision`, `--precision`)
 decides four coupled things (autocast dtype, whether a GradScaler is needed, which backend flags
 are safe, what to tell the user). Spreading them over trainers is how runs end up "fp16" with no
-scaler, or with TF32 set through the legacy API that raises when mixed with the new one.
+scaler, or with TF32 set through the legacy API that raises when mixed with the new one. So every
+trainer hands its own spelling (`pl_trainer_precision: 16-mixed`, `mixed_precision: true` +
+`amp_dtype: bf16`, `--precision auto`, `--mixed_precision --use_bf16`) straight to `Precision`.
 """
 
 from __future__ import annotations
@@ -29,29 +31,41 @@ def bf16_supported(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
-def normalize_precision(value: str | bool | int, device: torch.device | None = None) -> str:
-    """Maps user spellings to one of PRECISIONS. `True` (a `mixed_precision: true` switch) means
-    bf16 where the device has it, else fp16: bf16 needs no loss scaling."""
+def normalize_precision(value: str | bool | int, device: torch.device | None = None,
+                        amp_dtype: str | None = None) -> str:
+    """Maps user spellings to one of PRECISIONS.
+
+    `True` (a `mixed_precision: true` switch) means `amp_dtype` when given (`fp16`/`bf16`, the VITS
+    and VAE switches' second key), else bf16 where the device has it, else fp16: bf16 needs no loss
+    scaling. `auto` is bf16-mixed on a CUDA GPU with bf16 and 32-true everywhere else (a GPU
+    without bf16, the CPU): fp16 needs loss scaling and the CPU has no fast fp16 path."""
     device = device or torch.device("cpu")
     if isinstance(value, bool):
         if not value:
             return "32-true"
+        if amp_dtype is not None:
+            return normalize_precision(amp_dtype, device)
         return "bf16-mixed" if bf16_supported(device) else "16-mixed"
     key = str(value).strip().lower()
     if key in ("true", "mixed", "yes"):
-        return normalize_precision(True, device)
+        return normalize_precision(True, device, amp_dtype)
+    if key == "auto":
+        return "bf16-mixed" if device.type == "cuda" and bf16_supported(device) else "32-true"
     if key not in _ALIASES:
-        raise ValueError(f"unknown precision '{value}'; use one of {', '.join(PRECISIONS)} (or fp32/fp16/bf16)")
+        raise ValueError(f"unknown precision '{value}'; use one of {', '.join(PRECISIONS)}, auto "
+                         "(or fp32/fp16/bf16)")
     return _ALIASES[key]
 
 
 class Precision:
-    """Applies a precision choice on `device` and records what it applied and what it could not."""
+    """Applies a precision choice on `device` and records what it applied and what it could not.
+    `precision` is any spelling `normalize_precision` reads (with `amp_dtype` for a boolean switch)."""
 
     def __init__(
         self,
         precision: str | bool = "32-true",
         device: torch.device | str = "cpu",
+        amp_dtype: str | None = None,
         tf32: bool = False,
         cudnn_benchmark: bool = False,
         channels_last: bool = False,
@@ -59,11 +73,11 @@ class Precision:
         deterministic: bool = False,
     ) -> None:
         self.device = torch.device(device)
-        self.precision = normalize_precision(precision, self.device)
-        self.channels_last = channels_last
-        self.compile = compile
         self.applied: list[str] = []
         self.notes: list[str] = []
+        self.precision = normalize_precision(precision, self.device, amp_dtype)
+        self.channels_last = channels_last
+        self.compile = compile
         is_cuda = self.device.type == "cuda"
 
         if self.precision == "bf16-mixed" and not bf16_supported(self.device):

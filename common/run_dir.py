@@ -182,9 +182,10 @@ def prepare_run_dir(run_dir: str | Path, ckpt_dir: str | Path | None = None, res
 
 
 def tensorboard_dir(run_dir: str | Path, is_main: bool = True, name: str = "logs",
-                    old_names: tuple[str, ...] = ("tensorboard",)) -> Path:
-    """The run's TensorBoard folder, `<run_dir>/logs` (`tensorboard --logdir <run_dir>/logs`, as the
-    guides say). A run written before this layout has its events in an old folder: that folder is
+                    old_names: tuple[str, ...] = ("tensorboard", "tb")) -> Path:
+    """The run's TensorBoard folder, `<run_dir>/logs` for every trainer (`tensorboard --logdir
+    <run_dir>/logs`, as the guides say). A run written before this layout has its events in an old
+    folder (the VITS trainer's `tensorboard/`, the vocoder's `tb/`): that folder is
     renamed to `logs` once (on the main rank), so a resumed run appends to the same history and one
     `--logdir` shows all of it. When both exist (nothing is ever merged or deleted) the old one stays
     readable with its own `--logdir` and a line says so."""

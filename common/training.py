@@ -302,3 +302,9 @@ class EMA:
         self.decay = state["decay"]
         self.num_updates = state["num_updates"]
         self.shadow = {k: v.float().clone() for k, v in state["shadow"].items()}
+
+
+def count_parameters(module: nn.Module, trainable_only: bool = False) -> int:
+    """Number of parameter elements (all, or only those with requires_grad); one counter for every
+    trainer's start-up line and the model-size tests."""
+    return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)

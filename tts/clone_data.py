@@ -32,7 +32,7 @@ from torch.utils.data import Dataset
 
 from common.audio import AudioError, MelSpectrogram, check_audio, extract_f0, load_audio
 from common.data import BucketShapes, sample_rng
-from tts.models.clone_config import AudioConfig, DataConfig, mel_kwargs
+from tts.models.clone_config import AudioConfig, DataConfig
 from tts.models.vits_config import DataConfig as SharedCheckConfig
 from tts.prepare_data import check_item
 
@@ -118,7 +118,7 @@ def _mel_module(audio: AudioConfig) -> MelSpectrogram:
     global _MEL
     tag = features_tag(audio)
     if _MEL is None or _MEL[0] != tag:
-        _MEL = (tag, MelSpectrogram(**mel_kwargs(audio)))
+        _MEL = (tag, MelSpectrogram(**audio.mel_kwargs))
     return _MEL[1]
 
 

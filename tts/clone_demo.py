@@ -44,7 +44,6 @@ from common.plausibility import compare_mels, compare_speech, report, speech_fig
 from tts.clone_data import load_reference, read_manifest
 from tts.demo import MAX_MCD
 from tts.infer_clone import load_clone_model, load_matching_vocoder, synthesize
-from tts.models.clone_config import mel_kwargs
 from tts.train_main import build_parser, resolve_config, train
 
 PREPARED_DIR = Path("data/demo/tts_prepared")
@@ -165,7 +164,7 @@ def held_out_check(model, cfg, prepared: Path, vocoder, out_dir: Path) -> tuple[
     by_speaker: dict[str, list[dict]] = {}
     for row in evals:
         by_speaker.setdefault(row["speaker"], []).append(row)
-    mel_module = MelSpectrogram(**mel_kwargs(cfg.audio))
+    mel_module = MelSpectrogram(**cfg.audio.mel_kwargs)
     pairs, pictures = [], []
     for row in evals:
         others = [r for r in by_speaker[row["speaker"]] if r["id"] != row["id"]]

@@ -25,7 +25,7 @@ from common.checkpoint import CheckpointError, load_checkpoint
 from common.run_dir import OutputPathError, check_output_file
 from tts.clone_data import DataError, Reference, load_reference
 from tts.models.clone import VoiceCloneTTS
-from tts.models.clone_config import AudioConfig, CloneConfig, config_from_dict, mel_kwargs
+from tts.models.clone_config import AudioConfig, CloneConfig, config_from_dict
 from tts.text import SYMBOLS, normalize, text_to_ids
 
 
@@ -47,7 +47,7 @@ def load_clone_model(path: str | Path, device: str | torch.device = "cpu") -> tu
 
 def check_vocoder_settings(vocoder, audio: AudioConfig, where: str = "") -> None:
     """Raise VocoderMismatchError naming every mel setting that differs between model and vocoder."""
-    ours = mel_kwargs(audio)
+    ours = audio.mel_kwargs
     theirs = dict(vocoder.mel_kwargs)
     nyq = {"ours": audio.sample_rate / 2, "theirs": theirs.get("sample_rate", 0) / 2}
 

@@ -47,18 +47,19 @@ from common.config import (
 )
 from common.data import BucketBatchSampler, BucketShapes, make_loader
 from common.distributed import DistInfo, barrier, cleanup, setup_distributed, wrap_ddp
-from common.hardware import is_oom
+from common.hardware import is_oom, oom_message
 from common.log import Progress, RunLogger, plot_alignment, plot_spectrogram, report_lr_plan
 from common.muon import build_optimizer
 from common.precision import Precision
 from common.presets import add_preset_arg, apply_preset
-from common.run_dir import add_run_args, prepare_run_dir
+from common.run_dir import add_run_args, prepare_run_dir, tensorboard_dir
 from common.schedulers import build_scheduler, lr_curve
 from common.training import (
     ClipStats,
     NonFiniteError,
     NonFiniteGuard,
     apply_optimizer_overrides,
+    count_parameters,
     critic_for_generator,
     nonfinite_stop_message,
     optimizer_overrides,
@@ -76,10 +77,6 @@ from tts.text.phonemes import Frontend
 from vocoder.losses import MultiResolutionSTFTLoss
 
 
-def count(module: torch.nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
-
-
 def build_models(cfg: TrainConfig, n_speakers: int) -> tuple[VITS, MultiPeriodDiscriminator]:
     args = cfg.args()
     gen = VITS(len(Frontend.of(cfg).symbols), cfg.audio.n_fft // 2 + 1, n_speakers, args, cfg.audio.hop_length)
@@ -88,8 +85,7 @@ def build_models(cfg: TrainConfig, n_speakers: int) -> tuple[VITS, MultiPeriodDi
 
 
 def build_mel(cfg: TrainConfig) -> MelSpectrogram:
-    a = cfg.audio
-    return MelSpectrogram(a.sample_rate, a.n_fft, a.win_length, a.hop_length, a.n_mels, a.fmin, a.fmax)
+    return MelSpectrogram(**cfg.audio.mel_kwargs)
 
 
 def schedule_kwargs(cfg: TrainConfig, steps_per_epoch: int) -> dict:
@@ -119,7 +115,7 @@ class VitsTrainer:
         if not cfg.data_dir:
             raise ConfigError("no data folder: pass --data_dir (a folder made by tts/prepare_data.py)")
         self.run_dir = Path(cfg.run_dir or f"runs/{cfg.run_name}")
-        self.log = RunLogger(self.run_dir / "tensorboard", enabled=info.is_main)
+        self.log = RunLogger(tensorboard_dir(self.run_dir, info.is_main), enabled=info.is_main)
         self.say = print if info.is_main else (lambda *a, **k: None)
         torch.manual_seed(cfg.seed + info.rank)
 
@@ -154,9 +150,8 @@ class VitsTrainer:
         # c_stft > 0: three Parallel WaveGAN resolutions (fft, hop, win): short, medium, long windows
         self.stft = (MultiResolutionSTFTLoss([512, 1024, 2048], [50, 120, 240], [240, 600, 1200]).to(self.device)
                      if cfg.c_stft > 0 else None)
-        self.precision = Precision(
-            ("bf16-mixed" if cfg.amp_dtype == "bf16" else "16-mixed") if cfg.mixed_precision else "32-true",
-            self.device, tf32=cfg.tf32, cudnn_benchmark=cfg.cudnn_benchmark, deterministic=cfg.deterministic)
+        self.precision = Precision(cfg.mixed_precision, self.device, amp_dtype=cfg.amp_dtype, tf32=cfg.tf32,
+                                   cudnn_benchmark=cfg.cudnn_benchmark, deterministic=cfg.deterministic)
         self.scaler = self.precision.scaler
         opt_kw = {"betas": tuple(cfg.betas), "eps": cfg.eps, "weight_decay": cfg.weight_decay}
         self.opt_g = build_optimizer(cfg.optimizer_cls, self.gen, lr=cfg.lr_gen or cfg.lr, **opt_kw)
@@ -171,8 +166,9 @@ class VitsTrainer:
         self.step = self.epoch = self.batch_in_epoch = 0
         self.last_good: Path | None = None  # the newest checkpoint known to hold a good state
 
-        self.say(f"parameters: generator {count(self.gen) / 1e6:.2f} M, discriminator {count(self.disc) / 1e6:.2f} M "
-                 f"(total {(count(self.gen) + count(self.disc)) / 1e6:.2f} M), used at inference "
+        n_gen, n_disc = count_parameters(self.gen), count_parameters(self.disc)
+        self.say(f"parameters: generator {n_gen / 1e6:.2f} M, discriminator {n_disc / 1e6:.2f} M "
+                 f"(total {(n_gen + n_disc) / 1e6:.2f} M), used at inference "
                  f"{self.gen.inference_parameters() / 1e6:.2f} M")
         self.say(f"data: {len(self.train_set)} train / {len(self.eval_set)} eval utterances, "
                  f"{len(self.speakers)} speaker(s), {self.steps_per_epoch} steps per epoch of batch {self.batch_size}")
@@ -491,10 +487,10 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:
         if not is_oom(e):
             raise
-        amp = "" if cfg.mixed_precision else "; --set mixed_precision=true --set amp_dtype=bf16"
-        print(f"error: CUDA out of memory in VITS training at batch_size={cfg.batch_size}. Try, in this order: "
-              f"--set batch_size={max(1, cfg.batch_size // 2)}{amp}; a smaller --set model_args.segment_frames. "
-              "Then --resume auto continues from the last checkpoint.", file=sys.stderr)
+        print("error: " + oom_message("VITS training", cfg.batch_size, {
+            "accum_key": None, "precision": "mixed" if cfg.mixed_precision else "32-true",
+            "precision_set": "mixed_precision=true --set amp_dtype=bf16", "crop_key": "model_args.segment_frames",
+            "crop": cfg.args().segment_frames, "resume": "--resume auto"}), file=sys.stderr)
         return exit_codes.OUT_OF_MEMORY
     finally:
         cleanup()

@@ -5,7 +5,10 @@ Loaded by ``common.config.load_config(path, VocoderConfig, overrides)``; an unkn
 error naming the closest valid key, so a typo never silently does nothing. The seed configs'
 misspelt optimizer keys (``generater_optimizer_args``, ``discriminate_optimizer_args``),
 ``save_n_checkpoints`` and Muon_AdamW's ``muon_args.weight_decay`` / ``adamw_args.{weight_decay,eps}``
-are accepted as aliases, in any layer (the later layer wins whichever spelling it uses).
+are accepted as aliases, in any layer (the later layer wins whichever spelling it uses). The mel
+settings are the shared ``audio:`` block (``common.audio.AudioSettings``); the seed's flat keys
+(``audio_sample_rate``, ``hop_size``, ``fft_size``, ``win_size``, ``audio_num_mel_bins``, ``fmin``,
+``fmax``) are aliases of its fields and still read as attributes (``cfg.hop_size``).
 
 Step semantics: one "step" (``max_updates``, ``val_check_interval``, ``log_interval``,
 ``warmup_steps``, ``save_best_after``) is one training iteration = one discriminator update
@@ -18,6 +21,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from common.audio import AudioSettings
 from common.config import ConfigError, load_config  # noqa: F401 (re-exported for callers)
 
 TASKS = {
@@ -140,6 +144,14 @@ _LAYOUT = ("SingingVocoders' binarizer layout; here prepare_data.py writes one f
            "binary_data_dir) holding the train/valid split (val_num) in its manifest.json")
 
 
+_SEED_AUDIO_KEYS = ("audio_sample_rate", "hop_size", "fft_size", "win_size", "audio_num_mel_bins")
+
+
+def _audio_attr(name: str) -> property:
+    """The seed's flat attribute name for a field of the audio: block (read-only)."""
+    return property(lambda self: getattr(self.audio, name), doc=f"= audio.{name}")
+
+
 @dataclass
 class VocoderConfig:
     NOT_READ_HERE: ClassVar[dict[str, str]] = {  # common.config names the replacement instead of guessing
@@ -162,6 +174,11 @@ class VocoderConfig:
         "generater_optimizer_args": "generator_optimizer_args",
         "discriminate_optimizer_args": "discriminator_optimizer_args",
         "save_n_checkpoints": "num_ckpt_keep",
+        # the names every trainer reads (README, "One name per concept")
+        "num_workers": "ds_workers", "grad_clip": "clip_grad_norm", "gradient_clip_val": "clip_grad_norm",
+        # the seed's flat mel keys -> the audio: block
+        **{k: f"audio.{v}" for k, v in AudioSettings.ALIASES.items() if k in _SEED_AUDIO_KEYS},
+        "fmin": "audio.fmin", "fmax": "audio.fmax",
     }
 
     # ---- task
@@ -177,14 +194,9 @@ class VocoderConfig:
     f0_max: float = 1100.0
     binarization_args: BinarizationArgs = field(default_factory=BinarizationArgs)
 
-    # ---- audio / mel (the generator's input contract; exported with the model)
-    audio_sample_rate: int = 44100
-    audio_num_mel_bins: int = 128
-    hop_size: int = 512
-    fft_size: int = 2048
-    win_size: int = 2048
-    fmin: float = 40.0
-    fmax: float | None = 16000.0
+    # ---- audio / mel (the generator's input contract; exported with the model): sample_rate, n_fft,
+    # win_length, hop_length, n_mels, fmin, fmax (44.1 kHz, 2048/2048/512, 128 mels, 40-16000 Hz)
+    audio: AudioSettings = field(default_factory=AudioSettings)
     fmax_for_loss: float | None = None  # mel loss upper frequency (None = Nyquist)
     mel_vmin: float = -6.0  # colour range of logged mel plots
     mel_vmax: float = 1.5
@@ -280,5 +292,12 @@ class VocoderConfig:
     @property
     def mel_kwargs(self) -> dict:
         """Arguments of common.audio.MelSpectrogram for this config's mel."""
-        return dict(sample_rate=self.audio_sample_rate, n_fft=self.fft_size, win_length=self.win_size,
-                    hop_length=self.hop_size, n_mels=self.audio_num_mel_bins, fmin=self.fmin, fmax=self.fmax)
+        return self.audio.mel_kwargs
+
+    audio_sample_rate = _audio_attr("sample_rate")
+    audio_num_mel_bins = _audio_attr("n_mels")
+    hop_size = _audio_attr("hop_length")
+    fft_size = _audio_attr("n_fft")
+    win_size = _audio_attr("win_length")
+    fmin = _audio_attr("fmin")
+    fmax = _audio_attr("fmax")

@@ -51,17 +51,18 @@ from common.config import (
     save_config,
 )
 from common.data import ResumableSampler, make_loader
-from common.hardware import is_oom
+from common.hardware import is_oom, oom_message
 from common.log import Progress, RunLogger, plot_spectrogram, report_lr_plan
 from common.muon import build_optimizer
 from common.precision import Precision
 from common.presets import add_preset_arg, apply_preset
-from common.run_dir import add_run_args, prepare_run_dir
+from common.run_dir import add_run_args, prepare_run_dir, tensorboard_dir
 from common.schedulers import lr_curve, lr_lambda
 from common.training import (
     NonFiniteError,
     NonFiniteGuard,
     apply_optimizer_overrides,
+    count_parameters,
     critic_for_generator,
     nonfinite_stop_message,
     optimizer_overrides,
@@ -254,7 +255,7 @@ class VocoderTrainer:
         self.d_train = distributed.wrap_ddp(self.precision.prepare_model(self.discriminator), self.info)
         # The G update calls the critics without DDP (no critic gradients are wanted there).
         self._d_plain = getattr(self.d_train, "module", self.d_train)
-        self.logger = RunLogger(self.run_dir / "tb", enabled=self.is_main)
+        self.logger = RunLogger(tensorboard_dir(self.run_dir, self.is_main), enabled=self.is_main)
         self._logged_gt: set[str] = set()
 
     def _log(self, msg: str) -> None:
@@ -438,7 +439,7 @@ class VocoderTrainer:
         return {"mrstft": sum(dists) / len(dists), "mel_l1": sum(mels) / len(mels)}
 
     def _plot(self, name: str, wav: torch.Tensor, real: torch.Tensor, mel: torch.Tensor, pred: torch.Tensor) -> None:
-        sr = self.cfg.audio_sample_rate
+        sr = self.cfg.audio.sample_rate
         self.logger.audio(f"valid/{name}/generated", wav, sr, self.step)
         if name not in self._logged_gt:
             self.logger.audio(f"valid/{name}/ground_truth", real, sr, self.step)
@@ -521,7 +522,7 @@ class VocoderTrainer:
             if self.step % cfg.val_check_interval == 0 or last:
                 metric = self._record_validation(self.validate())
                 self.save(metric)
-            if _any_rank(stop.requested):
+            if distributed.any_rank(stop.requested):
                 if not (self.step % cfg.val_check_interval == 0 or last):
                     self.save()
                 self.log(f"stopped by {stop.signal_name or 'signal'} at step {self.step}; checkpoint saved "
@@ -542,15 +543,6 @@ def _head(out: dict, b: int) -> dict:
     return {k: ([x[:b] for x in logits], [[f[:b] for f in fm] for fm in fmaps]) for k, (logits, fmaps) in out.items()}
 
 
-def _any_rank(flag: bool) -> bool:
-    if not distributed.is_enabled():
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0],
-                     device="cuda" if torch.cuda.is_available() and torch.distributed.get_backend() == "nccl" else "cpu")
-    torch.distributed.all_reduce(t)
-    return bool(t.item() > 0)
-
-
 # --------------------------------------------------------------------------------------- CLI
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -558,7 +550,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(p, default_config=str(Path(__file__).parent / "configs" / "base_hifi_gpu.yaml"))
     p.add_argument("--data_dir", default=None, help="prepared dataset (default: binary_data_dir)")
     add_run_args(p, run_help="checkpoints, TensorBoard logs, config (default: runs/vocoder/<config>)")
-    p.add_argument("--precision", default=None, help="shortcut for --set pl_trainer_precision=... (32-true|16-mixed|bf16-mixed)")
+    p.add_argument("--precision", default=None,
+                   help="shortcut for --set pl_trainer_precision=... (32-true|16-mixed|bf16-mixed|auto)")
     p.add_argument("--device", default=None, help="force a device, e.g. cpu (default: cuda if available)")
     add_preset_arg(p)
     return p
@@ -579,8 +572,8 @@ def main(argv: list[str] | None = None) -> int:
             print(format_config(cfg))
             for line in trainer.precision.report():
                 print(line)
-            print(f"run dir: {run_dir}; generator {_count(trainer.generator) / 1e6:.2f} M params, "
-                  f"critics {cfg.discriminator_names} {_count(trainer.discriminator) / 1e6:.2f} M params")
+            print(f"run dir: {run_dir}; generator {count_parameters(trainer.generator) / 1e6:.2f} M params, "
+                  f"critics {cfg.discriminator_names} {count_parameters(trainer.discriminator) / 1e6:.2f} M params")
         result = trainer.fit()
     except (ConfigError, DatasetError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -593,20 +586,16 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:
         if not is_oom(e):
             raise
-        print(f"error: CUDA out of memory at batch_size={cfg.batch_size}, crop_mel_frames={cfg.crop_mel_frames}, "
-              f"precision {cfg.pl_trainer_precision}. Try, in this order: --set batch_size={max(1, cfg.batch_size // 2)}"
-              f"; --precision 16-mixed (or bf16-mixed); --set crop_mel_frames={max(8, cfg.crop_mel_frames // 2)}. "
-              "Then --resume auto continues from the last checkpoint.", file=sys.stderr)
+        print("error: " + oom_message("the vocoder training step", cfg.batch_size, {
+            "accum_key": None, "precision_key": "pl_trainer_precision", "precision": cfg.pl_trainer_precision,
+            "precision_set": "pl_trainer_precision=16-mixed (or bf16-mixed)", "crop_key": "crop_mel_frames",
+            "crop": cfg.crop_mel_frames, "resume": "--resume auto"}), file=sys.stderr)
         return exit_codes.OUT_OF_MEMORY
     finally:
         distributed.cleanup()
     if result["stopped"] == "signal":
         return exit_codes.INTERRUPTED
     return exit_codes.OK
-
-
-def _count(m: torch.nn.Module) -> int:
-    return sum(p.numel() for p in m.parameters())
 
 
 if __name__ == "__main__":

@@ -67,14 +67,15 @@ def corpus(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def vocoder_dir(tmp_path_factory) -> Path:
     """A freshly initialised tiny NSF-HiFiGAN exported with the vocoder package's own code."""
+    from common.audio import AudioSettings
     from common.checkpoint import save_atomic
     from vocoder.config import ModelArgs, VocoderConfig
     from vocoder.export import export_info, generator_args, to_legacy_names
     from vocoder.model import Generator
 
     out = tmp_path_factory.mktemp("vocoder_export")
-    cfg = VocoderConfig(audio_sample_rate=22050, audio_num_mel_bins=80, hop_size=256, fft_size=1024, win_size=1024,
-                        fmin=40, fmax=8000, model_args=ModelArgs(
+    cfg = VocoderConfig(audio=AudioSettings(sample_rate=22050, n_mels=80, hop_length=256, n_fft=1024, win_length=1024,
+                                            fmin=40, fmax=8000), model_args=ModelArgs(
                             upsample_rates=[8, 8, 4], upsample_kernel_sizes=[16, 16, 8], upsample_initial_channel=32,
                             resblock="2", resblock_kernel_sizes=[3], resblock_dilation_sizes=[[1, 3]]))
     info = export_info(cfg)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from common.audio import AudioSettings
+
 # size -> (text dim, layers, heads), (audio/reference dim, layers, heads), (decoder dim, layers, heads)
 SIZES: dict[str, dict[str, tuple[int, int, int]]] = {
     "tiny": {"text": (64, 2, 2), "audio": (64, 2, 2), "decoder": (96, 2, 2)},
@@ -34,16 +36,10 @@ class ModelConfig:
 
 
 @dataclass
-class AudioConfig:
-    """Mel/f0 settings. They must equal the vocoder's (checked when the vocoder is loaded)."""
+class AudioConfig(AudioSettings):
+    """The shared mel block (`common.audio.AudioSettings`: the vocoder's 44.1 kHz values, which these
+    must equal; checked when the vocoder is loaded) plus the f0 the decoder predicts."""
 
-    sample_rate: int = 44100
-    n_fft: int = 2048
-    win_length: int = 2048
-    hop_length: int = 512
-    n_mels: int = 128
-    fmin: float = 40.0
-    fmax: float | None = 16000.0  # None = sample_rate / 2
     f0_min: float = 60.0
     f0_max: float = 800.0
     f0_method: str = "parselmouth"
@@ -111,7 +107,7 @@ class TrainConfig:
     batch_size: int = 32
     grad_accum: int = 1
     num_workers: int = 4
-    precision: str = "auto"    # auto = bf16-mixed on a bf16 GPU, else 32-true
+    precision: str = "auto"    # handed to common.precision: auto = bf16-mixed on a bf16 GPU, else 32-true
     device: str = "auto"
     seed: int = 1234
     log_interval: int = 50     # optimizer steps
@@ -156,12 +152,6 @@ class CloneConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     val: ValConfig = field(default_factory=ValConfig)
     vocoder: VocoderConfig = field(default_factory=VocoderConfig)
-
-
-def mel_kwargs(audio: AudioConfig) -> dict:
-    """The keyword arguments of `common.audio.MelSpectrogram` for these settings."""
-    return dict(sample_rate=audio.sample_rate, n_fft=audio.n_fft, win_length=audio.win_length,
-                hop_length=audio.hop_length, n_mels=audio.n_mels, fmin=audio.fmin, fmax=audio.fmax)
 
 
 def config_from_dict(d: dict) -> CloneConfig:

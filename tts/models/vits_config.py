@@ -16,6 +16,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from common.audio import AudioSettings
 from common.config import ConfigError
 
 
@@ -103,7 +104,10 @@ def model_args(preset: str, overrides: dict[str, Any] | None = None) -> VitsArgs
 
 
 @dataclass
-class AudioConfig:
+class AudioConfig(AudioSettings):
+    """The shared mel block (`common.audio.AudioSettings`, its aliases included) with jaywalnut310's
+    22.05 kHz ljs_base values as defaults."""
+
     sample_rate: int = 22050
     n_fft: int = 1024
     win_length: int = 1024
@@ -111,10 +115,6 @@ class AudioConfig:
     n_mels: int = 80
     fmin: float = 0.0
     fmax: float | None = None
-    ALIASES: ClassVar[dict[str, str]] = {
-        "sampling_rate": "sample_rate", "filter_length": "n_fft", "num_mels": "n_mels",
-        "mel_fmin": "fmin", "mel_fmax": "fmax", "n_mel_channels": "n_mels",
-    }
 
 
 @dataclass
@@ -171,7 +171,7 @@ class TrainConfig:
     # (scheduler_after_epoch) do; "step" applies it after every optimizer step (far faster decay)
     lr_scheduler_per: Literal["step", "epoch"] = "epoch"
     grad_clip: float | None = 1.0  # max total gradient norm per network (None: measure only)
-    mixed_precision: bool = True
+    mixed_precision: bool = True  # with amp_dtype, handed as is to common.precision.Precision
     amp_dtype: Literal["fp16", "bf16"] = "bf16"
     tf32: bool = True
     # cudnn.benchmark autotunes each new input shape once. With it (on CUDA) or compile, each batch is
@@ -221,6 +221,8 @@ class TrainConfig:
         "checkpoint_interval": "save_step", "log_interval": "print_step",
         "learning_rate": "lr", "lr_decay": "lr_gamma", "grad_clip_norm": "grad_clip",
         "gradient_clip_val": "grad_clip",  # Lightning's name, as the 4090 guide writes it
+        # the names every trainer reads (README, "One name per concept")
+        "clip_grad_norm": "grad_clip",
     }
 
     def args(self) -> VitsArgs:
