@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     print("pictures (recording | synthesis):")
     for path in pictures:
         print(f"  {path}")
-    print(f"samples: {samples}/  tensorboard: --logdir {RUN_DIR / 'tensorboard'}  ({time.time() - t0:.0f} s)")
+    print(f"samples: {samples}/  tensorboard: --logdir {RUN_DIR / 'logs'}  ({time.time() - t0:.0f} s)")
     if not ok:
         print("error: MCD and alignment sharpness did not both improve over step 0", file=sys.stderr)
     if not plausible:

@@ -16,7 +16,10 @@ from typing import ClassVar, Literal
 class VAEConfig:
     ALIASES: ClassVar[dict[str, str]] = {"lr": "learning_rate", "epochs": "num_epochs",
                                          "gradient_accumulation_steps": "accumulation_steps",
-                                         "block_out_channels": "channels", "latent_channels": "z_channels"}
+                                         "block_out_channels": "channels", "latent_channels": "z_channels",
+                                         # the names every trainer reads (README, "One name per concept")
+                                         "save_n_checkpoints": "keep_checkpoints",
+                                         "val_check_interval": "val_freq", "clip_grad_norm": "gradient_clip"}
 
     # ---- data
     data_path: str = "data/vae"               # prepared folder (manifest.json) or any folder of images

@@ -3,7 +3,7 @@ training, copy-synthesis of held-out files, and an exported generator.
 
 1. espeak-ng reads Uzbek sentences in six voices -> ``data/demo/vocoder_wavs`` (22.05 kHz);
 2. ``prepare_data`` binarizes them -> ``data/demo/vocoder_bin`` (6 files held out);
-3. ``demo.yaml`` trains ~4 CPU minutes (1500 generator-only steps, then 300 with the critic) -> ``runs/vocoder_demo`` (TensorBoard in tb/);
+3. ``demo.yaml`` trains ~4 CPU minutes (1500 generator-only steps, then 300 with the critic) -> ``runs/vocoder_demo`` (TensorBoard in logs/);
 4. the held-out files are copy-synthesised -> ``runs/vocoder_demo/copysyn/`` (``*_gt.wav`` beside);
 5. the generator is exported -> ``runs/vocoder_demo/export/`` (the TTS voice-cloning demo uses it).
 
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
           f"({100 * (1 - drop):.0f} % lower)")
     print(f"held-out mel L1:           step 0 = {start['mel_l1']:.3f}, step {end['step']} = {end['mel_l1']:.3f}")
     print(f"copy-synthesis: {len(manifest['valid'])} files -> {out_dir} (RTF {rtf:.3f} on this CPU)")
-    print(f"exported generator -> {run / 'export'}; TensorBoard: tensorboard --logdir {run / 'tb'}")
+    print(f"exported generator -> {run / 'export'}; TensorBoard: tensorboard --logdir {run / 'logs'}")
     plausible = report(figures, "copy-synthesis of the held-out files vs their ground truth")
     print("pictures (ground truth | generated):")
     for path in pictures:

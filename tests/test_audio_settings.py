@@ -17,7 +17,7 @@ from tts.models.clone_config import CloneConfig
 from tts.models.vits_config import TrainConfig
 from vocoder.config import VocoderConfig
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 FIELDS = ("sample_rate", "n_fft", "win_length", "hop_length", "n_mels", "fmin", "fmax")
 
 # (sample_rate, n_fft, win_length, hop_length, n_mels, fmin, fmax) of each shipped config, from main
