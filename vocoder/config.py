@@ -289,11 +289,7 @@ class VocoderConfig:
     def discriminator_names(self) -> list[str]:
         return list(self.model_args.discriminators or DEFAULT_DISCRIMINATORS[self.task])
 
-    @property
-    def mel_kwargs(self) -> dict:
-        """Arguments of common.audio.MelSpectrogram for this config's mel."""
-        return self.audio.mel_kwargs
-
+    # the seed's flat attribute names (bench scripts, users' code); the code here reads cfg.audio
     audio_sample_rate = _audio_attr("sample_rate")
     audio_num_mel_bins = _audio_attr("n_mels")
     hop_size = _audio_attr("hop_length")

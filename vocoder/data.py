@@ -39,8 +39,9 @@ def load_manifest(data_dir: str | Path, cfg: VocoderConfig) -> dict:
     if manifest.get("format_version") != FORMAT_VERSION:
         raise DatasetError(f"{data_dir} was prepared by another version of prepare_data.py; run it again")
     s = manifest["settings"]
-    want = {"sample_rate": cfg.audio_sample_rate, "hop_size": cfg.hop_size, "fft_size": cfg.fft_size,
-            "win_size": cfg.win_size, "num_mels": cfg.audio_num_mel_bins, "fmin": cfg.fmin, "fmax": cfg.fmax}
+    a = cfg.audio
+    want = {"sample_rate": a.sample_rate, "hop_size": a.hop_length, "fft_size": a.n_fft,
+            "win_size": a.win_length, "num_mels": a.n_mels, "fmin": a.fmin, "fmax": a.fmax}
     wrong = [f"{k}: data {s.get(k)} vs config {v}" for k, v in want.items() if s.get(k) != v]
     if wrong:
         raise DatasetError(f"{data_dir} was prepared with other audio settings ({'; '.join(wrong)}); "
@@ -64,7 +65,7 @@ class VocoderDataset(Dataset):
         self.ids = list(ids)
         self.cfg = cfg
         self.train = train
-        self.hop = cfg.hop_size
+        self.hop = cfg.audio.hop_length
         self.length = max(len(self.ids), min_len) if train else len(self.ids)
         self._mel_fn = None  # built lazily in the worker (key_aug only)
 
@@ -98,7 +99,7 @@ class VocoderDataset(Dataset):
 
     def _whole(self, item: dict, name: str) -> dict:
         frames = item["mel"].shape[0]
-        limit = max(1, int(self.cfg.valid_max_seconds * self.cfg.audio_sample_rate / self.hop))
+        limit = max(1, int(self.cfg.valid_max_seconds * self.cfg.audio.sample_rate / self.hop))
         n = min(frames, limit)
         return {"mel": torch.from_numpy(np.array(item["mel"][:n].T)),
                 "f0": torch.from_numpy(np.array(item["f0"][:n])),
@@ -141,7 +142,7 @@ class VocoderDataset(Dataset):
             return None
         fast = fast[: total * self.hop]
         if self._mel_fn is None:
-            self._mel_fn = MelSpectrogram(**self.cfg.mel_kwargs)
+            self._mel_fn = MelSpectrogram(**self.cfg.audio.mel_kwargs)
         with torch.no_grad():
             mel = self._mel_fn(torch.from_numpy(fast)[None])[0].numpy()  # [n_mels, total]
         # New frame j is centred at old time (j + 0.5) * speed frames after the segment start.

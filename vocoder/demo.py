@@ -54,7 +54,7 @@ def make_dataset(cfg: VocoderConfig, sentences: int = 24, wavs: str | Path = REP
     """Steps 1-2: the espeak-ng corpus and its binarized dataset (both reused when already made);
     returns the manifest. bench/learning.py trains on the same data."""
     print(f"[1/5] speech corpus: {sentences} Uzbek sentences x {len(DEMO_SPEAKERS)} espeak-ng voices")
-    make_corpus(UZBEK_SENTENCES[:sentences], wavs, DEMO_SPEAKERS, cfg.audio_sample_rate, num_workers=2)
+    make_corpus(UZBEK_SENTENCES[:sentences], wavs, DEMO_SPEAKERS, cfg.audio.sample_rate, num_workers=2)
     print("[2/5] binarize (mel + f0)")
     return prepare(cfg, [wavs], data, log=lambda m: print("   ", m))
 

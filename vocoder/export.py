@@ -71,13 +71,13 @@ def export_info(cfg) -> dict:
     """config.json content for a VocoderConfig: generator args + every mel/audio parameter."""
     m = cfg.model_args
     return {
-        "sampling_rate": cfg.audio_sample_rate,
-        "num_mels": cfg.audio_num_mel_bins,
-        "hop_size": cfg.hop_size,
-        "n_fft": cfg.fft_size,
-        "win_size": cfg.win_size,
-        "fmin": cfg.fmin,
-        "fmax": cfg.fmax,
+        "sampling_rate": cfg.audio.sample_rate,
+        "num_mels": cfg.audio.n_mels,
+        "hop_size": cfg.audio.hop_length,
+        "n_fft": cfg.audio.n_fft,
+        "win_size": cfg.audio.win_length,
+        "fmin": cfg.audio.fmin,
+        "fmax": cfg.audio.fmax,
         "mel_base": "e",
         "upsample_rates": list(m.upsample_rates),
         "upsample_kernel_sizes": list(m.upsample_kernel_sizes),

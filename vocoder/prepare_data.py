@@ -74,8 +74,8 @@ class Settings:
     @classmethod
     def from_config(cls, cfg: VocoderConfig) -> Settings:
         b = cfg.binarization_args
-        return cls(cfg.audio_sample_rate, cfg.hop_size, cfg.fft_size, cfg.win_size, cfg.audio_num_mel_bins,
-                   cfg.fmin, cfg.fmax, cfg.pe, cfg.f0_min, cfg.f0_max, b.min_seconds, b.max_seconds,
+        a = cfg.audio
+        return cls(a.sample_rate, a.hop_length, a.n_fft, a.win_length, a.n_mels, a.fmin, a.fmax, cfg.pe, cfg.f0_min, cfg.f0_max, b.min_seconds, b.max_seconds,
                    b.silence_db, b.max_clip_fraction)
 
     def as_dict(self) -> dict:

@@ -235,9 +235,9 @@ class VocoderTrainer:
         self.d_guard = NonFiniteGuard(cfg.max_nonfinite_steps)
 
         # ---- losses (fp32 inside)
-        loss_mel = dict(cfg.mel_kwargs, fmax=cfg.fmax_for_loss)
+        loss_mel = dict(cfg.audio.mel_kwargs, fmax=cfg.fmax_for_loss)
         self.mel_loss = MelLoss(MelSpectrogram(**loss_mel)).to(self.device)
-        self.input_mel = MelSpectrogram(**cfg.mel_kwargs).to(self.device)  # pc_aug + validation
+        self.input_mel = MelSpectrogram(**cfg.audio.mel_kwargs).to(self.device)  # pc_aug + validation
         self.stft = MultiResolutionSTFTLoss(cfg.loss_fft_sizes, cfg.loss_hop_sizes, cfg.loss_win_lengths).to(self.device)
 
         # ---- counters and resume
