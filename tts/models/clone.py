@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.training import count_parameters
 from tts.alignment import maximum_path
 from tts.models.clone_config import DURATION_HIDDEN, POSTNET, SIZES, LossConfig, ModelConfig
 from tts.models.clone_decoder import (
@@ -158,10 +159,6 @@ class VoiceCloneTTS(nn.Module):
         # padded frames get the log floor, not 0 (0 would be loud in log-mel units)
         mel = torch.where(mel_mask.unsqueeze(1), mel, torch.full_like(mel, math.log(1e-5)))
         return dict(mel=mel, f0=f0, voiced=voiced, durations=durations, mel_mask=mel_mask, path=path, spk=spk)
-
-
-def count_parameters(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
 
 
 def parameter_counts(size: str, n_vocab: int = 64, n_mels: int = 128) -> dict[str, int]:
