@@ -290,8 +290,10 @@ class Progress:
                  enabled: bool = True, desc: str = "train", window: int = 50):
         self.samples_per_step = samples_per_step
         self._times: collections.deque[tuple[float, float]] = collections.deque(maxlen=window)
+        # A terminal redraws every second; a log file or pipe gets one line per 30 s, not 30 lines.
+        mininterval = 1.0 if sys.stderr.isatty() else 30.0
         self.bar = (tqdm(total=total_steps, initial=initial, desc=desc, dynamic_ncols=True,
-                         mininterval=1.0, smoothing=0.1, file=sys.stderr) if enabled else None)
+                         mininterval=mininterval, smoothing=0.1, file=sys.stderr) if enabled else None)
 
     @property
     def data_wait_fraction(self) -> float:

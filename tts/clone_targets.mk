@@ -16,4 +16,5 @@ tts-clone-train: setup
 tts-clone-demo: setup
 	$(PY) tts/clone_demo.py
 
-DEMO_TARGETS += tts-clone-demo
+# After the vocoder demo (its export vocodes the samples) and the VITS demo (its prepared corpus).
+DEMO_JOBS += --job 'clone@vocoder,tts=$(MAKE) --no-print-directory tts-clone-demo'

@@ -22,4 +22,4 @@ tts-train: setup
 tts-demo: setup
 	$(PY) tts/demo.py
 
-DEMO_TARGETS += tts-demo
+DEMO_JOBS += --job 'tts=$(MAKE) --no-print-directory tts-demo'

@@ -26,4 +26,4 @@ vae-train: setup
 vae-demo: setup
 	$(PY) vae/demo.py
 
-DEMO_TARGETS += vae-demo
+DEMO_JOBS += --job 'vae=$(MAKE) --no-print-directory vae-demo'

@@ -21,4 +21,4 @@ vocoder-train: setup
 vocoder-demo: setup
 	$(PY) vocoder/demo.py
 
-DEMO_TARGETS += vocoder-demo
+DEMO_JOBS += --job 'vocoder=$(MAKE) --no-print-directory vocoder-demo'

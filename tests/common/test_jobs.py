@@ -1,0 +1,70 @@
+"""common.jobs: `make demo`'s runner: needs respected, slots respected, output prefixed, failures reported."""
+
+from __future__ import annotations
+
+import pytest
+
+from common import jobs
+
+
+def _stamp(path, name: str, seconds: float = 0.3) -> str:
+    """A shell command that records its start and end (monotonic order through the file) and prints."""
+    return f"echo start {name} >> {path}; echo 'hello from {name}'; sleep {seconds}; echo end {name} >> {path}"
+
+
+def test_a_job_starts_only_after_the_jobs_it_needs_end(tmp_path, capsys):
+    order = tmp_path / "order.txt"
+    specs = [f"a={_stamp(order, 'a')}", f"b={_stamp(order, 'b')}", f"c@a,b={_stamp(order, 'c', 0.0)}"]
+    rc = jobs.main([*(x for s in specs for x in ("--job", s)), "--slots", "3", "--log_dir", str(tmp_path / "logs")])
+    assert rc == 0
+    events = order.read_text().split("\n")
+    assert events.index("start c") > max(events.index("end a"), events.index("end b"))
+    out = capsys.readouterr().out
+    assert "[a] hello from a" in out and "[c] hello from c" in out
+    assert (tmp_path / "logs" / "b.log").read_text().strip() == "hello from b"
+
+
+def test_slots_bound_how_many_run_at_once(tmp_path):
+    order = tmp_path / "order.txt"
+    done = jobs.run_jobs([jobs.parse_job(f"{n}={_stamp(order, n, 0.2)}") for n in "xyz"], slots=1,
+                         log_dir=tmp_path / "logs")
+    # One at a time, in the listed order: each ends before the next starts.
+    assert order.read_text().split("\n")[:-1] == ["start x", "end x", "start y", "end y", "start z", "end z"]
+    assert all(j.rc == 0 for j in done)
+
+
+def test_a_failed_job_still_lets_its_dependents_run_and_fails_the_whole(tmp_path, capsys):
+    specs = ["bad=echo 'figure: plausibility FAIL'; exit 3", "after@bad=echo still ran"]
+    rc = jobs.main([*(x for s in specs for x in ("--job", s)), "--log_dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "[after] still ran" in out
+    assert "## bad: FAILED (exit status 3)" in out and "NOT ok: bad" in out
+    assert "figure: plausibility FAIL" in out.split("=" * 100)[-1]  # the verdict is repeated at the end
+
+
+def test_carriage_returns_become_separate_prefixed_lines(tmp_path, capsys):
+    rc = jobs.main(["--job", "bar=printf 'step 1\\rstep 2\\rdone\\n'", "--log_dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "[bar] step 1\n" in out and "[bar] step 2\n" in out and "[bar] done\n" in out
+
+
+@pytest.mark.parametrize("specs, words", [
+    (["a@b=true", "b@a=true"], "cycle"),
+    (["a@nope=true"], "unknown job(s) nope"),
+    (["a=true", "a=false"], "unique"),
+    (["no equals sign"], "NAME=COMMAND"),
+])
+def test_bad_job_lists_get_one_clear_message(tmp_path, capsys, specs, words):
+    rc = jobs.main([*(x for s in specs for x in ("--job", s)), "--log_dir", str(tmp_path)])
+    assert rc == 2
+    assert words in capsys.readouterr().err
+
+
+def test_children_get_one_share_of_the_cores(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(jobs.os, "cpu_count", lambda: 8)
+    assert jobs.child_env(2)["OMP_NUM_THREADS"] == "4"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert jobs.child_env(2)["OMP_NUM_THREADS"] == "3"  # the user's choice wins
