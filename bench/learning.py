@@ -246,10 +246,10 @@ def vae_runners(key: str, values: list[str], args, tmp: Path) -> tuple[list[Runn
     from common.data import ResumableSampler, make_loader
     from vae import demo
     from vae.config import VAEConfig
-    from vae.data import ImageDataset, find_training_images
+    from vae.data import ImageDataset, eval_loader, find_training_images
     from vae.losses import FrozenLPIPS, backbone_cache_path
     from vae.metrics import evaluate
-    from vae.train_vae import VAETrainer, _loader_batches
+    from vae.train_vae import VAETrainer
 
     if demo.make_dataset(DATA / "vae_images", DATA / "vae_prepared") != 0:
         raise SystemExit("error: preparing the VAE demo data failed (see above)")
@@ -271,8 +271,8 @@ def vae_runners(key: str, values: list[str], args, tmp: Path) -> tuple[list[Runn
             loader = make_loader(ds, batch_size=int(cfg.batch_size), sampler=sampler, num_workers=0, seed=cfg.seed,
                                  drop_last=True)
             batches = take_batches(loader, sampler, args.steps)
-            val = list(_loader_batches(find_training_images(DATA / "vae_prepared" / "val"), cfg,
-                                       limit=args.eval_items or None, batch_size=4))
+            val = list(eval_loader(find_training_images(DATA / "vae_prepared" / "val"), cfg.image_size,
+                                   cfg.max_pixels, cfg.seed, batch_size=4, limit=args.eval_items or None))
 
         def step(batch, tr=tr, counter=[0]):  # noqa: B006 - the per-runner step counter
             tr.step([batch], counter[0])

@@ -6,6 +6,8 @@ composited on a background, 16-bit data scaled (not clipped to white), and anyth
 raised as `BadImage` with a reason a user can act on. Why so strict: a silently black (or white)
 training image teaches the VAE nothing and hides a broken dataset.
 
+`build_train_data` turns the config into what the training loop iterates over.
+
 Randomness: a training sample's crop and flip come from `common.data.sample_rng(key)`, where the
 key comes from the `ResumableSampler`, so an exact resume (even with workers) sees identical crops.
 """
@@ -14,14 +16,20 @@ from __future__ import annotations
 
 import json
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 from torch.utils.data import Dataset
 
-from common.data import sample_rng
+from common.config import ConfigError
+from common.data import ResumableSampler, make_loader, sample_rng
+
+if TYPE_CHECKING:
+    from vae.config import VAEConfig
 
 IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".jfif", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
 DEFAULT_MAX_PIXELS = 2**28  # ~268 Mpx (16384²): beyond that a file is a decompression bomb or a scan
@@ -211,6 +219,15 @@ def find_training_images(data_path: str | Path) -> list[Path]:
     return files
 
 
+def checked_images(folder: str | Path, image_size: int, max_pixels: int = DEFAULT_MAX_PIXELS) -> list[Path]:
+    """The images of `folder` for training: a prepared folder's manifest as is (prepare_data.py filtered
+    it), a raw folder through the same filters once, so an unusable file is never upscaled or counted."""
+    files = find_training_images(folder)
+    if read_manifest(Path(folder)) is not None:
+        return files
+    return usable_images(files, image_size, max_pixels, folder)
+
+
 def split_train_val(files: list[Path], num_val: int, seed: int = 1234) -> tuple[list[Path], list[Path]]:
     """A fixed held-out set (same files every run and every resume), disjoint from training."""
     if num_val <= 0:
@@ -286,3 +303,51 @@ class ImageDataset(Dataset):
         if self.train and self.random_flip and rng.random() < 0.5:
             x = x.flip(-1)
         return x
+
+
+def eval_loader(files: list[Path], image_size: int, max_pixels: int = DEFAULT_MAX_PIXELS, seed: int = 0,
+                batch_size: int = 4, limit: int | None = None):
+    """Centre crops of `files` (the first `limit`) in a fixed order: validation and latent statistics."""
+    ds = ImageDataset(files[:limit] if limit else files, image_size, train=False, max_pixels=max_pixels)
+    return make_loader(ds, batch_size=batch_size, num_workers=0, seed=seed)
+
+
+# ----------------------------------------------------------------------------- a training run's data
+
+
+def training_images(cfg: VAEConfig) -> tuple[list[Path], list[Path]]:
+    """(train, validation) files: `val_data_path`, or a fixed held-out part of `data_path`."""
+    files = checked_images(cfg.data_path, cfg.image_size, cfg.max_pixels)
+    if cfg.val_data_path:
+        return files, checked_images(cfg.val_data_path, cfg.image_size, cfg.max_pixels)
+    return split_train_val(files, cfg.num_val_images, seed=cfg.seed)
+
+
+@dataclass
+class TrainData:
+    """The images of a run and its planned length: what the training loop iterates over."""
+    train_files: list[Path]
+    val_files: list[Path]
+    sampler: ResumableSampler
+    loader: torch.utils.data.DataLoader
+    steps_per_epoch: int
+    total_steps: int
+    samples_per_step: int  # images per optimizer step over all GPUs
+
+
+def build_train_data(cfg: VAEConfig, world_size: int, train_files: list[Path], val_files: list[Path]) -> TrainData:
+    """The resumable shuffled loader at the config's (already fitted) batch size, and the run's length:
+    `max_steps`, else `num_epochs` x the optimizer steps one epoch fills."""
+    batch, accum = int(cfg.batch_size), cfg.accumulation_steps
+    train_ds = ImageDataset(train_files, cfg.image_size, train=True, random_flip=cfg.random_flip,
+                            max_pixels=cfg.max_pixels)
+    sampler = ResumableSampler(train_ds, shuffle=True, seed=cfg.seed)
+    loader = make_loader(train_ds, batch_size=batch, sampler=sampler, num_workers=cfg.num_workers,
+                         prefetch_factor=cfg.prefetch_factor, pin_memory=cfg.pin_memory,
+                         persistent_workers=cfg.persistent_workers, seed=cfg.seed, drop_last=True)
+    steps_per_epoch = (len(sampler) // batch) // accum
+    if steps_per_epoch < 1:
+        raise ConfigError(f"{len(train_files)} training images cannot fill one step of batch_size {batch} x "
+                          f"accumulation_steps {accum} x {world_size} GPU(s); lower them or add images")
+    total_steps = cfg.max_steps if cfg.max_steps > 0 else cfg.num_epochs * steps_per_epoch
+    return TrainData(train_files, val_files, sampler, loader, steps_per_epoch, total_steps, batch * accum * world_size)

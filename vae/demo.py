@@ -31,6 +31,7 @@ from common.plausibility import Figure, report
 from vae.data import image_to_tensor, list_images, open_image_rgb
 from vae.losses import backbone_cache_path
 from vae.metrics import psnr, save_grid
+from vae.weights import load_vae_weights
 
 CROP, STRIDE, SHORT_SIDE = 64, 48, 192
 HELD_OUT = ("coffee.png", "flower.jpg")  # whole photos kept out of training
@@ -156,7 +157,6 @@ def main(argv: list[str] | None = None) -> int:
         # measured ~10x faster than two for this model on a shared 2-core machine.
         print(f"CPU is busy (load {busy:.1f} on {os.cpu_count()} cores): training with 1 thread")
         torch.set_num_threads(1)
-    from vae.train_vae import load_vae_weights
     from vae.train_vae import main as train_main
 
     images = Path(args.data_root) / "vae_images"

@@ -6,6 +6,9 @@ The key names below are diffusers' (`encoder.down_blocks.{i}.resnets.{j}.conv_sh
 ours are CompVis-like (`encoder.down.{i}.blocks.{j}.skip`, `decoder.up.{level}` counted from full
 resolution). The mapping is a pure rename: every tensor keeps its shape. diffusers itself is not
 needed to write or read the folder.
+
+`export_final` is the end of a training run: the latent statistics (scaling factor), `vae_final.pt`
+and this folder, with the latent factors the pipelines need (`export_factors`).
 """
 
 from __future__ import annotations
@@ -13,14 +16,24 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from common.checkpoint import load_checkpoint
+from common.checkpoint import load_checkpoint, save_atomic
+from common.config import config_to_dict
+from vae.config import VAEConfig
+from vae.data import eval_loader
+from vae.metrics import latent_statistics
 from vae.model import AutoencoderKL, build_vae
+
+if TYPE_CHECKING:
+    from common.log import RunLogger
+    from vae.train_vae import VAETrainer
 
 WEIGHTS_SAFETENSORS = "diffusion_pytorch_model.safetensors"
 WEIGHTS_BIN = "diffusion_pytorch_model.bin"
+INIT_RECORD = "init_from.json"  # written by `--init_from` a diffusers folder: that folder's latent factors
 
 _RES = {"skip": "conv_shortcut"}  # ResBlock parts that are renamed; norm1/conv1/norm2/conv2 match
 _ATTN = {"norm": "group_norm", "q": "to_q", "k": "to_k", "v": "to_v", "proj": "to_out.0"}
@@ -215,3 +228,58 @@ def load_diffusers(folder: str | Path) -> tuple[AutoencoderKL, dict]:
     model = build_vae(arch_from_config(cfg))
     model.load_state_dict(from_diffusers(sd, model))
     return model, cfg
+
+
+# ----------------------------------------------------------------------------- the end-of-run export
+
+
+def export_factors(cfg: VAEConfig, out_dir: Path, measured: dict[str, float | None]) -> tuple[dict, list[str]]:
+    """The factors to write into the exported config.json and the lines that explain the choice."""
+    record = out_dir / INIT_RECORD
+    if not record.is_file():
+        return measured, []
+    init = json.loads(record.read_text(encoding="utf-8"))
+    old = {"scaling_factor": init.get("scaling_factor"), "shift_factor": init.get("shift_factor")}
+    if old["scaling_factor"] is None:
+        return measured, [f"{init['init_from']} had no scaling_factor: exporting the measured factors"]
+
+    def rel(a, b) -> float:
+        return abs((a or 0.0) - (b or 0.0)) / max(abs(b or 0.0), 1e-8)
+
+    differ = [k for k in old if (old[k] is None) != (measured[k] is None) or rel(measured[k], old[k]) > 0.05]
+    lines = []
+    if differ:
+        lines.append("latent factors differ from the init folder's: " + ", ".join(
+            f"{k} measured {measured[k]} vs {init['init_from']} {old[k]}" for k in differ)
+            + ". Diffusion models trained on that VAE expect its factors"
+            + ("; exporting them (export_factors: init; --set export_factors=measured writes the measured ones)"
+               if cfg.export_factors == "init" else "; exporting the measured ones as asked (export_factors: measured)"))
+    return (old if cfg.export_factors == "init" else measured), lines
+
+
+def export_final(cfg: VAEConfig, trainer: VAETrainer, train_files: list[Path], out_dir: Path,
+                 device: torch.device, logger: RunLogger, gstep: int, metrics: dict, eval_batch: int = 4) -> None:
+    """Latent statistics (scaling factor), `vae_final.pt` and, with `export_diffusers`, the diffusers folder."""
+    model = trainer.eval_model()
+    n = min(cfg.latent_stats_images, len(train_files))
+    batches = eval_loader(train_files, cfg.image_size, cfg.max_pixels, cfg.seed, batch_size=eval_batch, limit=n)
+    stats = latent_statistics(model, batches, device, trainer.precision.autocast, seed=cfg.seed)
+    stats["images"] = n
+    (out_dir / "latent_stats.json").write_text(json.dumps(stats, indent=1) + "\n", encoding="utf-8")
+    logger.scalars({"scaling_factor": stats["scaling_factor"], "shift_factor": stats["shift_factor"],
+                    "std": stats["std"]}, gstep, "latent")
+    for c, (mu, sd) in enumerate(zip(stats["per_channel_mean"], stats["per_channel_std"])):
+        logger.scalars({f"mean_{c}": mu, f"std_{c}": sd}, gstep, "latent_channel")
+    print(f"latents over {n} images: mean {stats['mean']:.4f}, std {stats['std']:.4f} -> scaling_factor "
+          f"{stats['scaling_factor']:.5f} (shift_factor {stats['shift_factor']:.5f} for FLUX-style pipelines)")
+    final = {"arch": model.arch(), "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+             "latent_stats": stats, "metrics": metrics, "config": config_to_dict(cfg), "step": gstep}
+    save_atomic(final, out_dir / "vae_final.pt")
+    print(f"saved {out_dir / 'vae_final.pt'}" + (" (EMA weights)" if trainer.ema else ""))
+    if cfg.export_diffusers:
+        factors, notes = export_factors(cfg, out_dir, pipeline_factors(model, stats))
+        for line in notes:
+            print(line)
+        folder = save_diffusers(model, out_dir / "diffusers", sample_size=cfg.image_size, **factors)
+        print(f"saved diffusers AutoencoderKL folder {folder} (AutoencoderKL.from_pretrained('{folder}')), "
+              + ", ".join(f"{k} {v:.5f}" for k, v in factors.items() if v is not None))

@@ -10,7 +10,7 @@ Why the folder's latent factors are kept: SD/SDXL/SD3/FLUX denoisers were traine
 drop into those pipelines, so the export keeps the folder's `scaling_factor`/`shift_factor`
 (`export_factors: init`) and says how far the measured ones moved; `export_factors: measured` writes
 the new statistics instead (a VAE for a new diffusion model). The folder's factors are recorded in
-`<output_dir>/init_from.json`, so a resumed run exports them too.
+`<output_dir>/init_from.json`, so a resumed run exports them too (`diffusers_io.export_factors`).
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ from typing import TYPE_CHECKING
 from common.checkpoint import CheckpointError, load_checkpoint, load_matching
 from common.training import EMA
 from vae.config import VAEConfig
-from vae.diffusers_io import arch_from_config, from_diffusers, read_diffusers_folder
+from vae.diffusers_io import INIT_RECORD, arch_from_config, from_diffusers, read_diffusers_folder
 
 if TYPE_CHECKING:
     from vae.train_vae import VAETrainer
 
-INIT_RECORD = "init_from.json"
 # config.json key -> (our config key, how to set it on the command line)
 _LAYOUT_KEYS = {"block_out_channels": ("channels", "--channels {}"), "latent_channels": ("z_channels", "--z_channels {}"),
                 "layers_per_block": ("layers_per_block", "--layers_per_block {}"),
@@ -137,27 +136,3 @@ def reset_ema(trainer: VAETrainer) -> None:
     """The EMA copy was taken from the random initial weights: restart it from the loaded ones."""
     if trainer.ema is not None:
         trainer.ema = EMA(trainer.vae_module, trainer.ema.decay)
-
-
-def export_factors(cfg: VAEConfig, out_dir: Path, measured: dict[str, float | None]) -> tuple[dict, list[str]]:
-    """The factors to write into the exported config.json and the lines that explain the choice."""
-    record = out_dir / INIT_RECORD
-    if not record.is_file():
-        return measured, []
-    init = json.loads(record.read_text(encoding="utf-8"))
-    old = {"scaling_factor": init.get("scaling_factor"), "shift_factor": init.get("shift_factor")}
-    if old["scaling_factor"] is None:
-        return measured, [f"{init['init_from']} had no scaling_factor: exporting the measured factors"]
-
-    def rel(a, b) -> float:
-        return abs((a or 0.0) - (b or 0.0)) / max(abs(b or 0.0), 1e-8)
-
-    differ = [k for k in old if (old[k] is None) != (measured[k] is None) or rel(measured[k], old[k]) > 0.05]
-    lines = []
-    if differ:
-        lines.append("latent factors differ from the init folder's: " + ", ".join(
-            f"{k} measured {measured[k]} vs {init['init_from']} {old[k]}" for k in differ)
-            + ". Diffusion models trained on that VAE expect its factors"
-            + ("; exporting them (export_factors: init; --set export_factors=measured writes the measured ones)"
-               if cfg.export_factors == "init" else "; exporting the measured ones as asked (export_factors: measured)"))
-    return (old if cfg.export_factors == "init" else measured), lines

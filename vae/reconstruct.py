@@ -24,6 +24,7 @@ from common.run_dir import OutputPathError, check_output_dir, check_output_file
 from vae.data import BadImage, image_to_tensor, list_images, open_image_rgb, tensor_to_uint8
 from vae.metrics import psnr
 from vae.model import AutoencoderKL
+from vae.weights import load_vae_weights
 
 
 def _pad_to(x: torch.Tensor, multiple: int) -> tuple[torch.Tensor, int, int]:
@@ -159,8 +160,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from vae.train_vae import load_vae_weights  # imported here: keeps `import vae.reconstruct` light
-
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     src = Path(args.input)
     if not src.exists():

@@ -1,4 +1,5 @@
-"""What a planned VAE run will do, said at start-up: when the GAN phase begins, and at which LR.
+"""What a planned VAE run will do, said at start-up: when the GAN phase begins, and at which LR; and
+how a resume at another `image_size` starts a new resolution stage.
 
 Why: `disc_start` is a global step, the LR schedule and the run length are planned from the dataset
 size, batch and GPU count. latent-diffusion trains at constant LR, so its GAN joins at full strength
@@ -7,6 +8,9 @@ never. Nothing in the logs would show that until the run is over, so the trainer
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 from torch.optim.lr_scheduler import LambdaLR
 
@@ -62,3 +66,33 @@ def world_size_note(learning_rate: float, images_per_step: int, world_size: int)
     return [f"note: learning_rate {learning_rate:.3g} is per optimizer step and is not scaled with the {world_size} "
             f"GPUs ({images_per_step} images per step, {world_size}x a single GPU's; steps per epoch and the "
             f"planned steps are {world_size}x fewer). See vae/README.md 'More GPUs'."]
+
+
+def next_stage(old: dict, extra: dict, image_size: int) -> tuple[dict, list[dict]]:
+    """Counters and stage history for a new resolution stage: the step and epoch counts continue
+    (checkpoint_epoch_N.pt numbers keep rising, so no stage overwrites another's files and rotation
+    keeps the newest), the data position restarts."""
+    stage = int(old.get("stage", 1)) + 1
+    first_step = int(old.get("steps_before_stage", 0)) + int(old.get("step", 0))
+    counters = {"step": 0, "epoch": int(old.get("epoch", 0)), "micro_in_epoch": 0, "stage": stage,
+                "steps_before_stage": first_step}
+    stages = list(extra.get("stages") or [{"stage": stage - 1, "image_size": old.get("image_size"),
+                                             "first_step": first_step - int(old.get("step", 0)), "first_epoch": 0}])
+    stages = [s for s in stages if s["stage"] < stage]  # a re-run of this stage replaces its record
+    stages.append({"stage": stage, "image_size": image_size, "first_step": first_step, "first_epoch": counters["epoch"]})
+    return counters, stages
+
+
+def keep_stage_files(out_dir: Path, stage: int, image_size: int | None) -> list[str]:
+    """At a new stage, the previous stage's `checkpoint_last.pt` and `best.pt` (+ best.json) would be
+    overwritten by this stage's (and PSNR at another crop size is not comparable for "best"): they are
+    renamed `stage{K}_{size}px_last.pt` / `_best.pt`, outside rotation. An existing name is never
+    overwritten: a re-run of the same transition keeps the first copy and leaves the files of the
+    interrupted attempt (same resolution as this one) where they are."""
+    kept = []
+    for name, suffix in (("checkpoint_last.pt", "last.pt"), ("best.pt", "best.pt"), ("best.json", "best.json")):
+        src, dst = out_dir / name, out_dir / f"stage{stage}_{image_size}px_{suffix}"
+        if src.is_file() and not dst.exists():
+            os.replace(src, dst)
+            kept.append(dst.name)
+    return [k for k in kept if not k.endswith(".json")]

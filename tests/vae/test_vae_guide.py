@@ -8,6 +8,7 @@ import torch
 import yaml
 from helpers import REPO, TINY_CONFIG
 
+import vae.check_compatibility as compat
 import vae.train_vae as tv
 from common.config import load_config
 from common.hardware import fit_batch_size
@@ -60,7 +61,7 @@ def test_trainer_prints_the_fitted_batch_and_trains_with_it(image_dir, tmp_path,
         in capsys.readouterr().out
     # The same start-up path as on a GPU whose memory takes only batch 1 (the step itself is simulated).
     real = fit_batch_size
-    monkeypatch.setattr(tv, "fit_batch_size", lambda try_batch, b, a, cuda_available: real(
+    monkeypatch.setattr(compat, "fit_batch_size", lambda try_batch, b, a, cuda_available: real(
         _oom_above(1, []), b, a, cuda_available=True))
     assert run(image_dir, tmp_path / "gpu", "--max_steps", "1", "--no-export_diffusers") == 0
     assert "batch_size 2 does not fit: using batch_size 1 x accumulation_steps 2" in capsys.readouterr().out

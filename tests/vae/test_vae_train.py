@@ -17,7 +17,7 @@ import vae.train_vae as tv
 from common.checkpoint import load_checkpoint
 from common.log import RunLogger
 from vae.config import VAEConfig
-from vae.diffusers_io import load_diffusers
+from vae.diffusers_io import export_final, load_diffusers
 from vae.losses import VAELoss
 
 
@@ -272,7 +272,7 @@ def test_export_carries_shift_factor_for_f8c16(image_dir, tmp_path, channels, z,
     cfg = tiny_cfg(channels=channels, z_channels=z, disc_weight=0.0, ema_decay=0.0, output_dir=str(tmp_path))
     trainer = tv.VAETrainer(cfg, torch.device("cpu"), quiet=True)
     files = sorted(image_dir.glob("*.png"))[:4]
-    tv.export_final(cfg, trainer, files, tmp_path, torch.device("cpu"), RunLogger(tmp_path, enabled=False), 0, {})
+    export_final(cfg, trainer, files, tmp_path, torch.device("cpu"), RunLogger(tmp_path, enabled=False), 0, {})
     stats = json.loads((tmp_path / "latent_stats.json").read_text())
     folder_cfg = json.loads((tmp_path / "diffusers" / "config.json").read_text())
     assert folder_cfg["scaling_factor"] == pytest.approx(stats["scaling_factor"])
