@@ -33,7 +33,7 @@ from common.hardware import (
     is_oom,
     resolve_preset,
 )
-from common.precision import Precision, bf16_supported
+from common.precision import Precision, bf16_supported, normalize_precision
 from common.run_dir import check_output_dir
 from vae.config import VAEConfig
 from vae.losses import BACKBONE_FILES, FrozenLPIPS, PerceptualWeightsError, backbone_cache_path
@@ -178,7 +178,7 @@ def choose_batch_size(cfg: VAEConfig, device: torch.device, perceptual: FrozenLP
 def profile_memory(cfg: VAEConfig, resolutions: list[int], batches: list[int]) -> int:
     """Peak GPU memory of one full training step (VAE + LPIPS + GAN on) per resolution and batch, written
     to `<output_dir>/memory_profile.md` and `.json`. The step is the trainer's own `VAETrainer.step`."""
-    from vae.train_vae import VAETrainer, precision_name  # imported here: see _trial_step
+    from vae.train_vae import VAETrainer  # imported here: see _trial_step
 
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type != "cuda":
@@ -197,7 +197,8 @@ def profile_memory(cfg: VAEConfig, resolutions: list[int], batches: list[int]) -
     rows = []
     name = torch.cuda.get_device_name(device)
     total = torch.cuda.get_device_properties(device).total_memory / 1024**3
-    print(f"profiling on {name} ({total:.1f} GiB), precision {precision_name(cfg)}, channels {cfg.channels}, "
+    precision = normalize_precision(cfg.mixed_precision, device, cfg.amp_dtype)
+    print(f"profiling on {name} ({total:.1f} GiB), precision {precision}, channels {cfg.channels}, "
           f"z {cfg.z_channels}, gradient_checkpointing {cfg.gradient_checkpointing}")
     for res in resolutions:
         trial.image_size = res
@@ -230,7 +231,7 @@ def profile_memory(cfg: VAEConfig, resolutions: list[int], batches: list[int]) -
     (out / "memory_profile.json").write_text(json.dumps({"gpu": name, "total_gib": total, "rows": rows,
                                                          "config": config_to_dict(cfg)}, indent=1), encoding="utf-8")
     lines = [f"# VAE training memory on {name} ({total:.1f} GiB)", "",
-             f"precision {precision_name(cfg)}, channels {cfg.channels}, z_channels {cfg.z_channels}, "
+             f"precision {precision}, channels {cfg.channels}, z_channels {cfg.z_channels}, "
              f"gradient_checkpointing {cfg.gradient_checkpointing}, LPIPS {'on' if perceptual else 'off'}, "
              f"GAN on", "", "| image_size | batch | peak GiB | images/s |", "|---|---|---|---|"]
     for r in rows:

@@ -136,3 +136,8 @@ class VAEConfig:
             problems.append("checkpoint_freq and keep_checkpoints must be >= 1")
         if problems:
             raise ValueError("; ".join(problems))
+
+    @property
+    def amp_dtype(self) -> str:
+        """The dtype of the `mixed_precision` switch, as common.precision reads it (VITS spells it as a key)."""
+        return "bf16" if self.use_bf16 else "fp16"

@@ -269,6 +269,3 @@ def build_vae(arch: dict) -> AutoencoderKL:
             "mid_attention", "use_quant_conv", "dropout")
     return AutoencoderKL(**{k: arch[k] for k in keys if k in arch})
 
-
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())

@@ -68,6 +68,7 @@ from common.training import (
     NonFiniteGuard,
     apply_optimizer_overrides,
     backward,
+    count_parameters,
     nonfinite_stop_message,
     optimizer_overrides,
     saving_blocked,
@@ -79,7 +80,7 @@ from vae.data import ImageDataset, TrainData, build_train_data, eval_loader, tra
 from vae.diffusers_io import export_final
 from vae.losses import FrozenLPIPS, PatchDiscriminator, PerceptualWeightsError, VAELoss
 from vae.metrics import evaluate, grid_image
-from vae.model import AutoencoderKL, build_vae, count_parameters
+from vae.model import AutoencoderKL, build_vae
 from vae.pretrained import init_weights
 from vae.run_plan import gan_phase_report, keep_stage_files, next_stage, world_size_note
 
@@ -99,12 +100,6 @@ BOOL_FLAGS = ("mixed_precision", "use_bf16", "use_torch_compile", "enable_tf32",
 
 
 # ----------------------------------------------------------------------------- builders
-
-
-def precision_name(cfg: VAEConfig) -> str:
-    if not cfg.mixed_precision:
-        return "32-true"
-    return "bf16-mixed" if cfg.use_bf16 else "16-mixed"
 
 
 def memory_gib(device: torch.device) -> float:
@@ -127,7 +122,7 @@ class VAETrainer:
                  total_steps: int = 1, perceptual: FrozenLPIPS | None = None, quiet: bool = False) -> None:
         self.cfg, self.device = cfg, device
         self.info = info or DistInfo(0, 1, 0, device, False)
-        self.precision = Precision(precision_name(cfg), device, tf32=cfg.enable_tf32,
+        self.precision = Precision(cfg.mixed_precision, device, amp_dtype=cfg.amp_dtype, tf32=cfg.enable_tf32,
                                    cudnn_benchmark=cfg.cudnn_benchmark, channels_last=cfg.channels_last,
                                    compile=cfg.use_torch_compile)
         fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
@@ -461,7 +456,7 @@ class VAETrainer:
             except torch.OutOfMemoryError as exc:
                 raise OutOfMemory(oom_message("the VAE training step", int(cfg.batch_size), {
                     "accum_key": "accumulation_steps", "accumulation": accum,
-                    "precision_key": "mixed_precision", "precision": precision_name(cfg),
+                    "precision": self.precision.precision, "precision_set": "mixed_precision=true --set use_bf16=true",
                     "checkpointing_key": "gradient_checkpointing", "crop_key": "image_size",
                     "crop": cfg.image_size})) from exc
             micro = []

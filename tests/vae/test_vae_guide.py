@@ -12,6 +12,7 @@ import vae.check_compatibility as compat
 import vae.train_vae as tv
 from common.config import load_config
 from common.hardware import fit_batch_size
+from common.precision import normalize_precision
 from common.run_dir import tensorboard_dir
 from vae.config import VAEConfig
 
@@ -76,10 +77,10 @@ def test_trainer_prints_the_fitted_batch_and_trains_with_it(image_dir, tmp_path,
 ])
 def test_guide_precision_flags(flags, expected):
     cfg = tv.resolve_config(tv.build_parser().parse_args(flags))
-    assert tv.precision_name(cfg) == expected
+    assert normalize_precision(cfg.mixed_precision, amp_dtype=cfg.amp_dtype) == expected
     profile = tv.resolve_config(tv.build_parser().parse_args(
         ["--config", str(REPO / "vae" / "configs" / "standard_1024.yaml")]))
-    assert tv.precision_name(profile) == "bf16-mixed"  # the profiles set both switches
+    assert normalize_precision(profile.mixed_precision, amp_dtype=profile.amp_dtype) == "bf16-mixed"  # both switches
 
 
 def test_fp16_step_on_cpu_really_scales_the_loss():
