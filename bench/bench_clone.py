@@ -29,10 +29,11 @@ import torch
 import yaml
 
 from bench.timing import seconds_per_step
+from tts.clone_options import build_parser, resolve_config
 from tts.models.clone import VoiceCloneTTS, count_parameters
 from tts.models.clone_config import LossConfig, ModelConfig
 from tts.text import SYMBOLS
-from tts.train_main import build_parser, resolve_config, train
+from tts.train_main import train
 
 PREPARED = Path("data/demo/tts_prepared")
 CONFIG = Path(__file__).resolve().parents[1] / "tts" / "configs" / "clone_demo.yaml"

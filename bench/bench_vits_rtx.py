@@ -49,10 +49,10 @@ def shape_counts(n: int = 10_000, batch: int = 64, buckets: int = 8, hop: int = 
 
 
 def channels_last_times(device: torch.device, repeats: int) -> dict:
-    from tts.models.discriminator import DiscriminatorP
+    from vocoder.discriminators import PeriodDiscriminator
 
     torch.manual_seed(0)
-    critics = [DiscriminatorP(p).to(device) for p in (2, 3, 5, 7, 11)]
+    critics = [PeriodDiscriminator(p).to(device) for p in (2, 3, 5, 7, 11)]
     y = torch.randn(1, 1, 32 * 256, device=device)
 
     def step() -> float:

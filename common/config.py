@@ -312,37 +312,41 @@ def load_config(
     schema: type[T],
     overrides: typing.Iterable[str] = (),
     extra: dict[str, Any] | None = None,
+    extra_sources: dict[str, str] | None = None,
 ) -> T:
     """Loads `path` (with its `base_config:` chain), then `extra` (dotted keys, None skipped), then
-    `--set` overrides, into `schema`. Any unknown key or bad type raises ConfigError."""
+    `--set` overrides, into `schema`. Any unknown key or bad type raises ConfigError.
+
+    `extra_sources` names where an `extra` key came from (its flag, e.g. `--batch-size`; default
+    "command-line flag"). The result remembers where each key was set: `explicit_keys` (the command
+    line) and `config_sources` (the command line and the YAML files)."""
     data: dict = {}
     sources: dict[str, Any] = {}
     if path is not None:
         data, sources = read_config_file(path, schema=schema)
+    explicit: dict[str, str] = {}
     for dotted, value in (extra or {}).items():
         if value is None:
             continue
+        source = (extra_sources or {}).get(dotted, "command-line flag")
         dotted = _canonical_key(schema, dotted)
         _set_dotted(data, dotted, value)
-        sources[dotted] = "command-line flag"
+        sources[dotted] = explicit[dotted] = source
         for i in range(1, dotted.count(".") + 1):
-            sources.setdefault(".".join(dotted.split(".")[:i]), "command-line flag")
-    explicit: dict[str, str] = {}
-    for dotted, value in (extra or {}).items():
-        if value is not None:
-            explicit[_canonical_key(schema, dotted)] = "command-line flag"
+            sources.setdefault(".".join(dotted.split(".")[:i]), source)
     for text in overrides or ():
         dotted, value = parse_override(text)
         dotted = _canonical_key(schema, dotted)
         _set_dotted(data, dotted, value)
-        sources[dotted] = f"--set {text}"
-        explicit[dotted] = f"--set {text}"
+        sources[dotted] = explicit[dotted] = f"--set {text}"
     cfg = _build(schema, data, "", sources, str(path) if path else "defaults")
     object.__setattr__(cfg, _EXPLICIT_ATTR, explicit)
+    object.__setattr__(cfg, _SOURCES_ATTR, {k: str(v) for k, v in sources.items()})
     return cfg
 
 
 _EXPLICIT_ATTR = "_explicit_keys"
+_SOURCES_ATTR = "_config_sources"
 
 
 def _canonical_key(schema: type, dotted: str) -> str:
@@ -367,9 +371,17 @@ def explicit_keys(cfg: Any) -> dict[str, str]:
     return dict(getattr(cfg, _EXPLICIT_ATTR, {}))
 
 
+def config_sources(cfg: Any) -> dict[str, str]:
+    """Every dotted key (aliases resolved) this `load_config` result did not take from the schema's
+    defaults, with where it was set: the YAML file that set it last (`base_config` chain resolved),
+    the flag, `--set …`, or what `mark_explicit` recorded. A parent of a set key is listed too."""
+    return dict(getattr(cfg, _SOURCES_ATTR, {}))
+
+
 def mark_explicit(cfg: Any, key: str, source: str) -> None:
     """Records `key` as set by the user (a preset or flag applied after `load_config`)."""
     object.__setattr__(cfg, _EXPLICIT_ATTR, {**explicit_keys(cfg), key: source})
+    object.__setattr__(cfg, _SOURCES_ATTR, {**config_sources(cfg), key: source})
 
 
 # ---------------------------------------------------------------------------------------------

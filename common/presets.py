@@ -1,15 +1,20 @@
-"""`--preset {rtx4090,rtx5090,auto,cpu}`: one flag, the same meaning in every trainer.
+"""Presets: named sets of config values, one rule for all of them.
 
-A preset fills in the settings that depend on the card — batch size, DataLoader workers, precision
-and the training crop — so a user with a 4090 or 5090 need not tune them by hand. The values per
-card live in `common.hardware.PRESETS` (with the reasons); this module maps them onto each
-trainer's own config keys (data, below) and applies them.
+`--preset {rtx4090,rtx5090,auto,cpu}` is one flag with the same meaning in every trainer. It fills
+in the settings that depend on the card — batch size, DataLoader workers, precision and the
+training crop — so a user with a 4090 or 5090 need not tune them by hand. The values per card live
+in `common.hardware.PRESETS` (with the reasons); this module maps them onto each trainer's own
+config keys (data, below) and applies them. A trainer's own recipe flag (the cloning trainer's
+`--fast-convergence`, whose values are data in `tts/clone_presets.py`) goes through the same
+`apply_settings`.
 
-Precedence, lowest first: schema defaults < the YAML config < the preset < what the user typed
-(the trainer's flags and `--set`). The preset sits above the YAML on purpose: every shipped recipe
+Precedence, lowest first: schema defaults < the YAML config < a preset < what the user typed
+(the trainer's flags and `--set`). A preset sits above the YAML on purpose: every shipped recipe
 sets these keys, so a preset below the YAML would change nothing. A setting the user typed is kept
 whole: with `--precision` or `--mixed_precision` on the command line, the preset touches no
-precision key. One line says what the preset set (and what it replaced) and what it left alone.
+precision key. What a preset writes is recorded as asked for (`common.config.mark_explicit`), so a
+later preset leaves it alone and a resume applies it like a typed value. One line says what the
+preset set (and what it replaced) and what it left alone.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from common.config import explicit_keys
+from common.config import explicit_keys, mark_explicit
 from common.hardware import PRESETS, preset_name
 
 PRESET_CHOICES = ("rtx4090", "rtx5090", "auto", "cpu")
@@ -99,9 +105,39 @@ def _typed_source(key: str, explicit: dict[str, str]) -> str | None:
     return explicit.get(key) or next((src for e, src in explicit.items() if key.startswith(f"{e}.")), None)
 
 
+@dataclass
+class PresetOutcome:
+    """What `apply_settings` did: keys written (old, new value) and keys left as the user typed them
+    (value now, the preset's value, where the user typed it)."""
+
+    written: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    kept: dict[str, tuple[Any, Any, str]] = field(default_factory=dict)
+
+
+def apply_settings(cfg: Any, settings: dict[str, dict[str, Any]], source: str,
+                   owned: dict[str, set[str]] | None = None) -> PresetOutcome:
+    """The one preset rule (module docstring), on a loaded config in place. `settings`: setting →
+    {config key: value}; a setting any of whose keys (or `owned[setting]`, every key that spells it)
+    the user typed (`explicit_keys`, or a mapping above it) is left whole. Written keys are marked
+    explicit with `source`."""
+    explicit = explicit_keys(cfg)
+    out = PresetOutcome()
+    for setting, keys in settings.items():
+        spelled = (owned or {}).get(setting) or set(keys)
+        typed = {k: src for k in sorted(spelled) if (src := _typed_source(k, explicit))}
+        if typed:
+            out.kept.update({k: (get_key(cfg, k), keys.get(k, "-"), src) for k, src in typed.items()})
+            continue
+        for key, value in keys.items():
+            out.written[key] = (get_key(cfg, key), value)
+            _set_key(cfg, key, value)
+            mark_explicit(cfg, key, source)
+    return out
+
+
 def apply_preset(cfg: Any, name: str | None, trainer: str, log: Callable[[str], None] | None = None,
                  vram_gb: float | None = None) -> dict[str, Any]:
-    """Applies preset `name` (None: nothing) to a loaded config in place; returns {key: value} it set.
+    """Applies card preset `name` (None: nothing) to a loaded config in place; returns {key: value} it set.
 
     A setting any of whose keys the user typed (`common.config.explicit_keys`) is left whole.
     Prints one line (rank 0 only under torchrun)."""
@@ -110,22 +146,11 @@ def apply_preset(cfg: Any, name: str | None, trainer: str, log: Callable[[str], 
     if log is None:
         log = print if os.environ.get("RANK", "0") == "0" else (lambda _line: None)
     name = preset_name(name, vram_gb, say=log)
-    explicit = explicit_keys(cfg)
-    applied: dict[str, Any] = {}
-    set_words: list[str] = []
-    kept_words: list[str] = []
     precision_keys = {k for keys in PRECISION_KEYS[trainer].values() for k in keys}
-    for setting, keys in preset_settings(name, trainer).items():
-        owned = precision_keys if setting == "precision" else set(keys)  # every key that spells it
-        typed = {k: src for k in sorted(owned) if (src := _typed_source(k, explicit))}
-        if typed:
-            kept_words += [f"{k}={get_key(cfg, k)} ({src}; preset: {keys.get(k, '-')})" for k, src in typed.items()]
-            continue
-        for key, value in keys.items():
-            old = get_key(cfg, key)
-            _set_key(cfg, key, value)
-            applied[key] = value
-            set_words.append(f"{key}={value}" + (f" (config had {old})" if old is not None and old != value else ""))
+    done = apply_settings(cfg, preset_settings(name, trainer), f"--preset {name}", {"precision": precision_keys})
+    set_words = [f"{k}={new}" + (f" (config had {old})" if old is not None and old != new else "")
+                 for k, (old, new) in done.written.items()]
+    kept_words = [f"{k}={now} ({src}; preset: {preset})" for k, (now, preset, src) in done.kept.items()]
     line = f"[preset] {name} for {trainer}: set {', '.join(set_words) or 'nothing'}"
     log(line + (f"; kept what you typed: {', '.join(kept_words)}" if kept_words else ""))
-    return applied
+    return {k: new for k, (_, new) in done.written.items()}

@@ -12,6 +12,8 @@ Three stages, each for a reason the XTTS-style users felt:
 3. `BucketCollate` pads every batch to its length bucket's fixed (text, frames) size, and the
    reference to one fixed length: a handful of shapes for the whole run, so `torch.compile`,
    cuDNN autotuning and CUDA graphs never see a new shape after the first epoch.
+4. `CloneData` puts them together for a run: the bucketed training sampler and the loaders, each
+   with an explicit seed so a resume continues mid-epoch exactly.
 """
 
 from __future__ import annotations
@@ -22,17 +24,18 @@ import json
 import math
 import os
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from common.audio import AudioError, MelSpectrogram, check_audio, extract_f0, load_audio
-from common.data import BucketShapes, sample_rng
-from tts.models.clone_config import AudioConfig, DataConfig
+from common.data import BucketBatchSampler, BucketShapes, make_loader, sample_rng
+from tts.models.clone_config import AudioConfig, CloneConfig, DataConfig
 from tts.models.vits_config import DataConfig as SharedCheckConfig
 from tts.prepare_data import check_item
 
@@ -321,3 +324,42 @@ def load_reference(path: str | os.PathLike, audio: AudioConfig, data: DataConfig
     with torch.no_grad():
         mel = _mel_module(audio)(torch.from_numpy(wav).float())
     return Reference(mel, torch.ones(1, mel.shape[-1], dtype=torch.bool), wav, len(wav) / sr)
+
+
+class CloneData:
+    """The bucketed training set and sampler (a static set of padded shapes), the validation loader
+    and the loader settings, from the prepared manifests (features cached, input never modified)."""
+
+    def __init__(self, cfg: CloneConfig, device: torch.device, run_dir: Path, log: Callable[[str], None]) -> None:
+        t = cfg.train
+        train_jsonl, val_jsonl = resolve_manifests(cfg.data.train, cfg.data.val)
+        cache_root = Path(cfg.data.cache_dir) if cfg.data.cache_dir else run_dir / "features"
+        feat_workers = max(1, min(t.num_workers, os.cpu_count() or 1))
+        self.train_items = build_features(train_jsonl, cfg.audio, cfg.data, cache_root, feat_workers, log)
+        self.val_items = build_features(val_jsonl, cfg.audio, cfg.data, cache_root, feat_workers, log)
+        ref_frames = int(math.ceil(cfg.data.ref_seconds * cfg.audio.sample_rate / cfg.audio.hop_length))
+        self.train_set = CloneDataset(self.train_items, ref_frames)
+        val_set = CloneDataset(self.val_items, ref_frames)
+        self.sampler = BucketBatchSampler(self.train_set.lengths(), t.batch_size, cfg.data.num_buckets, shuffle=True,
+                                          seed=t.seed, drop_last=True)
+        self.collate = self._collate(cfg, self.train_set, self.train_items, self.sampler, ref_frames)
+        val_sampler = BucketBatchSampler(val_set.lengths(), cfg.val.batch_size, cfg.data.num_buckets, shuffle=False,
+                                         seed=0, num_replicas=1, rank=0)
+        self.loader_kw = dict(num_workers=t.num_workers, prefetch_factor=cfg.data.prefetch_factor,
+                              pin_memory=cfg.data.pin_memory and device.type == "cuda", persistent_workers=False)
+        self.val_loader = make_loader(val_set, batch_sampler=val_sampler, seed=0,
+                                      collate_fn=self._collate(cfg, val_set, self.val_items, val_sampler, ref_frames),
+                                      **{**self.loader_kw, "num_workers": min(t.num_workers, 2)})
+
+    @staticmethod
+    def _collate(cfg: CloneConfig, dataset: CloneDataset, items: list[dict], sampler: BucketBatchSampler,
+                 ref_frames: int) -> BucketCollate:
+        return BucketCollate(dataset.lengths(), [it["n_text"] for it in items], sampler.boundaries, ref_frames,
+                             cfg.data.frame_multiple, cfg.data.text_multiple)
+
+    def epoch_loader(self, epoch: int, batch_in_epoch: int, seed: int) -> DataLoader:
+        """The training loader of `epoch`, resumed after `batch_in_epoch` batches (exact resume)."""
+        self.sampler.set_epoch(epoch)
+        self.sampler.skip(batch_in_epoch)
+        return make_loader(self.train_set, batch_sampler=self.sampler, collate_fn=self.collate, seed=seed + epoch,
+                           **self.loader_kw)

@@ -42,9 +42,10 @@ from common.demo_speech import espeak_available
 from common.log import plot_spectrograms, save_figure
 from common.plausibility import compare_mels, compare_speech, report, speech_figures
 from tts.clone_data import load_reference, read_manifest
+from tts.clone_options import build_parser, resolve_config
 from tts.demo import MAX_MCD
 from tts.infer_clone import load_clone_model, load_matching_vocoder, synthesize
-from tts.train_main import build_parser, resolve_config, train
+from tts.train_main import train
 
 PREPARED_DIR = Path("data/demo/tts_prepared")
 RUN_DIR = Path("runs/tts_clone_demo")

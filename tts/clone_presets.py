@@ -7,7 +7,8 @@ lists its "after" values: LR 1e-4 with cosine_with_warmup, batch 48 x grad-accum
 Its "Maximum Performance Mode" then adds ``--batch-size 64 --lr 2e-4`` on top of the preset, so
 a preset can only be a set of *defaults*: a value the user typed (a flag or ``--set``) wins, and
 one line says which preset value it replaced. The preset still wins over a YAML file (the flag
-is the newer, more specific request), also with one line per replaced value.
+is the newer, more specific request), also with one line per replaced value. Here it is data only:
+`tts.clone_options` applies it with `common.presets.apply_settings`, the rule every preset follows.
 """
 
 from __future__ import annotations
@@ -32,37 +33,6 @@ FAST_CONVERGENCE: dict[str, object] = {
 def fast_convergence_schedule(epochs: int) -> dict[str, int]:
     """The guide's save/validation schedule, in optimizer steps, from the run's planned epochs."""
     return {"train.save_interval": max(2000, epochs * 10), "train.val_check_interval": max(500, epochs * 2)}
-
-
-def fast_convergence_defaults(epochs: int, user: dict[str, object], explicit: dict[str, str],
-                              names: dict[str, str]) -> tuple[dict[str, object], list[str]]:
-    """(preset values to apply, one line per replacement: a typed value over the preset's, or the
-    preset's over a YAML value).
-
-    `user` holds the values the user typed (flags and ``--set``, dotted keys); they are not
-    applied here, they simply win. `explicit` says where each user/YAML value came from and
-    `names` maps a key to its flag (``optim.lr`` → ``--lr``) for the messages.
-    """
-    preset = {**FAST_CONVERGENCE, **fast_convergence_schedule(epochs)}
-    apply: dict[str, object] = {}
-    lines: list[str] = []
-    for key, value in preset.items():
-        label = names.get(key, key)
-        if key in user:
-            if not _same(user[key], value):
-                lines.append(f"{explicit.get(key, label)} {user[key]} replaces the --fast-convergence value {value}")
-            continue
-        apply[key] = value
-        if key in explicit:  # set in the YAML file to something other than the default
-            lines.append(f"--fast-convergence sets {label} = {value} over {explicit[key]}")
-    return apply, lines
-
-
-def _same(given: object, preset: object) -> bool:
-    try:
-        return type(preset)(given) == preset
-    except (TypeError, ValueError):
-        return False
 
 
 def cap_gpu_memory(fraction: float, device: torch.device) -> str | None:

@@ -200,7 +200,7 @@ class VitsTrainer:
                          "the generator and the scale critic: they are 1-D convs, which have no channels_last "
                          "layout (see tts/README.md for the measured effect)")
         if cfg.compile:
-            # DiscriminatorP.forward is one code object for every period: one graph per period × batch
+            # PeriodDiscriminator.forward is one code object for every period: one graph per period × batch
             # (2B in the D step, B in the G step) = 10 for vits_base, over dynamo's default limit of 8,
             # past which it falls back to eager.
             limit = 4 * len(self.disc.discriminators)

@@ -10,6 +10,9 @@ Which ones run is config (``model_args.discriminators``); the defaults follow th
 tasks: ``nsf_HiFigan_task`` = MPD + MSD (jik876 HiFi-GAN), ``nsf_HiFigan_fast_task`` = fast MPD +
 MRD (cheap per-period blocks that fold samples into channels instead of running 1024-channel
 2-D convs, and a spectrogram critic).
+
+The VITS critic (``tts/models/discriminator.py``) is built from ``PeriodDiscriminator`` and
+``ScaleDiscriminator`` (narrower layers, optional spectral norm).
 """
 
 from __future__ import annotations
@@ -21,10 +24,23 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.parametrizations import spectral_norm, weight_norm
 
-LRELU_SLOPE = 0.1
+from vocoder.model import LRELU_SLOPE, get_padding
+
 DISCRIMINATOR_NAMES = ("mpd", "fast_mpd", "mrd", "msd")
 
 Output = tuple[list[torch.Tensor], list[list[torch.Tensor]]]
+
+
+def conv_stack(convs: nn.ModuleList, conv_post: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The HiFi-GAN critics' forward: leaky-ReLU convs, then ``conv_post``; returns (flattened
+    logits, every layer's output for feature matching)."""
+    fmap = []
+    for conv in convs:
+        x = F.leaky_relu(conv(x), LRELU_SLOPE)
+        fmap.append(x)
+    x = conv_post(x)
+    fmap.append(x)
+    return x.flatten(1), fmap
 
 
 class PeriodDiscriminator(nn.Module):
@@ -32,30 +48,25 @@ class PeriodDiscriminator(nn.Module):
     so each column sees every p-th sample (periodic structure of that period)."""
 
     def __init__(self, period: int, kernel_size: int = 5, stride: int = 3,
-                 channels: tuple[int, ...] = (32, 128, 512, 1024, 1024)):
+                 channels: tuple[int, ...] = (32, 128, 512, 1024, 1024), use_spectral_norm: bool = False):
         super().__init__()
         self.period = period
-        pad = (kernel_size - 1) // 2
+        norm = spectral_norm if use_spectral_norm else weight_norm
+        pad = get_padding(kernel_size)
         chans = (1, *channels)
         layers = []
         for i in range(len(channels)):
             s = stride if i < len(channels) - 1 else 1
-            layers.append(weight_norm(nn.Conv2d(chans[i], chans[i + 1], (kernel_size, 1), (s, 1), padding=(pad, 0))))
+            layers.append(norm(nn.Conv2d(chans[i], chans[i + 1], (kernel_size, 1), (s, 1), padding=(pad, 0))))
         self.convs = nn.ModuleList(layers)
-        self.conv_post = weight_norm(nn.Conv2d(chans[-1], 1, (3, 1), 1, padding=(1, 0)))
+        self.conv_post = norm(nn.Conv2d(chans[-1], 1, (3, 1), 1, padding=(1, 0)))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         b, c, t = x.shape
         if t % self.period:
             x = F.pad(x, (0, self.period - t % self.period), mode="reflect")
         x = x.view(b, c, -1, self.period)
-        fmap = []
-        for conv in self.convs:
-            x = F.leaky_relu(conv(x), LRELU_SLOPE)
-            fmap.append(x)
-        x = self.conv_post(x)
-        fmap.append(x)
-        return x.flatten(1), fmap
+        return conv_stack(self.convs, self.conv_post, x)
 
 
 class MultiPeriodDiscriminator(nn.Module):
@@ -171,13 +182,7 @@ class ResolutionDiscriminator(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         x = self.spectrogram(x)
-        fmap = []
-        for conv in self.convs:
-            x = F.leaky_relu(conv(x), LRELU_SLOPE)
-            fmap.append(x)
-        x = self.conv_post(x)
-        fmap.append(x)
-        return x.flatten(1), fmap
+        return conv_stack(self.convs, self.conv_post, x)
 
 
 class MultiResolutionDiscriminator(nn.Module):
@@ -194,28 +199,27 @@ class MultiResolutionDiscriminator(nn.Module):
         return [o[0] for o in outs], [o[1] for o in outs]
 
 
-class ScaleDiscriminator(nn.Module):
-    """HiFi-GAN / MelGAN scale critic: grouped strided 1-D convs over the raw waveform."""
+# (in, out, kernel, stride, groups, padding) of each conv of HiFi-GAN's scale critic.
+HIFIGAN_SCALE_LAYERS = ((1, 128, 15, 1, 1, 7), (128, 128, 41, 2, 4, 20), (128, 256, 41, 2, 16, 20),
+                        (256, 512, 41, 4, 16, 20), (512, 1024, 41, 4, 16, 20), (1024, 1024, 41, 1, 16, 20),
+                        (1024, 1024, 5, 1, 1, 2))
 
-    def __init__(self, use_spectral_norm: bool = False):
+
+class ScaleDiscriminator(nn.Module):
+    """HiFi-GAN / MelGAN scale critic: grouped strided 1-D convs over the raw waveform.
+    ``layers``: one (in, out, kernel, stride, groups, padding) per conv (VITS uses MelGAN's)."""
+
+    def __init__(self, use_spectral_norm: bool = False,
+                 layers: tuple[tuple[int, int, int, int, int, int], ...] = HIFIGAN_SCALE_LAYERS):
         super().__init__()
         norm = spectral_norm if use_spectral_norm else weight_norm
-        spec = [(1, 128, 15, 1, 1, 7), (128, 128, 41, 2, 4, 20), (128, 256, 41, 2, 16, 20),
-                (256, 512, 41, 4, 16, 20), (512, 1024, 41, 4, 16, 20), (1024, 1024, 41, 1, 16, 20),
-                (1024, 1024, 5, 1, 1, 2)]
         self.convs = nn.ModuleList(
-            norm(nn.Conv1d(i, o, k, s, groups=g, padding=p)) for i, o, k, s, g, p in spec
+            norm(nn.Conv1d(i, o, k, s, groups=g, padding=p)) for i, o, k, s, g, p in layers
         )
-        self.conv_post = norm(nn.Conv1d(1024, 1, 3, 1, padding=1))
+        self.conv_post = norm(nn.Conv1d(layers[-1][1], 1, 3, 1, padding=1))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        fmap = []
-        for conv in self.convs:
-            x = F.leaky_relu(conv(x), LRELU_SLOPE)
-            fmap.append(x)
-        x = self.conv_post(x)
-        fmap.append(x)
-        return x.flatten(1), fmap
+        return conv_stack(self.convs, self.conv_post, x)
 
 
 class MultiScaleDiscriminator(nn.Module):

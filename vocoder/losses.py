@@ -17,6 +17,20 @@ from common.precision import no_autocast
 Output = tuple[list[torch.Tensor], list[list[torch.Tensor]]]
 
 
+def lsgan_loss(logits: list[torch.Tensor], target: float) -> torch.Tensor:
+    """Least-squares GAN term: the sum over sub-critics of mean((target - logit)^2), in fp32.
+    Critic: real -> 1, fake -> 0; generator: fake -> 1. (VITS uses it too: tts.models.vits_losses.)"""
+    return sum(torch.mean((target - x.float()) ** 2) for x in logits)
+
+
+def feature_matching(real_fmaps: list[list[torch.Tensor]], fake_fmaps: list[list[torch.Tensor]]) -> torch.Tensor:
+    """L1 between the critics' hidden activations on real and generated audio, summed over every
+    sub-critic and layer, x2 (HiFi-GAN). Real features are constants (detached)."""
+    loss = sum(torch.mean(torch.abs(r.detach().float() - g.float()))
+               for r_maps, g_maps in zip(real_fmaps, fake_fmaps) for r, g in zip(r_maps, g_maps))
+    return 2 * loss
+
+
 def discriminator_loss(real: dict[str, Output], fake: dict[str, Output]) -> tuple[torch.Tensor, dict]:
     """LSGAN critic loss: real logits -> 1, fake logits -> 0, summed over every sub-critic.
     Returns (loss, per-critic {name/real, name/fake} tensors for logging)."""
@@ -25,8 +39,7 @@ def discriminator_loss(real: dict[str, Output], fake: dict[str, Output]) -> tupl
         total = torch.zeros((), device=device)
         logs = {}
         for name in real:
-            r_loss = sum(torch.mean((1 - r.float()) ** 2) for r in real[name][0])
-            f_loss = sum(torch.mean(f.float() ** 2) for f in fake[name][0])
+            r_loss, f_loss = lsgan_loss(real[name][0], 1.0), lsgan_loss(fake[name][0], 0.0)
             total = total + r_loss + f_loss
             logs[f"D_{name}_real"] = r_loss.detach()
             logs[f"D_{name}_fake"] = f_loss.detach()
@@ -40,26 +53,22 @@ def generator_adv_loss(fake: dict[str, Output]) -> tuple[torch.Tensor, dict]:
         total = torch.zeros((), device=device)
         logs = {}
         for name, (logits, _) in fake.items():
-            loss = sum(torch.mean((1 - f.float()) ** 2) for f in logits)
+            loss = lsgan_loss(logits, 1.0)
             total = total + loss
             logs[f"G_{name}_adv"] = loss.detach()
     return total, logs
 
 
 def feature_matching_loss(real: dict[str, Output], fake: dict[str, Output]) -> tuple[torch.Tensor, dict]:
-    """L1 between the critics' hidden activations on real and generated audio (x2, HiFi-GAN)."""
+    """``feature_matching`` per critic, summed; returns (loss, per-critic tensors for logging)."""
     device = next(iter(fake.values()))[0][0].device
     with no_autocast(device.type):
         total = torch.zeros((), device=device)
         logs = {}
         for name in fake:
-            loss = sum(
-                torch.mean(torch.abs(r.detach().float() - g.float()))
-                for r_maps, g_maps in zip(real[name][1], fake[name][1])
-                for r, g in zip(r_maps, g_maps)
-            )
-            total = total + 2 * loss
-            logs[f"G_{name}_fm"] = (2 * loss).detach()
+            loss = feature_matching(real[name][1], fake[name][1])
+            total = total + loss
+            logs[f"G_{name}_fm"] = loss.detach()
     return total, logs
 
 

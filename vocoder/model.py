@@ -13,6 +13,9 @@ spectrum instead of inventing periodicity. Two source variants, both from the se
 Parameter names (``conv_pre``, ``ups``, ``resblocks.*.convs1``, ``noise_convs``,
 ``m_source.l_linear``, ``source_conv``, ``conv_post``) match the DiffSinger / OpenUtau
 generator so ``vocoder/export.py`` can write a checkpoint those tools load directly.
+
+The HiFi-GAN parts (``ResBlock1/2``, ``UpsamplingStack``, ``get_padding``, ``remove_all_weight_norm``,
+``LRELU_SLOPE``) live here once; the VITS decoder (``tts/models/hifigan.py``) is built from them.
 """
 
 from __future__ import annotations
@@ -84,7 +87,8 @@ def source_rate(args: GeneratorArgs) -> float:
     return float(args.sampling_rate)
 
 
-def _padding(kernel_size: int, dilation: int = 1) -> int:
+def get_padding(kernel_size: int, dilation: int = 1) -> int:
+    """'Same' padding of a stride-1 conv (odd kernel)."""
     return (kernel_size * dilation - dilation) // 2
 
 
@@ -92,12 +96,14 @@ def _padding(kernel_size: int, dilation: int = 1) -> int:
 # N(0, 0.01) init_weights runs after the old hook weight_norm and never reaches the weight a forward uses,
 # every weight keeps PyTorch's default U(+-1/sqrt(fan_in)); biases of ups/resblocks/conv_post and the
 # plain mini-NSF source_conv are N(0, 0.01). A weight really drawn N(0, 0.01) learns slower per step.
+# The VITS decoder builds the same blocks with ``bias_std=None``: jaywalnut310/vits keeps default biases.
 INIT_STD = 0.01
 
 
-def _init_bias(m: nn.Module, std: float = INIT_STD) -> nn.Module:
-    """N(0, std) bias, default-init weight: the reference's *effective* init of a weight-normed conv."""
-    if m.bias is not None:
+def _init_bias(m: nn.Module, std: float | None = INIT_STD) -> nn.Module:
+    """N(0, std) bias, default-init weight: the reference's *effective* init of a weight-normed conv
+    (``std=None``: PyTorch's default bias too)."""
+    if m.bias is not None and std is not None:
         nn.init.normal_(m.bias, 0.0, std)
     return m
 
@@ -108,13 +114,13 @@ def _init(m: nn.Module, std: float = INIT_STD) -> nn.Module:
     return _init_bias(m, std)
 
 
-def _wn_conv(*args, **kwargs) -> nn.Module:
-    return weight_norm(_init_bias(nn.Conv1d(*args, **kwargs)))
+def _wn_conv(*args, bias_std: float | None = INIT_STD, **kwargs) -> nn.Module:
+    return weight_norm(_init_bias(nn.Conv1d(*args, **kwargs), bias_std))
 
 
 def remove_all_weight_norm(module: nn.Module) -> int:
-    """Fold every weight-norm parametrisation back into a plain weight (for inference); returns
-    how many were removed. Output is unchanged up to float rounding."""
+    """Fold every weight-norm parametrisation back into a plain weight (for inference and ONNX
+    export); returns how many were removed. Output is unchanged up to float rounding."""
     n = 0
     for m in module.modules():
         if parametrize.is_parametrized(m, "weight"):
@@ -123,23 +129,35 @@ def remove_all_weight_norm(module: nn.Module) -> int:
     return n
 
 
+def masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Zero what lies past each item's length before a convolution reads it (no-op without a mask)."""
+    return x if mask is None else x * mask
+
+
+def _dilated_convs(channels: int, kernel_size: int, dilations: tuple[int, ...],
+                   bias_std: float | None) -> nn.ModuleList:
+    """One weight-normed, length-preserving conv per dilation."""
+    return nn.ModuleList(
+        _wn_conv(channels, channels, kernel_size, 1, dilation=d, padding=get_padding(kernel_size, d),
+                 bias_std=bias_std)
+        for d in dilations
+    )
+
+
 class ResBlock1(nn.Module):
-    """HiFi-GAN V1 block: pairs of (dilated conv, conv) with a residual around each pair."""
+    """HiFi-GAN V1 block: pairs of (dilated conv, conv) with a residual around each pair.
+    ``mask`` [B, 1, T] (padded batches) zeroes every conv input past each item's length."""
 
-    def __init__(self, channels: int, kernel_size: int = 3, dilation: tuple[int, ...] = (1, 3, 5)):
+    def __init__(self, channels: int, kernel_size: int = 3, dilation: tuple[int, ...] = (1, 3, 5),
+                 bias_std: float | None = INIT_STD):
         super().__init__()
-        self.convs1 = nn.ModuleList(
-            _wn_conv(channels, channels, kernel_size, 1, dilation=d, padding=_padding(kernel_size, d))
-            for d in dilation
-        )
-        self.convs2 = nn.ModuleList(
-            _wn_conv(channels, channels, kernel_size, 1, padding=_padding(kernel_size)) for _ in dilation
-        )
+        self.convs1 = _dilated_convs(channels, kernel_size, dilation, bias_std)
+        self.convs2 = _dilated_convs(channels, kernel_size, (1,) * len(dilation), bias_std)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         for c1, c2 in zip(self.convs1, self.convs2):
-            y = c1(F.leaky_relu(x, LRELU_SLOPE))
-            y = c2(F.leaky_relu(y, LRELU_SLOPE))
+            y = c1(masked(F.leaky_relu(x, LRELU_SLOPE), mask))
+            y = c2(masked(F.leaky_relu(y, LRELU_SLOPE), mask))
             x = x + y
         return x
 
@@ -147,17 +165,56 @@ class ResBlock1(nn.Module):
 class ResBlock2(nn.Module):
     """HiFi-GAN V3 block: one dilated conv per residual (cheaper)."""
 
-    def __init__(self, channels: int, kernel_size: int = 3, dilation: tuple[int, ...] = (1, 3)):
+    def __init__(self, channels: int, kernel_size: int = 3, dilation: tuple[int, ...] = (1, 3),
+                 bias_std: float | None = INIT_STD):
         super().__init__()
-        self.convs = nn.ModuleList(
-            _wn_conv(channels, channels, kernel_size, 1, dilation=d, padding=_padding(kernel_size, d))
-            for d in dilation
-        )
+        self.convs = _dilated_convs(channels, kernel_size, dilation, bias_std)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         for c in self.convs:
-            x = x + c(F.leaky_relu(x, LRELU_SLOPE))
+            x = x + c(masked(F.leaky_relu(x, LRELU_SLOPE), mask))
         return x
+
+
+class UpsamplingStack(nn.Module):
+    """HiFi-GAN's upsampling stack, shared by the NSF vocoder and the VITS decoder: per stage a
+    weight-normed transposed conv (``ups``) halving the channels, then the multi-receptive-field
+    fusion (the mean of that stage's ``resblocks``). A generator subclasses it and adds its own
+    input, conditioning and output layers around it. ``ups`` and ``resblocks`` are attributes of
+    the generator itself, so parameter names stay those of the reference generators (and of
+    checkpoints written before)."""
+
+    def build_stack(self, channels: int, upsample_rates: list[int], upsample_kernel_sizes: list[int],
+                    resblock: str, resblock_kernel_sizes: list[int], resblock_dilation_sizes: list[list[int]],
+                    bias_std: float | None = INIT_STD) -> int:
+        """Build ``ups`` and ``resblocks`` for ``channels`` input channels; returns the output channels.
+        ``stage_built`` runs after each stage, so a generator's per-stage layers are created in the
+        reference's order (the same seed gives the same weights)."""
+        block = ResBlock1 if str(resblock) == "1" else ResBlock2
+        self.num_kernels = len(resblock_kernel_sizes)
+        self.upsample_rates = list(upsample_rates)
+        self.ups = nn.ModuleList()
+        self.resblocks = nn.ModuleList()
+        ch = channels
+        for i, (u, k) in enumerate(zip(upsample_rates, upsample_kernel_sizes)):
+            ch //= 2
+            self.ups.append(weight_norm(_init_bias(nn.ConvTranspose1d(2 * ch, ch, k, u, padding=(k - u) // 2),
+                                                   bias_std)))
+            for rk, rd in zip(resblock_kernel_sizes, resblock_dilation_sizes):
+                self.resblocks.append(block(ch, rk, tuple(rd), bias_std))
+            self.stage_built(i, ch)
+        return ch
+
+    def stage_built(self, i: int, channels: int) -> None:
+        """Hook: add layers that belong to stage ``i`` (``channels`` wide). Default: none."""
+
+    def fuse(self, i: int, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Multi-receptive-field fusion of stage ``i``: the mean of its residual blocks."""
+        first = i * self.num_kernels
+        xs = self.resblocks[first](x, mask)
+        for j in range(1, self.num_kernels):
+            xs = xs + self.resblocks[first + j](x, mask)
+        return xs / self.num_kernels
 
 
 def sine_phase(f0: torch.Tensor, upp: int, sample_rate: float) -> torch.Tensor:
@@ -208,14 +265,13 @@ class SourceModuleHnNSF(nn.Module):
         return torch.tanh(self.l_linear(excitation)).transpose(1, 2)
 
 
-class Generator(nn.Module):
+class Generator(UpsamplingStack):
     """NSF-HiFiGAN generator. ``forward(mel [B, num_mels, T], f0 [B, T] Hz) -> wav [B, 1, T*hop]``."""
 
     def __init__(self, args: GeneratorArgs):
         super().__init__()
         args.validate()
         self.args = args
-        self.num_kernels = len(args.resblock_kernel_sizes)
         self.num_upsamples = len(args.upsample_rates)
         self.mini_nsf = args.mini_nsf
         self.noise_sigma = args.noise_sigma
@@ -228,25 +284,21 @@ class Generator(nn.Module):
             self.noise_convs = nn.ModuleList()
 
         self.conv_pre = weight_norm(nn.Conv1d(args.num_mels, args.upsample_initial_channel, 7, 1, padding=3))
-        block = ResBlock1 if str(args.resblock) == "1" else ResBlock2
-        self.ups = nn.ModuleList()
-        self.resblocks = nn.ModuleList()
-        ch = args.upsample_initial_channel
-        for i, (u, k) in enumerate(zip(args.upsample_rates, args.upsample_kernel_sizes)):
-            ch //= 2
-            self.ups.append(weight_norm(_init_bias(nn.ConvTranspose1d(2 * ch, ch, k, u, padding=(k - u) // 2))))
-            for rk, rd in zip(args.resblock_kernel_sizes, args.resblock_dilation_sizes):
-                self.resblocks.append(block(ch, rk, tuple(rd)))
-            if not args.mini_nsf:
-                # Bring the full-rate source down to this stage's rate with a strided conv.
-                if i + 1 < self.num_upsamples:
-                    stride = math.prod(args.upsample_rates[i + 1:])
-                    self.noise_convs.append(nn.Conv1d(1, ch, stride * 2, stride, padding=(stride + 1) // 2))
-                else:
-                    self.noise_convs.append(nn.Conv1d(1, ch, 1))
-            elif i == 1:
-                self.source_conv = _init(nn.Conv1d(1, ch, 1))
+        ch = self.build_stack(args.upsample_initial_channel, args.upsample_rates, args.upsample_kernel_sizes,
+                              args.resblock, args.resblock_kernel_sizes, args.resblock_dilation_sizes)
         self.conv_post = weight_norm(_init_bias(nn.Conv1d(ch, 1, 7, 1, padding=3)))
+
+    def stage_built(self, i: int, channels: int) -> None:
+        """Where the source enters stage ``i``: full NSF brings the full-rate source down to this
+        stage's rate with a strided conv; mini NSF adds it once, after the 2nd stage."""
+        if not self.mini_nsf:
+            if i + 1 < self.num_upsamples:
+                stride = math.prod(self.args.upsample_rates[i + 1:])
+                self.noise_convs.append(nn.Conv1d(1, channels, stride * 2, stride, padding=(stride + 1) // 2))
+            else:
+                self.noise_convs.append(nn.Conv1d(1, channels, 1))
+        elif i == 1:
+            self.source_conv = _init(nn.Conv1d(1, channels, 1))
 
     def source(self, f0: torch.Tensor) -> torch.Tensor:
         """The excitation signal for ``f0`` [B, T], at the rate where it enters the stack."""
@@ -272,10 +324,7 @@ class Generator(nn.Module):
                 x = x + self.noise_convs[i](har)
             elif i == 1:
                 x = x + self.source_conv(har)
-            xs = self.resblocks[i * self.num_kernels](x)
-            for j in range(1, self.num_kernels):
-                xs = xs + self.resblocks[i * self.num_kernels + j](x)
-            x = xs / self.num_kernels
+            x = self.fuse(i, x)
         x = self.conv_post(F.leaky_relu(x))  # default slope 0.01 here, as in HiFi-GAN
         return torch.tanh(x)
 

@@ -138,3 +138,18 @@ def test_the_later_layer_wins_whichever_spelling_it_uses(tmp_path):
     both = write(tmp_path / "both.yaml", "max_updates: 5\nmax_steps: 6\n")
     with pytest.raises(ConfigError, match=r"max_steps.*both\.yaml.*twice"):
         load_config(both, Schema)
+
+
+def test_config_sources_name_the_file_the_flag_and_set(tmp_path):
+    from common.config import config_sources, explicit_keys, mark_explicit
+
+    f = write(tmp_path / "c.yaml", "crop_mel_frames: 48\noptim:\n  lr: 0.001\n")
+    cfg = load_config(f, Schema, overrides=["max_steps=5"], extra={"use_stftloss": True},
+                      extra_sources={"use_stftloss": "--stft"})
+    sources = config_sources(cfg)
+    assert sources["crop_mel_frames"] == sources["optim.lr"] == str(f.resolve())
+    assert sources["use_stftloss"] == explicit_keys(cfg)["use_stftloss"] == "--stft"
+    assert sources["max_updates"] == "--set max_steps=5" and "clip_grad_norm" not in sources
+    mark_explicit(cfg, "clip_grad_norm", "--preset cpu")
+    assert config_sources(cfg)["clip_grad_norm"] == "--preset cpu"
+

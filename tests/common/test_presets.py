@@ -126,3 +126,16 @@ def test_a_typed_mapping_keeps_the_preset_off_the_keys_inside_it(capsys):
     applied = apply_preset(cfg, "rtx4090", "tts")
     assert cfg.model_args["segment_frames"] == 24 and "model_args.segment_frames" not in applied
     assert "model_args.segment_frames=24 (--set model_args={segment_frames: 24}" in capsys.readouterr().out
+
+
+def test_apply_settings_is_the_one_rule_and_records_what_it_wrote():
+    from common.config import explicit_keys
+    from common.presets import apply_settings
+
+    cfg = load_config(REPO / "tts/configs/clone_base.yaml", CloneConfig, ["train.batch_size=3"])
+    done = apply_settings(cfg, {"batch": {"train.batch_size": 48}, "workers": {"train.num_workers": 16}}, "--recipe")
+    assert cfg.train.batch_size == 3 and done.kept == {"train.batch_size": (3, 48, "--set train.batch_size=3")}
+    assert cfg.train.num_workers == 16 and done.written == {"train.num_workers": (4, 16)}
+    assert explicit_keys(cfg)["train.num_workers"] == "--recipe"  # a later preset leaves it alone
+    assert "train.num_workers" not in apply_preset(cfg, "rtx5090", "tts_clone", log=lambda _line: None)
+

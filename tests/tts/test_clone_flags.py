@@ -7,16 +7,10 @@ import torch
 
 from common.config import ConfigError
 from common.precision import Precision
+from tts.clone_eval import PlateauDetector
+from tts.clone_options import UsageError, build_parser, device_notices, effective_block, resolve_config
 from tts.clone_presets import FAST_CONVERGENCE, cap_gpu_memory
-from tts.train_main import (
-    PlateauDetector,
-    UsageError,
-    build_parser,
-    device_notices,
-    effective_block,
-    main,
-    resolve_config,
-)
+from tts.train_main import main
 
 
 def resolve(*argv: str):
@@ -187,3 +181,19 @@ def test_the_guides_standard_command_takes_two_prepared_folders(tmp_path):
     (eval_dir / "eval.jsonl").unlink()
     with pytest.raises(DataError, match="--val-data"):
         resolve_manifests(cfg.data.train, cfg.data.val)
+
+
+def test_one_precedence_rule_yaml_card_preset_fast_convergence_flags_set(tmp_path):
+    from common.config import explicit_keys
+    from common.presets import apply_preset
+
+    y = tmp_path / "c.yaml"
+    y.write_text("train:\n  batch_size: 8\n  grad_accum: 2\n  precision: 16-mixed\n")
+    res = resolve("--config", str(y), "--fast-convergence", "--num-workers", "3", "--set", "train.num_workers=5")
+    apply_preset(res.cfg, "rtx5090", "tts_clone", log=lambda _line: None)
+    t = res.cfg.train
+    assert (t.batch_size, t.grad_accum) == (48, 8)  # --fast-convergence over the YAML and over the card
+    assert t.num_workers == 5  # --set over the flag over both presets
+    assert t.precision == "bf16-mixed" and res.cfg.data.ref_seconds == 3.0  # the card over the YAML
+    assert explicit_keys(res.cfg)["train.batch_size"] == "--fast-convergence"
+

@@ -12,7 +12,8 @@ import pytest
 
 from common.schedulers import lr_curve, schedule_preview
 from tests.common.schedule_checks import lrs_through, one_param_optimizer
-from tts.train_main import UsageError, build_clone_scheduler, build_parser, planned_steps, resolve_config
+from tts.clone_options import UsageError, build_parser, resolve_config
+from tts.train_main import build_clone_scheduler, planned_steps
 
 CONFIGS = Path(__file__).resolve().parents[2] / "tts" / "configs"
 UTTERANCES = 20_000  # per rank: a mid-size corpus

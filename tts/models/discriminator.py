@@ -1,80 +1,42 @@
 """VITS' discriminator: HiFi-GAN's multi-period discriminator (periods 2, 3, 5, 7, 11: 2-D convs
-over the waveform folded by each period, which catches periodic artefacts) plus one
+over the waveform folded by each period, which catches periodic artefacts) plus one MelGAN-style
 scale discriminator on the raw waveform (grouped 1-D convs).
 
-``channel_scale`` shrinks every layer for the tiny CPU preset; 1.0 is the paper's size
-(46.7 M parameters with the five periods).
+The sub-critics are the vocoder's (``vocoder.discriminators.PeriodDiscriminator`` and
+``ScaleDiscriminator``); what is VITS' own is their sizes, the one list holding them (parameter
+names ``discriminators.{i}.convs.*`` / ``conv_post`` as jaywalnut310/vits and checkpoints written
+before) and the call on real and generated audio in one batch. ``channel_scale`` shrinks every
+layer for the tiny CPU preset; 1.0 is the paper's size (46.7 M parameters with the five periods).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils.parametrizations import spectral_norm, weight_norm
 
-from tts.models.modules import get_padding
+from vocoder.discriminators import PeriodDiscriminator, ScaleDiscriminator
 
-LRELU_SLOPE = 0.1
+PERIOD_CHANNELS = (32, 128, 512, 1024, 1024)
+# (in, out, kernel, stride, groups, padding): VITS' scale critic (MelGAN's sizes, not HiFi-GAN's).
+SCALE_LAYERS = ((1, 16, 15, 1, 1, 7), (16, 64, 41, 4, 4, 20), (64, 256, 41, 4, 16, 20),
+                (256, 1024, 41, 4, 64, 20), (1024, 1024, 41, 4, 256, 20), (1024, 1024, 5, 1, 1, 2))
 
 
 def _ch(c: int, scale: float) -> int:
     return max(1, int(round(c * scale)))
 
 
-class DiscriminatorP(nn.Module):
-    def __init__(self, period: int, kernel_size: int = 5, stride: int = 3, channel_scale: float = 1.0,
-                 use_spectral_norm: bool = False):
-        super().__init__()
-        self.period = period
-        norm = spectral_norm if use_spectral_norm else weight_norm
-        chans = [1] + [_ch(c, channel_scale) for c in (32, 128, 512, 1024, 1024)]
-        strides = [stride, stride, stride, stride, 1]
-        self.convs = nn.ModuleList(
-            norm(nn.Conv2d(cin, cout, (kernel_size, 1), (s, 1), padding=(get_padding(kernel_size), 0)))
-            for cin, cout, s in zip(chans[:-1], chans[1:], strides))
-        self.conv_post = norm(nn.Conv2d(chans[-1], 1, (3, 1), 1, padding=(1, 0)))
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        fmap = []
-        b, c, t = x.shape
-        if t % self.period:  # fold the waveform into [B, C, T / period, period]
-            pad = self.period - t % self.period
-            x = F.pad(x, (0, pad), "reflect")
-            t = t + pad
-        x = x.view(b, c, t // self.period, self.period)
-        for conv in self.convs:
-            x = F.leaky_relu(conv(x), LRELU_SLOPE)
-            fmap.append(x)
-        x = self.conv_post(x)
-        fmap.append(x)
-        return torch.flatten(x, 1, -1), fmap
-
-
-class DiscriminatorS(nn.Module):
-    def __init__(self, channel_scale: float = 1.0, use_spectral_norm: bool = False):
-        super().__init__()
-        norm = spectral_norm if use_spectral_norm else weight_norm
-        spec = [(1, 16, 15, 1, 1, 7), (16, 64, 41, 4, 4, 20), (64, 256, 41, 4, 16, 20),
-                (256, 1024, 41, 4, 64, 20), (1024, 1024, 41, 4, 256, 20), (1024, 1024, 5, 1, 1, 2)]
-        layers = []
-        for cin, cout, k, s, groups, pad in spec:
-            cin_s, cout_s = (1 if cin == 1 else _ch(cin, channel_scale)), _ch(cout, channel_scale)
-            g = max(1, min(_ch(groups, channel_scale), cin_s))
-            while cin_s % g or cout_s % g:  # groups must divide both widths
-                g -= 1
-            layers.append(norm(nn.Conv1d(cin_s, cout_s, k, s, groups=g, padding=pad)))
-        self.convs = nn.ModuleList(layers)
-        self.conv_post = norm(nn.Conv1d(_ch(1024, channel_scale), 1, 3, 1, padding=1))
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        fmap = []
-        for conv in self.convs:
-            x = F.leaky_relu(conv(x), LRELU_SLOPE)
-            fmap.append(x)
-        x = self.conv_post(x)
-        fmap.append(x)
-        return torch.flatten(x, 1, -1), fmap
+def scaled_scale_layers(channel_scale: float) -> tuple[tuple[int, int, int, int, int, int], ...]:
+    """SCALE_LAYERS with every width times ``channel_scale`` (the waveform input stays 1 channel;
+    groups shrink with the widths and always divide both)."""
+    layers = []
+    for cin, cout, k, s, groups, pad in SCALE_LAYERS:
+        cin_s, cout_s = (1 if cin == 1 else _ch(cin, channel_scale)), _ch(cout, channel_scale)
+        g = max(1, min(_ch(groups, channel_scale), cin_s))
+        while cin_s % g or cout_s % g:
+            g -= 1
+        layers.append((cin_s, cout_s, k, s, g, pad))
+    return tuple(layers)
 
 
 class MultiPeriodDiscriminator(nn.Module):
@@ -83,9 +45,10 @@ class MultiPeriodDiscriminator(nn.Module):
     def __init__(self, periods: list[int] = (2, 3, 5, 7, 11), channel_scale: float = 1.0,
                  use_spectral_norm: bool = False):
         super().__init__()
+        channels = tuple(_ch(c, channel_scale) for c in PERIOD_CHANNELS)
         self.discriminators = nn.ModuleList(
-            [DiscriminatorS(channel_scale, use_spectral_norm)]
-            + [DiscriminatorP(p, channel_scale=channel_scale, use_spectral_norm=use_spectral_norm) for p in periods])
+            [ScaleDiscriminator(use_spectral_norm, scaled_scale_layers(channel_scale))]
+            + [PeriodDiscriminator(p, channels=channels, use_spectral_norm=use_spectral_norm) for p in periods])
 
     def score(self, y: torch.Tensor) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
         """One batch [B, 1, T] → (scores, fmaps) of every sub-discriminator (the generator update

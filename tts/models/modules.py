@@ -1,10 +1,10 @@
-"""Convolutional building blocks shared by the VITS parts: weight-norm helpers, the
-WaveNet-style stack (posterior encoder and coupling layers) and the dilated depth-separable
-stack (duration predictors).
+"""Convolutional building blocks shared by the VITS parts: the WaveNet-style stack (posterior
+encoder and coupling layers) and the dilated depth-separable stack (duration predictors).
 
 Weight norm is ``torch.nn.utils.parametrizations.weight_norm`` (the parametrization API;
-its magnitude is ``parametrizations.weight.original0``). ``remove_weight_norm`` folds it back
-into a plain ``weight`` for inference and ONNX export.
+its magnitude is ``parametrizations.weight.original0``). ``vocoder.model.remove_all_weight_norm``
+folds it back into a plain ``weight`` for inference and ONNX export; ``get_padding`` comes from
+there too (the HiFi-GAN parts live once, in vocoder/).
 """
 
 from __future__ import annotations
@@ -12,24 +12,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import weight_norm
 
 from tts.models.attentions import LayerNorm
-
-
-def get_padding(kernel_size: int, dilation: int = 1) -> int:
-    return (kernel_size * dilation - dilation) // 2
-
-
-def remove_weight_norm(module: nn.Module) -> int:
-    """Fold every weight-norm parametrization under ``module`` into a plain weight; returns how many."""
-    n = 0
-    for m in module.modules():
-        if parametrize.is_parametrized(m, "weight"):
-            parametrize.remove_parametrizations(m, "weight", leave_parametrized=True)
-            n += 1
-    return n
+from vocoder.model import get_padding
 
 
 def sequence_mask(lengths: torch.Tensor, max_length: int | None = None) -> torch.Tensor:

@@ -25,9 +25,10 @@ from torch import nn
 from tts.alignment import maximum_path
 from tts.models.attentions import Encoder
 from tts.models.hifigan import Generator
-from tts.models.modules import WN, remove_weight_norm, sequence_mask
+from tts.models.modules import WN, sequence_mask
 from tts.models.vits_config import VitsArgs
 from tts.models.vits_flows import DurationPredictor, ResidualCouplingBlock, StochasticDurationPredictor
+from vocoder.model import remove_all_weight_norm
 
 
 class TextEncoder(nn.Module):
@@ -252,7 +253,7 @@ class VITS(nn.Module):
         return o, attn, y_mask
 
     def remove_weight_norm(self) -> int:
-        return remove_weight_norm(self)
+        return remove_all_weight_norm(self)
 
     def inference_parameters(self) -> int:
         """Weights used at inference: everything except the posterior encoder (and, for the SDP,

@@ -1,24 +1,23 @@
-"""VITS losses (all computed in fp32): least-squares GAN losses, feature matching, and the KL
-between the posterior (pushed through the flow) and the text-conditioned prior."""
+"""VITS losses (all computed in fp32): least-squares GAN losses and feature matching (the
+vocoder's, ``vocoder.losses``, over VITS' flat list of sub-critics), and the KL between the
+posterior (pushed through the flow) and the text-conditioned prior."""
 
 from __future__ import annotations
 
 import torch
 
+from vocoder.losses import feature_matching as feature_loss
+from vocoder.losses import lsgan_loss
+
+__all__ = ["discriminator_loss", "feature_loss", "generator_loss", "kl_loss"]
+
 
 def discriminator_loss(real: list[torch.Tensor], fake: list[torch.Tensor]) -> torch.Tensor:
-    return sum(torch.mean((1 - r.float()) ** 2) + torch.mean(g.float() ** 2) for r, g in zip(real, fake))
+    return lsgan_loss(real, 1.0) + lsgan_loss(fake, 0.0)
 
 
 def generator_loss(fake: list[torch.Tensor]) -> torch.Tensor:
-    return sum(torch.mean((1 - g.float()) ** 2) for g in fake)
-
-
-def feature_loss(fmap_r: list[list[torch.Tensor]], fmap_g: list[list[torch.Tensor]]) -> torch.Tensor:
-    """L1 between the discriminators' hidden features of real and generated audio (×2 as in HiFi-GAN)."""
-    loss = sum(torch.mean(torch.abs(r.detach().float() - g.float())) for dr, dg in zip(fmap_r, fmap_g)
-               for r, g in zip(dr, dg))
-    return loss * 2
+    return lsgan_loss(fake, 1.0)
 
 
 def kl_loss(z_p: torch.Tensor, logs_q: torch.Tensor, m_p: torch.Tensor, logs_p: torch.Tensor,

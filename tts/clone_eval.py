@@ -1,0 +1,134 @@
+"""Validation of the voice-cloning trainer: teacher-forced losses on the eval set, what TensorBoard
+shows of them (alignment, mels, the fixed sentences spoken in a fixed reference voice, through the
+vocoder or Griffin-Lim), and the plateau notice that reads the validation history."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from common.log import RunLogger, plot_alignment, plot_spectrogram
+from common.precision import Precision
+from tts.infer_clone import synthesize
+from tts.models.clone import VoiceCloneTTS
+from tts.models.clone_config import CloneConfig
+from tts.models.clone_decoder import durations_to_path
+
+
+class PlateauDetector:
+    """Says when the validation loss stopped improving, and what that suggests.
+
+    A plateau = `patience` validations in a row without a relative improvement of `min_delta`
+    over the best value. The suggestion depends on why: an LR already decayed to its floor, a
+    training loss that still falls (over-fitting), or both flat (under-fitting / LR too low).
+    """
+
+    def __init__(self, patience: int, min_delta: float) -> None:
+        self.patience, self.min_delta = patience, min_delta
+        self.best = math.inf
+        self.best_step = 0
+        self.bad = 0
+        self.reported = False
+
+    def update(self, metric: float, step: int, lr_ratio: float, train_trend: float | None) -> str | None:
+        if metric < self.best * (1.0 - self.min_delta):
+            self.best, self.best_step, self.bad, self.reported = metric, step, 0, False
+            return None
+        self.bad += 1
+        if self.bad < self.patience or self.reported:
+            return None
+        self.reported = True
+        head = (f"plateau: validation mel loss has not improved by {self.min_delta:.1%} for {self.bad} validations "
+                f"(best {self.best:.4f} at step {self.best_step}).")
+        if lr_ratio < 0.2:
+            hint = ("The LR schedule is near its floor, so more steps at this LR will not help: stop here, or "
+                    "restart the schedule from this checkpoint with more data or a larger --model-size.")
+        elif train_trend is not None and train_trend < -0.02:
+            hint = ("The training loss still falls while validation does not: over-fitting. Add data "
+                    "(more speakers), raise model.dropout, or use a smaller --model-size.")
+        else:
+            hint = ("Training loss is flat too: the LR may be too low or the batch too noisy. Try --aggressive-lr, "
+                    "or a larger effective batch (--grad-accum); check the data-wait fraction and the alignment "
+                    "plots in TensorBoard (a broken alignment means bad transcripts).")
+        return f"{head} {hint}"
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "best_step": self.best_step, "bad": self.bad, "reported": self.reported}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.best, self.best_step, self.bad, self.reported = d["best"], d["best_step"], d["bad"], d["reported"]
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    return {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+
+
+@torch.no_grad()
+def evaluate(model: VoiceCloneTTS, loader, cfg: CloneConfig, precision: Precision, device: torch.device) -> dict:
+    """Teacher-forced reconstruction losses on the eval set. `mel_l1` is in log-mel units (post-net
+    output, MAS durations): comparable across runs with the same audio settings."""
+    was_training = model.training
+    model.eval()
+    sums: dict[str, float] = {}
+    weight = 0.0
+    first = None
+    for i, batch in enumerate(loader):
+        if cfg.val.max_batches and i >= cfg.val.max_batches:
+            break
+        batch = to_device(batch, device)
+        with precision.autocast():
+            out = model(batch["text"], batch["text_mask"], batch["mel"], batch["mel_mask"], batch["ref_mel"],
+                        batch["ref_mask"])
+        losses = model.losses(out, batch, cfg.loss)
+        m = batch["mel_mask"].unsqueeze(1)
+        recon = model.denorm_mel(out["post_mel"].float())
+        n = float(m.sum()) * recon.shape[1]
+        losses["mel_l1"] = ((recon - batch["mel"]).abs() * m).sum() / max(n, 1.0)
+        for k, v in losses.items():
+            sums[k] = sums.get(k, 0.0) + float(v) * n
+        weight += n
+        if first is None:
+            nt, nf = int(batch["text_mask"][0].sum()), int(batch["mel_mask"][0].sum())
+            first = {"path": out["path"][0, :nt, :nf].cpu(), "mel": batch["mel"][0, :, :nf].cpu(),
+                     "recon": recon[0, :, :nf].cpu()}
+    model.train(was_training)
+    metrics = {k: v / max(weight, 1.0) for k, v in sums.items()}
+    metrics["_first"] = first
+    return metrics
+
+
+def griffin_lim(mel: torch.Tensor, cfg: CloneConfig) -> np.ndarray:
+    """Monitoring audio when no vocoder is configured (librosa's mel inversion; not for quality)."""
+    import librosa
+
+    a = cfg.audio
+    return librosa.feature.inverse.mel_to_audio(
+        np.exp(mel.float().cpu().numpy()), sr=a.sample_rate, n_fft=a.n_fft, hop_length=a.hop_length,
+        win_length=a.win_length, power=1.0, fmin=a.fmin, fmax=a.fmax, n_iter=16)
+
+
+def log_validation(logger: RunLogger, model: VoiceCloneTTS, metrics: dict, cfg: CloneConfig, reference,
+                   vocoder, step: int) -> None:
+    """TensorBoard: losses, the MAS alignment + mel of an eval item, and the fixed sentences spoken
+    in the fixed reference voice (audio + mel + duration alignment)."""
+    logger.scalars({k: v for k, v in metrics.items() if not k.startswith("_")}, step, "val")
+    first = metrics.get("_first")
+    if first is not None:
+        logger.figure("val/alignment_mas", plot_alignment(first["path"], "MAS path (eval item 0)"), step)
+        logger.figure("val/mel_target", plot_spectrogram(first["mel"], "target"), step)
+        logger.figure("val/mel_reconstructed", plot_spectrogram(first["recon"], "teacher-forced"), step)
+    if reference is None:
+        return
+    was_training = model.training
+    model.eval()
+    for i, sentence in enumerate(cfg.val.sentences):
+        res = synthesize(model, sentence, reference, vocoder)
+        logger.figure(f"synth/{i}/mel", plot_spectrogram(res["mel"].cpu(), sentence[:60]), step)
+        path = durations_to_path(res["durations"][None].cpu(), res["mel"].shape[-1])[0]
+        logger.figure(f"synth/{i}/alignment", plot_alignment(path, "predicted durations"), step)
+        wav = res["wav"] if res["wav"] is not None else griffin_lim(res["mel"], cfg)
+        sr = vocoder.sample_rate if vocoder is not None else cfg.audio.sample_rate
+        logger.audio(f"synth/{i}/audio" + ("" if vocoder is not None else "_griffinlim"), wav, sr, step)
+    model.train(was_training)
