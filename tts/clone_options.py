@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from common.config import add_config_args, config_sources, explicit_keys, load_config, mark_explicit
+from common.precision import PRECISIONS as PRECISION_NAMES
 from common.precision import Precision
 from common.presets import add_preset_arg, apply_settings, get_key
 from common.run_dir import add_run_args
@@ -39,7 +40,7 @@ from tts.models.clone_config import SIZES, CloneConfig
 
 AGGRESSIVE_LR_FACTOR = 2.0      # --aggressive-lr: base LR × 2 ...
 AGGRESSIVE_WARMUP_FACTOR = 2.0  # ... with a warmup twice as long
-PRECISIONS = ("auto", "32-true", "16-mixed", "bf16-mixed")
+PRECISIONS = ("auto", *PRECISION_NAMES)  # what --precision accepts: common.precision reads each
 
 # The trainer's own flags: flag → (config key, argparse keywords). The parser, the flag → key map and
 # the flag names in messages all come from this one table.

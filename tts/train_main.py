@@ -45,13 +45,14 @@ from common.log import Progress, RunLogger, report_lr_plan
 from common.muon import build_optimizer
 from common.precision import Precision
 from common.presets import apply_preset
-from common.run_dir import prepare_run_dir
+from common.run_dir import prepare_run_dir, tensorboard_dir
 from common.schedulers import build_scheduler, lr_curve
 from common.training import (
     NonFiniteError,
     NonFiniteGuard,
     apply_optimizer_overrides,
     backward,
+    count_parameters,
     nonfinite_stop_message,
     optimizer_overrides,
     saving_blocked,
@@ -69,7 +70,7 @@ from tts.clone_options import (
 )
 from tts.clone_presets import cap_gpu_memory
 from tts.infer_clone import VocoderMismatchError, load_matching_vocoder
-from tts.models.clone import VoiceCloneTTS, count_parameters
+from tts.models.clone import VoiceCloneTTS
 from tts.models.clone_config import CloneConfig, SchedulerConfig, TrainConfig
 from tts.text import SYMBOLS
 
@@ -82,12 +83,6 @@ def pick_device(name: str) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"train.device {name} requested but no CUDA device is available")
     return dev
-
-
-def pick_precision(name: str, device: torch.device) -> str:
-    if name != "auto":
-        return name
-    return "bf16-mixed" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "32-true"
 
 
 def planned_steps(t: TrainConfig, batches_per_epoch: int, n_items: int) -> tuple[int, int]:
@@ -145,7 +140,7 @@ class CloneTrainer:
         self.steps_per_epoch, self.total_steps = planned_steps(t, len(self.data.sampler), len(self.data.train_items))
         self.model = VoiceCloneTTS(cfg.model, len(SYMBOLS), cfg.audio.n_mels).to(device)
         on_cuda = device.type == "cuda"  # tf32 / cudnn.benchmark are CUDA settings (device_notices says so)
-        self.precision = Precision(pick_precision(t.precision, device), device, tf32=t.tf32 and on_cuda,
+        self.precision = Precision(t.precision, device, tf32=t.tf32 and on_cuda,
                                    cudnn_benchmark=t.cudnn_benchmark and on_cuda, compile=t.compile)
         self.optimizer = build_clone_optimizer(cfg, self.model)
         self.scheduler = build_clone_scheduler(self.optimizer, cfg.scheduler, self.total_steps)
@@ -279,7 +274,7 @@ class CloneTrainer:
             save_config(cfg, self.run_dir)
         self.log(effective_block(self.res, self.device, self.precision, self.n_params, self.steps_per_epoch,
                                  self.total_steps, self.data.collate.shapes(), info.world_size))
-        self.logger = RunLogger(self.run_dir / "logs", enabled=info.is_main)
+        self.logger = RunLogger(tensorboard_dir(self.run_dir, info.is_main), enabled=info.is_main)
         if info.is_main:
             report_lr_plan({"lr": lr_curve(self.scheduler)}, self.total_steps, "--lr / --scheduler / --warmup-steps "
                            "(scheduler.*) or --epochs / train.max_updates", self.run_dir, self.logger, self.log)
@@ -302,7 +297,8 @@ class CloneTrainer:
             if is_oom(e):
                 raise OutOfMemory(oom_message("voice-cloning training", t.batch_size, {
                     "batch_key": "train.batch_size", "accum_key": "train.grad_accum", "accumulation": t.grad_accum,
-                    "precision_key": "train.precision", "precision": self.precision.precision})) from None
+                    "precision_key": "train.precision", "precision": self.precision.precision,
+                    "resume": "--resume auto"})) from None
             raise
         finally:
             bar.close()
