@@ -458,7 +458,7 @@ class VAETrainer:
                     "accum_key": "accumulation_steps", "accumulation": accum,
                     "precision": self.precision.precision, "precision_set": "mixed_precision=true --set use_bf16=true",
                     "checkpointing_key": "gradient_checkpointing", "crop_key": "image_size",
-                    "crop": cfg.image_size})) from exc
+                    "crop": cfg.image_size, "resume": "--resume auto"})) from exc
             micro = []
             self.step_count += 1
             step = self.step_count
