@@ -29,14 +29,14 @@ import torch
 import yaml
 
 from bench.timing import seconds_per_step
-from tts.clone_options import build_parser, resolve_config
-from tts.models.clone import VoiceCloneTTS, count_parameters
-from tts.models.clone_config import LossConfig, ModelConfig
+from tts.clone.config import LossConfig, ModelConfig
+from tts.clone.model import VoiceCloneTTS, count_parameters
+from tts.clone.options import build_parser, resolve_config
+from tts.clone.train import train
 from tts.text import SYMBOLS
-from tts.train_main import train
 
 PREPARED = Path("data/demo/tts_prepared")
-CONFIG = Path(__file__).resolve().parents[1] / "tts" / "configs" / "clone_demo.yaml"
+CONFIG = Path(__file__).resolve().parents[1] / "tts" / "clone" / "configs" / "clone_demo.yaml"
 
 
 def synthetic_batch(b: int, t_text: int, t_frames: int, t_ref: int, n_mels: int, device: torch.device) -> dict:

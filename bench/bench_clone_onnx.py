@@ -18,10 +18,10 @@ import torch
 
 from bench.timing import seconds_per_step
 from common.config import config_to_dict
-from tts.export_clone_onnx import INPUTS, OnnxCloneAcoustic, main
-from tts.infer_clone import text_ids
-from tts.models.clone import VoiceCloneTTS
-from tts.models.clone_config import CloneConfig
+from tts.clone.config import CloneConfig
+from tts.clone.export_onnx import INPUTS, OnnxCloneAcoustic, main
+from tts.clone.infer import text_ids
+from tts.clone.model import VoiceCloneTTS
 from tts.text import SYMBOLS
 
 SENTENCE = "Men o'zbek tilida gapirishni yaxshi ko'raman."

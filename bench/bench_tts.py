@@ -21,15 +21,15 @@ import numpy as np
 import torch
 
 from bench.timing import seconds_per_step
-from tts.models.vits_config import TrainConfig, model_args
+from tts.vits.config import TrainConfig, model_args
 
 SENTENCE = "Bugun havo juda yaxshi, biz bogʻda uzoq sayr qildik."
 
 
 def _models(preset: str, n_speakers: int = 1, **over):
-    from tts.models.discriminator import MultiPeriodDiscriminator
-    from tts.models.vits import VITS
     from tts.text import SYMBOLS
+    from tts.vits.discriminator import MultiPeriodDiscriminator
+    from tts.vits.model import VITS
 
     args = model_args(preset, over)
     torch.manual_seed(0)
@@ -42,8 +42,8 @@ def train_step_time(preset: str, device: torch.device, steps: int, batch: int, s
     """Seconds per full G+D step and utterances/s, on a synthetic batch (after one warm-up step)."""
     from common.audio import MelSpectrogram
     from common.training import step_optimizer
-    from tts.models.vits import slice_segments
-    from tts.models.vits_losses import discriminator_loss, feature_loss, generator_loss, kl_loss
+    from tts.vits.losses import discriminator_loss, feature_loss, generator_loss, kl_loss
+    from tts.vits.model import slice_segments
 
     gen, disc = _models(preset, segment_frames=segment)
     gen.to(device).train()
@@ -79,7 +79,7 @@ def train_step_time(preset: str, device: torch.device, steps: int, batch: int, s
 
 def inference_rtf(preset: str, device: torch.device, repeats: int = 2):
     """(PyTorch RTF, ONNX Runtime RTF or None, audio seconds) with weight norm removed."""
-    from tts.synthesize import text_to_input
+    from tts.vits.synthesize import text_to_input
 
     gen, _ = _models(preset)
     gen.eval().remove_weight_norm()
@@ -103,7 +103,7 @@ def inference_rtf(preset: str, device: torch.device, repeats: int = 2):
     if device.type == "cpu":
         import onnxruntime as ort
 
-        from tts.export_onnx import export, run_onnx
+        from tts.vits.export_onnx import export, run_onnx
 
         with tempfile.TemporaryDirectory() as tmp:
             path = export(gen, Path(tmp) / "m.onnx")
@@ -124,7 +124,7 @@ def data_wait_fraction(steps: int = 12) -> tuple[float, str]:
     over the demo's prepared data (made if missing: a small synthetic set)."""
     from common.config import load_config
     from common.distributed import setup_distributed
-    from tts.train import VitsTrainer
+    from tts.vits.train import VitsTrainer
 
     data = Path("data/demo/tts_prepared")
     tmp = None
@@ -150,7 +150,7 @@ def data_wait_fraction(steps: int = 12) -> tuple[float, str]:
             "mixed_precision=false", "run_eval=false", "test_sentences=[]", f"max_steps={steps}",
             "progress_bar=false", "save_step=100000", "print_step=100000", "max_minutes=null"]
     with tempfile.TemporaryDirectory() as run_dir:
-        cfg = load_config(str(Path(__file__).resolve().parents[1] / "tts/configs/demo.yaml"), TrainConfig, sets,
+        cfg = load_config(str(Path(__file__).resolve().parents[1] / "tts/vits/configs/demo.yaml"), TrainConfig, sets,
                           extra={"data_dir": str(data), "run_dir": run_dir})
         import contextlib
         import io

@@ -81,12 +81,12 @@ def demo_eval_batching(device: torch.device, data: str = "data/demo/tts_prepared
 
     from common.checkpoint import load_checkpoint
     from common.config import load_config
-    from tts.data import VitsDataset, read_speakers
-    from tts.evaluation import evaluate
-    from tts.models.vits_config import TrainConfig
-    from tts.train import build_mel, build_models
+    from tts.vits.config import TrainConfig
+    from tts.vits.data import VitsDataset, read_speakers
+    from tts.vits.evaluation import evaluate
+    from tts.vits.train import build_mel, build_models
 
-    cfg = load_config("tts/configs/demo.yaml", TrainConfig)
+    cfg = load_config("tts/vits/configs/demo.yaml", TrainConfig)
     ds = VitsDataset(data, "eval", cfg.audio)
     gen, _ = build_models(cfg, len(read_speakers(data)))
     ckpt = sorted(Path(ckpt_dir).glob("vits_*.pt"))[-1]

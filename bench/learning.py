@@ -12,7 +12,7 @@ fixed recipe (the demo config + RECIPE below), a fixed seed, and ONE stored sequ
 both settings train on, interleaved step by step in this process (so machine load hits both alike;
 the same RNG seed before each step, so noise draws match too). Prints the held-out metric curve
 (vocoder: MR-STFT distance, its log-magnitude part, mel L1 and MCD-DTW; VITS: MCD-DTW and alignment sharpness of
-tts/evaluation.py; VAE: PSNR / SSIM, LPIPS when its VGG backbone is cached) and the median step time.
+tts/vits/evaluation.py; VAE: PSNR / SSIM, LPIPS when its VGG backbone is cached) and the median step time.
 
 ``--compare KEY=A,B``: ``init=old,new`` compares initialisations (``new`` = the models' deliberate
 effective init; ``old`` = weights of the HiFi-GAN parts really drawn N(0, 0.01) under weight norm, the
@@ -209,8 +209,8 @@ def vits_runners(key: str, values: list[str], args, tmp: Path) -> tuple[list[Run
     from common.config import load_config
     from common.distributed import setup_distributed
     from tts import demo
-    from tts.evaluation import evaluate
-    from tts.train import TrainConfig, VitsTrainer, build_mel
+    from tts.vits.evaluation import evaluate
+    from tts.vits.train import TrainConfig, VitsTrainer, build_mel
 
     if demo.prepare(demo.build_corpus(DATA / "tts_raw"), DATA / "tts_prepared") != 0:
         raise SystemExit("error: preparing the TTS demo data failed (see above)")

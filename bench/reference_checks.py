@@ -132,11 +132,11 @@ def median_time(fn, reps: int) -> float:
 
 def vits_checks(args) -> None:
     from common.training import critic_for_generator
-    from tts.models.discriminator import MultiPeriodDiscriminator
-    from tts.models.vits import VITS
-    from tts.models.vits_config import model_args
     from tts.text import SYMBOLS
-    from tts.train import frozen
+    from tts.vits.config import model_args
+    from tts.vits.discriminator import MultiPeriodDiscriminator
+    from tts.vits.model import VITS
+    from tts.vits.train import frozen
     from vocoder.export import from_legacy_names
 
     ref = import_vits(Path(args.reference_dir).expanduser().resolve())

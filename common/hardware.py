@@ -38,7 +38,7 @@ GIB = 1024**3
 #   caching still wants workers, hence 6 / 12 (the 5090 eats batches twice as fast).
 # - tts (VITS, text -> wav with random slice decoding): jaywalnut310's base config is batch 64
 #   per GPU with 32-frame segments (8192 samples / hop 256); it fits 24 GB under autocast, and the
-#   5090 recipe (tts/configs/uzbek_vits_rtx5090.yaml) takes 96 with 8 workers. bf16 avoids fp16
+#   5090 recipe (tts/vits/configs/uzbek_vits_rtx5090.yaml) takes 96 with 8 workers. bf16 avoids fp16
 #   overflow in the flow/duration losses.
 # - tts_clone (transformer text + reference -> mel): full-length mel targets, so a smaller batch;
 #   the crop is the 3-second reference clip of the recipe.

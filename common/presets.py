@@ -5,7 +5,7 @@ in the settings that depend on the card — batch size, DataLoader workers, prec
 training crop — so a user with a 4090 or 5090 need not tune them by hand. The values per card live
 in `common.hardware.PRESETS` (with the reasons); this module maps them onto each trainer's own
 config keys (data, below) and applies them. A trainer's own recipe flag (the cloning trainer's
-`--fast-convergence`, whose values are data in `tts/clone_presets.py`) goes through the same
+`--fast-convergence`, whose values are data in `tts/clone/presets.py`) goes through the same
 `apply_settings`.
 
 Precedence, lowest first: schema defaults < the YAML config < a preset < what the user typed

@@ -6,7 +6,7 @@ here="$(cd "$(dirname "$0")/.." && pwd)"
 usage() {
   echo "usage: $0 {vocoder|tts|vae} [extra trainer args]" >&2
   echo "  vocoder  NSF-HiFiGAN with vocoder/configs/base_hifi_rtx5090_optimized.yaml" >&2
-  echo "  tts      Uzbek VITS with tts/configs/uzbek_vits_rtx5090.yaml" >&2
+  echo "  tts      Uzbek VITS with tts/vits/configs/uzbek_vits_rtx5090.yaml" >&2
   echo "  vae      KL-VAE with the RTX 5090 profile" >&2
   exit 2
 }

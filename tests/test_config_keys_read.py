@@ -29,16 +29,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = sorted((ROOT / "common").glob("*.py"))
+CLONE_SCRIPTS = ("train_main.py", "infer_clone.py", "export_clone_onnx.py", "clone_demo.py")  # tts/ entry points
 VITS_FILES = [p for p in sorted((ROOT / "tts").rglob("*.py"))
-              if not p.name.startswith(("clone", "train_main", "infer_clone"))]
+              if "clone" not in p.relative_to(ROOT / "tts").parts and p.name not in CLONE_SCRIPTS]
 CLONE_FILES = [p for p in sorted((ROOT / "tts").rglob("*.py"))
-               if p.name.startswith(("clone", "train_main", "infer_clone"))
-               or p.name in ("prepare_data.py", "data.py", "vits_config.py")]  # check_item and its DataConfig
+               if "clone" in p.relative_to(ROOT / "tts").parts or p.name in CLONE_SCRIPTS
+               or p.relative_to(ROOT / "tts").as_posix() in ("prepare_data.py", "vits/data.py", "vits/config.py")
+               ]  # check_item and its DataConfig
 
 # trainer → (config module, the files that read it)
 TRAINERS = {
-    "vits": ("tts.models.vits_config", VITS_FILES),
-    "clone": ("tts.models.clone_config", CLONE_FILES),
+    "vits": ("tts.vits.config", VITS_FILES),
+    "clone": ("tts.clone.config", CLONE_FILES),
     "vocoder": ("vocoder.config", sorted((ROOT / "vocoder").glob("*.py"))),
     "vae": ("vae.config", sorted((ROOT / "vae").glob("*.py"))),
 }

@@ -90,7 +90,7 @@ class Vits:
                      *_sets(*FAST, "save_step=1", "max_nonfinite_steps=2")]
 
     def poison(self, monkeypatch) -> None:
-        from tts import train as train_mod
+        from tts.vits import train as train_mod
 
         real = train_mod.VitsTrainer.generator_losses
 
@@ -102,12 +102,12 @@ class Vits:
         monkeypatch.setattr(train_mod.VitsTrainer, "generator_losses", losses)
 
     def train(self) -> int:
-        from tts.train import main
+        from tts.vits.train import main
 
         return main([*self.args, *_sets("max_steps=10")])
 
     def resume_low_lr(self) -> int:
-        from tts.train import main
+        from tts.vits.train import main
 
         return main([*self.args, "--resume", "auto", *_sets("max_steps=5", f"lr={LOW_LR}")])
 
@@ -130,7 +130,7 @@ class Clone:
                             "train.save_interval=1", "train.val_check_interval=100", "train.max_nonfinite=2")]
 
     def poison(self, monkeypatch) -> None:
-        from tts.models.clone import VoiceCloneTTS
+        from tts.clone.model import VoiceCloneTTS
 
         original, calls = VoiceCloneTTS.losses, {"n": 0}
 
@@ -144,12 +144,12 @@ class Clone:
         monkeypatch.setattr(VoiceCloneTTS, "losses", losses)
 
     def train(self) -> int:
-        from tts.train_main import main
+        from tts.clone.train import main
 
         return main([*self.args, *_sets("train.max_updates=10")])
 
     def resume_low_lr(self) -> int:
-        from tts.train_main import main
+        from tts.clone.train import main
 
         return main([*self.args, "--resume", "auto", "--lr", str(LOW_LR), *_sets("train.max_updates=5")])
 

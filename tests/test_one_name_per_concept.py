@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from common.config import load_config
-from tts.models.clone_config import CloneConfig
-from tts.models.vits_config import TrainConfig
+from tts.clone.config import CloneConfig
+from tts.vits.config import TrainConfig
 from vae.config import VAEConfig
 from vocoder.config import VocoderConfig
 

@@ -58,12 +58,12 @@ def _vocoder_main(argv):
 
 
 def _vits_main(argv):
-    from tts.train import main
+    from tts.vits.train import main
     return main(argv)
 
 
 def _clone_main(argv):
-    from tts.train_main import main
+    from tts.clone.train import main
     return main(argv)
 
 

@@ -1,7 +1,7 @@
 # Voice-cloning TTS (tts/train_main.py, tts/CLONE.md). Included by the root Makefile, which
 # defines PY and setup. Override on the command line, e.g.
 #   make tts-clone-train CLONE_DATA=data/my_prepared CLONE_ARGS="--fast-convergence"
-CLONE_CONFIG ?= tts/configs/clone_base.yaml
+CLONE_CONFIG ?= tts/clone/configs/clone_base.yaml
 CLONE_DATA ?= data/tts_prepared
 CLONE_RUN ?= runs/tts_clone
 CLONE_ARGS ?=

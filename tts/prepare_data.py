@@ -2,7 +2,7 @@
 cached linear spectrograms, speaker ids, train/eval split, and a report of what was dropped).
 
     python tts/prepare_data.py --metadata metadata.csv --audio_dir wavs --output_dir data/prep
-        [--config tts/configs/uzbek_vits.yaml] [--num_workers 4] [--format auto] [--speaker NAME]
+        [--config tts/vits/configs/uzbek_vits.yaml] [--num_workers 4] [--format auto] [--speaker NAME]
 
 Metadata forms (``--format auto`` detects them):
 - LJSpeech: ``id|text`` or ``id|text|normalized_text`` (no header; audio ``<audio_dir>/<id>.wav``,
@@ -44,10 +44,10 @@ from common import exit_codes
 from common.audio import AudioError, MelSpectrogram, check_audio, load_audio, save_wav, to_float32, to_int16
 from common.config import ConfigError, load_config
 from common.run_dir import check_output_dir
-from tts.models.vits_config import AudioConfig, DataConfig, TrainConfig
 from tts.text import SYMBOLS, find_unknown, normalize, text_to_ids
 from tts.text.phonemes import PhonemeCache
 from tts.text.symbols import PUNCTUATION, describe_char
+from tts.vits.config import AudioConfig, DataConfig, TrainConfig
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".mp3", ".opus")
 _LETTER_IDS = {i for i, s in enumerate(SYMBOLS) if s not in PUNCTUATION and s not in (" ", "_")}

@@ -1,8 +1,8 @@
 # Uzbek VITS targets (included by the root Makefile, which defines PY and setup).
 #   make tts-prepare TTS_METADATA=my/metadata.csv TTS_AUDIO_DIR=my/wavs
-#   make tts-train   [TTS_CONFIG=tts/configs/uzbek_vits_rtx5090.yaml] [TTS_ARGS="--set batch_size=32"]
+#   make tts-train   [TTS_CONFIG=tts/vits/configs/uzbek_vits_rtx5090.yaml] [TTS_ARGS="--set batch_size=32"]
 #   make tts-demo    (espeak-ng corpus, tiny model, a few CPU minutes)
-TTS_CONFIG ?= tts/configs/uzbek_vits.yaml
+TTS_CONFIG ?= tts/vits/configs/uzbek_vits.yaml
 TTS_METADATA ?= data/tts_raw/metadata.csv
 TTS_AUDIO_DIR ?= data/tts_raw/wavs
 TTS_DATA ?= data/preprocessed

@@ -9,5 +9,5 @@ set "HERE=%~dp0.."
 if "%PYTHON%"=="" set "PYTHON=%HERE%\.venv\Scripts\python.exe"
 if not exist "%PYTHON%" set "PYTHON=python"
 call "%HERE%\shell\resume_default.bat" %*
-"%PYTHON%" "%HERE%\tts\train.py" --config "%HERE%\tts\configs\uzbek_vits_rtx5090.yaml" %RESUME% %*
+"%PYTHON%" "%HERE%\tts\train.py" --config "%HERE%\tts\vits\configs\uzbek_vits_rtx5090.yaml" %RESUME% %*
 exit /b %ERRORLEVEL%

@@ -9,7 +9,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 py="${PYTHON:-$here/.venv/bin/python}"
 if [ ! -x "$py" ]; then py="$(command -v python3)"; fi
 source "$here/shell/resume_default.sh"
-CONFIG="$here/tts/configs/uzbek_vits_rtx5090.yaml"
+CONFIG="$here/tts/vits/configs/uzbek_vits_rtx5090.yaml"
 if [ "${NPROC:-1}" -gt 1 ]; then
   exec "$py" -m torch.distributed.run --standalone --nproc_per_node "$NPROC" "$here/tts/train.py" \
     --config "$CONFIG" "${RESUME[@]}" "$@"

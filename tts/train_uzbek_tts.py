@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from tts.train import main
+from tts.vits.train import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,7 +11,7 @@ tasks: ``nsf_HiFigan_task`` = MPD + MSD (jik876 HiFi-GAN), ``nsf_HiFigan_fast_ta
 MRD (cheap per-period blocks that fold samples into channels instead of running 1024-channel
 2-D convs, and a spectrogram critic).
 
-The VITS critic (``tts/models/discriminator.py``) is built from ``PeriodDiscriminator`` and
+The VITS critic (``tts/vits/discriminator.py``) is built from ``PeriodDiscriminator`` and
 ``ScaleDiscriminator`` (narrower layers, optional spectral norm).
 """
 

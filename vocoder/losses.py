@@ -19,7 +19,7 @@ Output = tuple[list[torch.Tensor], list[list[torch.Tensor]]]
 
 def lsgan_loss(logits: list[torch.Tensor], target: float) -> torch.Tensor:
     """Least-squares GAN term: the sum over sub-critics of mean((target - logit)^2), in fp32.
-    Critic: real -> 1, fake -> 0; generator: fake -> 1. (VITS uses it too: tts.models.vits_losses.)"""
+    Critic: real -> 1, fake -> 0; generator: fake -> 1. (VITS uses it too: tts.vits.losses.)"""
     return sum(torch.mean((target - x.float()) ** 2) for x in logits)
 
 

@@ -15,7 +15,7 @@ Parameter names (``conv_pre``, ``ups``, ``resblocks.*.convs1``, ``noise_convs``,
 generator so ``vocoder/export.py`` can write a checkpoint those tools load directly.
 
 The HiFi-GAN parts (``ResBlock1/2``, ``UpsamplingStack``, ``get_padding``, ``remove_all_weight_norm``,
-``LRELU_SLOPE``) live here once; the VITS decoder (``tts/models/hifigan.py``) is built from them.
+``LRELU_SLOPE``) live here once; the VITS decoder (``tts/vits/hifigan.py``) is built from them.
 """
 
 from __future__ import annotations

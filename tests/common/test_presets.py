@@ -10,16 +10,16 @@ from common import check
 from common.config import load_config
 from common.hardware import PRESETS
 from common.presets import PRESET_CHOICES, TRAINER_KEYS, TRAINER_SCRIPTS, apply_preset, get_key
-from tts.models.clone_config import CloneConfig
-from tts.models.vits_config import TrainConfig
+from tts.clone.config import CloneConfig
+from tts.vits.config import TrainConfig
 from vae.config import VAEConfig
 from vocoder.config import VocoderConfig
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = {  # a shipped recipe per trainer: the preset must change it (it sits above the YAML)
     "vocoder": (VocoderConfig, REPO / "vocoder/configs/base_hifi_gpu.yaml"),
-    "tts": (TrainConfig, REPO / "tts/configs/uzbek_vits.yaml"),
-    "tts_clone": (CloneConfig, REPO / "tts/configs/clone_base.yaml"),
+    "tts": (TrainConfig, REPO / "tts/vits/configs/uzbek_vits.yaml"),
+    "tts_clone": (CloneConfig, REPO / "tts/clone/configs/clone_base.yaml"),
     "vae": (VAEConfig, REPO / "vae/configs/base.yaml"),
 }
 EXPECTED_5090 = {
@@ -83,8 +83,8 @@ def test_auto_picks_by_gpu_memory_and_falls_back_to_cpu(capsys):
 
 
 def _mains():
-    from tts.train import main as vits_main
-    from tts.train_main import main as clone_main
+    from tts.clone.train import main as clone_main
+    from tts.vits.train import main as vits_main
     from vae.train_vae import main as vae_main
     from vocoder.train import main as vocoder_main
     return {"vocoder": vocoder_main, "tts": vits_main, "tts_clone": clone_main, "vae": vae_main}
@@ -96,7 +96,7 @@ def test_every_trainer_script_takes_the_preset_and_applies_it(tmp_path, capsys):
     missing = str(tmp_path / "no_data")
     argv = {
         "vocoder": ["--preset", "cpu", "--run_dir", str(tmp_path / "voc")],
-        "tts": ["--config", str(REPO / "tts/configs/demo.yaml"), "--preset", "cpu", "--data_dir", missing,
+        "tts": ["--config", str(REPO / "tts/vits/configs/demo.yaml"), "--preset", "cpu", "--data_dir", missing,
                 "--run_dir", str(tmp_path / "vits")],
         "tts_clone": ["--preset", "cpu", "--train-data", missing, "--checkpoint-dir", str(tmp_path / "clone")],
         "vae": ["--config", str(REPO / "vae/configs/test_tiny.yaml"), "--preset", "cpu", "--data_path", missing,
@@ -122,7 +122,7 @@ def test_make_check_lists_the_preset_of_every_trainer(capsys):
 
 
 def test_a_typed_mapping_keeps_the_preset_off_the_keys_inside_it(capsys):
-    cfg = load_config(REPO / "tts/configs/uzbek_vits.yaml", TrainConfig, ["model_args={segment_frames: 24}"])
+    cfg = load_config(REPO / "tts/vits/configs/uzbek_vits.yaml", TrainConfig, ["model_args={segment_frames: 24}"])
     applied = apply_preset(cfg, "rtx4090", "tts")
     assert cfg.model_args["segment_frames"] == 24 and "model_args.segment_frames" not in applied
     assert "model_args.segment_frames=24 (--set model_args={segment_frames: 24}" in capsys.readouterr().out
@@ -132,7 +132,7 @@ def test_apply_settings_is_the_one_rule_and_records_what_it_wrote():
     from common.config import explicit_keys
     from common.presets import apply_settings
 
-    cfg = load_config(REPO / "tts/configs/clone_base.yaml", CloneConfig, ["train.batch_size=3"])
+    cfg = load_config(REPO / "tts/clone/configs/clone_base.yaml", CloneConfig, ["train.batch_size=3"])
     done = apply_settings(cfg, {"batch": {"train.batch_size": 48}, "workers": {"train.num_workers": 16}}, "--recipe")
     assert cfg.train.batch_size == 3 and done.kept == {"train.batch_size": (3, 48, "--set train.batch_size=3")}
     assert cfg.train.num_workers == 16 and done.written == {"train.num_workers": (4, 16)}

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from common.config import config_to_dict
-from tts.export_clone_onnx import INPUTS, OnnxCloneAcoustic, main
-from tts.infer_clone import text_ids
-from tts.models.clone import VoiceCloneTTS
-from tts.models.clone_config import CloneConfig
+from tts.clone.config import CloneConfig
+from tts.clone.export_onnx import INPUTS, OnnxCloneAcoustic, main
+from tts.clone.infer import text_ids
+from tts.clone.model import VoiceCloneTTS
 from tts.text import SYMBOLS
 
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed: the ONNX check needs it")

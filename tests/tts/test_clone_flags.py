@@ -7,10 +7,10 @@ import torch
 
 from common.config import ConfigError
 from common.precision import Precision
-from tts.clone_eval import PlateauDetector
-from tts.clone_options import UsageError, build_parser, device_notices, effective_block, resolve_config
-from tts.clone_presets import FAST_CONVERGENCE, cap_gpu_memory
-from tts.train_main import main
+from tts.clone.evaluation import PlateauDetector
+from tts.clone.options import UsageError, build_parser, device_notices, effective_block, resolve_config
+from tts.clone.presets import FAST_CONVERGENCE, cap_gpu_memory
+from tts.clone.train import main
 
 
 def resolve(*argv: str):
@@ -167,7 +167,7 @@ def test_the_guides_aggressive_training_command_runs_as_written():
 
 
 def test_the_guides_standard_command_takes_two_prepared_folders(tmp_path):
-    from tts.clone_data import DataError, resolve_manifests
+    from tts.clone.data import DataError, resolve_manifests
 
     train_dir, eval_dir = tmp_path / "dataset_train", tmp_path / "dataset_eval"
     for d in (train_dir, eval_dir):

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from common.data import BucketBatchSampler
-from tts.clone_data import BucketCollate
-from tts.models.clone import VoiceCloneTTS, count_parameters, parameter_counts
-from tts.models.clone_config import SIZES, LossConfig, ModelConfig
-from tts.models.clone_decoder import durations_to_path
+from tts.clone.config import SIZES, LossConfig, ModelConfig
+from tts.clone.data import BucketCollate
+from tts.clone.decoder import durations_to_path
+from tts.clone.model import VoiceCloneTTS, count_parameters, parameter_counts
 from tts.text import SYMBOLS
 
 N_MELS = 80

@@ -12,10 +12,10 @@ import pytest
 
 from common.schedulers import lr_curve, schedule_preview
 from tests.common.schedule_checks import lrs_through, one_param_optimizer
-from tts.clone_options import UsageError, build_parser, resolve_config
-from tts.train_main import build_clone_scheduler, planned_steps
+from tts.clone.options import UsageError, build_parser, resolve_config
+from tts.clone.train import build_clone_scheduler, planned_steps
 
-CONFIGS = Path(__file__).resolve().parents[2] / "tts" / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "tts" / "clone" / "configs"
 UTTERANCES = 20_000  # per rank: a mid-size corpus
 
 

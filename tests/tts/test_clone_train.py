@@ -17,11 +17,11 @@ from common.audio import save_wav
 from common.checkpoint import CheckpointManager, load_checkpoint
 from common.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, espeak_available, make_corpus
 from tts import infer_clone
-from tts.clone_data import DataError, build_features, load_reference
-from tts.models.clone import VoiceCloneTTS
-from tts.models.clone_config import AudioConfig, DataConfig
+from tts.clone.config import AudioConfig, DataConfig
+from tts.clone.data import DataError, build_features, load_reference
+from tts.clone.model import VoiceCloneTTS
+from tts.clone.train import build_parser, main, resolve_config, train
 from tts.text import SYMBOLS
-from tts.train_main import build_parser, main, resolve_config, train
 
 pytestmark = pytest.mark.skipif(not espeak_available(), reason="espeak-ng is needed for the test corpus")
 
@@ -45,8 +45,8 @@ def one_thread():
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     """3 espeak-ng voices x 5 sentences → tts/prepare_data.py folder (12 train + 3 eval)."""
-    from tts.models.vits_config import TrainConfig
     from tts.prepare_data import prepare
+    from tts.vits.config import TrainConfig
 
     root = tmp_path_factory.mktemp("clone_corpus")
     items = make_corpus(SENTENCES, root / "raw", SPEAKERS, sample_rate=22050, num_workers=2)

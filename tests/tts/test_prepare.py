@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from tts.models.vits_config import DataConfig, TrainConfig
 from tts.prepare_data import PrepareError, check_item, main, prepare
+from tts.vits.config import DataConfig, TrainConfig
 
 SR = 22050
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from common.training import critic_for_generator
-from tts.models.discriminator import MultiPeriodDiscriminator
-from tts.models.vits_losses import feature_loss, generator_loss
+from tts.vits.discriminator import MultiPeriodDiscriminator
+from tts.vits.losses import feature_loss, generator_loss
 
 
 @pytest.mark.parametrize("spectral", [False, True])

@@ -9,11 +9,11 @@ import soundfile as sf
 import torch
 
 from common.data import BucketShapes
-from tts.data import VitsDataset, collate
-from tts.evaluation import evaluate
-from tts.models.vits_config import TrainConfig
 from tts.prepare_data import prepare
-from tts.train import build_mel, build_models
+from tts.vits.config import TrainConfig
+from tts.vits.data import VitsDataset, collate
+from tts.vits.evaluation import evaluate
+from tts.vits.train import build_mel, build_models
 
 SR = 22050
 TEXTS = ["salom", "bugun havo juda yaxshi", "kitob oʻqiymiz", "men uyga boraman endi", "choy",

@@ -17,12 +17,12 @@ from common.checkpoint import load_checkpoint
 from common.config import ConfigError, load_config
 from tests.tts.test_vits_train import SR, _args, _corpus
 from tts import export_onnx, synthesize
-from tts import train as train_mod
-from tts.models.vits_config import TrainConfig
 from tts.prepare_data import prepare
 from tts.text import normalize
 from tts.text.phonemes import ESPEAK_SYMBOLS, Frontend, clauses, phonemize
 from tts.text.sentences import paragraphs, split_sentences
+from tts.vits import train as train_mod
+from tts.vits.config import TrainConfig
 
 needs_espeak = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed")
 

@@ -1,4 +1,4 @@
-"""VITS' *effective* initialisation follows jaywalnut310/vits (the rule in tts/models/vits.py's
+"""VITS' *effective* initialisation follows jaywalnut310/vits (the rule in tts/vits/model.py's
 docstring): PyTorch's default for every weight-normed and plain layer, token embedding
 N(0, hidden^-0.5), speaker embedding N(0, 1), attention q/k/v Xavier-uniform, zeros for the last layer
 of each coupling / ConvFlow."""
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from tests.init_rules import check_model
-from tts.models.discriminator import MultiPeriodDiscriminator
-from tts.models.vits import VITS
-from tts.models.vits_config import model_args
 from tts.text import SYMBOLS
+from tts.vits.config import model_args
+from tts.vits.discriminator import MultiPeriodDiscriminator
+from tts.vits.model import VITS
 
 
 def vits_rule(model: VITS):

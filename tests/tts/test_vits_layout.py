@@ -1,5 +1,5 @@
 """VITS checkpoints written before the HiFi-GAN parts moved to vocoder/ (issue 11) still load: the
-decoder and critic keep the state-dict keys of the old tts/models/hifigan.py and discriminator.py,
+decoder and critic keep the state-dict keys of the old tts/models/hifigan.py and discriminator.py (now in tts/vits/),
 in the same order (optimizer state is stored by parameter position). The old key lists below are a
 frozen copy taken from those files at small sizes; the mapping from old to new names is the identity."""
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from common.checkpoint import load_matching
-from tts.models.discriminator import MultiPeriodDiscriminator
-from tts.models.hifigan import Generator
+from tts.vits.discriminator import MultiPeriodDiscriminator
+from tts.vits.hifigan import Generator
 
 PLAIN = ("weight", "bias")
 WN = ("bias", "parametrizations.weight.original0", "parametrizations.weight.original1")

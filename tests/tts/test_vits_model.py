@@ -5,18 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tts.models.attentions import MultiHeadAttention
-from tts.models.discriminator import MultiPeriodDiscriminator
-from tts.models.modules import sequence_mask
-from tts.models.vits import VITS, generate_path, log_likelihood_matrix
-from tts.models.vits_config import model_args
-from tts.models.vits_flows import (
+from tts.text import SYMBOLS
+from tts.vits.attentions import MultiHeadAttention
+from tts.vits.config import model_args
+from tts.vits.discriminator import MultiPeriodDiscriminator
+from tts.vits.flows import (
     ResidualCouplingBlock,
     StochasticDurationPredictor,
     rational_quadratic_spline,
 )
-from tts.models.vits_losses import discriminator_loss, feature_loss, generator_loss, kl_loss
-from tts.text import SYMBOLS
+from tts.vits.losses import discriminator_loss, feature_loss, generator_loss, kl_loss
+from tts.vits.model import VITS, generate_path, log_likelihood_matrix
+from tts.vits.modules import sequence_mask
 
 
 def _count(m: torch.nn.Module) -> float:

@@ -14,8 +14,8 @@ from common.checkpoint import load_checkpoint
 from common.config import ConfigError, load_config
 from common.distributed import setup_distributed
 from tests.tts.test_vits_train import FAST, _corpus
-from tts import train as train_mod
-from tts.models.vits_config import TrainConfig
+from tts.vits import train as train_mod
+from tts.vits.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,8 +31,8 @@ def test_gradient_clip_val_is_grad_clip(tmp_path):
 
 
 def test_recipes_name_their_card_and_enable_cudnn_benchmark():
-    r4090 = load_config(ROOT / "tts/configs/uzbek_vits.yaml", TrainConfig)
-    r5090 = load_config(ROOT / "tts/configs/uzbek_vits_rtx5090.yaml", TrainConfig)
+    r4090 = load_config(ROOT / "tts/vits/configs/uzbek_vits.yaml", TrainConfig)
+    r5090 = load_config(ROOT / "tts/vits/configs/uzbek_vits_rtx5090.yaml", TrainConfig)
     assert "rtx4090" in r4090.run_name and "rtx5090" in r5090.run_name
     assert r4090.cudnn_benchmark and r5090.cudnn_benchmark
 

@@ -13,10 +13,10 @@ from common.config import load_config
 from common.data import BucketBatchSampler
 from common.schedulers import build_scheduler, lr_curve, schedule_preview
 from tests.common.schedule_checks import lrs_through, one_param_optimizer
-from tts.models.vits_config import TrainConfig
-from tts.train import schedule_kwargs
+from tts.vits.config import TrainConfig
+from tts.vits.train import schedule_kwargs
 
-CONFIGS = Path(__file__).resolve().parents[2] / "tts" / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "tts" / "vits" / "configs"
 VITS_RECIPES = ["uzbek_vits.yaml", "uzbek_vits_rtx5090.yaml", "demo.yaml"]
 STEPS_PER_EPOCH = 150  # the guide's run: batch 64, ~150 steps per epoch
 

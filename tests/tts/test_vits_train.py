@@ -19,9 +19,9 @@ from common.config import load_config
 from common.distributed import setup_distributed
 from common.training import NonFiniteError
 from tts import export_onnx, synthesize
-from tts import train as train_mod
-from tts.models.vits_config import TrainConfig
 from tts.prepare_data import prepare
+from tts.vits import train as train_mod
+from tts.vits.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 SR = 22050

@@ -1,9 +1,9 @@
 """Configuration of the voice-cloning model and of `tts/train_main.py`, as typed dataclasses.
 
-One schema, loaded by `common.config.load_config` from YAML (`tts/configs/clone_*.yaml`) and then
+One schema, loaded by `common.config.load_config` from YAML (`tts/clone/configs/clone_*.yaml`) and then
 overridden by the script's flags. The defaults ARE the documented "after" values of tts/CLONE.md
 (what we recommend instead of the XTTS-style settings users arrive with); the `fast_convergence`
-preset is applied on top by `tts/clone_options.py`, never hidden in here.
+preset is applied on top by `tts/clone/options.py`, never hidden in here.
 """
 
 from __future__ import annotations

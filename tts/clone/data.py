@@ -35,8 +35,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from common.audio import AudioError, MelSpectrogram, check_audio, extract_f0, load_audio
 from common.data import BucketBatchSampler, BucketShapes, make_loader, sample_rng
-from tts.models.clone_config import AudioConfig, CloneConfig, DataConfig
-from tts.models.vits_config import DataConfig as SharedCheckConfig
+from tts.clone.config import AudioConfig, CloneConfig, DataConfig
+from tts.prepare_data import DataConfig as SharedCheckConfig  # the shared data check's limits
 from tts.prepare_data import check_item
 
 LOG_FLOOR = math.log(1e-5)  # the log-mel value of silence (MelSpectrogram's clamp)

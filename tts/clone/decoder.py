@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tts.models.clone_layers import TransformerStack
+from tts.clone.layers import TransformerStack
 
 
 class ChannelNorm(nn.Module):

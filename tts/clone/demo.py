@@ -2,8 +2,8 @@
 → show that the loss fell and that the reference voice steers the output.
 
 1. Data: the VITS demo's prepared folder `data/demo/tts_prepared` (several espeak-ng voices as
-   speakers); built the same way (tts.demo.build_corpus + tts/prepare_data.py) when missing.
-2. Train tts/configs/clone_demo.yaml (tiny, CPU, a few minutes) into `runs/tts_clone_demo`; its audio
+   speakers); built the same way (tts.vits.demo.build_corpus + tts/prepare_data.py) when missing.
+2. Train tts/clone/configs/clone_demo.yaml (tiny, CPU, a few minutes) into `runs/tts_clone_demo`; its audio
    settings are the demo vocoder's. If `runs/vocoder_demo/export` exists, validation audio and the
    samples go through that vocoder.
 3. Print the validation mel L1 (teacher-forced, log-mel units) at step 0 vs the end.
@@ -16,7 +16,7 @@
    reference-encoder cosine is printed beside it.
 5. Held-out check: every held-out sentence (eval.jsonl) is spoken with ANOTHER held-out clip of
    the same speaker as the reference; the output is compared with the recording of that sentence
-   (common.plausibility: level within 6 dB, mean MCD-DTW below tts.demo.MAX_MCD, the VITS demo's
+   (common.plausibility: level within 6 dB, mean MCD-DTW below tts.vits.demo.MAX_MCD, the VITS demo's
    threshold from the same corpus) and drawn beside it: `samples/heldout_<id>.png`
    (reference | target | output).
 Exit status 1 when any check fails. Idempotent: a finished run is reported, not retrained
@@ -41,11 +41,11 @@ from common.audio import MelSpectrogram, save_wav
 from common.demo_speech import espeak_available
 from common.log import plot_spectrograms, save_figure
 from common.plausibility import compare_mels, compare_speech, report, speech_figures
-from tts.clone_data import load_reference, read_manifest
-from tts.clone_options import build_parser, resolve_config
-from tts.demo import MAX_MCD
-from tts.infer_clone import load_clone_model, load_matching_vocoder, synthesize
-from tts.train_main import train
+from tts.clone.data import load_reference, read_manifest
+from tts.clone.infer import load_clone_model, load_matching_vocoder, synthesize
+from tts.clone.options import build_parser, resolve_config
+from tts.clone.train import train
+from tts.vits.demo import MAX_MCD
 
 PREPARED_DIR = Path("data/demo/tts_prepared")
 RUN_DIR = Path("runs/tts_clone_demo")
@@ -70,8 +70,8 @@ def ensure_corpus(prepared: Path = PREPARED_DIR) -> Path:
     if (prepared / "train.jsonl").is_file() and (prepared / "eval.jsonl").is_file():
         print(f"reusing {prepared} (the VITS demo's prepared corpus)")
         return prepared
-    from tts import demo as vits_demo
     from tts import prepare_data
+    from tts.vits import demo as vits_demo
 
     meta = vits_demo.build_corpus()
     rc = prepare_data.main(["--metadata", str(meta), "--audio_dir", str(vits_demo.RAW_DIR / "wavs"), "--output_dir",

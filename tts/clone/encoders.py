@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tts.models.clone_layers import TransformerStack
+from tts.clone.layers import TransformerStack
 
 
 class TextEncoder(nn.Module):

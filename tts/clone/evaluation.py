@@ -11,10 +11,10 @@ import torch
 
 from common.log import RunLogger, plot_alignment, plot_spectrogram
 from common.precision import Precision
-from tts.infer_clone import synthesize
-from tts.models.clone import VoiceCloneTTS
-from tts.models.clone_config import CloneConfig
-from tts.models.clone_decoder import durations_to_path
+from tts.clone.config import CloneConfig
+from tts.clone.decoder import durations_to_path
+from tts.clone.infer import synthesize
+from tts.clone.model import VoiceCloneTTS
 
 
 class PlateauDetector:

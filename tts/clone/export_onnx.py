@@ -5,7 +5,7 @@
 The graph is `VoiceCloneTTS.infer` with tensor inputs, so any ONNX runtime can drive it:
 inputs ``text`` [B, T] int64 symbol ids (normalised text, `OUT.json`'s ``symbols``),
 ``text_lengths`` [B] int64, ``ref_mel`` [B, n_mels, T_ref] float32 (the reference clip's raw
-log-mel with `OUT.json`'s ``audio`` settings, as `tts.clone_data.load_reference` computes it),
+log-mel with `OUT.json`'s ``audio`` settings, as `tts.clone.data.load_reference` computes it),
 ``ref_lengths`` [B] int64 and ``length_scale`` [1] float32 (>1 speaks slower); outputs ``mel``
 [B, n_mels, T] (the vocoder's units), ``f0`` [B, T] in Hz and ``mel_lengths`` [B] int64.
 The vocoder exports separately (`vocoder/export.py --onnx`); mel + f0 are exactly its inputs.
@@ -29,10 +29,10 @@ from torch import nn
 
 from common.checkpoint import CheckpointError
 from common.run_dir import OutputPathError, check_output_file
-from tts.clone_data import DataError, load_reference
-from tts.infer_clone import load_clone_model, text_ids
-from tts.models.clone import VoiceCloneTTS
-from tts.models.clone_config import CloneConfig
+from tts.clone.config import CloneConfig
+from tts.clone.data import DataError, load_reference
+from tts.clone.infer import load_clone_model, text_ids
+from tts.clone.model import VoiceCloneTTS
 from tts.text import SYMBOLS
 
 INPUTS = ["text", "text_lengths", "ref_mel", "ref_lengths", "length_scale"]

@@ -23,9 +23,9 @@ import torch
 from common.audio import save_wav
 from common.checkpoint import CheckpointError, load_checkpoint
 from common.run_dir import OutputPathError, check_output_file
-from tts.clone_data import DataError, Reference, load_reference
-from tts.models.clone import VoiceCloneTTS
-from tts.models.clone_config import AudioConfig, CloneConfig, config_from_dict
+from tts.clone.config import AudioConfig, CloneConfig, config_from_dict
+from tts.clone.data import DataError, Reference, load_reference
+from tts.clone.model import VoiceCloneTTS
 from tts.text import SYMBOLS, normalize, text_to_ids
 
 
@@ -60,7 +60,7 @@ def check_vocoder_settings(vocoder, audio: AudioConfig, where: str = "") -> None
         raise VocoderMismatchError(
             f"the vocoder{where} uses other mel settings than this model ({'; '.join(diff)}). "
             "A vocoder only understands the mels it was trained on: set the model's audio: section "
-            "(tts/configs/clone_*.yaml) to the vocoder's config.json values and retrain, or use a "
+            "(tts/clone/configs/clone_*.yaml) to the vocoder's config.json values and retrain, or use a "
             "vocoder trained with the model's settings.")
 
 

@@ -22,8 +22,8 @@ from torch import nn
 
 from common.training import count_parameters
 from tts.alignment import maximum_path
-from tts.models.clone_config import DURATION_HIDDEN, POSTNET, SIZES, LossConfig, ModelConfig
-from tts.models.clone_decoder import (
+from tts.clone.config import DURATION_HIDDEN, POSTNET, SIZES, LossConfig, ModelConfig
+from tts.clone.decoder import (
     AlignerPrior,
     DurationPredictor,
     MelDecoder,
@@ -31,7 +31,7 @@ from tts.models.clone_decoder import (
     durations_to_path,
     expand,
 )
-from tts.models.clone_encoders import ReferenceEncoder, TextEncoder
+from tts.clone.encoders import ReferenceEncoder, TextEncoder
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -2,11 +2,11 @@
 
 Where a value comes from, lowest first (the one precedence rule of the cloning trainer):
 
-1. the schema's defaults (`tts/models/clone_config.py`: the documented "after" values of tts/CLONE.md);
+1. the schema's defaults (`tts/clone/config.py`: the documented "after" values of tts/CLONE.md);
 2. the YAML file (`--config`, with its `base_config:` chain);
 3. a card preset (`--preset rtx5090 …`, `common.presets.apply_preset`, applied by `main` after the
    checks below);
-4. `--fast-convergence` (the guide's values, data in `tts/clone_presets.py`);
+4. `--fast-convergence` (the guide's values, data in `tts/clone/presets.py`);
 5. the trainer's flags (`--batch-size`, `--lr`, … : `FLAGS`);
 6. `--set KEY=VALUE`;
 then `--aggressive-lr` scales what resolved (LR x 2, warmup x 2).
@@ -35,8 +35,8 @@ from common.precision import PRECISIONS as PRECISION_NAMES
 from common.precision import Precision
 from common.presets import add_preset_arg, apply_settings, get_key
 from common.run_dir import add_run_args
-from tts.clone_presets import FAST_CONVERGENCE, cap_gpu_memory, fast_convergence_schedule
-from tts.models.clone_config import SIZES, CloneConfig
+from tts.clone.config import SIZES, CloneConfig
+from tts.clone.presets import FAST_CONVERGENCE, cap_gpu_memory, fast_convergence_schedule
 
 AGGRESSIVE_LR_FACTOR = 2.0      # --aggressive-lr: base LR × 2 ...
 AGGRESSIVE_WARMUP_FACTOR = 2.0  # ... with a warmup twice as long

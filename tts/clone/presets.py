@@ -8,7 +8,7 @@ Its "Maximum Performance Mode" then adds ``--batch-size 64 --lr 2e-4`` on top of
 a preset can only be a set of *defaults*: a value the user typed (a flag or ``--set``) wins, and
 one line says which preset value it replaced. The preset still wins over a YAML file (the flag
 is the newer, more specific request), also with one line per replaced value. Here it is data only:
-`tts.clone_options` applies it with `common.presets.apply_settings`, the rule every preset follows.
+`tts.clone.options` applies it with `common.presets.apply_settings`, the rule every preset follows.
 """
 
 from __future__ import annotations

@@ -1,17 +1,17 @@
 """Train the voice-cloning TTS model (text + reference audio → mel + f0), with the fast-convergence options.
 
     python tts/train_main.py --train-data data/tts_prepared --checkpoint-dir runs/tts_clone \
-        --model-size normal [--fast-convergence | --aggressive-lr] [--config tts/configs/clone_base.yaml]
+        --model-size normal [--fast-convergence | --aggressive-lr] [--config tts/clone/configs/clone_base.yaml]
 
 Defaults are the documented "after" values of tts/CLONE.md. Flags override the YAML (`--config`),
-`--set key=value` overrides anything (the whole rule: `tts/clone_options.py`). Before training, one
+`--set key=value` overrides anything (the whole rule: `tts/clone/options.py`). Before training, one
 block prints the effective configuration; any option the effective configuration would not use is
 an error, never silently ignored. See tts/CLONE.md for the flag table and measured figures.
 
 The loop: `grad_accum` bucketed micro-batches -> forward + losses (MAS alignment inside the model)
 -> one optimizer step through `common.training.step_optimizer` (unscale, clip, skip a non-finite
 step) -> log -> every `val_check_interval` steps: teacher-forced validation, the fixed sentences
-in TensorBoard (`tts/clone_eval.py`), checkpoint (last `save_n_checkpoints` kept + best by
+in TensorBoard (`tts/clone/evaluation.py`), checkpoint (last `save_n_checkpoints` kept + best by
 validation mel L1). Ctrl-C / SIGTERM saves and exits; `--resume auto` continues bit-exactly.
 """
 
@@ -58,9 +58,12 @@ from common.training import (
     saving_blocked,
     step_optimizer,
 )
-from tts.clone_data import CloneData, DataError, feature_stats, load_reference
-from tts.clone_eval import PlateauDetector, evaluate, log_validation, to_device
-from tts.clone_options import (
+from tts.clone.config import CloneConfig, SchedulerConfig, TrainConfig
+from tts.clone.data import CloneData, DataError, feature_stats, load_reference
+from tts.clone.evaluation import PlateauDetector, evaluate, log_validation, to_device
+from tts.clone.infer import VocoderMismatchError, load_matching_vocoder
+from tts.clone.model import VoiceCloneTTS
+from tts.clone.options import (
     Resolved,
     UsageError,
     build_parser,
@@ -68,10 +71,7 @@ from tts.clone_options import (
     effective_block,
     resolve_config,
 )
-from tts.clone_presets import cap_gpu_memory
-from tts.infer_clone import VocoderMismatchError, load_matching_vocoder
-from tts.models.clone import VoiceCloneTTS
-from tts.models.clone_config import CloneConfig, SchedulerConfig, TrainConfig
+from tts.clone.presets import cap_gpu_memory
 from tts.text import SYMBOLS
 
 

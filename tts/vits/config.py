@@ -138,7 +138,7 @@ class DataConfig:
 
 @dataclass
 class TrainConfig:
-    """Everything train.py reads. Defaults are the RTX 4090 recipe's (tts/configs/uzbek_vits.yaml)."""
+    """Everything train.py reads. Defaults are the RTX 4090 recipe's (tts/vits/configs/uzbek_vits.yaml)."""
 
     run_name: str = "uzbek_vits_rtx4090"
     seed: int = 1234

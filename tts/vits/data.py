@@ -18,9 +18,9 @@ from torch.utils.data import Dataset
 
 from common.audio import to_float32
 from common.data import BucketShapes, sample_rng
-from tts.models.vits_config import AudioConfig
 from tts.text import intersperse
 from tts.text.phonemes import Frontend, PhonemeCache
+from tts.vits.config import AudioConfig
 
 
 class DataError(RuntimeError):

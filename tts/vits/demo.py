@@ -4,7 +4,7 @@
    spoken by espeak-ng voices (common.demo_speech.make_corpus) into ``data/demo/tts_raw/wavs``;
    ``data/demo/tts_raw/metadata.csv`` is an LJSpeech-style ``speaker/nnnn|raw text`` file.
 2. tts/prepare_data.py → ``data/demo/tts_prepared`` (the voice-cloning demo reuses it).
-3. tts/train.py with tts/configs/demo.yaml → ``runs/tts_demo`` (a few minutes of CPU), which
+3. tts/train.py with tts/vits/configs/demo.yaml → ``runs/tts_demo`` (a few minutes of CPU), which
    evaluates the untrained model (step 0) and the final one on held-out recordings.
 4. tts/synthesize.py speaks the test sentences into ``runs/tts_demo/samples``, and the held-out
    sentences (eval.jsonl, never trained on) in their speakers' voices beside their recordings:
@@ -31,10 +31,11 @@ from common.audio import load_audio, save_wav
 from common.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, espeak_available, make_corpus
 from common.log import plot_spectrograms, save_figure
 from common.plausibility import compare_speech, report, speech_figures
-from tts import prepare_data, synthesize
-from tts import train as train_mod
-from tts.data import read_manifest
+from tts import prepare_data
 from tts.text import normalize
+from tts.vits import synthesize
+from tts.vits import train as train_mod
+from tts.vits.data import read_manifest
 
 # Raw text as users write it: the normaliser turns it into what espeak-ng and the model read.
 RAW_SENTENCES = [

@@ -30,7 +30,7 @@ from common.audio import MelSpectrogram
 from common.data import make_loader
 from common.plausibility import mcd_dtw
 from tts.alignment import alignment_posterior
-from tts.data import collate
+from tts.vits.data import collate
 
 
 def alignment_sharpness(log_lik: torch.Tensor, band: float = 0.1) -> float:

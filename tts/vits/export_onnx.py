@@ -36,11 +36,11 @@ from torch import nn
 
 from common.checkpoint import CheckpointError
 from common.run_dir import check_output_file
-from tts.models.vits import VITS
-from tts.models.vits_config import TrainConfig
-from tts.synthesize import load_generator, text_to_input
 from tts.text.phonemes import Frontend
 from tts.text.symbols import PAD
+from tts.vits.config import TrainConfig
+from tts.vits.model import VITS
+from tts.vits.synthesize import load_generator, text_to_input
 
 PIPER_BOS, PIPER_EOS = "^", "$"
 

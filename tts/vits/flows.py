@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tts.models.attentions import LayerNorm
-from tts.models.modules import WN, DDSConv
+from tts.vits.attentions import LayerNorm
+from tts.vits.modules import WN, DDSConv
 
 LOG_2PI = math.log(2 * math.pi)
 

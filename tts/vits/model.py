@@ -23,11 +23,11 @@ import torch
 from torch import nn
 
 from tts.alignment import maximum_path
-from tts.models.attentions import Encoder
-from tts.models.hifigan import Generator
-from tts.models.modules import WN, sequence_mask
-from tts.models.vits_config import VitsArgs
-from tts.models.vits_flows import DurationPredictor, ResidualCouplingBlock, StochasticDurationPredictor
+from tts.vits.attentions import Encoder
+from tts.vits.config import VitsArgs
+from tts.vits.flows import DurationPredictor, ResidualCouplingBlock, StochasticDurationPredictor
+from tts.vits.hifigan import Generator
+from tts.vits.modules import WN, sequence_mask
 from vocoder.model import remove_all_weight_norm
 
 
@@ -232,7 +232,7 @@ class VITS(nn.Module):
               noise: torch.Tensor | None = None, mask_decoder: bool = False):
         """Text ids → (waveform [B, 1, T], alignment [B, T_text, T_frames], frame mask).
 
-        For batched evaluation that must equal item-by-item (tts/evaluation.py): ``max_frames`` may
+        For batched evaluation that must equal item-by-item (tts/vits/evaluation.py): ``max_frames`` may
         be per item [B]; ``noise`` [B, C, ≥T_frames] is the standard normal for z_p (each item's own
         draw, so an item's result does not depend on its batch); ``mask_decoder`` zeroes the
         decoder's activations past each item's length (``Generator.forward``)."""

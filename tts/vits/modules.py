@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
-from tts.models.attentions import LayerNorm
+from tts.vits.attentions import LayerNorm
 from vocoder.model import get_padding
 
 

@@ -31,11 +31,11 @@ from common.audio import to_int16
 from common.checkpoint import CheckpointError, load_checkpoint
 from common.config import ConfigError, load_config
 from common.run_dir import check_output_dir, check_output_file
-from tts.models.vits import VITS
-from tts.models.vits_config import TrainConfig
 from tts.text import intersperse, normalize
 from tts.text.phonemes import Frontend
 from tts.text.sentences import paragraphs, split_sentences
+from tts.vits.config import TrainConfig
+from tts.vits.model import VITS
 
 
 def load_generator(path: str | Path, device: str | torch.device = "cpu", remove_wn: bool = True

@@ -1,6 +1,6 @@
 """Train the Uzbek VITS model.
 
-    python tts/train.py --config tts/configs/uzbek_vits.yaml --data_dir data/prepared --run_dir runs/uzbek
+    python tts/train.py --config tts/vits/configs/uzbek_vits.yaml --data_dir data/prepared --run_dir runs/uzbek
         [--set batch_size=32] [--resume auto|PATH] [--init_from CKPT] [--device cpu]
     torchrun --nproc_per_node 2 tts/train.py ...            (DDP, one process per GPU)
 
@@ -66,14 +66,14 @@ from common.training import (
     saving_blocked,
     step_optimizer,
 )
-from tts.data import DataError, VitsDataset, collate, read_speakers
-from tts.evaluation import evaluate
-from tts.models.discriminator import MultiPeriodDiscriminator
-from tts.models.vits import VITS, slice_segments
-from tts.models.vits_config import TrainConfig
-from tts.models.vits_losses import discriminator_loss, feature_loss, generator_loss, kl_loss
 from tts.text import normalize
 from tts.text.phonemes import Frontend
+from tts.vits.config import TrainConfig
+from tts.vits.data import DataError, VitsDataset, collate, read_speakers
+from tts.vits.discriminator import MultiPeriodDiscriminator
+from tts.vits.evaluation import evaluate
+from tts.vits.losses import discriminator_loss, feature_loss, generator_loss, kl_loss
+from tts.vits.model import VITS, slice_segments
 from vocoder.losses import MultiResolutionSTFTLoss
 
 
