@@ -208,7 +208,7 @@ def reference_runners(tr, args) -> list[Runner]:
 def vits_runners(key: str, values: list[str], args, tmp: Path) -> tuple[list[Runner], list]:
     from common.config import load_config
     from common.distributed import setup_distributed
-    from tts import demo
+    from tts.vits import demo
     from tts.vits.evaluation import evaluate
     from tts.vits.train import TrainConfig, VitsTrainer, build_mel
 

@@ -16,7 +16,7 @@ import torch
 from common.audio import save_wav
 from common.checkpoint import CheckpointManager, load_checkpoint
 from common.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, espeak_available, make_corpus
-from tts import infer_clone
+from tts.clone import infer as infer_clone
 from tts.clone.config import AudioConfig, DataConfig
 from tts.clone.data import DataError, build_features, load_reference
 from tts.clone.model import VoiceCloneTTS

@@ -16,11 +16,11 @@ import torch
 from common.checkpoint import load_checkpoint
 from common.config import ConfigError, load_config
 from tests.tts.test_vits_train import SR, _args, _corpus
-from tts import export_onnx, synthesize
 from tts.prepare_data import prepare
 from tts.text import normalize
 from tts.text.phonemes import ESPEAK_SYMBOLS, Frontend, clauses, phonemize
 from tts.text.sentences import paragraphs, split_sentences
+from tts.vits import export_onnx, synthesize
 from tts.vits import train as train_mod
 from tts.vits.config import TrainConfig
 

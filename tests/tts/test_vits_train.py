@@ -18,8 +18,8 @@ from common.checkpoint import load_checkpoint, save_atomic
 from common.config import load_config
 from common.distributed import setup_distributed
 from common.training import NonFiniteError
-from tts import export_onnx, synthesize
 from tts.prepare_data import prepare
+from tts.vits import export_onnx, synthesize
 from tts.vits import train as train_mod
 from tts.vits.config import TrainConfig
 

@@ -23,13 +23,20 @@ better): 1 dB of MCD weighs as much as 0.1 of sharpness or 10 % of total-duratio
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from pathlib import Path
+
 import numpy as np
 import torch
 
-from common.audio import MelSpectrogram
+from common.audio import MelSpectrogram, save_wav
 from common.data import make_loader
+from common.log import RunLogger, plot_alignment, plot_spectrogram
 from common.plausibility import mcd_dtw
 from tts.alignment import alignment_posterior
+from tts.text import normalize
+from tts.vits.config import TrainConfig
 from tts.vits.data import collate
 
 
@@ -112,3 +119,40 @@ def evaluate(model, dataset, mel: MelSpectrogram, device: torch.device, max_item
     out["score"] = combined_score(out)
     out["items"] = len(rows)
     return out
+
+
+def record_metrics(metrics: dict, step: int, log: RunLogger, run_dir: Path, say: Callable[[str], None]) -> None:
+    """Held-out metrics → TensorBoard ``eval/``, one line of ``run_dir/metrics.jsonl`` (the run's
+    record that outlives TensorBoard) and the console."""
+    log.scalars(metrics, step, prefix="eval")
+    with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps({"step": step, **metrics}) + "\n")
+    say(f"eval @ step {step}: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
+
+
+@torch.no_grad()
+def speak_test_sentences(gen, cfg: TrainConfig, speakers: dict[str, int], tokens: Callable[[str], torch.Tensor],
+                         mel: MelSpectrogram, log: RunLogger, run_dir: Path, step: int) -> None:
+    """``test_sentences`` (normalised, then ``tokens``) → TensorBoard (audio, alignment and mel
+    plots) and ``run_dir/samples/test_<i>.wav``. Its noise comes from a forked RNG seeded with
+    ``seed``: the same sentence sounds the same at every evaluation, and training's RNG is untouched."""
+    if not cfg.test_sentences:
+        return
+    device = next(gen.parameters()).device
+    was = gen.training
+    gen.eval()
+    sid_name = cfg.test_speaker or next(iter(speakers))
+    sid = torch.tensor([speakers.get(sid_name, 0)], device=device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(cfg.seed)
+        for i, sentence in enumerate(cfg.test_sentences):
+            ids = tokens(normalize(sentence))[None].to(device)
+            wav, attn, _ = gen.infer(ids, torch.tensor([ids.size(1)], device=device), sid,
+                                     cfg.noise_scale, cfg.length_scale, cfg.noise_scale_w, max_frames=2000)
+            wav = wav[0, 0].float().cpu()
+            log.audio(f"test/{i}", wav, cfg.audio.sample_rate, step)
+            log.figure(f"test_alignment/{i}", plot_alignment(attn[0].cpu()), step)
+            if wav.numel() > cfg.audio.n_fft:
+                log.figure(f"test_mel/{i}", plot_spectrogram(mel(wav.to(device))[0].cpu()), step)
+            save_wav(run_dir / "samples" / f"test_{i}.wav", wav, cfg.audio.sample_rate)
+    gen.train(was)

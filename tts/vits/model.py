@@ -263,3 +263,27 @@ class VITS(nn.Module):
             for mod in (self.dp.post_pre, self.dp.post_proj, self.dp.post_convs, self.dp.post_flows, self.dp.flows[1]):
                 skip |= set(id(p) for p in mod.parameters())
         return sum(p.numel() for p in self.parameters() if id(p) not in skip)
+
+
+def apply_layout_and_compile(gen: VITS, disc: nn.Module, channels_last: bool, compile: bool) -> list[str]:
+    """``channels_last`` and ``compile`` for VITS' generator and critic (a MultiPeriodDiscriminator),
+    done in place (checkpoint keys unchanged) before DDP wraps them; returns the report lines."""
+    lines = []
+    if channels_last:
+        convs2d = [m for m in disc.modules() if isinstance(m, torch.nn.Conv2d)]
+        disc.to(memory_format=torch.channels_last)
+        lines.append(f"applied: channels_last on the period critics' {len(convs2d)} Conv2d layers. Not applied to "
+                     "the generator and the scale critic: they are 1-D convs, which have no channels_last "
+                     "layout (see tts/README.md for the measured effect)")
+    if compile:
+        # PeriodDiscriminator.forward is one code object for every period: one graph per period × batch
+        # (2B in the D step, B in the G step) = 10 for vits_base, over dynamo's default limit of 8,
+        # past which it falls back to eager.
+        limit = 4 * len(disc.discriminators)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
+        gen.dec.compile()
+        for critic in disc.discriminators:
+            critic.compile()
+        lines.append("applied: torch.compile on the HiFi-GAN decoder and each critic (fixed-shape crops); the "
+                     "text/posterior encoders, flow and MAS stay eager; evaluation runs eager")
+    return lines

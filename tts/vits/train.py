@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import json
 import sys
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from common import exit_codes
-from common.audio import MelSpectrogram, save_wav
+from common.audio import MelSpectrogram
 from common.checkpoint import (
     CheckpointError,
     CheckpointManager,
@@ -48,7 +47,7 @@ from common.config import (
 from common.data import BucketBatchSampler, BucketShapes, make_loader
 from common.distributed import DistInfo, barrier, cleanup, setup_distributed, wrap_ddp
 from common.hardware import is_oom, oom_message
-from common.log import Progress, RunLogger, plot_alignment, plot_spectrogram, report_lr_plan
+from common.log import Progress, RunLogger, plot_alignment, report_lr_plan
 from common.muon import build_optimizer
 from common.precision import Precision
 from common.presets import add_preset_arg, apply_preset
@@ -66,14 +65,13 @@ from common.training import (
     saving_blocked,
     step_optimizer,
 )
-from tts.text import normalize
 from tts.text.phonemes import Frontend
 from tts.vits.config import TrainConfig
 from tts.vits.data import DataError, VitsDataset, collate, read_speakers
 from tts.vits.discriminator import MultiPeriodDiscriminator
-from tts.vits.evaluation import evaluate
+from tts.vits.evaluation import evaluate, record_metrics, speak_test_sentences
 from tts.vits.losses import discriminator_loss, feature_loss, generator_loss, kl_loss
-from tts.vits.model import VITS, slice_segments
+from tts.vits.model import VITS, apply_layout_and_compile, slice_segments
 from vocoder.losses import MultiResolutionSTFTLoss
 
 
@@ -109,6 +107,9 @@ def frozen(module: torch.nn.Module):
 
 
 class VitsTrainer:
+    """Everything one run holds (data, G and D with their optimizers and schedules, checkpoints);
+    `train_step` is one D update then one G update, `run` the loop."""
+
     def __init__(self, cfg: TrainConfig, info: DistInfo, resume: str | None = None, init_from: str | None = None):
         self.cfg, self.info = cfg, info
         self.device = info.device
@@ -135,7 +136,13 @@ class VitsTrainer:
         buckets = max(1, min(cfg.data.num_buckets, len(self.train_set) // (self.batch_size * info.world_size)))
         self.sampler = BucketBatchSampler(self.train_set.lengths, self.batch_size, buckets,
                                           shuffle=True, seed=cfg.seed, drop_last=True)
-        self.shapes = self.bucket_shapes()
+        # with cudnn.benchmark (CUDA) or torch.compile, every batch is padded to its length bucket's fixed
+        # (text, frames) size: each shape is autotuned / compiled once, not once per batch
+        benchmark = cfg.cudnn_benchmark and self.device.type == "cuda" and not cfg.deterministic  # as Precision
+        self.shapes = (BucketShapes(self.train_set.lengths, self.train_set.token_lengths(), self.sampler.boundaries)
+                       if cfg.compile or benchmark else None)
+        if self.shapes is not None:
+            self.say(f"batches padded to {len(self.shapes.shapes())} bucket shapes (text, frames): {self.shapes.shapes()}")
         self.loader = make_loader(self.train_set, batch_sampler=self.sampler, num_workers=cfg.num_loader_workers,
                                   prefetch_factor=cfg.prefetch_factor, pin_memory=cfg.pin_memory,
                                   persistent_workers=cfg.persistent_workers, seed=cfg.seed,
@@ -172,62 +179,30 @@ class VitsTrainer:
                  f"{self.gen.inference_parameters() / 1e6:.2f} M")
         self.say(f"data: {len(self.train_set)} train / {len(self.eval_set)} eval utterances, "
                  f"{len(self.speakers)} speaker(s), {self.steps_per_epoch} steps per epoch of batch {self.batch_size}")
-        for line in self.precision.report() + self.apply_layout_and_compile():
+        for line in (self.precision.report()
+                     + apply_layout_and_compile(self.gen, self.disc, cfg.channels_last, cfg.compile)):
             self.say(line)
         self._load(resume, init_from)
         self.gen_ddp = wrap_ddp(self.gen, info)
         self.disc_ddp = wrap_ddp(self.disc, info)
 
-    def bucket_shapes(self) -> BucketShapes | None:
-        """With cudnn.benchmark (CUDA) or torch.compile, pad every batch to its length bucket's fixed
-        (text, frames) size: each shape is autotuned / compiled once, not once per batch."""
-        cfg = self.cfg
-        benchmark = cfg.cudnn_benchmark and self.device.type == "cuda" and not cfg.deterministic  # as Precision
-        if not (cfg.compile or benchmark):
-            return None
-        shapes = BucketShapes(self.train_set.lengths, self.train_set.token_lengths(), self.sampler.boundaries)
-        self.say(f"batches padded to {len(shapes.shapes())} bucket shapes (text, frames): {shapes.shapes()}")
-        return shapes
-
-    def apply_layout_and_compile(self) -> list[str]:
-        """``channels_last`` and ``compile`` for VITS, done in place (checkpoint keys unchanged) before
-        DDP wraps the models; returns the report lines."""
-        cfg, lines = self.cfg, []
-        if cfg.channels_last:
-            convs2d = [m for m in self.disc.modules() if isinstance(m, torch.nn.Conv2d)]
-            self.disc.to(memory_format=torch.channels_last)
-            lines.append(f"applied: channels_last on the period critics' {len(convs2d)} Conv2d layers. Not applied to "
-                         "the generator and the scale critic: they are 1-D convs, which have no channels_last "
-                         "layout (see tts/README.md for the measured effect)")
-        if cfg.compile:
-            # PeriodDiscriminator.forward is one code object for every period: one graph per period × batch
-            # (2B in the D step, B in the G step) = 10 for vits_base, over dynamo's default limit of 8,
-            # past which it falls back to eager.
-            limit = 4 * len(self.disc.discriminators)
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
-            self.gen.dec.compile()
-            for critic in self.disc.discriminators:
-                critic.compile()
-            lines.append("applied: torch.compile on the HiFi-GAN decoder and each critic (fixed-shape crops); the "
-                         "text/posterior encoders, flow and MAS stay eager; evaluation runs eager")
-        return lines
-
     # ------------------------------------------------------------------ checkpoints
+    def _parts(self) -> tuple[dict, dict, dict]:
+        """(models, optimizers, schedulers) by network name: the checkpoint's layout."""
+        return ({"generator": self.gen, "discriminator": self.disc},
+                {"generator": self.opt_g, "discriminator": self.opt_d},
+                {"generator": self.sched_g, "discriminator": self.sched_d})
+
     def _load(self, resume: str | None, init_from: str | None) -> None:
         path = resolve_resume(resume, self.ckpt.dir, self.ckpt)
         if path is not None:
-            counters = restore_state(load_checkpoint(path), {"generator": self.gen, "discriminator": self.disc},
-                                     {"generator": self.opt_g, "discriminator": self.opt_d},
-                                     {"generator": self.sched_g, "discriminator": self.sched_d},
-                                     self.scaler, rank=self.info.rank)
+            counters = restore_state(load_checkpoint(path), *self._parts(), self.scaler, rank=self.info.rank)
             self.step, self.epoch = counters["step"], counters["epoch"]
             self.batch_in_epoch = counters["batch_in_epoch"]
             self.guard.load_state_dict(counters["guard"])
             self.last_good = path
             self.say(f"resumed from {path} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
-            changed = apply_optimizer_overrides({"generator": self.opt_g, "discriminator": self.opt_d},
-                                                {"generator": self.sched_g, "discriminator": self.sched_d},
-                                                optimizer_overrides(self.cfg, self.optimizer_spec()))
+            changed = apply_optimizer_overrides(*self._parts()[1:], optimizer_overrides(self.cfg, self.optimizer_spec()))
             if changed:
                 self.say(changed)
         elif init_from:
@@ -255,10 +230,7 @@ class VitsTrainer:
             return None
         counters = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                     "guard": self.guard.state_dict()}
-        state = make_state({"generator": self.gen, "discriminator": self.disc},
-                           {"generator": self.opt_g, "discriminator": self.opt_d},
-                           {"generator": self.sched_g, "discriminator": self.sched_d},
-                           self.scaler, counters=counters, config=config_to_dict(self.cfg),
+        state = make_state(*self._parts(), self.scaler, counters=counters, config=config_to_dict(self.cfg),
                            extra={"speakers": self.speakers, **Frontend.of(self.cfg).to_checkpoint()})
         path = self.ckpt.save(state, self.step, metric) if self.info.is_main else None
         self.last_good = path or self.last_good
@@ -330,49 +302,30 @@ class VitsTrainer:
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict | None:
+        """Held-out metrics (best.pt's score) and the test sentences, on rank 0, eager: eval lengths
+        vary, so compiling them would recompile."""
         if not (self.info.is_main and self.cfg.run_eval and len(self.eval_set)):
             return None
-        with torch.compiler.set_stance("force_eager"):  # eval lengths vary: compiling them would recompile
-            return self._evaluate()
-
-    def _evaluate(self) -> dict:
-        metrics = evaluate(self.gen, self.eval_set, build_mel(self.cfg), self.device, self.cfg.eval_max_items,
-                           noise_scale=self.cfg.noise_scale, seed=self.cfg.seed, batch_size=self.cfg.eval_batch_size,
-                           num_workers=self.cfg.num_eval_loader_workers)
-        self.log.scalars(metrics, self.step, prefix="eval")
-        with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps({"step": self.step, **metrics}) + "\n")
-        self.say(f"eval @ step {self.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
-        self.synthesize_tests()
+        cfg = self.cfg
+        with torch.compiler.set_stance("force_eager"):
+            metrics = evaluate(self.gen, self.eval_set, build_mel(cfg), self.device, cfg.eval_max_items,
+                               noise_scale=cfg.noise_scale, seed=cfg.seed, batch_size=cfg.eval_batch_size,
+                               num_workers=cfg.num_eval_loader_workers)
+            record_metrics(metrics, self.step, self.log, self.run_dir, self.say)
+            speak_test_sentences(self.gen, cfg, self.speakers, self.train_set.tokens, self.mel, self.log,
+                                 self.run_dir, self.step)
         return metrics
 
-    @torch.no_grad()
-    def synthesize_tests(self) -> None:
-        """Test sentences → TensorBoard (audio, alignment and mel plots) and run_dir/samples/."""
-        if not self.cfg.test_sentences:
-            return
-        with torch.compiler.set_stance("force_eager"):
-            self._synthesize_tests()
-
-    def _synthesize_tests(self) -> None:
-        gen, was = self.gen, self.gen.training
-        gen.eval()
-        sid_name = self.cfg.test_speaker or next(iter(self.speakers))
-        sid = torch.tensor([self.speakers.get(sid_name, 0)], device=self.device)
-        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            torch.manual_seed(self.cfg.seed)
-            for i, sentence in enumerate(self.cfg.test_sentences):
-                ids = self.train_set.tokens(normalize(sentence))[None].to(self.device)
-                wav, attn, _ = gen.infer(ids, torch.tensor([ids.size(1)], device=self.device), sid,
-                                         self.cfg.noise_scale, self.cfg.length_scale, self.cfg.noise_scale_w,
-                                         max_frames=2000)
-                wav = wav[0, 0].float().cpu()
-                self.log.audio(f"test/{i}", wav, self.cfg.audio.sample_rate, self.step)
-                self.log.figure(f"test_alignment/{i}", plot_alignment(attn[0].cpu()), self.step)
-                if wav.numel() > self.cfg.audio.n_fft:
-                    self.log.figure(f"test_mel/{i}", plot_spectrogram(self.mel(wav.to(self.device))[0].cpu()), self.step)
-                save_wav(self.run_dir / "samples" / f"test_{i}.wav", wav, self.cfg.audio.sample_rate)
-        gen.train(was)
+    def log_step(self, metrics: dict[str, torch.Tensor], progress: Progress) -> None:
+        """Every ``print_step`` steps: TensorBoard ``train/`` scalars (with the clipped fraction since
+        the last line) and the alignment, and one progress line."""
+        lr = self.opt_g.param_groups[0]["lr"]
+        metrics.update(self.clip_stats.pop())  # fraction of clipped steps since the last line
+        self.log.scalars({**metrics, "lr": lr, "data_wait": progress.data_wait_fraction,
+                          "skipped_steps": self.guard.skipped_total}, self.step, prefix="train")
+        self.log.figure("train/alignment", plot_alignment(self.last_attn.cpu()), self.step)
+        line = " ".join(f"{k.replace('loss_', '')}={float(v):.3f}" for k, v in metrics.items())
+        (progress.write if progress.bar else self.say)(f"step {self.step} epoch {self.epoch}: {line} lr={lr:.2e}")
 
     # ------------------------------------------------------------------ the loop
     def total_steps(self) -> int:
@@ -414,14 +367,7 @@ class VitsTrainer:
                     self.batch_in_epoch += 1
                     progress.update(self.step, data_s, time.time() - t0)
                     if self.step % cfg.print_step == 0 and self.info.is_main:
-                        lr = self.opt_g.param_groups[0]["lr"]
-                        metrics.update(self.clip_stats.pop())  # fraction of clipped steps since the last line
-                        self.log.scalars({**metrics, "lr": lr, "data_wait": progress.data_wait_fraction,
-                                          "skipped_steps": self.guard.skipped_total}, self.step, prefix="train")
-                        self.log.figure("train/alignment", plot_alignment(self.last_attn.cpu()), self.step)
-                        m = {k: float(v) for k, v in metrics.items()}
-                        (progress.write if progress.bar else self.say)(f"step {self.step} epoch {self.epoch}: " + " ".join(
-                            f"{k.replace('loss_', '')}={v:.3f}" for k, v in m.items()) + f" lr={lr:.2e}")
+                        self.log_step(metrics, progress)
                     if (cfg.eval_interval and self.step % cfg.eval_interval == 0 and self.epoch >= cfg.test_delay_epochs):
                         last_metrics = self.evaluate()
                         last_eval = self.step
