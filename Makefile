@@ -39,11 +39,12 @@ bench: setup
 bench-learning: setup
 	$(PY) -m bench.learning --trainer $(or $(TRAINER),all) $(ARGS)
 
-# Each trainer adds its targets (prepare / train / demo) in its own file.
--include vocoder/targets.mk tts/targets.mk vae/targets.mk tts/clone_targets.mk
+# Each trainer adds its targets (prepare / train / demo) in its own file. The order is make demo's:
+# a free slot takes the first listed demo whose needs have ended.
+-include tts/targets.mk vocoder/targets.mk tts/clone_targets.mk vae/targets.mk
 
 # The four demos run two at a time, one thread each (common/jobs.py says why), the cloning demo after
-# the vocoder and VITS demos whose outputs it uses. Every demo runs, even after one misses its
+# the vocoder demo (its export) and the VITS demo's corpus (tts-demo-data). Every demo runs, even after one misses its
 # plausibility check (each writes its outputs and pictures first); the end repeats every verdict and
 # the exit status is 1 when any demo missed or failed. DEMO_SLOTS=1 runs them one after another.
 DEMO_SLOTS ?= 2

@@ -16,5 +16,5 @@ tts-clone-train: setup
 tts-clone-demo: setup
 	$(PY) tts/clone_demo.py
 
-# After the vocoder demo (its export vocodes the samples) and the VITS demo (its prepared corpus).
-DEMO_JOBS += --job 'clone@vocoder,tts=$(MAKE) --no-print-directory tts-clone-demo'
+# After the vocoder demo (its export vocodes the samples) and the VITS demo's corpus (tts-data).
+DEMO_JOBS += --job 'clone@vocoder,tts-data=$(MAKE) --no-print-directory tts-clone-demo'

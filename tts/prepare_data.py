@@ -387,7 +387,8 @@ def prepare(metadata: str | Path, audio_dir: str | Path, output_dir: str | Path,
     (out / "spec").mkdir(parents=True, exist_ok=True)
     state_path = out / "prepare_state.json"
     reuse = state_path.is_file() and json.loads(state_path.read_text()) == _state_key(cfg.audio)
-    state_path.write_text(json.dumps(_state_key(cfg.audio), indent=1))
+    if not reuse:  # a re-run over a finished folder writes nothing another reader could catch half-written
+        state_path.write_text(json.dumps(_state_key(cfg.audio), indent=1))
 
     jobs, seen = [], {}
     src = str(metadata)

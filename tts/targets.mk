@@ -10,7 +10,7 @@ TTS_RUN ?= runs/uzbek_vits
 TTS_WORKERS ?= 4
 TTS_ARGS ?=
 
-.PHONY: tts-prepare tts-train tts-demo
+.PHONY: tts-prepare tts-train tts-demo tts-demo-data
 
 tts-prepare: setup
 	$(PY) tts/prepare_data.py --config $(TTS_CONFIG) --metadata $(TTS_METADATA) --audio_dir $(TTS_AUDIO_DIR) \
@@ -22,4 +22,9 @@ tts-train: setup
 tts-demo: setup
 	$(PY) tts/demo.py
 
-DEMO_JOBS += --job 'tts=$(MAKE) --no-print-directory tts-demo'
+# The demo corpus alone: make demo starts the cloning demo on it while the VITS demo trains.
+tts-demo-data: setup
+	$(PY) tts/demo.py --data_only
+
+DEMO_JOBS += --job 'tts-data=$(MAKE) --no-print-directory tts-demo-data'
+DEMO_JOBS += --job 'tts@tts-data=$(MAKE) --no-print-directory tts-demo'

@@ -3,7 +3,7 @@ training, copy-synthesis of held-out files, and an exported generator.
 
 1. espeak-ng reads Uzbek sentences in six voices -> ``data/demo/vocoder_wavs`` (22.05 kHz);
 2. ``prepare_data`` binarizes them -> ``data/demo/vocoder_bin`` (6 files held out);
-3. ``demo.yaml`` trains ~4 CPU minutes (1500 generator-only steps, then 300 with the critic) -> ``runs/vocoder_demo`` (TensorBoard in logs/);
+3. ``demo.yaml`` trains ~5 CPU minutes (2100 generator-only steps, then 300 with the critic) -> ``runs/vocoder_demo`` (TensorBoard in logs/);
 4. the held-out files are copy-synthesised -> ``runs/vocoder_demo/copysyn/`` (``*_gt.wav`` beside);
 5. the generator is exported -> ``runs/vocoder_demo/export/`` (the TTS voice-cloning demo uses it).
 

@@ -1,7 +1,7 @@
 # Vocoder targets, included by the root Makefile (which defines PY and `setup`).
 #   make vocoder-prepare DATA=path/to/audio_folder [OUT=data/vocoder_bin] [CONFIG=...] [WORKERS=8]
 #   make vocoder-train   [DATA=data/vocoder_bin] [RUN=runs/vocoder] [CONFIG=...] [ARGS="--set batch_size=8"]
-#   make vocoder-demo    (espeak-ng speech, tiny model, ~3 CPU minutes, then copy-synthesis + export)
+#   make vocoder-demo    (espeak-ng speech, tiny model, ~5 CPU minutes, then copy-synthesis + export)
 # DATA/OUT/RUN/CONFIG/WORKERS/ARGS are read only when given on the command line or in the environment,
 # so another trainer's defaults for the same names never leak in here. Train resumes (--resume auto).
 vocoder_arg = $(if $(filter command line environment,$(origin $(1))),$($(1)),$(2))

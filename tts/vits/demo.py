@@ -99,6 +99,8 @@ def read_metrics(run_dir: Path) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Uzbek VITS CPU demo")
     p.add_argument("--retrain", action="store_true", help="delete runs/tts_demo and train again")
+    p.add_argument("--data_only", action="store_true",
+                   help="make the corpus and the prepared folder, then stop (make demo starts the cloning demo on it)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override demo.yaml keys (e.g. --set max_minutes=1)")
     args = p.parse_args(argv)
@@ -117,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print("== 2/4 prepare ==")
     rc = prepare(meta)
-    if rc != 0:
+    if rc != 0 or args.data_only:
         return rc
 
     print("== 3/4 train (tiny preset, CPU) ==")
