@@ -256,13 +256,19 @@ def save_figure(fig: Figure, path: str | Path, colors: int = 64) -> Path:
 # ----------------------------------------------------------------------------- progress
 
 
+def peak_memory_gib(device: torch.device | None = None) -> float:
+    """Peak CUDA memory allocated on a CUDA `device` (allocator statistics, no device sync), else the
+    process's peak RSS, in GiB (the progress bar and the VAE's `memory_gib` scalar)."""
+    if device is not None and device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1024**3
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return rss / (1024**3 if sys.platform == "darwin" else 1024**2)  # macOS reports bytes
+
+
 def _memory_text() -> str:
-    """Peak CUDA memory (allocator statistics, no device sync) or the process's peak RSS."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        return f"{torch.cuda.max_memory_allocated() / 1024**3:.1f}G"
-    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    scale = 1024**3 if sys.platform == "darwin" else 1024**2  # macOS reports bytes
-    return f"{rss_kb / scale:.1f}G rss"
+        return f"{peak_memory_gib(torch.device('cuda')):.1f}G"
+    return f"{peak_memory_gib():.1f}G rss"
 
 
 def _fmt(v) -> str:
