@@ -8,6 +8,7 @@ everywhere and call them unconditionally; on other ranks every call is a no-op.
 from __future__ import annotations
 
 import collections
+import os
 import resource
 import sys
 from collections.abc import Callable
@@ -296,8 +297,9 @@ class Progress:
                  enabled: bool = True, desc: str = "train", window: int = 50):
         self.samples_per_step = samples_per_step
         self._times: collections.deque[tuple[float, float]] = collections.deque(maxlen=window)
-        # A terminal redraws every second; a log file or pipe gets one line per 30 s, not 30 lines.
-        mininterval = 1.0 if sys.stderr.isatty() else 30.0
+        # A terminal redraws every second; a log file or pipe gets one line per 30 s, not 30 lines
+        # (TQDM_MININTERVAL, tqdm's own variable, sets another interval).
+        mininterval = float(os.environ.get("TQDM_MININTERVAL", 1.0 if sys.stderr.isatty() else 30.0))
         self.bar = (tqdm(total=total_steps, initial=initial, desc=desc, dynamic_ncols=True,
                          mininterval=mininterval, smoothing=0.1, file=sys.stderr) if enabled else None)
 
