@@ -1,8 +1,40 @@
 """The exit codes every script of the repo uses, so a launcher or a cluster scheduler can tell
-what happened without reading the log (documented once in the README)."""
+what happened without reading the log (documented once in the README), and `run_main`, the one
+place that turns a trainer's failures into them."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from common.hardware import OutOfMemory
+from common.training import NonFiniteError
 
 OK = 0  # training (or the script's job) completed
 BAD_INPUT = 2  # bad input, config, flag or output location: fix it and run again
 NON_FINITE = 3  # stopped on a streak of non-finite losses/gradients; the last good checkpoint is named
 OUT_OF_MEMORY = 4  # CUDA out of memory; the message says which settings to lower
 INTERRUPTED = 130  # SIGINT/SIGTERM: a checkpoint was saved first, `--resume auto` continues
+
+
+def run_main(body: Callable[[], int], bad_input: tuple[type[BaseException], ...],
+             cleanup: Callable[[], None] | None = None) -> int:
+    """Run a trainer's `main` body and return its exit code. A failure the README documents prints one
+    `error: <message>` to stderr and becomes its code: any of `bad_input` -> BAD_INPUT,
+    `common.training.NonFiniteError` -> NON_FINITE, `common.hardware.OutOfMemory` -> OUT_OF_MEMORY
+    (the trainer raises these two with the whole advice in the message). Anything else propagates
+    with its traceback: it is a bug, not a user error. `cleanup` runs in every case."""
+    try:
+        return body()
+    except bad_input as e:
+        print(f"error: {e}", file=sys.stderr)
+        return BAD_INPUT
+    except NonFiniteError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return NON_FINITE
+    except OutOfMemory as e:
+        print(f"error: {e}", file=sys.stderr)
+        return OUT_OF_MEMORY
+    finally:
+        if cleanup is not None:
+            cleanup()

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import os
@@ -19,7 +20,7 @@ import platform
 import re
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -314,6 +315,18 @@ def oom_message(what: str, batch_size: int, hints: dict | None = None) -> str:
     if h.get("resume"):
         lines.append(f"Then {h['resume']} continues from the last checkpoint.")
     return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def explain_oom(what: str, batch_size: int, hints: dict | None = None) -> Iterator[None]:
+    """Inside the block a CUDA out-of-memory error becomes `OutOfMemory` with `oom_message`'s advice,
+    which `common.exit_codes.run_main` prints and turns into exit code 4; other errors pass through."""
+    try:
+        yield
+    except RuntimeError as e:
+        if isinstance(e, OutOfMemory) or not is_oom(e):
+            raise
+        raise OutOfMemory(oom_message(what, batch_size, hints)) from e
 
 
 def _free_cuda() -> None:

@@ -8,6 +8,7 @@ everywhere and call them unconditionally; on other ranks every call is a no-op.
 from __future__ import annotations
 
 import collections
+import os
 import resource
 import sys
 from collections.abc import Callable
@@ -256,13 +257,19 @@ def save_figure(fig: Figure, path: str | Path, colors: int = 64) -> Path:
 # ----------------------------------------------------------------------------- progress
 
 
+def peak_memory_gib(device: torch.device | None = None) -> float:
+    """Peak CUDA memory allocated on a CUDA `device` (allocator statistics, no device sync), else the
+    process's peak RSS, in GiB (the progress bar and the VAE's `memory_gib` scalar)."""
+    if device is not None and device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1024**3
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return rss / (1024**3 if sys.platform == "darwin" else 1024**2)  # macOS reports bytes
+
+
 def _memory_text() -> str:
-    """Peak CUDA memory (allocator statistics, no device sync) or the process's peak RSS."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        return f"{torch.cuda.max_memory_allocated() / 1024**3:.1f}G"
-    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    scale = 1024**3 if sys.platform == "darwin" else 1024**2  # macOS reports bytes
-    return f"{rss_kb / scale:.1f}G rss"
+        return f"{peak_memory_gib(torch.device('cuda')):.1f}G"
+    return f"{peak_memory_gib():.1f}G rss"
 
 
 def _fmt(v) -> str:
@@ -290,8 +297,9 @@ class Progress:
                  enabled: bool = True, desc: str = "train", window: int = 50):
         self.samples_per_step = samples_per_step
         self._times: collections.deque[tuple[float, float]] = collections.deque(maxlen=window)
-        # A terminal redraws every second; a log file or pipe gets one line per 30 s, not 30 lines.
-        mininterval = 1.0 if sys.stderr.isatty() else 30.0
+        # A terminal redraws every second; a log file or pipe gets one line per 30 s, not 30 lines
+        # (TQDM_MININTERVAL, tqdm's own variable, sets another interval).
+        mininterval = float(os.environ.get("TQDM_MININTERVAL", 1.0 if sys.stderr.isatty() else 30.0))
         self.bar = (tqdm(total=total_steps, initial=initial, desc=desc, dynamic_ncols=True,
                          mininterval=mininterval, smoothing=0.1, file=sys.stderr) if enabled else None)
 

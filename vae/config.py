@@ -137,6 +137,17 @@ class VAEConfig:
         if problems:
             raise ValueError("; ".join(problems))
 
+    def optimizer_spec(self, with_disc: bool) -> dict:
+        """Each optimizer's hyper-parameters and the config keys that set them (for a resume that
+        changes them: `common.training.optimizer_overrides`)."""
+        shared = {"betas": (("adam_beta1", "adam_beta2"), (self.adam_beta1, self.adam_beta2)),
+                  "weight_decay": (("weight_decay",), self.weight_decay)}
+        spec = {"vae": {"lr": (("learning_rate",), self.learning_rate), **shared}}
+        if with_disc:
+            keys = ("disc_learning_rate",) if self.disc_learning_rate else ("disc_learning_rate", "learning_rate")
+            spec["disc"] = {"lr": (keys, self.disc_learning_rate or self.learning_rate), **shared}
+        return spec
+
     @property
     def amp_dtype(self) -> str:
         """The dtype of the `mixed_precision` switch, as common.precision reads it (VITS spells it as a key)."""

@@ -23,15 +23,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import json
-import resource
 import sys
 import time
 import warnings
 from pathlib import Path
 
 import torch
-from PIL import Image
 from torch import nn
 
 from common import distributed, exit_codes
@@ -39,74 +36,40 @@ from common.checkpoint import (
     CheckpointError,
     CheckpointManager,
     GracefulExit,
-    load_checkpoint,
     make_state,
     resolve_resume,
-    restore_state,
     save_atomic,
 )
-from common.config import (
-    ConfigError,
-    add_config_args,
-    config_to_dict,
-    format_config,
-    load_config,
-    save_config,
-)
+from common.config import ConfigError, add_config_args, config_to_dict
 from common.distributed import DistInfo, all_reduce_mean, wrap_ddp
-from common.hardware import OutOfMemory, cuda_memory_stats, oom_message
-from common.log import Progress, RunLogger, report_lr_plan
+from common.hardware import explain_oom
+from common.log import Progress, RunLogger, peak_memory_gib
 from common.muon import build_optimizer
 from common.precision import Precision
 from common.presets import add_preset_arg, apply_preset
 from common.run_dir import add_run_args, prepare_run_dir, tensorboard_dir
-from common.schedulers import build_scheduler, lr_curve
+from common.schedulers import build_scheduler
 from common.training import (
     EMA,
     BufferSnapshot,
     NonFiniteError,
     NonFiniteGuard,
-    apply_optimizer_overrides,
     backward,
     count_parameters,
     nonfinite_stop_message,
-    optimizer_overrides,
     saving_blocked,
     step_optimizer,
 )
+from vae import validation
 from vae.check_compatibility import choose_batch_size, profile_memory
 from vae.config import VAEConfig
-from vae.data import ImageDataset, TrainData, build_train_data, eval_loader, training_images
+from vae.data import TrainData, build_train_data, training_images
 from vae.diffusers_io import export_final
+from vae.flags import add_guide_flags, resolve_config
 from vae.losses import FrozenLPIPS, PatchDiscriminator, PerceptualWeightsError, VAELoss
-from vae.metrics import evaluate, grid_image
 from vae.model import AutoencoderKL, build_vae
 from vae.pretrained import init_weights
-from vae.run_plan import gan_phase_report, keep_stage_files, next_stage, world_size_note
-
-# The guide's flags, each a VAEConfig key. None = "not given", so the config's value stands.
-VALUE_FLAGS: dict[str, type] = {
-    "data_path": str, "val_data_path": str, "image_size": int, "batch_size": str,
-    "num_epochs": int, "max_steps": int, "learning_rate": float, "z_channels": int, "kl_weight": float,
-    "perceptual_weight": float, "perceptual_weights": str, "gradient_clip": float, "num_workers": int,
-    "checkpoint_freq": int, "save_samples_freq": int, "accumulation_steps": int,
-    "disc_start": int, "disc_weight": float, "layers_per_block": int, "ema_decay": float,
-    "warmup_steps": int, "val_freq": int, "log_freq": int, "seed": int, "device": str,
-    "stop_at_step": int, "time_limit_minutes": float, "keep_checkpoints": int, "num_val_images": int,
-    "disc_learning_rate": float,
-}
-BOOL_FLAGS = ("mixed_precision", "use_bf16", "use_torch_compile", "enable_tf32", "channels_last",
-              "persistent_workers", "gradient_checkpointing", "learn_logvar", "random_flip", "export_diffusers")
-
-
-# ----------------------------------------------------------------------------- builders
-
-
-def memory_gib(device: torch.device) -> float:
-    if device.type == "cuda":
-        return cuda_memory_stats(device).get("peak_gib", 0.0)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # peak RSS (Linux: KiB)
-
+from vae.run_plan import report_plan, resume_run
 
 # ----------------------------------------------------------------------------- the trainer
 
@@ -164,7 +127,7 @@ class VAETrainer:
         self.best_psnr: float | None = None
         self.last_psnr: float | None = None
         self.last_good: Path | None = None  # the newest checkpoint known to hold a good state
-        self._last_val: tuple[int, dict] = (-1, {})  # (global step, metrics) of the latest validation
+        self.last_val: tuple[int, dict] = (-1, {})  # (global step, metrics) of the latest validation
         if not quiet and self.info.is_main:
             print(f"VAE {count_parameters(self.vae_module) / 1e6:.1f} M parameters"
                   + (f", discriminator {count_parameters(self.disc_module) / 1e6:.1f} M" if self.disc_module else "")
@@ -180,18 +143,6 @@ class VAETrainer:
         if self.cfg.lr_scheduler == "cosine_with_warmup":
             kw.update(total_steps=self.total_steps, min_ratio=self.cfg.min_lr_ratio)
         self.schedulers = {name: build_scheduler(opt, self.cfg.lr_scheduler, **kw) for name, opt in self.optimizers.items()}
-
-    def optimizer_spec(self) -> dict:
-        """Each optimizer's hyper-parameters and the config keys that set them (for a resume that
-        changes them: `common.training.optimizer_overrides`)."""
-        cfg = self.cfg
-        shared = {"betas": (("adam_beta1", "adam_beta2"), (cfg.adam_beta1, cfg.adam_beta2)),
-                  "weight_decay": (("weight_decay",), cfg.weight_decay)}
-        spec = {"vae": {"lr": (("learning_rate",), cfg.learning_rate), **shared}}
-        if self.opt_d is not None:
-            keys = ("disc_learning_rate",) if cfg.disc_learning_rate else ("disc_learning_rate", "learning_rate")
-            spec["disc"] = {"lr": (keys, cfg.disc_learning_rate or cfg.learning_rate), **shared}
-        return spec
 
     def models(self) -> dict[str, nn.Module]:
         out = {"vae": self.vae_module, "logvar": self.loss.logvar}
@@ -287,50 +238,6 @@ class VAETrainer:
                           extra={"arch": self.vae_module.arch(), "guard": self.guard.state_dict(),
                                  "best_psnr": self.best_psnr, "stages": self.stages})
 
-    def resume(self, path: Path) -> None:
-        """The same `image_size`: everything continues exactly. Another one: a new resolution stage
-        (weights and EMA carry over; optimizer and LR schedule are this run's, planned afresh)."""
-        cfg, main, data = self.cfg, self.info.is_main, self.data
-        ckpt = load_checkpoint(path, map_location="cpu")
-        old = ckpt.get("counters", {})
-        ema = {"vae": self.ema} if self.ema else None
-        try:
-            if old.get("image_size") == cfg.image_size:
-                self.counters = restore_state(ckpt, self.models(), self.optimizers, self.schedulers,
-                                              self.precision.scaler, ema, rank=self.info.rank)
-                extra = ckpt.get("extra", {})
-                self.guard.load_state_dict(extra.get("guard", self.guard.state_dict()))
-                self.best_psnr = extra.get("best_psnr")
-                self.stages = list(extra.get("stages", self.stages))
-                changed = apply_optimizer_overrides(self.optimizers, self.schedulers,
-                                                    optimizer_overrides(cfg, self.optimizer_spec()))
-                if changed and main:
-                    print(changed)
-                if (old.get("samples_per_step"), old.get("num_train")) != (data.samples_per_step, len(data.train_files)):
-                    if main:
-                        print(f"resume: batch size, GPU count or dataset changed since {path.name}; the data "
-                              f"order restarts at the beginning of epoch {self.counters['epoch']}")
-                    self.counters["micro_in_epoch"] = 0
-                if main:
-                    print(f"resumed {path} at step {self.counters['step']} (epoch {self.counters['epoch']})")
-            else:
-                models = {k: m for k, m in self.models().items() if k in ckpt.get("models", {})}
-                restore_state(ckpt, models, ema=ema if ckpt.get("ema") else None, rank=self.info.rank)
-                self.counters, self.stages = next_stage(old, ckpt.get("extra", {}), cfg.image_size)
-                if main:
-                    kept = keep_stage_files(self.out_dir, int(old.get("stage", 1)), old.get("image_size"))
-                    print(f"resume {path.name}: trained at {old.get('image_size')} px, now {cfg.image_size} px -> "
-                          f"stage {self.counters['stage']}: weights{' and EMA' if ema else ''} loaded; optimizer "
-                          f"and LR schedule re-planned for this run ({data.total_steps} steps, warmup "
-                          f"{min(cfg.warmup_steps, data.total_steps - 1)}); epochs continue at "
-                          f"{self.counters['epoch'] + 1}, global step at {self.counters['steps_before_stage']}"
-                          + (f"; kept the previous stage's {', '.join(kept)}" if kept else ""))
-        except (RuntimeError, KeyError) as exc:
-            raise CheckpointError(f"{path}: cannot resume into this configuration (architecture changed?): "
-                                  f"{str(exc)[:400]}") from None
-        self.step_count = int(self.counters["step"])
-        self.last_good = path
-
     def save_last(self, reason: str) -> bool:
         if saving_blocked(self.guard):
             if self.info.is_main:
@@ -343,62 +250,31 @@ class VAETrainer:
             print(f"saved {self.out_dir / 'checkpoint_last.pt'} at step {self.step_count} ({reason})")
         return True
 
-    # ------------------------------------------------------------------ samples and validation (rank 0)
-    def save_samples(self) -> None:
-        model = self.eval_model()
-        with torch.no_grad(), self.precision.autocast():
-            rec = torch.cat([model.decode(model.encode(x.to(self.device)).mode()).float().cpu()
-                             for x in self.sample_x.split(self.eval_batch)])
-        grid = grid_image(self.sample_x, rec)
-        Image.fromarray(grid).save(self.out_dir / "samples" / f"step_{self.global_step:07d}.png")
-        self.logger.image("samples/reconstruction (top: input)", grid, self.global_step)
-
-    def validate(self) -> dict:
-        if self._last_val[0] == self.global_step:
-            return self._last_val[1]  # already measured at this step (val_freq hit the last step)
-        m = evaluate(self.eval_model(), self.val_batches, self.device, self.precision.autocast, self.perceptual)
-        if m:
-            self.logger.scalars(m, self.global_step, "val")
-            self.last_psnr = m["psnr"]
-            self.best_psnr = m["psnr"] if self.best_psnr is None else max(self.best_psnr, m["psnr"])
-            with open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-                f.write(json.dumps({"step": self.global_step, "image_size": self.cfg.image_size, **m}) + "\n")
-        self._last_val = (self.global_step, m)
-        return m
-
-    @staticmethod
-    def describe(m: dict) -> str:
-        return f"val PSNR {m['psnr']:.2f} dB, SSIM {m['ssim']:.3f}" + (f", LPIPS {m['lpips']:.3f}" if "lpips" in m else "")
-
     # ------------------------------------------------------------------ the loop
     def fit(self, data: TrainData, out_dir: Path, init_from: str | None = None) -> int:
-        """Resume (or `--init_from`), say the plan, run the epochs, save and export; returns the exit code."""
+        """Resume (or `--init_from`), say the plan, run the epochs, save and export; returns the exit code
+        (a non-finite stop raises `NonFiniteError` naming the last good checkpoint: `main` prints it)."""
         cfg, main = self.cfg, self.info.is_main
         self.data, self.out_dir = data, out_dir
         self.manager = CheckpointManager(out_dir, keep_last=cfg.keep_checkpoints, mode="max",
                                          name_fn=lambda n: f"checkpoint_epoch_{n}.pt")
         resume = resolve_resume(cfg.resume_from, out_dir, self.manager, extra_names=("checkpoint_last.pt",))
         if resume is not None:
-            self.resume(resume)
+            resume_run(self, resume)
         elif init_from:  # weights only (a new run): a diffusers folder, or a checkpoint (see vae/pretrained.py)
             for line in init_weights(self, init_from, out_dir, main):
                 if main:
                     print(line)
         self.logger = RunLogger(tensorboard_dir(out_dir, main), enabled=main)
         if main:
-            self._report_plan()
-        self.eval_batch = max(1, min(4, int(cfg.batch_size)))  # never above the training batch: no OOM
-        self.val_batches = list(eval_loader(data.val_files, cfg.image_size, cfg.max_pixels, cfg.seed,
-                                            batch_size=self.eval_batch)) if (data.val_files and main) else []
-        sample_src = data.val_files or data.train_files
-        sample_ds = ImageDataset(sample_src, cfg.image_size, train=False, max_pixels=cfg.max_pixels)
-        self.sample_x = torch.stack([sample_ds[i] for i in range(min(cfg.num_sample_images, len(sample_src)))])
+            report_plan(self)
+        validation.prepare(self, data)
         if main:
             (out_dir / "samples").mkdir(exist_ok=True)
             self.logger.scalar("train/image_size", cfg.image_size, self.global_step)  # this stage's resolution
             if self.step_count == 0 and self.val_batches:
-                print(f"step {self.global_step}: {self.describe(self.validate())}")
-                self.save_samples()
+                print(f"step {self.global_step}: {validation.describe(validation.validate(self))}")
+                validation.save_samples(self)
 
         progress = Progress(data.total_steps, initial=self.step_count, samples_per_step=data.samples_per_step,
                             enabled=main)
@@ -412,31 +288,13 @@ class VAETrainer:
                     stop_reason = self._run_epoch(progress, stopper)
                     if self.counters["epoch"] == epoch:
                         break  # left mid-epoch (a stop request or the planned last step)
-        except NonFiniteError as exc:
+        except NonFiniteError as exc:  # main prints it: exit code 3, with the way back
             progress.close()
-            print(f"error: {exc}", file=sys.stderr)
-            print(nonfinite_stop_message(self.last_good, "--learning_rate <lower>", "--resume_from auto"),
-                  file=sys.stderr)
             self.logger.close()
-            return exit_codes.NON_FINITE
+            hint = nonfinite_stop_message(self.last_good, "--learning_rate <lower>", "--resume_from auto")
+            raise NonFiniteError(f"{exc}\n{hint}") from None
         progress.close()
         return self._finish(stop_reason)
-
-    def _report_plan(self) -> None:
-        cfg, data = self.cfg, self.data
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, self.out_dir)
-        print(format_config(cfg))
-        print(f"{len(data.train_files)} training / {len(data.val_files)} validation images, {data.steps_per_epoch} "
-              f"steps per epoch, {data.samples_per_step} images per step, {data.total_steps} steps planned, "
-              f"device {self.device}")
-        report_lr_plan({f"lr_{k}": lr_curve(v) for k, v in self.schedulers.items()}, self.total_steps,
-                       "learning_rate / lr_scheduler / warmup_steps / min_lr_ratio (or num_epochs, max_steps)",
-                       self.out_dir, self.logger)
-        for line in (gan_phase_report(self.loss, self.schedulers["vae"], data.total_steps, data.steps_per_epoch,
-                                      int(self.counters["steps_before_stage"]), self.step_count)
-                     + world_size_note(cfg.learning_rate, data.samples_per_step, self.info.world_size)):
-            print(line)
 
     def _run_epoch(self, progress: Progress, stopper: GracefulExit) -> str:
         """One (possibly resumed) pass over the data; returns why the run stops early ("" = it does not)."""
@@ -445,20 +303,18 @@ class VAETrainer:
         data.sampler.set_epoch(epoch)
         data.sampler.skip(int(c["micro_in_epoch"]) * int(cfg.batch_size))
         micro: list[torch.Tensor] = []
+        oom_hints = {"accum_key": "accumulation_steps", "accumulation": accum, "precision": self.precision.precision,
+                     "precision_set": "mixed_precision=true --set use_bf16=true",
+                     "checkpointing_key": "gradient_checkpointing", "crop_key": "image_size", "crop": cfg.image_size,
+                     "resume": "--resume auto"}
         t0 = time.perf_counter()
         for x in data.loader:
             micro.append(x)
             if len(micro) < accum:
                 continue
             t1 = time.perf_counter()
-            try:
+            with explain_oom("the VAE training step", int(cfg.batch_size), oom_hints):
                 logs, _ = self.step(micro, self.global_step)
-            except torch.OutOfMemoryError as exc:
-                raise OutOfMemory(oom_message("the VAE training step", int(cfg.batch_size), {
-                    "accum_key": "accumulation_steps", "accumulation": accum,
-                    "precision": self.precision.precision, "precision_set": "mixed_precision=true --set use_bf16=true",
-                    "checkpointing_key": "gradient_checkpointing", "crop_key": "image_size",
-                    "crop": cfg.image_size, "resume": "--resume auto"})) from exc
             micro = []
             self.step_count += 1
             step = self.step_count
@@ -467,9 +323,9 @@ class VAETrainer:
                 self._log(logs, progress)
             progress.update(step, t1 - t0, time.perf_counter() - t1, **self._bar)
             if main and cfg.save_samples_freq and step % cfg.save_samples_freq == 0:
-                self.save_samples()
+                validation.save_samples(self)
             if main and cfg.val_freq and step % cfg.val_freq == 0 and self.val_batches:
-                progress.write(f"step {self.global_step}: {self.describe(self.validate())}")
+                progress.write(f"step {self.global_step}: {validation.describe(validation.validate(self))}")
             if cfg.save_every_steps and step % cfg.save_every_steps == 0:
                 self.save_last(f"every {cfg.save_every_steps} steps")
             flags = [bool(cfg.stop_at_step and self.global_step >= cfg.stop_at_step),
@@ -499,7 +355,7 @@ class VAETrainer:
         ips = (self.step_count - self._last_log[1]) * self.data.samples_per_step / max(now - self._last_log[0], 1e-9)
         self._last_log = (now, self.step_count)
         logs.update({"lr": self.opt_g.param_groups[0]["lr"], "images_per_sec": ips,
-                     "memory_gib": memory_gib(self.device), "data_wait": progress.data_wait_fraction,
+                     "memory_gib": peak_memory_gib(self.device), "data_wait": progress.data_wait_fraction,
                      "nonfinite_skipped": self.guard.skipped_total})
         if self.opt_d is not None:
             logs["disc_lr"] = self.opt_d.param_groups[0]["lr"]
@@ -510,10 +366,10 @@ class VAETrainer:
         """The last checkpoint, validation and samples; a finished (or time-boxed) run is exported."""
         saved = self.save_last(stop_reason or "end of training")
         if self.info.is_main:
-            m = self.validate() if self.val_batches else {}
-            self.save_samples()
+            m = validation.validate(self) if self.val_batches else {}
+            validation.save_samples(self)
             if m:
-                print(f"final (step {self.global_step}): {self.describe(m)}")
+                print(f"final (step {self.global_step}): {validation.describe(m)}")
             if stop_reason:
                 print(f"stopped early ({stop_reason}) at step {self.step_count} of {self.data.total_steps}; "
                       f"continue with --resume_from {self.last_good or 'auto'}")
@@ -533,23 +389,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(p)
     add_run_args(p, run_aliases=("--output_dir",), resume_aliases=("--resume_from",),
                  run_help="config key output_dir: checkpoints, samples, logs (alias --output_dir)")
-    for name, tp in VALUE_FLAGS.items():
-        p.add_argument(f"--{name}", type=tp, default=None, help=f"config key {name}")
-    p.add_argument("--channels", type=int, nargs="+", default=None, help="block widths, e.g. 128 256 512 512")
-    for name in BOOL_FLAGS:
-        p.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=None)
+    add_guide_flags(p)
     p.add_argument("--profile_memory", action="store_true",
                    help="measure peak GPU memory per resolution and batch size, write a table, exit")
     p.add_argument("--profile_resolutions", type=int, nargs="+", default=[256, 512, 768, 1024, 1536, 2048])
     p.add_argument("--profile_batches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     add_preset_arg(p)
     return p
-
-
-def resolve_config(args: argparse.Namespace) -> VAEConfig:
-    extra = {name: getattr(args, name) for name in (*VALUE_FLAGS, *BOOL_FLAGS, "channels")}
-    extra.update(output_dir=args.run_dir, resume_from=args.resume)
-    return load_config(args.config, VAEConfig, overrides=args.overrides, extra=extra)
 
 
 def train(cfg: VAEConfig, overwrite: bool = False, init_from: str | None = None) -> int:
@@ -571,18 +417,17 @@ def train(cfg: VAEConfig, overwrite: bool = False, init_from: str | None = None)
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        cfg = resolve_config(args)
-        apply_preset(cfg, args.preset, "vae")
-        if args.profile_memory:
-            return profile_memory(cfg, args.profile_resolutions, args.profile_batches)
-        return train(cfg, args.overwrite, args.init_from)
-    except (ConfigError, CheckpointError, PerceptualWeightsError, FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exit_codes.BAD_INPUT
-    except OutOfMemory as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exit_codes.OUT_OF_MEMORY
+    return exit_codes.run_main(lambda: run(args), (ConfigError, CheckpointError, PerceptualWeightsError,
+                                                   FileNotFoundError, ValueError))
+
+
+def run(args: argparse.Namespace) -> int:
+    """The config, then `--profile_memory` or training; failures reach `main` as exceptions."""
+    cfg = resolve_config(args)
+    apply_preset(cfg, args.preset, "vae")
+    if args.profile_memory:
+        return profile_memory(cfg, args.profile_resolutions, args.profile_batches)
+    return train(cfg, args.overwrite, args.init_from)
 
 
 if __name__ == "__main__":

@@ -297,3 +297,13 @@ class VocoderConfig:
     win_size = _audio_attr("win_length")
     fmin = _audio_attr("fmin")
     fmax = _audio_attr("fmax")
+
+    def optimizer_spec(self) -> dict:
+        """Each optimizer's hyper-parameters and the config keys that set them (a resume that gives
+        one explicitly replaces the checkpoint's value: `common.training.optimizer_overrides`)."""
+        spec = {}
+        for name, key in (("generator", "generator_optimizer_args"), ("discriminator", "discriminator_optimizer_args")):
+            a = getattr(self, key)
+            spec[name] = {"lr": ((f"{key}.lr",), a.lr), "betas": ((f"{key}.beta1", f"{key}.beta2"), (a.beta1, a.beta2)),
+                          "eps": ((f"{key}.eps",), a.eps), "weight_decay": ((f"{key}.weight_decay",), a.weight_decay)}
+        return spec

@@ -271,3 +271,15 @@ def build_discriminators(names: list[str], periods: list[int], fast_mpd_strides:
         else:
             parts[name] = MultiScaleDiscriminator()
     return Discriminators(parts)
+
+
+def split_outputs(out: dict[str, Output], b: int) -> tuple[dict[str, Output], dict[str, Output]]:
+    """Critic outputs on ``cat([real, fake])`` -> (real part, fake part): one critic call per update."""
+    real = {k: ([x[:b] for x in logits], [[f[:b] for f in fm] for fm in fmaps]) for k, (logits, fmaps) in out.items()}
+    fake = {k: ([x[b:] for x in logits], [[f[b:] for f in fm] for fm in fmaps]) for k, (logits, fmaps) in out.items()}
+    return real, fake
+
+
+def head_outputs(out: dict[str, Output], b: int) -> dict[str, Output]:
+    """The first b items of a critic output (the fakes that align with the real batch)."""
+    return {k: ([x[:b] for x in logits], [[f[:b] for f in fm] for fm in fmaps]) for k, (logits, fmaps) in out.items()}

@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 import warnings
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch.optim.lr_scheduler import LambdaLR
 
 from common import distributed, exit_codes
@@ -37,7 +35,6 @@ from common.checkpoint import (
     CheckpointManager,
     GracefulExit,
     load_checkpoint,
-    load_matching,
     make_state,
     resolve_resume,
     restore_state,
@@ -51,8 +48,8 @@ from common.config import (
     save_config,
 )
 from common.data import ResumableSampler, make_loader
-from common.hardware import is_oom, oom_message
-from common.log import Progress, RunLogger, plot_spectrogram, report_lr_plan
+from common.hardware import explain_oom
+from common.log import Progress, RunLogger, report_lr_plan
 from common.muon import build_optimizer
 from common.precision import Precision
 from common.presets import add_preset_arg, apply_preset
@@ -69,10 +66,11 @@ from common.training import (
     saving_blocked,
     step_optimizer,
 )
+from vocoder import pitch_cycle, validation
 from vocoder.config import OptimizerArgs, VocoderConfig
 from vocoder.data import DatasetError, VocoderDataset, collate, load_manifest
-from vocoder.discriminators import Discriminators, build_discriminators
-from vocoder.export import export_info, generator_args, split_checkpoint
+from vocoder.discriminators import Discriminators, build_discriminators, head_outputs, split_outputs
+from vocoder.export import export_info, generator_args
 from vocoder.losses import (
     MelLoss,
     MultiResolutionSTFTLoss,
@@ -81,13 +79,14 @@ from vocoder.losses import (
     generator_adv_loss,
 )
 from vocoder.model import Generator
+from vocoder.pretrained import apply_freezing, load_start_weights
 
 # With fp16 the GradScaler skips a step now and then (inf gradients while it calibrates the scale);
 # the schedule still counts that iteration, by design (one step = one iteration), so torch's
 # "scheduler.step() before optimizer.step()" warning is noise here.
 warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
 
-PC_WAVE_WEIGHT = 30.0  # L1 weight of the pitch-shift consistency term (the seeds' value)
+LR_HINT = "--set generator_optimizer_args.lr=<lower> --set discriminator_optimizer_args.lr=<lower>"
 
 
 # --------------------------------------------------------------------------------------- builders
@@ -125,46 +124,6 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: VocoderConfig, bas
         kwargs["min_ratio"] = min(1.0, s.min_lr / base_lr) if base_lr > 0 else 0.0
     fn = lr_lambda(s.name, **kwargs)
     return LambdaLR(optimizer, lambda step: fn(step + 1))
-
-
-def apply_freezing(cfg: VocoderConfig, generator: torch.nn.Module, discriminator: torch.nn.Module) -> list[str]:
-    """``frozen_params`` (with ``freezing_enabled``): name prefixes like ``discriminator.mpd`` or
-    ``generator.conv_pre``; matching parameters get requires_grad=False and stay out of the
-    optimizers. A prefix that matches nothing is an error (it would silently freeze nothing)."""
-    if not cfg.freezing_enabled:
-        return []
-    named = [(f"generator.{n}", p) for n, p in generator.named_parameters()]
-    named += [(f"discriminator.{n}", p) for n, p in discriminator.named_parameters()]
-    frozen = []
-    for prefix in cfg.frozen_params:
-        hits = [(n, p) for n, p in named if n == prefix or n.startswith(prefix.rstrip(".") + ".")]
-        if not hits:
-            raise ConfigError(f"frozen_params entry '{prefix}' matches no parameter; names look like "
-                              f"'{named[0][0]}' or 'discriminator.<critic>...'")
-        for n, p in hits:
-            p.requires_grad_(False)
-            frozen.append(n)
-    return frozen
-
-
-def load_pretrained(path: str | Path, generator: torch.nn.Module, discriminator: torch.nn.Module,
-                    ignore: tuple[str, ...] = (), strict_shapes: bool = False) -> str:
-    """Weights only (fine-tuning / --init_from) from any supported checkpoint layout; returns the
-    report. ``ignore`` = name substrings not loaded (``finetune_ignored_params``; a
-    ``generator.`` / ``discriminator.`` prefix is allowed)."""
-    gen_state, disc_state, _ = split_checkpoint(load_checkpoint(path))
-
-    def strip(prefix: str) -> tuple[str, ...]:
-        return tuple(i[len(prefix):] if i.startswith(prefix) else i for i in ignore
-                     if not (i.startswith("generator.") or i.startswith("discriminator.")) or i.startswith(prefix))
-
-    lines = ["generator " + str(load_matching(generator, gen_state, strip("generator."), strict_shapes))]
-    if disc_state:
-        lines.append("discriminator " + str(load_matching(discriminator, disc_state, strip("discriminator."),
-                                                          strict_shapes=False)))
-    else:
-        lines.append("discriminator: not in the checkpoint (starts from scratch)")
-    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------------------- trainer
@@ -210,16 +169,8 @@ class VocoderTrainer:
         self.manager = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.num_ckpt_keep,
                                          save_best_after=cfg.save_best_after, mode="min", prefix="model")
         resume_path = resolve_resume(resume, self.run_dir / "checkpoints", self.manager)
-        if resume_path is None:
-            if cfg.finetune_enabled:
-                if not cfg.finetune_ckpt_path:
-                    raise ConfigError("finetune_enabled is true but finetune_ckpt_path is empty")
-                self.log(f"fine-tuning from {cfg.finetune_ckpt_path}")
-                self.log(load_pretrained(cfg.finetune_ckpt_path, self.generator, self.discriminator,
-                                         tuple(cfg.finetune_ignored_params), cfg.finetune_strict_shapes))
-            if init_from:
-                self.log(f"--init_from {init_from}")
-                self.log(load_pretrained(init_from, self.generator, self.discriminator))
+        if resume_path is None:  # a new run: weights from elsewhere, if asked
+            load_start_weights(cfg, init_from, self.generator, self.discriminator, self.log)
         self.frozen = apply_freezing(cfg, self.generator, self.discriminator)
         self._d_trainable = [p for p in self.discriminator.parameters() if p.requires_grad]
         if self.frozen:
@@ -256,7 +207,7 @@ class VocoderTrainer:
         # The G update calls the critics without DDP (no critic gradients are wanted there).
         self._d_plain = getattr(self.d_train, "module", self.d_train)
         self.logger = RunLogger(tensorboard_dir(self.run_dir, self.is_main), enabled=self.is_main)
-        self._logged_gt: set[str] = set()
+        self.logged_gt: set[str] = set()  # validation files whose ground truth is logged
 
     def _log(self, msg: str) -> None:
         if self._user_log is not None:
@@ -289,19 +240,9 @@ class VocoderTrainer:
         self.history = json.loads(counters.get("history", "{}"))
         self.log(f"resumed from {path} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
         changed = apply_optimizer_overrides(self._optimizers(), self._schedulers(),
-                                            optimizer_overrides(self.cfg, self._optimizer_spec()))
+                                            optimizer_overrides(self.cfg, self.cfg.optimizer_spec()))
         if changed:
             self.log(changed)
-
-    def _optimizer_spec(self) -> dict:
-        """Each optimizer's hyper-parameters and the config keys that set them (a resume that gives
-        one explicitly replaces the checkpoint's value: `common.training.optimizer_overrides`)."""
-        spec = {}
-        for name, key in (("generator", "generator_optimizer_args"), ("discriminator", "discriminator_optimizer_args")):
-            a = getattr(self.cfg, key)
-            spec[name] = {"lr": ((f"{key}.lr",), a.lr), "betas": ((f"{key}.beta1", f"{key}.beta2"), (a.beta1, a.beta2)),
-                          "eps": ((f"{key}.eps",), a.eps), "weight_decay": ((f"{key}.weight_decay",), a.weight_decay)}
-        return spec
 
     def save(self, metric: float | None = None) -> Path | None:
         if saving_blocked(self.g_guard, self.d_guard):
@@ -320,28 +261,11 @@ class VocoderTrainer:
 
     # ------------------------------------------------------------------ one step
     def generate(self, mel: torch.Tensor, f0: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """G forward. With ``pc_aug``: part of the batch is generated at a shifted pitch c, its
-        mel re-analysed and shifted back (c + (-c) = 0), and a two-hop shift a then c - a is
-        compared with the direct shift c (a + b = c). Returns (fake [B', 1, T], extras)."""
-        cfg = self.cfg
-        b = mel.shape[0]
-        n = math.ceil(b * cfg.pc_aug_rate) if cfg.pc_aug else 0
-        if n == 0:
+        """G forward; with ``pc_aug`` the pitch-shift cycle (`vocoder.pitch_cycle`). Returns (fake, extras)."""
+        if not self.cfg.pc_aug:
             return self.g_train(mel, f0), {}
-        g = self.g_train
-        max_f0 = self.generator.source_sr / 2
-        key_c = (2 * torch.rand(n, 1, device=f0.device) - 1) * cfg.pc_aug_key
-        f0_c = (f0[:n] * 2 ** (key_c / 12)).clamp(max=max_f0)
-        mixed = g(mel, torch.cat([f0_c, f0[n:]]))
-        wav_c, wav_rest = mixed[:n], mixed[n:]
-        wav_back = g(self.input_mel(wav_c.squeeze(1)).to(mel.dtype), f0[:n])
-        lo = -cfg.pc_aug_key + key_c.clamp(min=0)
-        hi = cfg.pc_aug_key + key_c.clamp(max=0)
-        key_a = lo + (hi - lo) * torch.rand(n, 1, device=f0.device)
-        wav_a = g(mel[:n], (f0[:n] * 2 ** (key_a / 12)).clamp(max=max_f0))
-        wav_ab = g(self.input_mel(wav_a.squeeze(1)).to(mel.dtype), f0_c)
-        fake = torch.cat([wav_back, wav_rest, wav_c, wav_a, wav_ab])
-        return fake, {"wav_c": wav_c, "wav_ab": wav_ab}
+        return pitch_cycle.generate(self.g_train, self.input_mel, mel, f0, self.cfg.pc_aug_rate,
+                                    self.cfg.pc_aug_key, self.generator.source_sr / 2)
 
     def _set_d_grad(self, enabled: bool) -> None:
         for p in self._d_trainable:
@@ -368,7 +292,7 @@ class VocoderTrainer:
         if self.d_opt is not None and adversarial:
             with self.precision.autocast():
                 out = self.d_train(torch.cat([real, fake.detach().to(real.dtype)]))
-            d_real, d_fake = _split(out, b)
+            d_real, d_fake = split_outputs(out, b)
             loss_d, d_logs = discriminator_loss(d_real, d_fake)
             d_norm, _ = step_optimizer(loss_d, self.d_opt, self.discriminator.parameters(), self.scaler,
                                        cfg.clip_grad_norm, self.d_guard)
@@ -383,7 +307,7 @@ class VocoderTrainer:
             if adversarial:
                 d_real, d_fake = self.critics_for_generator(real, fake.to(real.dtype))
                 adv, adv_logs = generator_adv_loss(d_fake)
-                fm, fm_logs = feature_matching_loss(d_real, _head(d_fake, b))
+                fm, fm_logs = feature_matching_loss(d_real, head_outputs(d_fake, b))
                 loss_g = loss_g + adv + fm
                 logs.update(**adv_logs, **fm_logs)
             if cfg.use_stftloss:
@@ -392,10 +316,9 @@ class VocoderTrainer:
                 loss_g = loss_g + stft_l
                 logs["loss_stft"] = stft_l.detach()
             if extras:
-                pc = F.l1_loss(extras["wav_ab"].float(), extras["wav_c"].float()) * PC_WAVE_WEIGHT
-                pc_mel = self.mel_loss(extras["wav_ab"], extras["wav_c"].detach()) * cfg.lab_aux_melloss
+                pc, pc_mel, pc_logs = pitch_cycle.losses(extras, self.mel_loss, cfg.lab_aux_melloss)
                 loss_g = loss_g + pc + pc_mel
-                logs.update(loss_pc_wave=pc.detach(), loss_pc_mel=pc_mel.detach())
+                logs.update(pc_logs)
             g_norm, _ = step_optimizer(loss_g, self.g_opt, self.generator.parameters(), self.scaler,
                                        cfg.clip_grad_norm, self.g_guard)
         finally:
@@ -407,56 +330,10 @@ class VocoderTrainer:
             self.d_sched.step()
         return logs
 
-    # ------------------------------------------------------------------ validation
-    @torch.no_grad()
-    def validate(self, limit: int | None = None) -> dict | None:
-        """Held-out MR-STFT distance and mel L1 on whole validation files (rank 0). Runs under a
-        forked, fixed RNG: the metric is repeatable and training randomness is untouched (so a
-        resumed run that skips a validation stays bit-exact)."""
-        if not self.is_main or self.valid_set is None:
-            distributed.barrier()
-            return None
-        g = self.generator
-        g.eval()
-        n = len(self.valid_set) if limit is None else min(limit, len(self.valid_set))
-        dists, mels = [], []
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(self.cfg.seed)
-            for i in range(n):
-                item = self.valid_set[i]
-                mel = item["mel"][None].to(self.device)
-                real = item["audio"][None].to(self.device)
-                with self.precision.autocast():
-                    wav = g(mel, item["f0"][None].to(self.device)).float().squeeze(1)
-                dists.append(self.stft.distance(wav, real).item())
-                pred_mel = self.input_mel(wav)
-                mels.append(F.l1_loss(pred_mel, mel).item())
-                if i < self.cfg.num_valid_plots:
-                    self._plot(item["name"], wav[0], real[0], mel[0], pred_mel[0])
-        g.train()
-        distributed.barrier()
-        return {"mrstft": sum(dists) / len(dists), "mel_l1": sum(mels) / len(mels)}
-
-    def _plot(self, name: str, wav: torch.Tensor, real: torch.Tensor, mel: torch.Tensor, pred: torch.Tensor) -> None:
-        sr = self.cfg.audio.sample_rate
-        self.logger.audio(f"valid/{name}/generated", wav, sr, self.step)
-        if name not in self._logged_gt:
-            self.logger.audio(f"valid/{name}/ground_truth", real, sr, self.step)
-            self._logged_gt.add(name)
-        # ground truth, generated and |difference| stacked vertically, on one colour scale
-        both = torch.cat([mel, pred, (pred - mel).abs() + self.cfg.mel_vmin], dim=0).clamp(
-            self.cfg.mel_vmin, self.cfg.mel_vmax)
-        self.logger.figure(f"valid/{name}/mel_gt_pred_diff", plot_spectrogram(both.cpu()), self.step)
-
     # ------------------------------------------------------------------ loop
-    def _record_validation(self, result: dict | None) -> float | None:
-        if result is None:
-            return None
-        self.logger.scalars(result, self.step, prefix="valid")
-        self.history.setdefault("valid", []).append({"step": self.step, **result})
-        self.log(f"step {self.step}: valid MR-STFT distance {result['mrstft']:.4f}, mel L1 {result['mel_l1']:.4f}")
-        return result["mrstft"]
+    def validate(self, limit: int | None = None) -> dict | None:
+        """Held-out MR-STFT distance and mel L1 (rank 0): `vocoder.validation.validate`."""
+        return validation.validate(self, limit)
 
     def fit(self) -> dict:
         cfg = self.cfg
@@ -466,7 +343,7 @@ class VocoderTrainer:
                            cfg.max_updates, "lr_scheduler_args (scheduler_cls, warmup_steps, min_lr, gamma) or max_updates",
                            self.run_dir, self.logger, self.log)
         if self.step == 0 and cfg.num_sanity_val_steps > 0:
-            self._record_validation(self.validate(limit=cfg.num_sanity_val_steps))
+            validation.record(self, self.validate(limit=cfg.num_sanity_val_steps))
         progress = Progress(cfg.max_updates, initial=self.step, samples_per_step=cfg.batch_size * self.info.world_size,
                             enabled=self.is_main, desc="vocoder")
         self._bar_log = progress.write
@@ -477,9 +354,9 @@ class VocoderTrainer:
                     if self._run_epoch(progress, stop):
                         stop_reason = "signal"
                         break
-        except NonFiniteError:
+        except NonFiniteError as e:  # main prints it: exit code 3, with the way back
             progress.close()
-            raise
+            raise NonFiniteError(f"{e}\n{nonfinite_stop_message(self.last_good, LR_HINT)}") from None
         finally:
             self._bar_log = None
         progress.close()
@@ -520,7 +397,7 @@ class VocoderTrainer:
             progress.update(self.step, t1 - t0, t2 - t1, **shown)
             last = self.step >= cfg.max_updates
             if self.step % cfg.val_check_interval == 0 or last:
-                metric = self._record_validation(self.validate())
+                metric = validation.record(self, self.validate())
                 self.save(metric)
             if distributed.any_rank(stop.requested):
                 if not (self.step % cfg.val_check_interval == 0 or last):
@@ -529,18 +406,6 @@ class VocoderTrainer:
                          f"(continue with --resume auto)")
                 return True
         return False
-
-
-def _split(out: dict, b: int) -> tuple[dict, dict]:
-    """Critic outputs on cat([real, fake]) -> (real part, fake part)."""
-    real = {k: ([x[:b] for x in logits], [[f[:b] for f in fm] for fm in fmaps]) for k, (logits, fmaps) in out.items()}
-    fake = {k: ([x[b:] for x in logits], [[f[b:] for f in fm] for fm in fmaps]) for k, (logits, fmaps) in out.items()}
-    return real, fake
-
-
-def _head(out: dict, b: int) -> dict:
-    """The first b items of a critic output (the fakes that align with the real batch)."""
-    return {k: ([x[:b] for x in logits], [[f[:b] for f in fm] for fm in fmaps]) for k, (logits, fmaps) in out.items()}
 
 
 # --------------------------------------------------------------------------------------- CLI
@@ -559,14 +424,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        cfg = load_config(args.config, VocoderConfig, args.overrides,
-                          extra={"pl_trainer_precision": args.precision, "binary_data_dir": args.data_dir})
-        apply_preset(cfg, args.preset, "vocoder")
-        if not cfg.binary_data_dir:
-            raise ConfigError("no dataset: pass --data_dir (a folder made by vocoder/prepare_data.py) or set binary_data_dir")
-        run_dir = Path(args.run_dir or Path("runs") / "vocoder" / Path(args.config or "default").stem)
-        prepare_run_dir(run_dir, run_dir / "checkpoints", args.resume, args.overwrite, args.init_from)
+    return exit_codes.run_main(lambda: run(args), (ConfigError, DatasetError, CheckpointError), distributed.cleanup)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The run the command line asks for; failures reach `main` as exceptions (`common.exit_codes`)."""
+    cfg = load_config(args.config, VocoderConfig, args.overrides,
+                      extra={"pl_trainer_precision": args.precision, "binary_data_dir": args.data_dir})
+    apply_preset(cfg, args.preset, "vocoder")
+    if not cfg.binary_data_dir:
+        raise ConfigError("no dataset: pass --data_dir (a folder made by vocoder/prepare_data.py) or set binary_data_dir")
+    run_dir = Path(args.run_dir or Path("runs") / "vocoder" / Path(args.config or "default").stem)
+    prepare_run_dir(run_dir, run_dir / "checkpoints", args.resume, args.overwrite, args.init_from)
+    with explain_oom("the vocoder training step", cfg.batch_size, {
+            "accum_key": None, "precision_key": "pl_trainer_precision", "precision": cfg.pl_trainer_precision,
+            "precision_set": "pl_trainer_precision=16-mixed (or bf16-mixed)", "crop_key": "crop_mel_frames",
+            "crop": cfg.crop_mel_frames, "resume": "--resume auto"}):
         trainer = VocoderTrainer(cfg, cfg.binary_data_dir, run_dir, args.resume, args.init_from, args.device)
         if trainer.is_main:
             print(format_config(cfg))
@@ -575,27 +448,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"run dir: {run_dir}; generator {count_parameters(trainer.generator) / 1e6:.2f} M params, "
                   f"critics {cfg.discriminator_names} {count_parameters(trainer.discriminator) / 1e6:.2f} M params")
         result = trainer.fit()
-    except (ConfigError, DatasetError, CheckpointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return exit_codes.BAD_INPUT
-    except NonFiniteError as e:
-        print(f"error: {e}", file=sys.stderr)
-        print(nonfinite_stop_message(trainer.last_good, "--set generator_optimizer_args.lr=<lower> "
-                                     "--set discriminator_optimizer_args.lr=<lower>"), file=sys.stderr)
-        return exit_codes.NON_FINITE
-    except RuntimeError as e:
-        if not is_oom(e):
-            raise
-        print("error: " + oom_message("the vocoder training step", cfg.batch_size, {
-            "accum_key": None, "precision_key": "pl_trainer_precision", "precision": cfg.pl_trainer_precision,
-            "precision_set": "pl_trainer_precision=16-mixed (or bf16-mixed)", "crop_key": "crop_mel_frames",
-            "crop": cfg.crop_mel_frames, "resume": "--resume auto"}), file=sys.stderr)
-        return exit_codes.OUT_OF_MEMORY
-    finally:
-        distributed.cleanup()
-    if result["stopped"] == "signal":
-        return exit_codes.INTERRUPTED
-    return exit_codes.OK
+    return exit_codes.INTERRUPTED if result["stopped"] == "signal" else exit_codes.OK
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from common.hardware import fit_batch_size
 from common.precision import normalize_precision
 from common.run_dir import tensorboard_dir
 from vae.config import VAEConfig
+from vae.flags import resolve_config
 
 GUIDE_BATCH = {"max_2048": 4, "high_1536": 8, "standard_1024": 16, "fast_768": 24, "large_channel_z32": 12}
 
@@ -76,9 +77,9 @@ def test_trainer_prints_the_fitted_batch_and_trains_with_it(image_dir, tmp_path,
     (["--mixed_precision", "--use_bf16"], "bf16-mixed"),    # the guide's command
 ])
 def test_guide_precision_flags(flags, expected):
-    cfg = tv.resolve_config(tv.build_parser().parse_args(flags))
+    cfg = resolve_config(tv.build_parser().parse_args(flags))
     assert normalize_precision(cfg.mixed_precision, amp_dtype=cfg.amp_dtype) == expected
-    profile = tv.resolve_config(tv.build_parser().parse_args(
+    profile = resolve_config(tv.build_parser().parse_args(
         ["--config", str(REPO / "vae" / "configs" / "standard_1024.yaml")]))
     assert normalize_precision(profile.mixed_precision, amp_dtype=profile.amp_dtype) == "bf16-mixed"  # both switches
 

@@ -5,8 +5,9 @@ spectral-norm MSD sub-critic."""
 import pytest
 import torch
 
+from vocoder.discriminators import head_outputs, split_outputs
 from vocoder.losses import feature_matching_loss, generator_adv_loss
-from vocoder.train import VocoderTrainer, _head, _split
+from vocoder.train import VocoderTrainer
 
 from .conftest import tiny_config
 
@@ -15,7 +16,7 @@ QUIET = dict(device="cpu", log=lambda *a, **k: None)
 
 def _g_grads(tr: VocoderTrainer, d_real: dict, d_fake: dict, b: int) -> list[torch.Tensor]:
     adv, _ = generator_adv_loss(d_fake)
-    fm, _ = feature_matching_loss(d_real, _head(d_fake, b))
+    fm, _ = feature_matching_loss(d_real, head_outputs(d_fake, b))
     params = [p for p in tr.generator.parameters() if p.requires_grad]
     return torch.autograd.grad(adv + fm, params, allow_unused=True, retain_graph=True)
 
@@ -30,7 +31,7 @@ def test_split_critic_call_gives_the_concatenated_calls_grads(tiny_data, tmp_pat
     tr._set_d_grad(False)
     spectral_state = {k: v.clone() for k, v in tr.discriminator.state_dict().items()}  # power-iteration u, v
 
-    d_real, d_fake = _split(tr._d_plain(torch.cat([real, fake])), b)  # the former call
+    d_real, d_fake = split_outputs(tr._d_plain(torch.cat([real, fake])), b)  # the former call
     old = _g_grads(tr, d_real, d_fake, b)
     u_after_old = {k: v.clone() for k, v in tr.discriminator.state_dict().items()}
 

@@ -11,7 +11,8 @@ import torch
 from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import _SpectralNorm
 
-from vocoder.train import build_discriminator, build_generator, load_pretrained
+from vocoder.pretrained import load_pretrained
+from vocoder.train import build_discriminator, build_generator
 
 from .conftest import tiny_config
 

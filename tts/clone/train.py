@@ -17,6 +17,7 @@ validation mel L1). Ctrl-C / SIGTERM saves and exits; `--resume auto` continues 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import sys
 import time
@@ -370,18 +371,17 @@ def train(res: Resolved, resume: str | None = None, log: Callable[..., None] = p
 # --------------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        res = resolve_config(args)
-        apply_preset(res.cfg, args.preset, "tts_clone")
-        prepare_run_dir(res.cfg.train.checkpoint_dir, None, args.resume, args.overwrite, args.init_from,
-                        keep=("features",))
-        summary = train(res, args.resume, progress=sys.stderr.isatty(), init_from=args.init_from)
-    except (UsageError, ConfigError, DataError, CheckpointError, VocoderMismatchError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return exit_codes.BAD_INPUT
-    except OutOfMemory as e:
-        print(f"error: {e}", file=sys.stderr)
-        return exit_codes.OUT_OF_MEMORY
+    return exit_codes.run_main(lambda: run(args), (UsageError, ConfigError, DataError, CheckpointError,
+                                                   VocoderMismatchError))
+
+
+def run(args: argparse.Namespace) -> int:
+    """The run the options ask for; failures reach `main` as exceptions (`common.exit_codes.run_main`)."""
+    res = resolve_config(args)
+    apply_preset(res.cfg, args.preset, "tts_clone")
+    prepare_run_dir(res.cfg.train.checkpoint_dir, None, args.resume, args.overwrite, args.init_from,
+                    keep=("features",))
+    summary = train(res, args.resume, progress=sys.stderr.isatty(), init_from=args.init_from)
     return {"non-finite": exit_codes.NON_FINITE, "interrupted": exit_codes.INTERRUPTED}.get(summary["stop"],
                                                                                           exit_codes.OK)
 

@@ -1,0 +1,51 @@
+"""`common.exit_codes.run_main` (the one failure -> exit code mapping of the trainers' `main`) and
+`common.hardware.explain_oom` (a CUDA OOM becomes `OutOfMemory` with the advice)."""
+
+from __future__ import annotations
+
+import pytest
+
+from common import exit_codes
+from common.config import ConfigError
+from common.hardware import OutOfMemory, explain_oom
+from common.training import NonFiniteError
+
+
+def _raises(exc: BaseException):
+    def body() -> int:
+        raise exc
+    return body
+
+
+@pytest.mark.parametrize("exc, code", [
+    (ConfigError("bad key"), exit_codes.BAD_INPUT),
+    (FileNotFoundError("no data"), exit_codes.BAD_INPUT),
+    (NonFiniteError("3 consecutive steps had non-finite values\nlast good checkpoint: x"), exit_codes.NON_FINITE),
+    (OutOfMemory("CUDA out of memory in the step"), exit_codes.OUT_OF_MEMORY),
+])
+def test_run_main_prints_one_error_and_returns_the_documented_code(exc, code, capsys):
+    cleaned = []
+    rc = exit_codes.run_main(_raises(exc), (ConfigError, FileNotFoundError), lambda: cleaned.append(1))
+    assert rc == code and cleaned == [1]
+    assert capsys.readouterr().err == f"error: {exc}\n"
+
+
+def test_run_main_returns_the_body_code_and_lets_bugs_through(capsys):
+    assert exit_codes.run_main(lambda: exit_codes.INTERRUPTED, (ConfigError,)) == exit_codes.INTERRUPTED
+    cleaned = []
+    with pytest.raises(KeyError):
+        exit_codes.run_main(_raises(KeyError("bug")), (ConfigError,), lambda: cleaned.append(1))
+    assert cleaned == [1] and capsys.readouterr().err == ""
+
+
+def test_explain_oom_turns_only_an_oom_into_out_of_memory():
+    with pytest.raises(OutOfMemory, match=r"CUDA out of memory in the step at batch_size=8\.") as info:
+        with explain_oom("the step", 8, {"accum_key": None, "resume": "--resume auto"}):
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert "--set batch_size=4" in str(info.value) and "Then --resume auto continues" in str(info.value)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        with explain_oom("the step", 8):
+            raise RuntimeError("shape mismatch")
+    with pytest.raises(OutOfMemory, match="^already explained$"):  # an explained one is not explained twice
+        with explain_oom("the step", 8):
+            raise OutOfMemory("already explained")

@@ -1,0 +1,41 @@
+"""The RTX 5090 VAE guide's command-line flags, each a `VAEConfig` key, and how they meet the config.
+
+A flag left out is None ("not given"), so the config's value stands; `--set key=value` overrides
+any key. Kept out of `train_vae.py` so the trainer reads as builders -> one step -> the loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from common.config import load_config
+from vae.config import VAEConfig
+
+VALUE_FLAGS: dict[str, type] = {
+    "data_path": str, "val_data_path": str, "image_size": int, "batch_size": str,
+    "num_epochs": int, "max_steps": int, "learning_rate": float, "z_channels": int, "kl_weight": float,
+    "perceptual_weight": float, "perceptual_weights": str, "gradient_clip": float, "num_workers": int,
+    "checkpoint_freq": int, "save_samples_freq": int, "accumulation_steps": int,
+    "disc_start": int, "disc_weight": float, "layers_per_block": int, "ema_decay": float,
+    "warmup_steps": int, "val_freq": int, "log_freq": int, "seed": int, "device": str,
+    "stop_at_step": int, "time_limit_minutes": float, "keep_checkpoints": int, "num_val_images": int,
+    "disc_learning_rate": float,
+}
+BOOL_FLAGS = ("mixed_precision", "use_bf16", "use_torch_compile", "enable_tf32", "channels_last",
+              "persistent_workers", "gradient_checkpointing", "learn_logvar", "random_flip", "export_diffusers")
+
+
+def add_guide_flags(p: argparse.ArgumentParser) -> None:
+    """`--<key> VALUE` for every value flag, `--channels W ...`, `--<key>` / `--no-<key>` for switches."""
+    for name, tp in VALUE_FLAGS.items():
+        p.add_argument(f"--{name}", type=tp, default=None, help=f"config key {name}")
+    p.add_argument("--channels", type=int, nargs="+", default=None, help="block widths, e.g. 128 256 512 512")
+    for name in BOOL_FLAGS:
+        p.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=None)
+
+
+def resolve_config(args: argparse.Namespace) -> VAEConfig:
+    """The config the command line asks for: YAML/JSON file, then the flags given, then `--set`."""
+    extra = {name: getattr(args, name) for name in (*VALUE_FLAGS, *BOOL_FLAGS, "channels")}
+    extra.update(output_dir=args.run_dir, resume_from=args.resume)
+    return load_config(args.config, VAEConfig, overrides=args.overrides, extra=extra)
