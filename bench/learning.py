@@ -18,10 +18,10 @@ tts/evaluation.py; VAE: PSNR / SSIM, LPIPS when its VGG backbone is cached) and 
 ``--compare KEY=A,B``: ``init=old,new`` compares initialisations (``new`` = the models' deliberate
 effective init; ``old`` = weights of the HiFi-GAN parts really drawn N(0, 0.01) under weight norm, the
 vocoder's pre-issue-10 init), any other KEY is a config key set to A and to B (``--set`` applies to both).
-``--reference_dir`` (vocoder only) trains ours against openvpi/SingingVocoders' own networks, losses
-and step order instead (bench/vocoder_reference.py says exactly what is theirs and what is ours);
-for the VAE, against CompVis/latent-diffusion's ``AutoencoderKL.training_step`` + ``LPIPSWithDiscriminator``
-(bench/vae_reference.py).
+``--reference_dir`` trains ours against a reference implementation instead: the vocoder against
+openvpi/SingingVocoders' own networks, losses and step order (bench/vocoder_reference.py), the VAE
+against CompVis/latent-diffusion's ``AutoencoderKL.training_step`` + ``LPIPSWithDiscriminator``
+(bench/vae_reference.py); each says exactly what is theirs and what is ours.
 A benchmark, not a test: it never runs in the test suite. Use ``--steps 600`` for the issue's length.
 """
 
