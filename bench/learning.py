@@ -5,6 +5,7 @@
     python -m bench.learning --trainer vits --compare phoneme_type=text,espeak --steps 300
     python -m bench.learning --trainer vae                 # default: --compare mixed_precision=false,true
     python -m bench.learning --trainer vocoder --reference_dir /path/to/SingingVocoders --steps 600
+    python -m bench.learning --trainer vae --reference_dir /path/to/latent-diffusion --taming_dir /path/to/taming-transformers
     make bench-learning                                    # all three, default settings
 
 For one trainer: its demo data (made by the demo's own data functions, reused when present), a small
@@ -17,8 +18,10 @@ tts/vits/evaluation.py; VAE: PSNR / SSIM, LPIPS when its VGG backbone is cached)
 ``--compare KEY=A,B``: ``init=old,new`` compares initialisations (``new`` = the models' deliberate
 effective init; ``old`` = weights of the HiFi-GAN parts really drawn N(0, 0.01) under weight norm, the
 vocoder's pre-issue-10 init), any other KEY is a config key set to A and to B (``--set`` applies to both).
-``--reference_dir`` (vocoder only) trains ours against openvpi/SingingVocoders' own networks, losses
-and step order instead (bench/vocoder_reference.py says exactly what is theirs and what is ours).
+``--reference_dir`` trains ours against a reference implementation instead: the vocoder against
+openvpi/SingingVocoders' own networks, losses and step order (bench/vocoder_reference.py), the VAE
+against CompVis/latent-diffusion's ``AutoencoderKL.training_step`` + ``LPIPSWithDiscriminator``
+(bench/vae_reference.py); each says exactly what is theirs and what is ours.
 A benchmark, not a test: it never runs in the test suite. Use ``--steps 600`` for the issue's length.
 """
 
@@ -255,13 +258,17 @@ def vae_runners(key: str, values: list[str], args, tmp: Path) -> tuple[list[Runn
         raise SystemExit("error: preparing the VAE demo data failed (see above)")
     lpips = FrozenLPIPS("vgg") if backbone_cache_path("vgg").is_file() else None
     device = torch.device("cpu")
+    base = [*RECIPE["vae"], *args.set]
+    if args.reference_dir:
+        from bench.vae_reference import REFERENCE_RECIPE
+        base = [*RECIPE["vae"], *REFERENCE_RECIPE, *args.set]
     runners, batches = [], None
     for value in values:
         overrides, init = setting_overrides(key, value)
         if init == "old":
             raise SystemExit("error: the VAE has no old init (its model equals diffusers' AutoencoderKL); "
                              "compare config keys instead, e.g. --compare mixed_precision=false,true")
-        cfg = load_config(REPO / "vae" / "configs" / "demo.yaml", VAEConfig, [*RECIPE["vae"], *args.set, *overrides])
+        cfg = load_config(REPO / "vae" / "configs" / "demo.yaml", VAEConfig, [*base, *overrides])
         torch.manual_seed(cfg.seed)
         tr = VAETrainer(cfg, device, total_steps=args.steps, quiet=True)
         if batches is None:
@@ -273,6 +280,8 @@ def vae_runners(key: str, values: list[str], args, tmp: Path) -> tuple[list[Runn
             batches = take_batches(loader, sampler, args.steps)
             val = list(eval_loader(find_training_images(DATA / "vae_prepared" / "val"), cfg.image_size,
                                    cfg.max_pixels, cfg.seed, batch_size=4, limit=args.eval_items or None))
+        if args.reference_dir:
+            return vae_reference_runners(tr, batches, val, lpips, args), batches
 
         def step(batch, tr=tr, counter=[0]):  # noqa: B006 - the per-runner step counter
             tr.step([batch], counter[0])
@@ -283,6 +292,27 @@ def vae_runners(key: str, values: list[str], args, tmp: Path) -> tuple[list[Runn
             return {k: m[k] for k in ("psnr", "ssim", "lpips") if k in m}
         runners.append(Runner(f"{key}={value}", step, metrics))
     return runners, batches
+
+
+def vae_reference_runners(tr, batches: list, val: list, lpips, args) -> list[Runner]:
+    """Ours (``tr``) and latent-diffusion's loop on a copy of our initial model (bench/vae_reference.py)."""
+    from bench.vae_reference import ReferenceTrainer, import_reference, parameter_counts, same_output_check
+    from vae.metrics import evaluate
+
+    ref = ReferenceTrainer(import_reference(args.reference_dir, args.taming_dir), tr, args.steps)
+    print(f"  [vae] {parameter_counts(tr, ref)}", flush=True)
+    print(f"  [vae] {same_output_check(tr, ref, batches[0], args.seed)}", flush=True)
+    counter = [0]
+
+    def ours(batch):
+        tr.step([batch], counter[0])
+        counter[0] += 1
+
+    def metrics(model):
+        m = evaluate(model, val, tr.device, tr.precision.autocast, lpips)
+        return {k: m[k] for k in ("psnr", "ssim", "lpips") if k in m}
+    return [Runner("ours", ours, lambda: metrics(tr.eval_model())),
+            Runner("latent-diffusion", ref.reference_step, lambda: metrics(ref.vae))]
 
 
 BUILDERS = {"vocoder": vocoder_runners, "vits": vits_runners, "vae": vae_runners}
@@ -346,17 +376,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: comparable on a shared machine)")
     p.add_argument("--reference_dir", default=None, help="vocoder: an openvpi/SingingVocoders checkout; trains "
-                   "ours against its networks, losses and step order (see bench/vocoder_reference.py)")
+                   "ours against its networks, losses and step order (see bench/vocoder_reference.py); vae: a "
+                   "CompVis/latent-diffusion checkout, its training_step and loss (see bench/vae_reference.py)")
+    p.add_argument("--taming_dir", default=None, help="vae with --reference_dir: a CompVis/taming-transformers "
+                   "checkout (default: REFERENCE_DIR/src/taming-transformers)")
     p.add_argument("--same_init", action="store_true", help="with --reference_dir: ours starts from the "
                    "reference's initial weights (isolates the training code from the luck of the init draw)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for both settings")
     args = p.parse_args(argv)
     if args.steps is not None and args.steps < 1:
         p.error("--steps must be >= 1")
-    if args.reference_dir and args.trainer != "vocoder":
-        p.error("--reference_dir needs --trainer vocoder (the reference is openvpi/SingingVocoders)")
-    if args.same_init and not args.reference_dir:
-        p.error("--same_init needs --reference_dir")
+    if args.reference_dir and args.trainer not in ("vocoder", "vae"):
+        p.error("--reference_dir needs --trainer vocoder (openvpi/SingingVocoders) or vae (CompVis/latent-diffusion)")
+    if args.same_init and (not args.reference_dir or args.trainer != "vocoder"):
+        p.error("--same_init needs --trainer vocoder --reference_dir (the VAE comparison always starts both alike)")
+    if args.taming_dir and (not args.reference_dir or args.trainer != "vae"):
+        p.error("--taming_dir needs --trainer vae --reference_dir")
     torch.set_num_threads(args.threads)
     os.chdir(REPO)  # the demo data functions write under data/demo like the demos do
     out = []
