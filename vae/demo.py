@@ -1,4 +1,4 @@
-"""The VAE demo (`make vae-demo`): made data, a tiny VAE, ~3 CPU minutes, a visible result.
+"""The VAE demo (`make vae-demo`): made data, a tiny VAE, a few CPU minutes, a visible result.
 
 1. Images that ship inside installed packages (scikit-image's sample photos; scikit-learn's
    `china.jpg`/`flower.jpg` when it is installed) are cut into 64 px crops, plus procedural images
