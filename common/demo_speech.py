@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -151,6 +152,14 @@ class EspeakNotFoundError(RuntimeError):
 
 def espeak_available() -> bool:
     return shutil.which(ESPEAK) is not None
+
+
+def espeak_or_explain() -> bool:
+    """A demo's first check: True when espeak-ng runs, else one line on stderr saying how to get it."""
+    if espeak_available():
+        return True
+    print(f"error: espeak-ng is needed for the demo corpus: {INSTALL_HINT}", file=sys.stderr)
+    return False
 
 
 def _require_espeak() -> str:

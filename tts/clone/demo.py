@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from common.audio import MelSpectrogram, save_wav
-from common.demo_speech import espeak_available
+from common.demo_speech import espeak_available, espeak_or_explain
 from common.log import plot_spectrograms, save_figure
 from common.plausibility import compare_mels, compare_speech, report, speech_figures
 from tts.clone.data import load_reference, read_manifest
@@ -197,9 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="override clone_demo.yaml keys, e.g. --set train.max_minutes=1")
     args = p.parse_args(argv)
     torch.set_num_threads(demo_threads())
-    if not espeak_available() and not (PREPARED_DIR / "train.jsonl").is_file():
-        print("error: espeak-ng is needed for the demo corpus: run `make setup` or `apt-get install espeak-ng`",
-              file=sys.stderr)
+    if not (PREPARED_DIR / "train.jsonl").is_file() and not espeak_or_explain():
         return 2
     t0 = time.time()
     print("== 1/3 corpus ==")

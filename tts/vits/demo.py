@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from common.audio import load_audio, save_wav
-from common.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, espeak_available, make_corpus
+from common.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, espeak_or_explain, make_corpus
 from common.log import plot_spectrograms, save_figure
 from common.plausibility import compare_speech, report, speech_figures
 from tts import prepare_data
@@ -105,9 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="override demo.yaml keys (e.g. --set max_minutes=1)")
     args = p.parse_args(argv)
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-    if not espeak_available():
-        print("error: espeak-ng is needed for the demo corpus: run `make setup` or `apt-get install espeak-ng`",
-              file=sys.stderr)
+    if not espeak_or_explain():
         return 2
 
     t0 = time.time()
