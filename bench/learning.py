@@ -6,6 +6,7 @@
     python -m bench.learning --trainer vae                 # default: --compare mixed_precision=false,true
     python -m bench.learning --trainer vocoder --reference_dir /path/to/SingingVocoders --steps 600
     python -m bench.learning --trainer vae --reference_dir /path/to/latent-diffusion --taming_dir /path/to/taming-transformers
+    python -m bench.learning --trainer vits --reference_dir /path/to/jaywalnut310-vits --same_init --steps 300
     make bench-learning                                    # all three, default settings
 
 For one trainer: its demo data (made by the demo's own data functions, reused when present), a small
@@ -19,9 +20,10 @@ tts/vits/evaluation.py; VAE: PSNR / SSIM, LPIPS when its VGG backbone is cached)
 effective init; ``old`` = weights of the HiFi-GAN parts really drawn N(0, 0.01) under weight norm, the
 vocoder's pre-issue-10 init), any other KEY is a config key set to A and to B (``--set`` applies to both).
 ``--reference_dir`` trains ours against a reference implementation instead: the vocoder against
-openvpi/SingingVocoders' own networks, losses and step order (bench/vocoder_reference.py), the VAE
-against CompVis/latent-diffusion's ``AutoencoderKL.training_step`` + ``LPIPSWithDiscriminator``
-(bench/vae_reference.py); each says exactly what is theirs and what is ours.
+openvpi/SingingVocoders' own networks, losses and step order (bench/vocoder_reference.py), VITS against
+jaywalnut310/vits' (bench/vits_reference.py), the VAE against CompVis/latent-diffusion's
+``AutoencoderKL.training_step`` + ``LPIPSWithDiscriminator`` (bench/vae_reference.py); each says
+exactly what is theirs and what is ours.
 A benchmark, not a test: it never runs in the test suite. Use ``--steps 600`` for the issue's length.
 """
 
@@ -215,6 +217,9 @@ def vits_runners(key: str, values: list[str], args, tmp: Path) -> tuple[list[Run
     from tts.vits.evaluation import evaluate
     from tts.vits.train import TrainConfig, VitsTrainer, build_mel
 
+    if args.reference_dir:  # ours against jaywalnut310/vits (bench/vits_reference.py)
+        from bench.vits_reference import runners
+        return runners(args, tmp)
     if demo.prepare(demo.build_corpus(DATA / "tts_raw"), DATA / "tts_prepared") != 0:
         raise SystemExit("error: preparing the TTS demo data failed (see above)")
     info = setup_distributed("cpu")
@@ -376,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: comparable on a shared machine)")
     p.add_argument("--reference_dir", default=None, help="vocoder: an openvpi/SingingVocoders checkout; trains "
-                   "ours against its networks, losses and step order (see bench/vocoder_reference.py); vae: a "
+                   "ours against its networks, losses and step order (see bench/vocoder_reference.py); vits: a "
+                   "jaywalnut310/vits checkout (bench/vits_reference.py); vae: a "
                    "CompVis/latent-diffusion checkout, its training_step and loss (see bench/vae_reference.py)")
     p.add_argument("--taming_dir", default=None, help="vae with --reference_dir: a CompVis/taming-transformers "
                    "checkout (default: REFERENCE_DIR/src/taming-transformers)")
@@ -386,10 +392,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.steps is not None and args.steps < 1:
         p.error("--steps must be >= 1")
-    if args.reference_dir and args.trainer not in ("vocoder", "vae"):
-        p.error("--reference_dir needs --trainer vocoder (openvpi/SingingVocoders) or vae (CompVis/latent-diffusion)")
-    if args.same_init and (not args.reference_dir or args.trainer != "vocoder"):
-        p.error("--same_init needs --trainer vocoder --reference_dir (the VAE comparison always starts both alike)")
+    if args.reference_dir and args.trainer not in ("vocoder", "vits", "vae"):
+        p.error("--reference_dir needs --trainer vocoder (openvpi/SingingVocoders), vits (jaywalnut310/vits) "
+                "or vae (CompVis/latent-diffusion)")
+    if args.reference_dir and args.trainer == "vits":
+        from bench.vits_reference import missing_files
+        if missing := missing_files(args.reference_dir):
+            p.error(f"--reference_dir {args.reference_dir}: not a jaywalnut310/vits checkout (missing {', '.join(missing)})")
+    if args.same_init and (not args.reference_dir or args.trainer not in ("vocoder", "vits")):
+        p.error("--same_init needs --trainer vocoder|vits --reference_dir (the VAE comparison always starts both alike)")
     if args.taming_dir and (not args.reference_dir or args.trainer != "vae"):
         p.error("--taming_dir needs --trainer vae --reference_dir")
     torch.set_num_threads(args.threads)
