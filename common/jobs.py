@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 JOB_RE = re.compile(r"^(?P<name>[A-Za-z0-9_.-]+)(@(?P<needs>[A-Za-z0-9_.,-]+))?=(?P<cmd>.+)$", re.S)
-SUMMARY_MARK = "plausib"  # a job's verdict starts at its last line that mentions plausibility
-SUMMARY_LINES = 30
+SUMMARY_LINES = 24  # a demo ends with its figures, its verdict and its pictures: about this many lines
+PROGRESS_RE = re.compile(r"\d+/\d+ \[\d")  # a tqdm redraw ("1250/2500 [01:45<..."): not part of a verdict
 
 
 @dataclass
@@ -132,10 +132,8 @@ def run_jobs(jobs: list[Job], slots: int = 2, log_dir: str | Path = "runs/job_lo
 
 
 def verdict(job: Job) -> list[str]:
-    """The end of a job's output from its last plausibility table on (or its last lines)."""
-    marks = [i for i, line in enumerate(job.lines) if SUMMARY_MARK in line.lower()]
-    start = marks[-1] if marks else max(0, len(job.lines) - SUMMARY_LINES)
-    return job.lines[start:][:SUMMARY_LINES]
+    """The last lines of a job's output without progress-bar redraws: where a demo prints its figures."""
+    return [line for line in job.lines if not PROGRESS_RE.search(line)][-SUMMARY_LINES:]
 
 
 def summarize(jobs: list[Job], wall_s: float) -> int:

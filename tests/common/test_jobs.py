@@ -43,6 +43,16 @@ def test_a_failed_job_still_lets_its_dependents_run_and_fails_the_whole(tmp_path
     assert "figure: plausibility FAIL" in out.split("=" * 100)[-1]  # the verdict is repeated at the end
 
 
+def test_the_summary_repeats_the_figures_without_progress_bars(tmp_path, capsys):
+    cmd = ("printf 'train:  50%%|#  | 5/10 [00:01<00:01]\\rtrain: 100%%|##| 10/10 [00:02<00:00]\\n'; "
+           "echo 'mean MCD-DTW 2.88 dB  <= 3 dB  ok'; echo 'pictures: a.png'; exit 1")
+    rc = jobs.main(["--job", f"demo={cmd}", "--log_dir", str(tmp_path)])
+    summary = capsys.readouterr().out.split("=" * 100)[-1]
+    assert rc == 1
+    assert "mean MCD-DTW 2.88 dB" in summary and "pictures: a.png" in summary
+    assert "10/10 [" not in summary and "5/10 [" not in summary
+
+
 def test_carriage_returns_become_separate_prefixed_lines(tmp_path, capsys):
     rc = jobs.main(["--job", "bar=printf 'step 1\\rstep 2\\rdone\\n'", "--log_dir", str(tmp_path)])
     out = capsys.readouterr().out
