@@ -92,6 +92,7 @@ def main() -> None:
                                counters={"step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch})
             if info.is_main:
                 manager.save(state, step)
+            distributed.barrier()  # leave together: a rank tearing gloo down while the other still writes aborts
             distributed.cleanup()
             return
 
@@ -101,6 +102,7 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         torch.save({"params": params[0], "all_ranks": params, "ema": ema.shadow}, out / "final.pt")
         (out / "losses.json").write_text(json.dumps(losses))
+    distributed.barrier()  # as above: rank 1 must not destroy the process group while rank 0 still writes
     distributed.cleanup()
 
 
