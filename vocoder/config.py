@@ -223,6 +223,10 @@ class VocoderConfig:
     loss_win_lengths: list[int] = field(default_factory=lambda: [2048, 1200, 2400, 480, 240, 120, 60, 600])
     lab_aux_melloss: float = 45.0
     lab_aux_stftloss: float = 2.5
+    # weight of the L1 of each frame's log power (vocoder/losses.frame_energy_loss) on the loss mel;
+    # 0 = off (the references). Reconstruction losses leave a young generator too quiet; this asks
+    # for the level alone
+    lab_aux_energyloss: float = 0.0
     # Steps before the critics switch on: until then no D update and no adversarial / feature-matching
     # term, the generator learns from the mel (+ MR-STFT) reconstruction loss alone (ParallelWaveGAN's
     # discriminator_train_start_steps). Such a step costs the generator's fwd+bwd only.

@@ -1,4 +1,4 @@
-"""GAN vocoder losses: LSGAN adversarial, feature matching, mel L1 and multi-resolution STFT.
+"""GAN vocoder losses: LSGAN adversarial, feature matching, mel L1, frame energy and multi-resolution STFT.
 
 All of them run in fp32 even inside an autocast region: a log-spectrum or a squared logit in
 fp16 loses exactly the small differences the losses exist to measure (and overflows), so each
@@ -72,6 +72,18 @@ def feature_matching_loss(real: dict[str, Output], fake: dict[str, Output]) -> t
     return total, logs
 
 
+def frame_energy_loss(fake_log_mel: torch.Tensor, real_log_mel: torch.Tensor) -> torch.Tensor:
+    """L1 between the log power of each frame, log sum_k mel_k^2, of two natural-log mels [B, n_mels, T].
+
+    Why: while a young generator cannot yet place the harmonics, the log-mel L1 (the median of each
+    bin) and the spectral convergence (shrinkage towards an uncertain shape) both reward an output
+    that is too quiet, most for high voices, whose harmonics are far apart. A frame's total power
+    does not depend on where in the frame its energy sits, so this term asks for the level alone."""
+    with no_autocast(fake_log_mel.device.type):
+        return F.l1_loss(torch.logsumexp(2.0 * fake_log_mel.float(), dim=-2),
+                         torch.logsumexp(2.0 * real_log_mel.float(), dim=-2))
+
+
 class MelLoss(nn.Module):
     """L1 between log-mels of generated and real audio (mel settings of the data, fmax_for_loss)."""
 
@@ -80,8 +92,14 @@ class MelLoss(nn.Module):
         self.mel = mel
 
     def forward(self, fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+        return self.with_energy(fake, real, energy=False)[0]
+
+    def with_energy(self, fake: torch.Tensor, real: torch.Tensor, energy: bool = True
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(mel L1, `frame_energy_loss` or None) from one pair of mels."""
         with no_autocast(fake.device.type):
-            return F.l1_loss(self.mel(fake.float().flatten(1)), self.mel(real.float().flatten(1)))
+            m_fake, m_real = self.mel(fake.float().flatten(1)), self.mel(real.float().flatten(1))
+            return F.l1_loss(m_fake, m_real), (frame_energy_loss(m_fake, m_real) if energy else None)
 
 
 class MultiResolutionSTFTLoss(nn.Module):

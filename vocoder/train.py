@@ -301,9 +301,14 @@ class VocoderTrainer:
         # ---- generator update (critics frozen, called unwrapped: their grads are not needed)
         self._set_d_grad(False)
         try:
-            mel_l = self.mel_loss(fake[:b], real) * cfg.lab_aux_melloss
+            mel_l, energy_l = self.mel_loss.with_energy(fake[:b], real, energy=cfg.lab_aux_energyloss > 0)
+            mel_l = mel_l * cfg.lab_aux_melloss
             loss_g = mel_l
             logs.update(loss_mel=mel_l.detach())
+            if energy_l is not None:
+                energy_l = energy_l * cfg.lab_aux_energyloss
+                loss_g = loss_g + energy_l
+                logs["loss_energy"] = energy_l.detach()
             if adversarial:
                 d_real, d_fake = self.critics_for_generator(real, fake.to(real.dtype))
                 adv, adv_logs = generator_adv_loss(d_fake)

@@ -244,3 +244,45 @@ def test_c_stft_adds_the_multi_resolution_stft_loss_to_the_generator(data_one, t
     assert float(with_stft["loss_stft"]) > 0 and torch.isfinite(with_stft["loss_stft"])
     parts = sum(float(v) for k, v in with_stft.items() if k.startswith("loss_") and k not in ("loss_total", "loss_disc"))
     assert abs(parts - float(with_stft["loss_total"])) < 1e-3 * abs(parts)
+
+
+def _trainer(data: Path, run: Path, *sets: str) -> train_mod.VitsTrainer:
+    cfg = load_config(None, TrainConfig, [*FAST, "max_steps=4", *sets],
+                      extra={"data_dir": str(data), "run_dir": str(run)})
+    torch.manual_seed(0)
+    return train_mod.VitsTrainer(cfg, setup_distributed("cpu"))
+
+
+def test_c_energy_adds_the_frame_energy_loss(data_one, tmp_path):
+    """c_energy = 0 adds nothing; > 0 adds the weighted frame-energy L1 to the generator's total."""
+    plain = _trainer(data_one, tmp_path / "e0").train_step
+    trainer = _trainer(data_one, tmp_path / "e1", "c_energy=3.0")
+    batch = next(iter(trainer.loader))
+    assert "loss_energy" not in plain(batch)
+    metrics = trainer.train_step(batch)
+    assert float(metrics["loss_energy"]) > 0 and torch.isfinite(metrics["loss_energy"])
+    parts = sum(float(v) for k, v in metrics.items() if k.startswith("loss_") and k not in ("loss_total", "loss_disc"))
+    assert abs(parts - float(metrics["loss_total"])) < 1e-3 * abs(parts)
+
+
+def test_discriminator_waits_for_its_start_step(data_one, tmp_path):
+    """Before discriminator_train_start_steps the critics neither train nor enter the generator's loss
+    (and D's schedule waits); from that step on both do. A negative value is refused by name."""
+    trainer = _trainer(data_one, tmp_path / "warm", "discriminator_train_start_steps=2")
+    d0 = {k: v.clone() for k, v in trainer.disc.state_dict().items()}
+    g0 = {k: v.clone() for k, v in trainer.gen.state_dict().items()}
+    batch = next(iter(trainer.loader))
+    metrics = trainer.train_step(batch)
+    trainer.step += 1
+    assert not {"loss_fm", "loss_gen", "loss_disc"} & set(metrics)
+    assert all(torch.equal(v, trainer.disc.state_dict()[k]) for k, v in d0.items())  # D untouched
+    assert any(not torch.equal(v, trainer.gen.state_dict()[k]) for k, v in g0.items())  # G learned
+    assert trainer.sched_d.last_epoch == 0 and trainer.sched_g.last_epoch == 1
+    trainer.train_step(batch)
+    trainer.step += 1
+    metrics = trainer.train_step(batch)  # step 2: the critics join
+    assert {"loss_fm", "loss_gen", "loss_disc"} <= set(metrics)
+    assert any(not torch.equal(v, trainer.disc.state_dict()[k]) for k, v in d0.items())
+    assert trainer.sched_d.last_epoch == 1
+    with pytest.raises(Exception, match="discriminator_train_start_steps"):
+        _trainer(data_one, tmp_path / "neg", "discriminator_train_start_steps=-1")

@@ -1,6 +1,9 @@
+import math
+
 import pytest
 import torch
 
+from common.audio import MelSpectrogram
 from vocoder.discriminators import (
     FastMultiPeriodDiscriminator,
     MultiPeriodDiscriminator,
@@ -9,9 +12,11 @@ from vocoder.discriminators import (
     build_discriminators,
 )
 from vocoder.losses import (
+    MelLoss,
     MultiResolutionSTFTLoss,
     discriminator_loss,
     feature_matching_loss,
+    frame_energy_loss,
     generator_adv_loss,
 )
 
@@ -109,3 +114,27 @@ def test_mrstft_distance_is_zero_for_identical_and_grows_with_noise():
     near = stft.distance(x + 0.01 * torch.randn_like(x), x).item()
     far = stft.distance(x + 0.5 * torch.randn_like(x), x).item()
     assert 0 < near < far
+
+
+def test_frame_energy_loss_sees_the_level_and_not_where_the_energy_sits():
+    """The frame-energy term is 0 for the same power spread differently over the bins (a smeared
+    harmonic), and grows with a level error: log-power units, 6 dB = ln(10^0.6) ≈ 1.38."""
+    mel = torch.full((1, 8, 5), -6.0)
+    peaky, spread = mel.clone(), mel.clone()
+    peaky[:, 2] = 0.0
+    spread[:, 1:4] = 0.5 * math.log((math.exp(0.0) + 2 * math.exp(-12.0)) / 3)  # same power per frame
+    assert frame_energy_loss(spread, peaky).item() < 1e-5
+    quiet = peaky - 0.5 * math.log(10 ** 0.6)  # 6 dB lower magnitude² in every bin
+    assert frame_energy_loss(quiet, peaky).item() == pytest.approx(math.log(10 ** 0.6), rel=1e-4)
+    assert frame_energy_loss(quiet.bfloat16(), peaky.bfloat16()).dtype == torch.float32
+
+
+def test_mel_loss_with_energy_matches_its_parts():
+    mel = MelSpectrogram(sample_rate=16000, n_fft=256, win_length=256, hop_length=64, n_mels=20, fmin=0, fmax=8000)
+    loss = MelLoss(mel)
+    fake, real = 0.1 * torch.randn(2, T), 0.3 * torch.randn(2, T)
+    l1, energy = loss.with_energy(fake, real)
+    assert l1.item() == pytest.approx(loss(fake, real).item())
+    assert energy.item() == pytest.approx(frame_energy_loss(mel(fake), mel(real)).item(), rel=1e-5)
+    assert energy.item() > 1.0  # ~9.5 dB quieter
+    assert loss.with_energy(fake, real, energy=False)[1] is None

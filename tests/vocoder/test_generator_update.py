@@ -72,3 +72,20 @@ def test_generator_only_warmup_leaves_the_critics_untouched_until_their_start(ti
 def test_negative_discriminator_start_is_refused():
     with pytest.raises(ValueError, match="discriminator_train_start_steps"):
         tiny_config("discriminator_train_start_steps=-1")
+
+
+def test_energy_loss_weight_adds_its_term_to_the_generator_loss(tiny_data, tmp_path):
+    """lab_aux_energyloss 0 (the default, as the references) adds nothing; > 0 logs and adds the
+    weighted frame-energy L1."""
+    def first_logs(*sets: str) -> dict:
+        torch.manual_seed(0)
+        tr = VocoderTrainer(tiny_config("discriminator_train_start_steps=5", *sets), tiny_data,
+                            tmp_path / str(len(sets)), **QUIET)
+        tr.sampler.set_epoch(0)
+        return tr.train_step(next(iter(tr.loader)))
+
+    plain, weighted = first_logs(), first_logs("lab_aux_energyloss=4.0")
+    assert "loss_energy" not in plain
+    assert float(weighted["loss_energy"]) > 0
+    torch.testing.assert_close(weighted["loss_g"], weighted["loss_mel"] + weighted["loss_energy"]
+                               + weighted.get("loss_stft", torch.zeros(())))

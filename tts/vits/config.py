@@ -193,6 +193,13 @@ class TrainConfig:
     # 0 = the paper's objective. Its spectral-convergence term is linear in magnitude, so it weighs
     # the harmonic peaks that carry the power, which the log-mel L1 leaves too quiet early on
     c_stft: float = 0.0
+    # L1 of each frame's log power on the decoded segment (vocoder/losses.frame_energy_loss); 0 = the
+    # paper. Reconstruction losses leave a young decoder too quiet; this one asks for the level only
+    c_energy: float = 0.0
+    # Steps before the critics join (as the vocoder's key of the same name): until then no D update and
+    # no adversarial / feature-matching term, the decoder learns from mel (+ MR-STFT) reconstruction and
+    # the prior from the KL alone, at the cost of the generator's fwd+bwd only. 0 = the paper (from step 0)
+    discriminator_train_start_steps: int = 0
     # schedule
     epochs: int = 200
     max_steps: int | None = None  # stop after this many steps (None: run the epochs)

@@ -72,7 +72,7 @@ from tts.vits.discriminator import MultiPeriodDiscriminator
 from tts.vits.evaluation import evaluate, record_metrics, speak_test_sentences
 from tts.vits.losses import discriminator_loss, feature_loss, generator_loss, kl_loss
 from tts.vits.model import VITS, apply_layout_and_compile, slice_segments
-from vocoder.losses import MultiResolutionSTFTLoss
+from vocoder.losses import MultiResolutionSTFTLoss, frame_energy_loss
 
 
 def build_models(cfg: TrainConfig, n_speakers: int) -> tuple[VITS, MultiPeriodDiscriminator]:
@@ -129,6 +129,9 @@ class VitsTrainer:
         if cfg.eval_batch_size < 1 or cfg.num_eval_loader_workers < 0:
             raise ConfigError(f"eval_batch_size must be >= 1 and num_eval_loader_workers >= 0, got "
                               f"{cfg.eval_batch_size} and {cfg.num_eval_loader_workers}")
+        if cfg.discriminator_train_start_steps < 0:
+            raise ConfigError(f"discriminator_train_start_steps must be >= 0 (0 = critics from the first step), "
+                              f"not {cfg.discriminator_train_start_steps}")
         batch = min(cfg.batch_size, len(self.train_set) // info.world_size)
         if batch < cfg.batch_size:
             self.say(f"note: batch_size {cfg.batch_size} > training items per rank; using {batch}")
@@ -243,10 +246,10 @@ class VitsTrainer:
         losses = {
             "mel": F.l1_loss(mel_hat, mel_y) * cfg.c_mel,
             **({"stft": self.stft.distance(y_hat, y) * cfg.c_stft} if cfg.c_stft > 0 else {}),
+            **({"energy": frame_energy_loss(mel_hat, mel_y) * cfg.c_energy} if cfg.c_energy > 0 else {}),
             "kl": kl_loss(out["z_p"], out["logs_q"], out["m_p"], out["logs_p"], out["y_mask"]) * cfg.c_kl,
             "dur": torch.sum(out["l_length"].float()),
-            "fm": feature_loss(fmap_r, fmap_g),
-            "gen": generator_loss(y_d_g),
+            **({"fm": feature_loss(fmap_r, fmap_g), "gen": generator_loss(y_d_g)} if y_d_g is not None else {}),
         }
         losses["total"] = sum(losses.values())
         return losses
@@ -270,33 +273,42 @@ class VitsTrainer:
             y_hat = out["wav"].float()
             mel_y, mel_hat = self.mel(y.squeeze(1)), self.mel(y_hat.squeeze(1))
 
-        # discriminator
-        self.opt_d.zero_grad(set_to_none=True)
-        with self.precision.autocast():
-            y_d_r, y_d_g, _, _ = self.disc_ddp(y, y_hat.detach())
-        with self.precision.no_autocast():
-            loss_d = discriminator_loss(y_d_r, y_d_g)
-        gn_d, ok_d = step_optimizer(loss_d, self.opt_d, self.disc.parameters(), self.scaler, self.cfg.grad_clip)
+        # discriminator: none during the generator-only warm-up (discriminator_train_start_steps)
+        adversarial = self.step >= self.cfg.discriminator_train_start_steps
+        loss_d, gn_d, ok_d = torch.zeros((), device=dev), torch.zeros((), device=dev), True
+        if adversarial:
+            self.opt_d.zero_grad(set_to_none=True)
+            with self.precision.autocast():
+                y_d_r, y_d_g, _, _ = self.disc_ddp(y, y_hat.detach())
+            with self.precision.no_autocast():
+                loss_d = discriminator_loss(y_d_r, y_d_g)
+            gn_d, ok_d = step_optimizer(loss_d, self.opt_d, self.disc.parameters(), self.scaler, self.cfg.grad_clip)
 
         # generator (through the unwrapped, frozen D: its gradients are not needed)
         self.opt_g.zero_grad(set_to_none=True)
-        with frozen(self.disc), self.precision.autocast():
-            (_, fmap_r), (y_d_g, fmap_g) = critic_for_generator(self.disc.score, y, y_hat)
+        y_d_g = fmap_r = fmap_g = None
+        if adversarial:
+            with frozen(self.disc), self.precision.autocast():
+                (_, fmap_r), (y_d_g, fmap_g) = critic_for_generator(self.disc.score, y, y_hat)
         with self.precision.no_autocast():
             losses = self.generator_losses(out, y_d_g, fmap_r, fmap_g, mel_y, mel_hat, y, y_hat)
         gn_g, ok_g = step_optimizer(losses["total"], self.opt_g, self.gen.parameters(), self.scaler,
                                     self.cfg.grad_clip)
         self.clip_stats.update("g", gn_g)
-        self.clip_stats.update("d", gn_d)
+        if adversarial:
+            self.clip_stats.update("d", gn_d)
         finite = ok_d and ok_g and bool(torch.isfinite(losses["total"] + loss_d))
         # before update(): an fp16 loss-scale back-off is counted but is not divergence
         self.guard.check_step(finite, self.scaler)  # raises NonFiniteError after max_nonfinite_steps in a row
         self.scaler.update()
         self.sched_g.step()
-        self.sched_d.step()
+        if adversarial:  # D's schedule starts with D (as ParallelWaveGAN's)
+            self.sched_d.step()
         self.last_finite = finite
         out_metrics = {f"loss_{k}": v.detach() for k, v in losses.items()}
-        out_metrics.update(loss_disc=loss_d.detach(), grad_norm_g=gn_g, grad_norm_d=gn_d)
+        out_metrics.update(grad_norm_g=gn_g)
+        if adversarial:
+            out_metrics.update(loss_disc=loss_d.detach(), grad_norm_d=gn_d)
         self.last_attn = out["attn"][0].detach()
         return out_metrics
 
