@@ -339,6 +339,13 @@ class MelSpectrogram(nn.Module):
         return self.mel_from_linear(self.linear(wav))
 
 
+def frame_log_power(log_mel: torch.Tensor) -> torch.Tensor:
+    """Natural-log magnitude mel [..., n_mels, T] → log of each frame's mel power, log Σ_k mel_k² [..., T]
+    (fp32). It does not depend on which bins of a frame hold the energy: a level, not a shape."""
+    with torch.autocast(device_type=log_mel.device.type, enabled=False):
+        return torch.logsumexp(2.0 * log_mel.float(), dim=-2)
+
+
 # ---------------------------------------------------------------------------------------------
 # f0
 # ---------------------------------------------------------------------------------------------

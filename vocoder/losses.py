@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.audio import MelSpectrogram
+from common.audio import MelSpectrogram, frame_log_power
 from common.precision import no_autocast
 
 Output = tuple[list[torch.Tensor], list[list[torch.Tensor]]]
@@ -73,15 +73,13 @@ def feature_matching_loss(real: dict[str, Output], fake: dict[str, Output]) -> t
 
 
 def frame_energy_loss(fake_log_mel: torch.Tensor, real_log_mel: torch.Tensor) -> torch.Tensor:
-    """L1 between the log power of each frame, log sum_k mel_k^2, of two natural-log mels [B, n_mels, T].
+    """L1 between the log power of each frame (`common.audio.frame_log_power`) of two natural-log mels.
 
     Why: while a young generator cannot yet place the harmonics, the log-mel L1 (the median of each
     bin) and the spectral convergence (shrinkage towards an uncertain shape) both reward an output
     that is too quiet, most for high voices, whose harmonics are far apart. A frame's total power
     does not depend on where in the frame its energy sits, so this term asks for the level alone."""
-    with no_autocast(fake_log_mel.device.type):
-        return F.l1_loss(torch.logsumexp(2.0 * fake_log_mel.float(), dim=-2),
-                         torch.logsumexp(2.0 * real_log_mel.float(), dim=-2))
+    return F.l1_loss(frame_log_power(fake_log_mel), frame_log_power(real_log_mel))
 
 
 class MelLoss(nn.Module):
