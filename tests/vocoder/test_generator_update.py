@@ -84,7 +84,7 @@ def test_energy_loss_weight_adds_its_term_to_the_generator_loss(tiny_data, tmp_p
         tr.sampler.set_epoch(0)
         return tr.train_step(next(iter(tr.loader)))
 
-    plain, weighted = first_logs(), first_logs("lab_aux_energyloss=4.0")
+    plain, weighted = first_logs("lab_aux_energyloss=0"), first_logs("lab_aux_energyloss=4.0", "use_stftloss=true")
     assert "loss_energy" not in plain
     assert float(weighted["loss_energy"]) > 0
     torch.testing.assert_close(weighted["loss_g"], weighted["loss_mel"] + weighted["loss_energy"]
