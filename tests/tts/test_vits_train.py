@@ -286,3 +286,14 @@ def test_discriminator_waits_for_its_start_step(data_one, tmp_path):
     assert trainer.sched_d.last_epoch == 1
     with pytest.raises(Exception, match="discriminator_train_start_steps"):
         _trainer(data_one, tmp_path / "neg", "discriminator_train_start_steps=-1")
+
+
+def test_lr_plan_shows_the_critics_schedule_from_their_start(data_one, tmp_path, capsys):
+    """The printed plan: lr_d is 0 before discriminator_train_start_steps and starts its schedule there."""
+    assert train_mod.main(_args(data_one, tmp_path / "plan", "discriminator_train_start_steps=2", "lr_scheduler_per=step",
+                                "lr_gamma=0.5", steps=4)) == 0
+    out = capsys.readouterr().out
+    d_line = next(line for line in out.splitlines() if line.startswith("lr_d plan"))
+    g_line = next(line for line in out.splitlines() if line.startswith("lr_g plan"))
+    assert "| 25% 0 (0x) |" in d_line and "100% 0.0001 (0.5x)" in d_line  # updates 1 and 3: before D, D's second
+    assert "100% 2.5e-05" in g_line  # G: 2e-4 * 0.5^3

@@ -349,8 +349,11 @@ class VitsTrainer:
         if self.info.is_main:
             save_config(cfg, self.run_dir)
             self.say(format_config(cfg))
-            report_lr_plan({"lr_g": lr_curve(self.sched_g), "lr_d": lr_curve(self.sched_d)}, total,
-                           "lr_gamma / lr_scheduler_per (or lr, epochs, max_steps)", self.run_dir, self.log, self.say)
+            d_start, lr_d = cfg.discriminator_train_start_steps, lr_curve(self.sched_d)
+            curves = {"lr_g": lr_curve(self.sched_g),
+                      "lr_d": lambda t: lr_d(t - d_start) if t >= d_start else 0.0}  # D's schedule starts with D
+            report_lr_plan(curves, total, "lr_gamma / lr_scheduler_per (or lr, epochs, max_steps)", self.run_dir,
+                           self.log, self.say)
         last_metrics = None
         if cfg.eval_at_start and self.step == 0:
             last_metrics = self.evaluate()
