@@ -36,3 +36,18 @@ def test_compare_init_sees_old_hook_and_parametrized_weights_alike_and_catches_a
         ours[0].parametrizations.weight.original1.copy_(v)
         ours[0].parametrizations.weight.original0.copy_(v.flatten(1).norm(dim=1).view(-1, 1, 1))
     assert [d.split(":")[0] for d in compare_init(ours, theirs)["differs"]] == ["0.weight"]
+
+
+def test_learning_recipes_keep_the_critics_from_step_0_and_no_energy_term():
+    """The demo configs are the bench's base; what the demos add for their minutes of CPU (a late
+    critic start, the frame-energy term) must not leak into a comparison with the references."""
+    from common.config import load_config
+    from tts.vits import demo as vits_demo
+    from tts.vits.config import TrainConfig
+    from vocoder.config import VocoderConfig
+    from vocoder.demo import CONFIG as VOCODER_CONFIG
+
+    vits = load_config(str(vits_demo.CONFIG), TrainConfig, learning.RECIPE["vits"])
+    assert vits.discriminator_train_start_steps == 0 and vits.c_energy == 0.0
+    voc = load_config(VOCODER_CONFIG, VocoderConfig, learning.RECIPE["vocoder"])
+    assert voc.discriminator_train_start_steps == 0 and voc.lab_aux_energyloss == 0.0
