@@ -14,6 +14,7 @@ import pytest
 import soundfile as sf
 import torch
 
+from common import exit_codes
 from common.checkpoint import load_checkpoint, save_atomic
 from common.config import load_config
 from common.distributed import setup_distributed
@@ -297,3 +298,14 @@ def test_lr_plan_shows_the_critics_schedule_from_their_start(data_one, tmp_path,
     g_line = next(line for line in out.splitlines() if line.startswith("lr_g plan"))
     assert "| 25% 0 (0x) |" in d_line and "100% 0.0001 (0.5x)" in d_line  # updates 1 and 3: before D, D's second
     assert "100% 2.5e-05" in g_line  # G: 2e-4 * 0.5^3
+
+
+def test_a_signal_on_another_rank_stops_this_one_at_the_same_step(data_one, tmp_path, monkeypatch, capsys):
+    """The stop decision goes through any_rank: when another DDP rank was signalled (any_rank says
+    True though this rank saw nothing), this rank stops too, at that step, saves and says so."""
+    monkeypatch.setattr(train_mod, "any_rank", lambda flag: True)
+    run = tmp_path / "r"
+    assert train_mod.main(_args(data_one, run, "save_step=100", steps=6)) == exit_codes.INTERRUPTED
+    out = capsys.readouterr().out
+    assert "stopped by signal at step 1" in out
+    assert (run / "checkpoints" / "vits_00000001.pt").is_file()

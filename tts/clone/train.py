@@ -40,7 +40,7 @@ from common.checkpoint import (
     restore_state,
 )
 from common.config import ConfigError, config_to_dict, save_config
-from common.distributed import all_reduce_mean, cleanup, setup_distributed, wrap_ddp
+from common.distributed import all_reduce_mean, any_rank, barrier, cleanup, setup_distributed, wrap_ddp
 from common.hardware import OutOfMemory, is_oom, oom_message
 from common.log import Progress, RunLogger, report_lr_plan
 from common.muon import build_optimizer
@@ -207,6 +207,7 @@ class CloneTrainer:
                                   "history": self.history})
         if self.info.is_main:
             self.last_good = self.manager.save(state, step, metric)
+        barrier()  # no rank runs ahead (or tears the process group down) while rank 0 still writes
 
     # ------------------------------------------------------------------ one step
     def train_step(self, it) -> tuple[torch.Tensor, bool, float]:
@@ -321,7 +322,7 @@ class CloneTrainer:
         """One (possibly resumed) pass over the training set; why the run stops, or None to go on."""
         t, c = self.cfg.train, self.counters
         it = iter(self.data.epoch_loader(c["epoch"], c["batch_in_epoch"], t.seed))
-        time_up = False
+        time_up = interrupted = False
         while c["batch_in_epoch"] + t.grad_accum <= self.steps_per_epoch * t.grad_accum:
             t0 = time.perf_counter()
             grad_norm, stepped, data_s = self.train_step(it)
@@ -331,7 +332,10 @@ class CloneTrainer:
             self.train_time += now - self._t_last
             self._t_last = now
             bar.update(step, data_s, now - t0 - data_s)
-            time_up = bool(t.max_minutes) and time.perf_counter() - t_start > 60.0 * t.max_minutes
+            # on every rank alike: a signal or a clock that reached one rank must stop all at this step,
+            # or the others hang in the next collective
+            interrupted = any_rank(interrupt.requested)
+            time_up = any_rank(bool(t.max_minutes) and time.perf_counter() - t_start > 60.0 * t.max_minutes)
             last = step >= self.total_steps or time_up
             if step % t.log_interval == 0 or last:
                 self.log_train(step, grad_norm, bar, print_line=not progress)
@@ -343,12 +347,12 @@ class CloneTrainer:
             elif step % t.save_interval == 0:
                 self.save(step)
                 self._t_last = time.perf_counter()
-            if interrupt.requested or step == stop_at_step or last:
+            if interrupted or step == stop_at_step or last:
                 break
-        if interrupt.requested or c["step"] == stop_at_step:
+        if interrupted or c["step"] == stop_at_step:
             if not self.history or self.history[-1]["step"] != c["step"]:
                 self.save(c["step"])
-            return "interrupted" if interrupt.requested else "stop_at_step"
+            return "interrupted" if interrupted else "stop_at_step"
         if c["step"] >= self.total_steps or time_up:
             return "time limit" if time_up and c["step"] < self.total_steps else "finished"
         c["epoch"] += 1

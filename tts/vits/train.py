@@ -45,7 +45,7 @@ from common.config import (
     save_config,
 )
 from common.data import BucketBatchSampler, BucketShapes, make_loader
-from common.distributed import DistInfo, barrier, cleanup, setup_distributed, wrap_ddp
+from common.distributed import DistInfo, any_rank, barrier, cleanup, setup_distributed, wrap_ddp
 from common.hardware import is_oom, oom_message
 from common.log import Progress, RunLogger, plot_alignment, report_lr_plan
 from common.muon import build_optimizer
@@ -360,7 +360,7 @@ class VitsTrainer:
         progress = Progress(total, initial=self.step, samples_per_step=self.batch_size * self.info.world_size,
                             enabled=self.info.is_main and cfg.progress_bar)
         t_start, last_saved, last_eval = time.time(), self.step, -1
-        stop = self.step >= total
+        stop, interrupted = self.step >= total, False
         self.gen_ddp.train()
         self.disc_ddp.train()
         with GracefulExit() as exit_req:
@@ -391,8 +391,11 @@ class VitsTrainer:
                     elif self.step % cfg.save_step == 0 and self.last_finite:
                         self.save()
                         last_saved = self.step
-                    timed_out = cfg.max_minutes is not None and (time.time() - t_start) / 60 >= cfg.max_minutes
-                    if self.step >= total or exit_req.requested or timed_out:
+                    # on every rank alike: a signal or a clock that reached one rank must stop all at this
+                    # step, or the others hang in the next collective
+                    interrupted = any_rank(exit_req.requested)
+                    timed_out = any_rank(cfg.max_minutes is not None and (time.time() - t_start) / 60 >= cfg.max_minutes)
+                    if self.step >= total or interrupted or timed_out:
                         stop = True
                         break
                     t_data = time.time()
@@ -401,12 +404,12 @@ class VitsTrainer:
                     self.batch_in_epoch = 0
         progress.close()
         final_eval = None
-        if cfg.run_eval and last_eval != self.step and not exit_req.requested:
+        if cfg.run_eval and last_eval != self.step and not interrupted:
             final_eval = self.evaluate()
             last_metrics = final_eval or last_metrics
         if last_saved != self.step or final_eval:
             self.save(final_eval["score"] if final_eval else None)
-        self.interrupted = exit_req.requested
+        self.interrupted = interrupted
         if self.interrupted:
             self.say(f"stopped by {exit_req.signal_name or 'signal'} at step {self.step}; checkpoint saved in "
                      f"{self.ckpt.dir} (continue with --resume auto)")
