@@ -47,6 +47,9 @@ bench-learning: setup
 # the vocoder demo (its export) and the VITS demo's corpus (tts-demo-data). Every demo runs, even after one misses its
 # plausibility check (each writes its outputs and pictures first); the end repeats every verdict and
 # the exit status is 1 when any demo missed or failed. DEMO_SLOTS=1 runs them one after another.
+# DEMO_THREADS=N pins each demo's torch threads (default: cores / slots); DEMO_SEED=N trains every
+# demo with that seed instead of its config's (how the README's ranges were measured).
 DEMO_SLOTS ?= 2
+DEMO_ARGS = $(if $(DEMO_SEED),--seed $(DEMO_SEED))
 demo: setup
-	$(PY) -m common.jobs --slots $(DEMO_SLOTS) --log_dir runs/demo_logs $(DEMO_JOBS)
+	$(if $(DEMO_THREADS),OMP_NUM_THREADS=$(DEMO_THREADS)) $(PY) -m common.jobs --slots $(DEMO_SLOTS) --log_dir runs/demo_logs $(DEMO_JOBS)

@@ -70,6 +70,19 @@ def check_jobs(jobs: list[Job]) -> None:
         done.update(ready)
 
 
+def demo_threads() -> int:
+    """Torch threads for a demo: OMP_NUM_THREADS when set (``make demo`` sets it; a measurement pins
+    it), else two on an idle machine and one when the cores are already busy, because OpenMP threads
+    that wait for each other on an oversubscribed CPU ran many times slower than one thread here."""
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    try:
+        busy = os.getloadavg()[0] > (os.cpu_count() or 1) - 0.5
+    except OSError:
+        busy = False
+    return 1 if busy else max(1, min(2, os.cpu_count() or 1))
+
+
 def child_env(slots: int) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, slots))))

@@ -14,7 +14,7 @@ tts-clone-train: setup
 		--checkpoint-dir $(CLONE_RUN) --resume auto $(CLONE_ARGS)
 
 tts-clone-demo: setup
-	$(PY) tts/clone_demo.py
+	$(PY) tts/clone_demo.py $(DEMO_ARGS)
 
 # After the vocoder demo (its export vocodes the samples) and the VITS demo's corpus (tts-data).
 DEMO_JOBS += --job 'clone@vocoder,tts-data=$(MAKE) --no-print-directory tts-clone-demo'

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from common.jobs import demo_threads
 from common.plausibility import Figure, report
 from vae.data import image_to_tensor, list_images, open_image_rgb
 from vae.losses import backbone_cache_path
@@ -150,13 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default="vae/configs/demo.yaml")
     p.add_argument("--minutes", type=float, default=None, help="override the demo's time limit")
     p.add_argument("--force", action="store_true", help="retrain even if a finished run exists")
+    p.add_argument("--seed", type=int, default=None, help="training seed (default: the config's)")
     args, extra = p.parse_known_args(argv)
-    busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    if busy >= (os.cpu_count() or 1) and torch.get_num_threads() > 1:
-        # On a CPU that other jobs already fill, OpenMP threads stall at every barrier: one thread
-        # measured ~10x faster than two for this model on a shared 2-core machine.
-        print(f"CPU is busy (load {busy:.1f} on {os.cpu_count()} cores): training with 1 thread")
-        torch.set_num_threads(1)
+    torch.set_num_threads(demo_threads())
+    if args.seed is not None:
+        extra += ["--set", f"seed={args.seed}"]
     from vae.train_vae import main as train_main
 
     images = Path(args.data_root) / "vae_images"

@@ -188,7 +188,10 @@ class VocoderConfig:
     # ---- preprocessing (prepare_data.py)
     data_input_path: list[str] = field(default_factory=list)  # folders of raw audio
     binary_data_dir: str | None = None  # the prepared dataset (train.py --data_dir overrides)
-    val_num: int = 1  # files held out for validation
+    val_num: int = 1  # files held out for validation (a seeded random pick; see test_prefixes)
+    # DiffSinger's key: files whose path below the input folder starts with one of these are the
+    # validation set instead of a random val_num pick (hold out whole speakers: [spk_a/, spk_b/])
+    test_prefixes: list[str] = field(default_factory=list)
     pe: str = "parselmouth"  # f0 extractor: parselmouth (fast, default) or pyin
     f0_min: float = 65.0
     f0_max: float = 1100.0

@@ -1,24 +1,27 @@
-"""The vocoder demo (``make vocoder-demo``): speech made on this machine, a few CPU minutes of
-training, copy-synthesis of held-out files, and an exported generator.
+"""The vocoder demo (``make vocoder-demo``): real human speech, a few CPU minutes of training,
+copy-synthesis of held-out readers it never heard, and an exported generator.
 
-1. espeak-ng reads Uzbek sentences in six voices -> ``data/demo/vocoder_wavs`` (22.05 kHz);
-2. ``prepare_data`` binarizes them -> ``data/demo/vocoder_bin`` (6 files held out);
-3. ``demo.yaml`` trains ~5 CPU minutes (2100 generator-only steps, then 300 with the critic) -> ``runs/vocoder_demo`` (TensorBoard in logs/);
+1. ``apt-get download tuxpaint-stamps-default`` (Debian's package of Tux Paint's read-aloud stamp
+   descriptions, GPL-2): 60 clips from each of six readers to train on, 3 from each of two other
+   readers to hold out -> ``data/demo/vocoder_readers`` (22.05 kHz; ``common.demo_recordings``).
+   When the package cannot be fetched, espeak-ng reads Uzbek sentences in six voices instead
+   (``data/demo/vocoder_wavs``, 6 random files held out), and one line says so;
+2. ``prepare_data`` binarizes them (the held-out readers via ``test_prefixes``);
+3. ``demo.yaml`` trains ~5 CPU minutes (2400 generator-only steps, then 300 with the critic) -> ``runs/vocoder_demo`` (TensorBoard in logs/);
 4. the held-out files are copy-synthesised -> ``runs/vocoder_demo/copysyn/`` (``*_gt.wav`` beside);
 5. the generator is exported -> ``runs/vocoder_demo/export/`` (the TTS voice-cloning demo uses it).
 
 It prints the held-out multi-resolution STFT distance at step 0 and at the end (it must fall
 clearly), writes ``copysyn/<file>.png`` (ground-truth and generated mel side by side) for every
 held-out file, and judges the copy-synthesis with ``common.plausibility``: each file's level within
-6 dB of its ground truth and the mean MCD-DTW below ``MAX_MCD``. Exit status 1 when any fails. Every stage is resumable: a second run reuses the corpus and
-the dataset and continues (or skips) training.
+6 dB of its ground truth and the mean MCD-DTW below ``MAX_MCD``. Exit status 1 when any fails. Every
+stage is resumable: a second run reuses the corpus and the dataset and continues (or skips) training.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import time
@@ -29,7 +32,9 @@ import torch
 
 from common.audio import MelSpectrogram, load_audio, save_wav
 from common.config import load_config
+from common.demo_recordings import HELD_OUT_READERS, LICENCE, RecordingsUnavailable, make_recordings_corpus
 from common.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, make_corpus
+from common.jobs import demo_threads
 from common.log import plot_spectrograms, save_figure
 from common.plausibility import compare_speech, report, speech_figures
 from vocoder.config import VocoderConfig
@@ -51,38 +56,65 @@ MAX_MCD = 3.0  # mean copy-synthesis MCD-DTW, dB: see MEASURED below
 
 def make_dataset(cfg: VocoderConfig, sentences: int = 24, wavs: str | Path = REPO / "data" / "demo" / "vocoder_wavs",
                  data: str | Path = REPO / "data" / "demo" / "vocoder_bin") -> dict:
-    """Steps 1-2: the espeak-ng corpus and its binarized dataset (both reused when already made);
-    returns the manifest. bench/learning.py trains on the same data."""
+    """Steps 1-2 with espeak-ng speech: the corpus and its binarized dataset (both reused when
+    already made); returns the manifest. bench/learning.py trains on the same data."""
     print(f"[1/5] speech corpus: {sentences} Uzbek sentences x {len(DEMO_SPEAKERS)} espeak-ng voices")
     make_corpus(UZBEK_SENTENCES[:sentences], wavs, DEMO_SPEAKERS, cfg.audio.sample_rate, num_workers=2)
     print("[2/5] binarize (mel + f0)")
     return prepare(cfg, [wavs], data, log=lambda m: print("   ", m))
 
 
+def make_recordings_dataset(cfg: VocoderConfig, recordings: str | Path, data: str | Path) -> dict:
+    """Steps 1-2 with real readers; raises RecordingsUnavailable when the package cannot be had."""
+    print("[1/5] speech corpus: real readers from Debian's tuxpaint-stamps-default (apt-get download)")
+    corpus = make_recordings_corpus(recordings, cfg.audio.sample_rate)
+    print(f"    {len(corpus['files'])} clips, training readers {', '.join(corpus['train_readers'])}, held-out "
+          f"readers {', '.join(corpus['held_out_readers'])}; licence {LICENCE}")
+    print("[2/5] binarize (mel + f0)")
+    return prepare(cfg, [recordings], data, log=lambda m: print("   ", m))
+
+
+def demo_dataset(cfg: VocoderConfig, espeak: bool, recordings: str | Path, wavs: str | Path,
+                 data: str | Path | None, sentences: int = 24) -> tuple[dict, Path]:
+    """(manifest, prepared folder): the real readers (held out by reader through cfg.test_prefixes),
+    or espeak-ng speech when asked or when the package cannot be fetched (one line says why)."""
+    if not espeak:
+        cfg.test_prefixes = [f"{reader}/" for reader in HELD_OUT_READERS]
+        prepared = Path(data or REPO / "data" / "demo" / "vocoder_readers_bin")
+        try:
+            return make_recordings_dataset(cfg, recordings, prepared), prepared
+        except RecordingsUnavailable as e:
+            print(f"note: no real recordings ({e}); training on espeak-ng speech instead")
+            cfg.test_prefixes = []
+    prepared = Path(data or REPO / "data" / "demo" / "vocoder_bin")
+    return make_dataset(cfg, sentences, wavs, prepared), prepared
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sentences", type=int, default=24, help="sentences per speaker (6 speakers)")
-    p.add_argument("--wavs", default=str(REPO / "data" / "demo" / "vocoder_wavs"))
-    p.add_argument("--data", default=str(REPO / "data" / "demo" / "vocoder_bin"))
+    p.add_argument("--espeak", action="store_true", help="train on espeak-ng speech, not the real readers")
+    p.add_argument("--sentences", type=int, default=24, help="espeak-ng: sentences per speaker (6 speakers)")
+    p.add_argument("--wavs", default=str(REPO / "data" / "demo" / "vocoder_wavs"), help="espeak-ng corpus")
+    p.add_argument("--recordings", default=str(REPO / "data" / "demo" / "vocoder_readers"), help="real readers")
+    p.add_argument("--data", default=None, help="the prepared dataset (default: data/demo/vocoder_readers_bin, "
+                   "or data/demo/vocoder_bin for espeak-ng)")
+    p.add_argument("--seed", type=int, default=None, help="training seed (default: the config's)")
     p.add_argument("--run", default=str(REPO / "runs" / "vocoder_demo"))
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override demo.yaml, e.g. --set max_updates=100")
     args = p.parse_args(argv)
-    cfg = load_config(CONFIG, VocoderConfig, args.overrides)
+    seed = [] if args.seed is None else [f"seed={args.seed}"]
+    cfg = load_config(CONFIG, VocoderConfig, args.overrides + seed)
     run = Path(args.run)
     t_start = time.time()
-    cores = os.cpu_count() or 1
-    if cores > 1 and os.getloadavg()[0] > cores and "OMP_NUM_THREADS" not in os.environ:
-        # Measured here: with other jobs already filling the cores, 2 OpenMP threads per op spent
-        # most of their time waiting for each other (25 s/step) while 1 thread ran 1.5 s/step.
-        torch.set_num_threads(1)
-        print(f"note: load average {os.getloadavg()[0]:.1f} > {cores} cores: using 1 thread (set OMP_NUM_THREADS to override)")
+    torch.set_num_threads(demo_threads())
+    print(f"training with {torch.get_num_threads()} thread(s), seed {cfg.seed}")
 
-    manifest = make_dataset(cfg, args.sentences, args.wavs, args.data)
+    manifest, data = demo_dataset(cfg, args.espeak, args.recordings, args.wavs, args.data, args.sentences)
 
     print(f"[3/5] train demo.yaml for {cfg.max_updates} steps on the CPU -> {run}")
     resume = "auto" if (run / "checkpoints").is_dir() else None
-    trainer = VocoderTrainer(cfg, args.data, run, resume=resume, device="cpu")
+    trainer = VocoderTrainer(cfg, data, run, resume=resume, device="cpu")
     t0 = time.time()
     result = trainer.fit()
     train_s = time.time() - t0

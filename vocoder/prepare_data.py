@@ -199,9 +199,18 @@ def _job(args: tuple[str, str, Settings]) -> dict:
         return {"ok": False, "reason": f"unexpected error ({type(e).__name__}: {e})"}
 
 
-def split_items(ids: list[str], val_num: int, shuffle: bool, seed: int) -> tuple[list[str], list[str], str | None]:
-    """(train, valid, note). At least one file always stays in training."""
+def split_items(ids: list[str], val_num: int, shuffle: bool, seed: int,
+                held_out: list[str] | None = None) -> tuple[list[str], list[str], str | None]:
+    """(train, valid, note). `held_out` (the ids matching test_prefixes), when given, is the
+    validation set; otherwise val_num seeded-random files. At least one file always stays in training."""
     ids = sorted(ids)
+    if held_out is not None:
+        valid = sorted(set(held_out) & set(ids))
+        train = [i for i in ids if i not in set(valid)]
+        if not valid or not train:
+            raise PrepareError(f"test_prefixes select {len(valid)} of {len(ids)} usable files: they must select "
+                               f"at least one file and leave at least one for training")
+        return train, valid, None
     order = list(np.random.default_rng(seed).permutation(len(ids))) if shuffle else list(range(len(ids)))
     n_val = min(max(val_num, 0), len(ids) - 1)
     note = None
@@ -235,10 +244,11 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
 
     results: dict[str, dict] = {}
     jobs = []
-    sources = {}
+    sources, relative = {}, {}
     for root, path in files:
         iid = item_id(root, path)
         sources[iid] = path
+        relative[iid] = path.relative_to(root).as_posix()
         meta = None
         try:
             meta = is_done(items_dir / iid, path, settings)
@@ -280,7 +290,10 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
             f"every file was skipped (reasons in {out / 'report.txt'}). Provide speech/singing audio "
             f"of at least {settings.min_seconds:g} s that is not silent, clipped or corrupt."
         )
-    train, valid, note = split_items(good, cfg.val_num, cfg.binarization_args.shuffle, cfg.seed)
+    held_out = None
+    if cfg.test_prefixes:
+        held_out = [i for i in good if any(relative[i].startswith(p) for p in cfg.test_prefixes)]
+    train, valid, note = split_items(good, cfg.val_num, cfg.binarization_args.shuffle, cfg.seed, held_out)
     if note:
         log(f"note: {note}")
     manifest = {

@@ -78,3 +78,33 @@ def test_children_get_one_share_of_the_cores(monkeypatch):
     assert jobs.child_env(2)["OMP_NUM_THREADS"] == "4"
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert jobs.child_env(2)["OMP_NUM_THREADS"] == "3"  # the user's choice wins
+
+
+def test_demo_threads_pinned_by_omp_else_by_load(monkeypatch):
+    monkeypatch.setattr(jobs.os, "cpu_count", lambda: 2)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setattr(jobs.os, "getloadavg", lambda: (9.0, 9.0, 9.0))
+    assert jobs.demo_threads() == 2  # pinned: a measurement's thread count never depends on the load
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert jobs.demo_threads() == 1  # busy cores: one thread
+    monkeypatch.setattr(jobs.os, "getloadavg", lambda: (0.1, 0.1, 0.1))
+    assert jobs.demo_threads() == 2
+
+
+def test_make_demo_passes_seed_and_threads():
+    """`make demo DEMO_SEED=7 DEMO_THREADS=2` reaches every demo as --seed 7 and OMP_NUM_THREADS=2."""
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run(["make", "-n", "--no-print-directory", "demo", "DEMO_SEED=7", "DEMO_THREADS=2",
+                          "STAMP=", "SYSDEPS="], cwd=repo, capture_output=True, text=True).stdout
+    line = next(x for x in out.splitlines() if "common.jobs" in x)
+    assert line.startswith("OMP_NUM_THREADS=2 ")
+    for target in ("vocoder-demo", "tts-demo", "tts-clone-demo", "vae-demo"):
+        assert target in line
+    recipes = subprocess.run(["make", "-n", "--no-print-directory", "vocoder-demo", "tts-demo", "tts-clone-demo",
+                              "vae-demo", "DEMO_SEED=7", "STAMP=", "SYSDEPS="], cwd=repo, capture_output=True,
+                             text=True).stdout
+    demos = [x for x in recipes.splitlines() if "demo.py" in x and "--data_only" not in x]
+    assert len(demos) == 4 and all(x.endswith("--seed 7") for x in demos), demos

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import shutil
 import sys
 import time
@@ -39,6 +38,7 @@ import torch
 
 from common.audio import MelSpectrogram, save_wav
 from common.demo_speech import espeak_available, espeak_or_explain
+from common.jobs import demo_threads
 from common.log import plot_spectrograms, save_figure
 from common.plausibility import compare_mels, compare_speech, report, speech_figures
 from tts.clone.data import load_reference, read_manifest
@@ -52,17 +52,6 @@ RUN_DIR = Path("runs/tts_clone_demo")
 VOCODER_DIR = Path("runs/vocoder_demo/export")
 CONFIG = Path(__file__).resolve().parent / "configs" / "clone_demo.yaml"
 MARGIN = 0.2  # "clearly below": different-reference cosine at least this much under same-reference
-
-
-def demo_threads() -> int:
-    """Two threads on an idle 2-core machine; one when the cores are already busy, because OpenMP
-    threads that wait for each other on an oversubscribed CPU run many times slower than one thread."""
-    n = max(1, min(2, torch.get_num_threads()))
-    try:
-        busy = os.getloadavg()[0] > (os.cpu_count() or 1) - 0.5
-    except OSError:
-        busy = False
-    return 1 if busy else n
 
 
 def ensure_corpus(prepared: Path = PREPARED_DIR) -> Path:
@@ -195,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--retrain", action="store_true", help=f"delete {RUN_DIR} and train again")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override clone_demo.yaml keys, e.g. --set train.max_minutes=1")
+    p.add_argument("--seed", type=int, default=None, help="training seed (default: the config's train.seed)")
     args = p.parse_args(argv)
+    if args.seed is not None:
+        args.overrides.append(f"train.seed={args.seed}")
     torch.set_num_threads(demo_threads())
     if not (PREPARED_DIR / "train.jsonl").is_file() and not espeak_or_explain():
         return 2

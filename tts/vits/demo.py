@@ -29,6 +29,7 @@ import torch
 
 from common.audio import load_audio, save_wav
 from common.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, espeak_or_explain, make_corpus
+from common.jobs import demo_threads
 from common.log import plot_spectrograms, save_figure
 from common.plausibility import compare_speech, report, speech_figures
 from tts import prepare_data
@@ -103,8 +104,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="make the corpus and the prepared folder, then stop (make demo starts the cloning demo on it)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override demo.yaml keys (e.g. --set max_minutes=1)")
+    p.add_argument("--seed", type=int, default=None, help="training seed (default: the config's)")
     args = p.parse_args(argv)
-    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    if args.seed is not None:
+        args.overrides.append(f"seed={args.seed}")
+    torch.set_num_threads(demo_threads())
     if not espeak_or_explain():
         return 2
 
