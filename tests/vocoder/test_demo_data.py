@@ -96,3 +96,22 @@ def test_test_prefixes_hold_out_whole_speakers(tmp_path):
     with pytest.raises(PrepareError, match="test_prefixes select 0 of 6"):
         prepare(tiny_config("test_prefixes=[nobody/]"), [tmp_path / "wavs"], tmp_path / "bin2",
                 num_workers=0, log=lambda *a: None)
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng not installed (make setup installs it)")
+def test_demo_falls_back_to_espeak_with_one_line(tmp_path, monkeypatch, capsys):
+    """No package to be had: the demo says so in one line and prepares espeak-ng speech, random held-out files."""
+    from vocoder import demo
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "apt-get").write_text("#!/bin/sh\necho 'E: no network' >&2\nexit 100\n")
+    (bin_dir / "apt-get").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    cfg = tiny_config("val_num=2")
+    manifest, prepared = demo.demo_dataset(cfg, False, tmp_path / "readers", tmp_path / "wavs", tmp_path / "bin_out",
+                                           sentences=1)
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: no real recordings")]
+    assert len(notes) == 1 and "E: no network" in notes[0]
+    assert prepared == tmp_path / "bin_out" and cfg.test_prefixes == []
+    assert len(manifest["valid"]) == 2 and len(manifest["train"]) == 4  # 1 sentence x 6 espeak-ng voices
