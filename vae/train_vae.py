@@ -85,7 +85,7 @@ class VAETrainer:
                  total_steps: int = 1, perceptual: FrozenLPIPS | None = None, quiet: bool = False) -> None:
         self.cfg, self.device = cfg, device
         self.info = info or DistInfo(0, 1, 0, device, False)
-        self.precision = Precision(cfg.mixed_precision, device, amp_dtype=cfg.amp_dtype, tf32=cfg.enable_tf32,
+        self.precision = Precision(cfg.precision, device, tf32=cfg.enable_tf32,
                                    cudnn_benchmark=cfg.cudnn_benchmark, channels_last=cfg.channels_last,
                                    compile=cfg.use_torch_compile)
         fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
@@ -304,7 +304,6 @@ class VAETrainer:
         data.sampler.skip(int(c["micro_in_epoch"]) * int(cfg.batch_size))
         micro: list[torch.Tensor] = []
         oom_hints = {"accum_key": "accumulation_steps", "accumulation": accum, "precision": self.precision.precision,
-                     "precision_set": "mixed_precision=true --set use_bf16=true",
                      "checkpointing_key": "gradient_checkpointing", "crop_key": "image_size", "crop": cfg.image_size,
                      "resume": "--resume auto"}
         t0 = time.perf_counter()

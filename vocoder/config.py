@@ -23,6 +23,7 @@ from typing import ClassVar
 
 from common.audio import AudioSettings
 from common.config import ConfigError, load_config  # noqa: F401 (re-exported for callers)
+from common.precision import precision_name
 
 TASKS = {
     "nsf_HiFigan_task.nsf_HiFigan": "standard",
@@ -170,10 +171,13 @@ class VocoderConfig:
         "sampler_frame_count_grid": ("SingingVocoders' length-grid sampler setting; training crops here have one "
                                      "fixed length (crop_mel_frames)"),
     }
+    # `--preset` (common.presets): each card setting of common.hardware.PRESETS -> the key it sets here
+    PRESET_KEYS: ClassVar[dict[str, str]] = {"batch_size": "batch_size", "num_workers": "ds_workers",
+                                             "crop": "crop_mel_frames", "precision": "precision"}
     ALIASES: ClassVar[dict[str, str]] = {
         "generater_optimizer_args": "generator_optimizer_args",
         "discriminate_optimizer_args": "discriminator_optimizer_args",
-        "save_n_checkpoints": "num_ckpt_keep",
+        "save_n_checkpoints": "num_ckpt_keep", "pl_trainer_precision": "precision",
         # the names every trainer reads (README, "One name per concept")
         "num_workers": "ds_workers", "grad_clip": "clip_grad_norm", "gradient_clip_val": "clip_grad_norm",
         # the seed's flat mel keys -> the audio: block
@@ -241,7 +245,7 @@ class VocoderConfig:
     lr_scheduler_args: LRSchedulerArgs = field(default_factory=LRSchedulerArgs)
     clip_grad_norm: float | None = None  # max grad norm per network (None = measure only)
     max_nonfinite_steps: int = 20  # consecutive non-finite steps before the run stops
-    pl_trainer_precision: str = "32-true"  # 32-true | 16-mixed | bf16-mixed
+    precision: str = "32-true"  # 32-true | 16-mixed | bf16-mixed | auto (the seed's pl_trainer_precision)
     tf32: bool = False  # CUDA only
     cudnn_benchmark: bool = True  # CUDA only; crops have a fixed shape
     compile: bool = False  # torch.compile the generator and critics (fixed-shape crops)
@@ -266,6 +270,7 @@ class VocoderConfig:
 
     def __post_init__(self) -> None:
         task_kind(self.task_cls)
+        self.precision = precision_name(self.precision)
         if self.crop_mel_frames < 1 or self.batch_size < 1:
             raise ValueError("crop_mel_frames and batch_size must be >= 1")
         if math.prod(self.model_args.upsample_rates) != self.hop_size:

@@ -145,7 +145,7 @@ class VocoderTrainer:
         if cfg.pc_aug and self.info.world_size > 1:
             raise ConfigError("pc_aug runs the generator several times per step, which DDP does not support here; "
                               "train pc_aug on one GPU")
-        self.precision = Precision(cfg.pl_trainer_precision, self.device, tf32=cfg.tf32,
+        self.precision = Precision(cfg.precision, self.device, tf32=cfg.tf32,
                                    cudnn_benchmark=cfg.cudnn_benchmark, compile=cfg.compile)
         self.scaler = self.precision.scaler
 
@@ -421,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data_dir", default=None, help="prepared dataset (default: binary_data_dir)")
     add_run_args(p, run_help="checkpoints, TensorBoard logs, config (default: runs/vocoder/<config>)")
     p.add_argument("--precision", default=None,
-                   help="shortcut for --set pl_trainer_precision=... (32-true|16-mixed|bf16-mixed|auto)")
+                   help="shortcut for --set precision=... (32-true|16-mixed|bf16-mixed|auto)")
     p.add_argument("--device", default=None, help="force a device, e.g. cpu (default: cuda if available)")
     add_preset_arg(p)
     return p
@@ -435,15 +435,14 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     """The run the command line asks for; failures reach `main` as exceptions (`common.exit_codes`)."""
     cfg = load_config(args.config, VocoderConfig, args.overrides,
-                      extra={"pl_trainer_precision": args.precision, "binary_data_dir": args.data_dir})
+                      extra={"precision": args.precision, "binary_data_dir": args.data_dir})
     apply_preset(cfg, args.preset, "vocoder")
     if not cfg.binary_data_dir:
         raise ConfigError("no dataset: pass --data_dir (a folder made by vocoder/prepare_data.py) or set binary_data_dir")
     run_dir = Path(args.run_dir or Path("runs") / "vocoder" / Path(args.config or "default").stem)
     prepare_run_dir(run_dir, run_dir / "checkpoints", args.resume, args.overwrite, args.init_from)
     with explain_oom("the vocoder training step", cfg.batch_size, {
-            "accum_key": None, "precision_key": "pl_trainer_precision", "precision": cfg.pl_trainer_precision,
-            "precision_set": "pl_trainer_precision=16-mixed (or bf16-mixed)", "crop_key": "crop_mel_frames",
+            "accum_key": None, "precision": cfg.precision, "crop_key": "crop_mel_frames",
             "crop": cfg.crop_mel_frames, "resume": "--resume auto"}):
         trainer = VocoderTrainer(cfg, cfg.binary_data_dir, run_dir, args.resume, args.init_from, args.device)
         if trainer.is_main:

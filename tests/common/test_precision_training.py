@@ -2,13 +2,13 @@ import pytest
 import torch
 from torch import nn
 
-from common.precision import Precision, normalize_precision
+from common.precision import Precision, normalize_precision, precision_name
 from common.training import EMA, ClipStats, NonFiniteError, NonFiniteGuard, step_optimizer
 
 
 def test_precision_aliases_and_cpu_report():
     assert normalize_precision("fp16") == "16-mixed" and normalize_precision("bf16") == "bf16-mixed"
-    assert normalize_precision(True) == "bf16-mixed" and normalize_precision(False) == "32-true"
+    assert precision_name("16") == "16-mixed" and precision_name("AUTO") == "auto"  # auto: decided at start
     with pytest.raises(ValueError, match="unknown precision"):
         normalize_precision("fp8")
     p = Precision("16-mixed", "cpu", tf32=True, cudnn_benchmark=True)

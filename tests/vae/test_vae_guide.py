@@ -12,7 +12,6 @@ import vae.check_compatibility as compat
 import vae.train_vae as tv
 from common.config import load_config
 from common.hardware import fit_batch_size
-from common.precision import normalize_precision
 from common.run_dir import tensorboard_dir
 from vae.config import VAEConfig
 from vae.flags import resolve_config
@@ -78,17 +77,17 @@ def test_trainer_prints_the_fitted_batch_and_trains_with_it(image_dir, tmp_path,
 ])
 def test_guide_precision_flags(flags, expected):
     cfg = resolve_config(tv.build_parser().parse_args(flags))
-    assert normalize_precision(cfg.mixed_precision, amp_dtype=cfg.amp_dtype) == expected
+    assert cfg.precision == expected
     profile = resolve_config(tv.build_parser().parse_args(
         ["--config", str(REPO / "vae" / "configs" / "standard_1024.yaml")]))
-    assert normalize_precision(profile.mixed_precision, amp_dtype=profile.amp_dtype) == "bf16-mixed"  # both switches
+    assert profile.precision == "bf16-mixed"  # both switches
 
 
 def test_fp16_step_on_cpu_really_scales_the_loss():
     """--mixed_precision alone: fp16 autocast + GradScaler("cpu"): backward sees gradients x scale,
     the optimizer sees them unscaled, and a non-finite step is skipped with the scale halved."""
     base = yaml.safe_load(TINY_CONFIG.read_text())
-    cfg = VAEConfig(**{**base, "mixed_precision": True, "use_bf16": False, "disc_weight": 0.0, "gradient_clip": 0.0,
+    cfg = VAEConfig(**{**base, "precision": "16-mixed", "disc_weight": 0.0, "gradient_clip": 0.0,
                         "warmup_steps": 0, "lr_scheduler": "constant"})
     t = tv.VAETrainer(cfg, torch.device("cpu"), total_steps=4, quiet=True)
     assert t.precision.amp_dtype == torch.float16 and t.precision.scaler.is_enabled()

@@ -16,7 +16,7 @@ def test_base_hifi_gpu_table_values():
     for opt in (c.generator_optimizer_args, c.discriminator_optimizer_args):
         assert opt.optimizer_cls == "torch.optim.AdamW" and opt.lr == 1e-4
         assert (opt.beta1, opt.beta2) == (0.8, 0.99)
-    assert c.pl_trainer_precision == "32-true"
+    assert c.precision == "32-true"
     assert (c.ds_workers, c.dataloader_prefetch_factor) == (6, 4)
     assert c.binarization_args.num_workers == 8
     assert c.model_args.discriminator_periods == [3, 5, 7, 11, 17, 23, 37]
@@ -42,7 +42,7 @@ def test_base_hifi_rtx5090_table_values():
         assert (opt.beta1, opt.beta2) == (0.8, 0.99)
     raw = yaml.safe_load(RTX_YAML.read_text())
     assert raw["generator_optimizer_args"]["optimizer_cls"] == "Muon_AdamW"
-    assert c.pl_trainer_precision == "16-mixed"
+    assert c.precision == "16-mixed"
     assert (c.ds_workers, c.dataloader_prefetch_factor) == (12, 4)
     assert c.binarization_args.num_workers == 16
     assert c.model_args.discriminator_periods == [2, 3, 5, 7, 11, 17, 23]

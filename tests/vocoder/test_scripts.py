@@ -36,7 +36,7 @@ def test_train_rtx5090_sh_runs_tiny_steps(tmp_path):
     assert (run / "checkpoints" / "model_00000002.pt").is_file()
     resolved = yaml.safe_load((run / "config.yaml").read_text())
     assert resolved["task_cls"] == "nsf_HiFigan_fast_task.nsf_HiFigan"
-    assert resolved["pl_trainer_precision"] == "16-mixed"
+    assert resolved["precision"] == "16-mixed"
     assert resolved["generator_optimizer_args"]["optimizer_cls"] == "common.muon.MuonAdamW"
     assert resolved["batch_size"] == 1 and resolved["model_args"]["upsample_initial_channel"] == 32
     assert "GradScaler on" in proc.stdout
