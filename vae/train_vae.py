@@ -265,7 +265,7 @@ class VAETrainer:
             for line in init_weights(self, init_from, out_dir, main):
                 if main:
                     print(line)
-        self.logger = RunLogger(tensorboard_dir(out_dir, main), enabled=main)
+        self.logger = RunLogger(tensorboard_dir(out_dir), enabled=main)
         if main:
             report_plan(self)
         validation.prepare(self, data)

@@ -206,7 +206,7 @@ class VocoderTrainer:
         self.d_train = distributed.wrap_ddp(self.precision.prepare_model(self.discriminator), self.info)
         # The G update calls the critics without DDP (no critic gradients are wanted there).
         self._d_plain = getattr(self.d_train, "module", self.d_train)
-        self.logger = RunLogger(tensorboard_dir(self.run_dir, self.is_main), enabled=self.is_main)
+        self.logger = RunLogger(tensorboard_dir(self.run_dir), enabled=self.is_main)
         self.logged_gt: set[str] = set()  # validation files whose ground truth is logged
 
     def _log(self, msg: str) -> None:

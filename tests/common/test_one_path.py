@@ -1,5 +1,5 @@
-"""The one path every trainer takes for precision, parameter counts, stop flags, OOM messages and the
-TensorBoard folder (issue 11): each trainer's own spelling goes straight into `common`."""
+"""The one path every trainer takes for precision, parameter counts, stop flags and OOM messages:
+each trainer's own spelling is read once into `common`'s."""
 
 from __future__ import annotations
 
@@ -12,9 +12,7 @@ from torch import nn
 from common.config import ConfigError, explicit_keys, load_config
 from common.distributed import any_rank
 from common.hardware import oom_message
-from common.log import RunLogger
 from common.precision import Precision, normalize_precision
-from common.run_dir import tensorboard_dir
 from common.training import count_parameters
 from tts.clone.config import CloneConfig
 from tts.vits.config import TrainConfig
@@ -90,13 +88,3 @@ def test_oom_message_without_accumulation():
     assert "--set batch_size=16   (half the batch)" in msg and "accumulate" not in msg
     assert "--set precision=bf16-mixed" in msg and "model_args.segment_frames=16" in msg
     assert msg.endswith("Then --resume auto continues from the last checkpoint.")
-
-
-@pytest.mark.parametrize("old", ["tb", "tensorboard"])
-def test_old_tensorboard_folders_continue_in_logs(tmp_path, old):
-    """The vocoder wrote tb/, VITS tensorboard/: a resumed old run continues in logs/ with its history."""
-    with RunLogger(tmp_path / old) as logger:
-        logger.scalar("train/x", 1.0, 1)
-    logs = tensorboard_dir(tmp_path)
-    assert logs == tmp_path / "logs" and not (tmp_path / old).exists()
-    assert list(logs.glob("events.out.tfevents.*"))

@@ -12,7 +12,6 @@ import vae.check_compatibility as compat
 import vae.train_vae as tv
 from common.config import load_config
 from common.hardware import fit_batch_size
-from common.run_dir import tensorboard_dir
 from vae.config import VAEConfig
 from vae.flags import resolve_config
 
@@ -115,20 +114,3 @@ def test_tensorboard_files_under_output_dir_logs(image_dir, tmp_path):
     assert run(image_dir, out, "--max_steps", "2", "--no-export_diffusers") == 0
     assert not (out / "tensorboard").exists()
     assert len(EventAccumulator(str(out / "logs")).Reload().Scalars("train/total")) == 2
-
-
-def test_an_old_runs_tensorboard_folder_is_moved_into_logs(tmp_path, capsys):
-    from common.log import RunLogger
-
-    old = RunLogger(tmp_path / "tensorboard")
-    old.scalar("train/total", 1.0, 7)
-    old.close()
-    logs = tensorboard_dir(tmp_path)
-    assert logs == tmp_path / "logs" and not (tmp_path / "tensorboard").exists()
-    assert "tensorboard --logdir" in capsys.readouterr().out
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    assert [e.step for e in EventAccumulator(str(logs)).Reload().Scalars("train/total")] == [7]
-    (tmp_path / "tensorboard").mkdir()  # both present: nothing merged or deleted, the old one is named
-    assert tensorboard_dir(tmp_path) == logs and (tmp_path / "tensorboard").is_dir()
-    assert f"--logdir {tmp_path / 'tensorboard'}" in capsys.readouterr().out

@@ -116,7 +116,7 @@ class VitsTrainer:
         if not cfg.data_dir:
             raise ConfigError("no data folder: pass --data_dir (a folder made by tts/prepare_data.py)")
         self.run_dir = Path(cfg.run_dir or f"runs/{cfg.run_name}")
-        self.log = RunLogger(tensorboard_dir(self.run_dir, info.is_main), enabled=info.is_main)
+        self.log = RunLogger(tensorboard_dir(self.run_dir), enabled=info.is_main)
         self.say = print if info.is_main else (lambda *a, **k: None)
         torch.manual_seed(cfg.seed + info.rank)
 
