@@ -67,9 +67,6 @@ class VAEConfig:
     disc_start: int = 50001                   # global step at which the PatchGAN joins
     disc_weight: float = 0.5                  # 0 disables the discriminator entirely
     disc_factor: float = 1.0
-    # latent_diffusion: their adaptive-weight clamp (1e4 on the summed loss) = 1e4 / C·H·W here;
-    # per_pixel: 1e4 on our per-pixel scale (never binds: a far stronger GAN term at large crops).
-    gan_weight_clamp: Literal["latent_diffusion", "per_pixel"] = "latent_diffusion"
     disc_channels: int = 64
     disc_layers: int = 3
 

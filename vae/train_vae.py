@@ -98,8 +98,7 @@ class VAETrainer:
             perceptual = FrozenLPIPS(cfg.perceptual_net, cfg.perceptual_weights or None)
         self.perceptual = perceptual.to(device) if perceptual is not None else None
         self.loss = VAELoss(cfg.kl_weight, cfg.perceptual_weight, self.perceptual, cfg.rec_loss, cfg.learn_logvar,
-                            cfg.logvar_init, cfg.disc_start, cfg.disc_weight, cfg.disc_factor,
-                            cfg.gan_weight_clamp).to(device)
+                            cfg.logvar_init, cfg.disc_start, cfg.disc_weight, cfg.disc_factor).to(device)
         self.disc_module: nn.Module | None = None
         self.disc = None
         if cfg.disc_weight > 0:
