@@ -155,8 +155,8 @@ def measure_inference(cfg_path: Path, cuda: bool, seconds: float = 2.0, repeats:
 
     device = torch.device("cuda" if cuda else "cpu")
     voc = VocoderInference(build_generator(cfg), export_info(cfg), device)
-    frames = int(seconds * cfg.audio_sample_rate / cfg.hop_size)
-    mel = torch.randn(1, cfg.audio_num_mel_bins, frames, device=device) - 5
+    frames = int(seconds * cfg.audio.sample_rate / cfg.audio.hop_length)
+    mel = torch.randn(1, cfg.audio.n_mels, frames, device=device) - 5
     f0 = torch.full((1, frames), 200.0, device=device)
     out = {}
     for label, dtype in (("fp32", None), ("bf16", torch.bfloat16), ("fp16", torch.float16)):

@@ -78,8 +78,9 @@ def test_vocoder_flat_seed_keys_in_yaml_and_set(tmp_path):
     cfg = load_config(flat, VocoderConfig)
     assert _values(cfg) == (22050, 1024, 1024, 256, 80, 30.0, 8000.0)
     # the seed's attribute names still read
-    assert (cfg.audio_sample_rate, cfg.fft_size, cfg.win_size, cfg.hop_size, cfg.audio_num_mel_bins,
-            cfg.fmin, cfg.fmax) == (22050, 1024, 1024, 256, 80, 30.0, 8000.0)
+    a = cfg.audio
+    assert (a.sample_rate, a.n_fft, a.win_length, a.hop_length, a.n_mels, a.fmin, a.fmax) == \
+        (22050, 1024, 1024, 256, 80, 30.0, 8000.0)
     over = load_config(flat, VocoderConfig, ["fmax=7000", "audio.fmin=20", "audio_sample_rate=24000"])
     assert (over.audio.fmax, over.audio.fmin, over.audio.sample_rate) == (7000.0, 20.0, 24000)
     nested = tmp_path / "nested.yaml"  # a child in the block's own names overrides a flat base

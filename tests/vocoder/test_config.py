@@ -27,8 +27,9 @@ def test_base_hifi_gpu_table_values():
     raw = yaml.safe_load(GPU_YAML.read_text())
     assert "noise_sigma" not in raw["model_args"]  # the table's "—"
     # 44.1 kHz defaults of the issue
-    assert (c.audio_sample_rate, c.hop_size, c.fft_size, c.win_size, c.audio_num_mel_bins) == (44100, 512, 2048, 2048, 128)
-    assert (c.fmin, c.fmax) == (40, 16000)
+    a = c.audio
+    assert (a.sample_rate, a.hop_length, a.n_fft, a.win_length, a.n_mels) == (44100, 512, 2048, 2048, 128)
+    assert (a.fmin, a.fmax) == (40, 16000)
 
 
 def test_base_hifi_rtx5090_table_values():
@@ -59,7 +60,7 @@ def test_base_hifi_rtx5090_table_values():
 
 def test_demo_config_is_small():
     c = load_config(DEMO_YAML, VocoderConfig)
-    assert (c.audio_sample_rate, c.hop_size, c.fft_size, c.audio_num_mel_bins) == (22050, 256, 1024, 80)
+    assert (c.audio.sample_rate, c.audio.hop_length, c.audio.n_fft, c.audio.n_mels) == (22050, 256, 1024, 80)
     assert 32 <= c.model_args.upsample_initial_channel <= 128
 
 
