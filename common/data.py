@@ -61,7 +61,7 @@ class ResumableSampler(DistributedSampler):
         )
         self._skip = 0
 
-    def skip(self, n_samples: int) -> None:
+    def skip_samples(self, n_samples: int) -> None:
         """Skip the first `n_samples` of this rank's order for the current epoch (next iter only)."""
         self._skip = max(0, int(n_samples))
 
@@ -113,7 +113,8 @@ class BucketBatchSampler(Sampler[list[SampleKey]]):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def skip(self, n_batches: int) -> None:
+    def skip_batches(self, n_batches: int) -> None:
+        """Skip the first `n_batches` of this rank's batches for the current epoch (next iter only)."""
         self._skip = max(0, int(n_batches))
 
     def _all_batches(self) -> list[list[int]]:

@@ -300,7 +300,7 @@ class VAETrainer:
         cfg, data, c, main = self.cfg, self.data, self.counters, self.info.is_main
         accum, epoch, stop_reason = cfg.accumulation_steps, int(c["epoch"]), ""
         data.sampler.set_epoch(epoch)
-        data.sampler.skip(int(c["micro_in_epoch"]) * int(cfg.batch_size))
+        data.sampler.skip_samples(int(c["micro_in_epoch"]) * int(cfg.batch_size))
         micro: list[torch.Tensor] = []
         oom_hints = {"accum_key": "accumulation_steps", "accumulation": accum, "precision": self.precision.precision,
                      "checkpointing_key": "gradient_checkpointing", "crop_key": "image_size", "crop": cfg.image_size,

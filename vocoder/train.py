@@ -377,7 +377,7 @@ class VocoderTrainer:
         """One (possibly resumed) pass over the loader; True when a signal asked to stop."""
         cfg = self.cfg
         self.sampler.set_epoch(self.epoch)
-        self.sampler.skip(self.batch_in_epoch * cfg.batch_size)
+        self.sampler.skip_samples(self.batch_in_epoch * cfg.batch_size)
         it = iter(self.loader)
         while self.step < cfg.max_updates:
             t0 = time.perf_counter()

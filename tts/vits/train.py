@@ -366,7 +366,7 @@ class VitsTrainer:
         with GracefulExit() as exit_req:
             while not stop:
                 self.sampler.set_epoch(self.epoch)
-                self.sampler.skip(self.batch_in_epoch)
+                self.sampler.skip_batches(self.batch_in_epoch)
                 t_data = time.time()
                 for batch in self.loader:
                     data_s = time.time() - t_data
