@@ -1,5 +1,5 @@
-"""The one path every trainer takes for precision, parameter counts, stop flags and OOM messages:
-each trainer's own spelling is read once into `common`'s."""
+"""common.precision: the one `precision` key (every spelling a config may use is read once, at
+load), `Precision` (autocast, GradScaler, backend flags, the report) on the CPU."""
 
 from __future__ import annotations
 
@@ -10,16 +10,56 @@ import torch
 from torch import nn
 
 from common.config import ConfigError, explicit_keys, load_config
-from common.distributed import any_rank
-from common.hardware import oom_message
-from common.precision import Precision, normalize_precision
-from common.training import count_parameters
+from common.precision import Precision, normalize_precision, precision_name
+from common.training import NonFiniteGuard, step_optimizer
 from tts.clone.config import CloneConfig
 from tts.vits.config import TrainConfig
 from vae.config import VAEConfig
 from vocoder.config import VocoderConfig
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+
+
+def test_precision_aliases_and_cpu_report():
+    assert normalize_precision("fp16") == "16-mixed" and normalize_precision("bf16") == "bf16-mixed"
+    assert precision_name("16") == "16-mixed" and precision_name("AUTO") == "auto"  # auto: decided at start
+    with pytest.raises(ValueError, match="unknown precision"):
+        normalize_precision("fp8")
+    p = Precision("16-mixed", "cpu", tf32=True, cudnn_benchmark=True)
+    report = "\n".join(p.report())
+    assert p.scaler.is_enabled() and "tf32" in report and "cudnn_benchmark" in report and "not applied" in report
+    assert not Precision("bf16-mixed", "cpu").scaler.is_enabled()
+
+
+def test_autocast_bf16_runs_linear_in_bf16_and_no_autocast_is_fp32():
+    p = Precision("bf16-mixed", "cpu")
+    lin = nn.Linear(4, 4)
+    with p.autocast():
+        assert lin(torch.randn(2, 4)).dtype == torch.bfloat16
+        with p.no_autocast():
+            assert lin(torch.randn(2, 4)).dtype == torch.float32
+
+
+def test_fp16_grad_scaler_skips_injected_inf_on_cpu():
+    torch.manual_seed(0)
+    p = Precision("16-mixed", "cpu")
+    model = nn.Linear(4, 1)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    before = [t.clone() for t in model.parameters()]
+    with p.autocast():
+        loss = model(torch.randn(8, 4)).float().pow(2).mean() * torch.tensor(float("inf"))
+    scale_before = p.scaler.get_scale()
+    norm, stepped = step_optimizer(loss, opt, model.parameters(), scaler=p.scaler, guard=NonFiniteGuard())
+    p.scaler.update()
+    assert not stepped and not torch.isfinite(norm)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert opt.state == {} or all(len(s) == 0 for s in opt.state.values())  # Adam moments untouched
+    assert p.scaler.get_scale() < scale_before  # the scaler backed off
+    with p.autocast():
+        loss = model(torch.randn(8, 4)).float().pow(2).mean()
+    _, stepped = step_optimizer(loss, opt, model.parameters(), scaler=p.scaler)
+    p.scaler.update()
+    assert stepped and not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
 def test_auto_is_bf16_on_a_bf16_gpu_else_fp32():
@@ -44,6 +84,8 @@ def test_auto_is_bf16_on_a_bf16_gpu_else_fp32():
     (VAEConfig, ["use_bf16=true"], "32-true"),  # the dtype alone leaves fp32 alone
     (VocoderConfig, ["pl_trainer_precision=16"], "16-mixed"), (CloneConfig, ["precision=bf16"], "bf16-mixed"),
 ])
+
+
 def test_every_spelling_is_the_one_precision_field(schema, typed, expected):
     """VITS' `mixed_precision` + `amp_dtype`, the VAE's `--mixed_precision` (+ `--use_bf16`), the vocoder's
     `pl_trainer_precision`: read once at load into the one `precision` field, recorded as typed."""
@@ -68,23 +110,3 @@ def test_a_switch_combines_with_the_layer_below(tmp_path):
         load_config(None, TrainConfig, ["precision=32-true", "amp_dtype=fp16"])
     with pytest.raises(ConfigError, match="unknown precision 'fp8'"):
         load_config(None, VocoderConfig, ["precision=fp8"])
-
-
-def test_count_parameters():
-    m = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))  # 16 + 10
-    assert count_parameters(m) == 26
-    m[0].requires_grad_(False)
-    assert count_parameters(m) == 26 and count_parameters(m, trainable_only=True) == 10
-
-
-def test_any_rank_single_process():
-    assert any_rank(True) is True and any_rank(False) is False
-
-
-def test_oom_message_without_accumulation():
-    msg = oom_message("VITS training", 32, {"accum_key": None, "precision": "32-true",
-                                            "crop_key": "model_args.segment_frames", "crop": 32,
-                                            "resume": "--resume auto"})
-    assert "--set batch_size=16   (half the batch)" in msg and "accumulate" not in msg
-    assert "--set precision=bf16-mixed" in msg and "model_args.segment_frames=16" in msg
-    assert msg.endswith("Then --resume auto continues from the last checkpoint.")
