@@ -22,7 +22,7 @@ from vocoder.config import VocoderConfig
 
 REPO = Path(__file__).resolve().parents[1]
 FIELDS = ("sample_rate", "n_fft", "win_length", "hop_length", "n_mels", "fmin", "fmax")
-FOLDERS = ("vocoder/configs", "tts/configs", "tts/vits/configs", "tts/clone/configs")
+FOLDERS = ("vocoder/configs", "tts/vits/configs", "tts/clone/configs")
 SHIPPED = sorted(str(p.relative_to(REPO)) for d in FOLDERS for p in (REPO / d).glob("*.yaml"))
 # each cloning recipe and the vocoder recipe whose mels it predicts (named in the recipe's comments)
 VOCODED_BY = {"tts/clone/configs/clone_base.yaml": "vocoder/configs/base_hifi_gpu.yaml",
