@@ -14,7 +14,7 @@ from bench import learning
 from bench import vits_reference as vr
 from tts.alignment import maximum_path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def recipe_config(extra: list[str] = ()):
