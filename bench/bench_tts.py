@@ -147,7 +147,7 @@ def data_wait_fraction(steps: int = 12) -> tuple[float, str]:
         prepare(root / "m.csv", root / "a", root / "p", cfg0, quiet=True)
         data = root / "p"
     sets = ["model=tiny", "batch_size=8", "num_loader_workers=0", "persistent_workers=false", "pin_memory=false",
-            "mixed_precision=false", "run_eval=false", "test_sentences=[]", f"max_steps={steps}",
+            "precision=32-true", "run_eval=false", "test_sentences=[]", f"max_steps={steps}",
             "progress_bar=false", "save_step=100000", "print_step=100000", "max_minutes=null"]
     with tempfile.TemporaryDirectory() as run_dir:
         cfg = load_config(str(Path(__file__).resolve().parents[1] / "tts/vits/configs/demo.yaml"), TrainConfig, sets,

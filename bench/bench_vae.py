@@ -169,12 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     base = load_config(CONFIGS / f"{args.profile}.yaml", VAEConfig)
     if not cuda:
         base = scale_for_cpu(base)
-    base.mixed_precision, base.use_bf16, base.use_torch_compile = False, False, False
+    base.precision, base.use_torch_compile = "32-true", False
     base.channels_last, base.enable_tf32, base.cudnn_benchmark = False, False, cuda
     variants = {
         "baseline (fp32)": {},
-        "bf16 autocast": {"mixed_precision": True, "use_bf16": True},
-        "fp16 autocast + GradScaler": {"mixed_precision": True, "use_bf16": False},
+        "bf16 autocast": {"precision": "bf16-mixed"},
+        "fp16 autocast + GradScaler": {"precision": "16-mixed"},
         "torch.compile": {"use_torch_compile": True},
         "channels_last": {"channels_last": True},
         "TF32": {"enable_tf32": True},

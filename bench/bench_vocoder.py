@@ -62,12 +62,12 @@ def rows(cuda: bool, force_compile: bool, force_fp16: bool) -> list[Row]:
         "dev machine); --fp16 forces it")
     rtx = Row("base_hifi_rtx5090_optimized (all on)", RTX)
     if not (cuda or force_fp16):  # same options, but bf16 stands in for the CPU-emulated fp16
-        rtx = Row("base_hifi_rtx5090_optimized (bf16 for fp16 on CPU)", RTX, ["pl_trainer_precision=bf16-mixed"])
+        rtx = Row("base_hifi_rtx5090_optimized (bf16 for fp16 on CPU)", RTX, ["precision=bf16-mixed"])
     return [
         Row("base_hifi_gpu (fp32, AdamW, MPD+MSD)", BASE),
         rtx,
-        Row("  precision bf16-mixed", BASE, ["pl_trainer_precision=bf16-mixed"]),
-        Row("  precision 16-mixed (GradScaler)", BASE, ["pl_trainer_precision=16-mixed"], cuda_only=fp16_note),
+        Row("  precision bf16-mixed", BASE, ["precision=bf16-mixed"]),
+        Row("  precision 16-mixed (GradScaler)", BASE, ["precision=16-mixed"], cuda_only=fp16_note),
         Row("  Muon_AdamW for G and D", BASE, ["generator_optimizer_args.optimizer_cls=Muon_AdamW",
                                               "discriminator_optimizer_args.optimizer_cls=Muon_AdamW"]),
         Row("  fast MPD instead of MPD (+MSD)", BASE, ["model_args.discriminators=[fast_mpd,msd]"]),
@@ -155,8 +155,8 @@ def measure_inference(cfg_path: Path, cuda: bool, seconds: float = 2.0, repeats:
 
     device = torch.device("cuda" if cuda else "cpu")
     voc = VocoderInference(build_generator(cfg), export_info(cfg), device)
-    frames = int(seconds * cfg.audio_sample_rate / cfg.hop_size)
-    mel = torch.randn(1, cfg.audio_num_mel_bins, frames, device=device) - 5
+    frames = int(seconds * cfg.audio.sample_rate / cfg.audio.hop_length)
+    mel = torch.randn(1, cfg.audio.n_mels, frames, device=device) - 5
     f0 = torch.full((1, frames), 200.0, device=device)
     out = {}
     for label, dtype in (("fp32", None), ("bf16", torch.bfloat16), ("fp16", torch.float16)):

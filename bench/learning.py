@@ -3,7 +3,7 @@
     python -m bench.learning --trainer vocoder [--compare init=old,new] [--steps 200] [--eval_every 50]
     python -m bench.learning --trainer vits --compare lr=0.001,0.002
     python -m bench.learning --trainer vits --compare phoneme_type=text,espeak --steps 300
-    python -m bench.learning --trainer vae                 # default: --compare mixed_precision=false,true
+    python -m bench.learning --trainer vae                 # default: --compare precision=32-true,bf16-mixed
     python -m bench.learning --trainer vocoder --reference_dir /path/to/SingingVocoders --steps 600
     python -m bench.learning --trainer vae --reference_dir /path/to/latent-diffusion --taming_dir /path/to/taming-transformers
     python -m bench.learning --trainer vits --reference_dir /path/to/jaywalnut310-vits --same_init --steps 300
@@ -51,12 +51,12 @@ RECIPE = {
     # the vocoder loop calls train_step without advancing tr.step, so the demo's generator-only warm-up
     # would never end here, and the figures in the README were measured with the critics from step 0
     # and without the energy term (the references have neither).
-    "vocoder": ["pl_trainer_precision=32-true", "num_valid_plots=0", "volume_aug=false",
+    "vocoder": ["precision=32-true", "num_valid_plots=0", "volume_aug=false",
                 "discriminator_train_start_steps=0", "lab_aux_energyloss=0.0"],
-    "vits": ["mixed_precision=false", "progress_bar=false", "discriminator_train_start_steps=0", "c_energy=0.0"],
+    "vits": ["precision=32-true", "progress_bar=false", "discriminator_train_start_steps=0", "c_energy=0.0"],
     "vae": ["perceptual_weight=0.0", "ema_decay=0.0"],
 }
-DEFAULT_COMPARE = {"vocoder": "init=old,new", "vits": "init=old,new", "vae": "mixed_precision=false,true"}
+DEFAULT_COMPARE = {"vocoder": "init=old,new", "vits": "init=old,new", "vae": "precision=32-true,bf16-mixed"}
 DEFAULT_STEPS = {"vocoder": 200, "vits": 300, "vae": 300}
 OLD_INIT_STD = 0.01
 
@@ -274,7 +274,7 @@ def vae_runners(key: str, values: list[str], args, tmp: Path) -> tuple[list[Runn
         overrides, init = setting_overrides(key, value)
         if init == "old":
             raise SystemExit("error: the VAE has no old init (its model equals diffusers' AutoencoderKL); "
-                             "compare config keys instead, e.g. --compare mixed_precision=false,true")
+                             "compare config keys instead, e.g. --compare precision=32-true,bf16-mixed")
         cfg = load_config(REPO / "vae" / "configs" / "demo.yaml", VAEConfig, [*base, *overrides])
         torch.manual_seed(cfg.seed)
         tr = VAETrainer(cfg, device, total_steps=args.steps, quiet=True)

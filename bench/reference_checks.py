@@ -232,7 +232,7 @@ def vae_checks(args) -> None:
         raise SystemExit("error: preparing the VAE demo data failed (see above)")
     cfg = load_config(REPO / "vae" / "configs" / "demo.yaml", VAEConfig,
                       ["perceptual_weight=0.0", "ema_decay=0.0", "disc_start=0", "disc_weight=0.5",
-                       "mixed_precision=false", *args.set])
+                       "precision=32-true", *args.set])
     torch.manual_seed(cfg.seed)
     tr = VAETrainer(cfg, torch.device("cpu"), total_steps=args.reps + 1, quiet=True)
     disc = tr.disc_module

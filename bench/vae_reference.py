@@ -67,9 +67,9 @@ REQUIRED_LDM = ("ldm/models/autoencoder.py", "ldm/modules/losses/contperceptual.
 REQUIRED_TAMING = ("taming/modules/losses/vqperceptual.py", "taming/modules/discriminator/model.py",
                    "taming/modules/vqvae/quantize.py", "taming/util.py")
 # Our config set to what their loop can express (on top of bench.learning's RECIPE["vae"]).
-REFERENCE_RECIPE = ["mixed_precision=false", "optimizer_cls=Adam", "lr_scheduler=constant", "warmup_steps=0",
+REFERENCE_RECIPE = ["precision=32-true", "optimizer_cls=Adam", "lr_scheduler=constant", "warmup_steps=0",
                     "gradient_clip=0", "ema_decay=0.0", "learn_logvar=false", "rec_loss=l1", "weight_decay=0.0",
-                    "accumulation_steps=1", "disc_learning_rate=0.0", "gan_weight_clamp=latent_diffusion"]
+                    "accumulation_steps=1", "disc_learning_rate=0.0"]
 THEIR_BETAS = (0.5, 0.9)  # fixed in their configure_optimizers
 THEIR_CRITIC_CHANNELS = 64  # LPIPSWithDiscriminator does not pass ndf: taming's default
 # Their constructor builds an ldm Encoder/Decoder that the grafted modules replace: the smallest valid one.

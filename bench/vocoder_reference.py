@@ -80,10 +80,10 @@ def import_reference(reference_dir: str | Path) -> types.SimpleNamespace:
 
 def reference_config(cfg) -> dict:
     """The keys their Generator / HiFiloss read, from our VocoderConfig (the same values both sides use)."""
-    m = cfg.model_args
+    m, a = cfg.model_args, cfg.audio
     return {
-        "audio_sample_rate": cfg.audio_sample_rate, "audio_num_mel_bins": cfg.audio_num_mel_bins,
-        "hop_size": cfg.hop_size, "fft_size": cfg.fft_size, "win_size": cfg.win_size, "fmin": cfg.fmin,
+        "audio_sample_rate": a.sample_rate, "audio_num_mel_bins": a.n_mels,
+        "hop_size": a.hop_length, "fft_size": a.n_fft, "win_size": a.win_length, "fmin": a.fmin,
         "fmax_for_loss": cfg.fmax_for_loss, "lab_aux_melloss": cfg.lab_aux_melloss,
         "lab_aux_stftloss": cfg.lab_aux_stftloss, "use_stftloss": cfg.use_stftloss,
         "loss_fft_sizes": cfg.loss_fft_sizes, "loss_hop_sizes": cfg.loss_hop_sizes,
@@ -94,8 +94,8 @@ def reference_config(cfg) -> dict:
                        "resblock_kernel_sizes": m.resblock_kernel_sizes,
                        "resblock_dilation_sizes": m.resblock_dilation_sizes,
                        "discriminator_periods": m.discriminator_periods,
-                       "sampling_rate": cfg.audio_sample_rate, "num_mels": cfg.audio_num_mel_bins,
-                       "hop_size": cfg.hop_size},
+                       "sampling_rate": a.sample_rate, "num_mels": a.n_mels,
+                       "hop_size": a.hop_length},
     }
 
 

@@ -289,12 +289,6 @@ class MelSpectrogram(nn.Module):
             f"center={self.center}"
         )
 
-    def num_frames(self, num_samples: int) -> int:
-        """Frames produced for a waveform of `num_samples` samples."""
-        if self.center:
-            return num_samples // self.hop_length + 1
-        return (num_samples + 2 * self.pad - self.n_fft) // self.hop_length + 1
-
     def linear(self, wav: torch.Tensor) -> torch.Tensor:
         """wav [B, T], [B, 1, T] or [T] → linear magnitude [B, n_fft // 2 + 1, frames] (fp32)."""
         if wav.dim() == 1:

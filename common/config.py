@@ -77,7 +77,7 @@ def read_config_file(path: str | Path, _seen: tuple[Path, ...] = (),
         merged = _deep_merge(merged, base_data)
         sources.update(base_sources)
     if schema is not None:
-        data = canonical_names(schema, data, str(path))
+        data = canonical_names(schema, combine_multi_key_aliases(schema, data, merged, str(path)), str(path))
     merged = _deep_merge(merged, data)
     for key in _dotted_keys(data):
         sources[key] = path
@@ -149,6 +149,36 @@ def canonical_names(schema: type, data: dict, source: str, prefix: str = "") -> 
             raise ConfigError(f"'{prefix}{raw_key}' ({source}) sets '{prefix}{key}' twice (once through an "
                               "alias): keep one spelling")
         node[leaf] = value
+    return out
+
+
+def _multi_key_aliases(schema: type) -> tuple:
+    return tuple(getattr(schema, "MULTI_KEY_ALIASES", ()) or ())
+
+
+def _field_default(schema: type, name: str) -> Any:
+    f = next(f for f in dataclasses.fields(schema) if f.name == name)
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def combine_multi_key_aliases(schema: type, layer: dict, below: dict, source: str) -> dict:
+    """`layer` (one YAML file, or the command line) with the keys of each of `schema`'s
+    `MULTI_KEY_ALIASES` replaced by the one field they spell. Such an alias (e.g.
+    `common.precision.MixedPrecisionSwitch`: `mixed_precision` + `amp_dtype` → `precision`) has
+    `keys`, `field` and `combine(given, below_value)`, `below_value` being what the layers under
+    this one set (`below`, canonical names) or the field's default. Top-level keys only."""
+    out = dict(layer)
+    for alias in _multi_key_aliases(schema):
+        given = {k: out.pop(k) for k in alias.keys if k in out}
+        if not given:
+            continue
+        if alias.field in {_aliases(schema).get(k, k) for k in out}:
+            raise ConfigError(f"{', '.join(given)} and '{alias.field}' ({source}) both set '{alias.field}': "
+                              "keep one spelling")
+        try:
+            out[alias.field] = alias.combine(given, below.get(alias.field, _field_default(schema, alias.field)))
+        except ValueError as exc:
+            raise ConfigError(f"{exc} ({source})") from None
     return out
 
 
@@ -325,20 +355,28 @@ def load_config(
     if path is not None:
         data, sources = read_config_file(path, schema=schema)
     explicit: dict[str, str] = {}
-    for dotted, value in (extra or {}).items():
-        if value is None:
-            continue
-        source = (extra_sources or {}).get(dotted, "command-line flag")
+    multi_keys = {k for alias in _multi_key_aliases(schema) for k in alias.keys}
+    typed = [(dotted, value, (extra_sources or {}).get(dotted, "command-line flag"), True)
+             for dotted, value in (extra or {}).items() if value is not None]
+    typed += [(*parse_override(text), f"--set {text}", False) for text in overrides or ()]
+    switches: dict[str, tuple[Any, str]] = {}  # the command line's multi-key alias spellings: one layer
+    for dotted, value, source, is_flag in typed:
         dotted = _canonical_key(schema, dotted)
+        if dotted in multi_keys:
+            switches[dotted] = (value, source)
+            continue
         _set_dotted(data, dotted, value)
         sources[dotted] = explicit[dotted] = source
-        for i in range(1, dotted.count(".") + 1):
+        for i in range(1, dotted.count(".") + 1 if is_flag else 1):
             sources.setdefault(".".join(dotted.split(".")[:i]), source)
-    for text in overrides or ():
-        dotted, value = parse_override(text)
-        dotted = _canonical_key(schema, dotted)
-        _set_dotted(data, dotted, value)
-        sources[dotted] = explicit[dotted] = f"--set {text}"
+    if switches:
+        where = ", ".join(dict.fromkeys(src for _, src in switches.values()))
+        layer = {k: v for k, (v, _) in switches.items()}
+        for key, value in combine_multi_key_aliases(schema, layer, data, where).items():
+            if key in explicit:
+                raise ConfigError(f"{where} and {explicit[key]} both set '{key}': keep one spelling")
+            data[key] = value
+            sources[key] = explicit[key] = where
     cfg = _build(schema, data, "", sources, str(path) if path else "defaults")
     object.__setattr__(cfg, _EXPLICIT_ATTR, explicit)
     object.__setattr__(cfg, _SOURCES_ATTR, {k: str(v) for k, v in sources.items()})

@@ -61,7 +61,7 @@ class ResumableSampler(DistributedSampler):
         )
         self._skip = 0
 
-    def skip(self, n_samples: int) -> None:
+    def skip_samples(self, n_samples: int) -> None:
         """Skip the first `n_samples` of this rank's order for the current epoch (next iter only)."""
         self._skip = max(0, int(n_samples))
 
@@ -76,7 +76,7 @@ class ResumableSampler(DistributedSampler):
 
 
 class BucketBatchSampler(Sampler[list[SampleKey]]):
-    """Batches of similar length (less padding; with `pad_to_bucket`, few distinct shapes, so
+    """Batches of similar length (less padding; padded to `BucketShapes`, few distinct shapes, so
     torch.compile and CUDA graphs do not recompile every batch). Sharded by rank, resumable."""
 
     def __init__(
@@ -113,7 +113,8 @@ class BucketBatchSampler(Sampler[list[SampleKey]]):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def skip(self, n_batches: int) -> None:
+    def skip_batches(self, n_batches: int) -> None:
+        """Skip the first `n_batches` of this rank's batches for the current epoch (next iter only)."""
         self._skip = max(0, int(n_batches))
 
     def _all_batches(self) -> list[list[int]]:
@@ -177,12 +178,6 @@ class BucketShapes:
             return self.text_bounds[i], self.frame_bounds[i]
         # Longer than every bucket (an item not seen when the buckets were made): still a rounded shape.
         return round_up(max_text, self.text_multiple), round_up(max_frames, self.frame_multiple)
-
-
-def pad_to_bucket(length: int, boundaries: Sequence[int]) -> int:
-    """The smallest bucket boundary ≥ length (or length itself beyond the last)."""
-    i = bisect.bisect_left(boundaries, length)
-    return boundaries[i] if i < len(boundaries) else length
 
 
 def make_loader(

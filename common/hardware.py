@@ -282,8 +282,6 @@ def oom_message(what: str, batch_size: int, hints: dict | None = None) -> str:
       batch_key ("batch_size"), accum_key ("accumulate_grad_batches"; None: the trainer has no
       gradient accumulation, so only the batch is halved), accumulation (current, 1),
       precision_key ("precision"), precision (current; bf16 suggested unless already mixed),
-      precision_set (the overrides that select bf16, when the key is not a precision string:
-      "mixed_precision=true --set amp_dtype=bf16"; default "<precision_key>=bf16-mixed"),
       checkpointing_key (config key that enables gradient checkpointing, if the model has it),
       crop_key + crop (config key and current value of the training crop, if it has one),
       resume (the flag that continues the run afterwards, e.g. "--resume auto").
@@ -305,8 +303,7 @@ def oom_message(what: str, batch_size: int, hints: dict | None = None) -> str:
         lines.append(f"  --set {batch_key}={batch_size // 2}   (half the batch)")
     precision = h.get("precision")
     if precision is None or "mixed" not in str(precision):
-        setting = h.get("precision_set") or f"{h.get('precision_key', 'precision')}=bf16-mixed"
-        lines.append(f"  --set {setting}   (half-precision activations take half the memory)")
+        lines.append(f"  --set {h.get('precision_key', 'precision')}=bf16-mixed   (half-precision activations take half the memory)")
     if h.get("checkpointing_key"):
         lines.append(f"  --set {h['checkpointing_key']}=true   (gradient checkpointing: recompute activations)")
     if h.get("crop_key") and h.get("crop"):

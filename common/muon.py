@@ -319,14 +319,6 @@ def split_params(
     return muon_named, adamw_named
 
 
-def describe_split(model: nn.Module, exclude: Sequence[str] = ()) -> str:
-    """One line per trainable parameter: where it goes and why (print it when tuning a new model)."""
-    return "\n".join(
-        f"{'Muon ' if r is None else 'AdamW'} {n} {tuple(p.shape)}{'' if r is None else f' ({r})'}"
-        for n, p, r in _named_split(model, exclude)
-    )
-
-
 # -------------------------------------------------------------------------------------------- MuonAdamW
 
 

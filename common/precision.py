@@ -1,11 +1,14 @@
 """One precision policy for every trainer: autocast, GradScaler and backend flags.
 
-Why one object: the precision string (`pl_trainer_precision`, `--mixed_precision`, `--precision`)
-decides four coupled things (autocast dtype, whether a GradScaler is needed, which backend flags
-are safe, what to tell the user). Spreading them over trainers is how runs end up "fp16" with no
-scaler, or with TF32 set through the legacy API that raises when mixed with the new one. So every
-trainer hands its own spelling (`pl_trainer_precision: 16-mixed`, `mixed_precision: true` +
-`amp_dtype: bf16`, `--precision auto`, `--mixed_precision --use_bf16`) straight to `Precision`.
+Why one object: the precision string decides four coupled things (autocast dtype, whether a
+GradScaler is needed, which backend flags are safe, what to tell the user). Spreading them over
+trainers is how runs end up "fp16" with no scaler, or with TF32 set through the legacy API that
+raises when mixed with the new one. So every trainer's config has one field, `precision`
+(`32-true | 16-mixed | bf16-mixed | auto`), handed straight to `Precision`.
+
+The guides' other spellings are read only at the edge, when a config loads: a value alias
+(`fp16`, `bf16`, `16`, …) by `precision_name`, and a pair of switches (`mixed_precision` +
+`amp_dtype` / `use_bf16`) by `MixedPrecisionSwitch`, which a schema lists in its `MULTI_KEY_ALIASES`.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -31,41 +36,89 @@ def bf16_supported(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
-def normalize_precision(value: str | bool | int, device: torch.device | None = None,
-                        amp_dtype: str | None = None) -> str:
-    """Maps user spellings to one of PRECISIONS.
-
-    `True` (a `mixed_precision: true` switch) means `amp_dtype` when given (`fp16`/`bf16`, the VITS
-    and VAE switches' second key), else bf16 where the device has it, else fp16: bf16 needs no loss
-    scaling. `auto` is bf16-mixed on a CUDA GPU with bf16 and 32-true everywhere else (a GPU
-    without bf16, the CPU): fp16 needs loss scaling and the CPU has no fast fp16 path."""
-    device = device or torch.device("cpu")
-    if isinstance(value, bool):
-        if not value:
-            return "32-true"
-        if amp_dtype is not None:
-            return normalize_precision(amp_dtype, device)
-        return "bf16-mixed" if bf16_supported(device) else "16-mixed"
+def precision_name(value: str | int) -> str:
+    """A config's precision value in its one spelling: one of PRECISIONS, or `auto` (decided by the
+    device when training starts). Lightning's and torch's spellings (`16`, `fp16`, `bf16`, …) are
+    accepted; anything else raises ValueError naming the choices."""
     key = str(value).strip().lower()
-    if key in ("true", "mixed", "yes"):
-        return normalize_precision(True, device, amp_dtype)
     if key == "auto":
-        return "bf16-mixed" if device.type == "cuda" and bf16_supported(device) else "32-true"
-    if key not in _ALIASES:
+        return key
+    if isinstance(value, bool) or key not in _ALIASES:
         raise ValueError(f"unknown precision '{value}'; use one of {', '.join(PRECISIONS)}, auto "
                          "(or fp32/fp16/bf16)")
     return _ALIASES[key]
 
 
+def normalize_precision(value: str | int, device: torch.device | None = None) -> str:
+    """Maps a precision spelling (`precision_name`) to one of PRECISIONS on `device`.
+
+    `auto` is bf16-mixed on a CUDA GPU with bf16 and 32-true everywhere else (a GPU without bf16,
+    the CPU): fp16 needs loss scaling and the CPU has no fast fp16 path."""
+    device = device or torch.device("cpu")
+    name = precision_name(value)
+    if name == "auto":
+        return "bf16-mixed" if device.type == "cuda" and bf16_supported(device) else "32-true"
+    return name
+
+
+def _switch_on(value: Any, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+        return value.lower() in ("true", "yes", "1")
+    raise ValueError(f"{key}: expected true/false, got {value!r}")
+
+
+@dataclass(frozen=True)
+class MixedPrecisionSwitch:
+    """A guide's two-key spelling of `precision`: an on/off switch (`mixed_precision`) and a key that
+    picks the autocast dtype (`amp_dtype: fp16|bf16` in VITS, `use_bf16: true|false` in the VAE).
+
+    `common.config.load_config` calls `combine` once per layer (each YAML file of a `base_config`
+    chain, then the command line as one layer) with the switch keys that layer gives and the precision
+    the layers below set; the result is that layer's `precision`. The rule, as the guides' flags read:
+    the switch off is 32-true; on, it is the dtype given beside it, else the dtype of a mixed precision
+    below, else `default_mixed`; a dtype key alone changes the dtype of a mixed precision below and
+    leaves 32-true alone."""
+
+    switch: str  # e.g. "mixed_precision"
+    dtype_key: str  # e.g. "amp_dtype" / "use_bf16"
+    dtypes: tuple[tuple[Any, str], ...]  # (value of dtype_key, precision), e.g. (("fp16", "16-mixed"), ...)
+    default_mixed: str  # the precision of the switch alone, over no mixed precision
+    field: str = "precision"
+
+    @property
+    def keys(self) -> tuple[str, str]:
+        return self.switch, self.dtype_key
+
+    def _mixed_of(self, value: Any) -> str:
+        if isinstance(self.dtypes[0][0], bool):  # a yes/no dtype key (`use_bf16`)
+            value = _switch_on(value, self.dtype_key)
+        for spelled, precision in self.dtypes:
+            if value == spelled:
+                return precision
+        raise ValueError(f"{self.dtype_key}: {value!r} is not one of {[v for v, _ in self.dtypes]}")
+
+    def combine(self, given: dict[str, Any], below: str) -> str:
+        """This layer's precision from the switch keys it gives (`given`) over `below`."""
+        below = precision_name(below)
+        dtype = self._mixed_of(given[self.dtype_key]) if self.dtype_key in given else None
+        below_mixed = below if below in ("16-mixed", "bf16-mixed") else None
+        if self.switch in given:
+            if not _switch_on(given[self.switch], self.switch):
+                return "32-true"
+            return dtype or below_mixed or self.default_mixed
+        return dtype if below_mixed and dtype else below
+
+
 class Precision:
     """Applies a precision choice on `device` and records what it applied and what it could not.
-    `precision` is any spelling `normalize_precision` reads (with `amp_dtype` for a boolean switch)."""
+    `precision` is any spelling `normalize_precision` reads (a config's `precision` field)."""
 
     def __init__(
         self,
-        precision: str | bool = "32-true",
+        precision: str = "32-true",
         device: torch.device | str = "cpu",
-        amp_dtype: str | None = None,
         tf32: bool = False,
         cudnn_benchmark: bool = False,
         channels_last: bool = False,
@@ -75,7 +128,7 @@ class Precision:
         self.device = torch.device(device)
         self.applied: list[str] = []
         self.notes: list[str] = []
-        self.precision = normalize_precision(precision, self.device, amp_dtype)
+        self.precision = normalize_precision(precision, self.device)
         self.channels_last = channels_last
         self.compile = compile
         is_cuda = self.device.type == "cuda"

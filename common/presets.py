@@ -3,17 +3,18 @@
 `--preset {rtx4090,rtx5090,auto,cpu}` is one flag with the same meaning in every trainer. It fills
 in the settings that depend on the card — batch size, DataLoader workers, precision and the
 training crop — so a user with a 4090 or 5090 need not tune them by hand. The values per card live
-in `common.hardware.PRESETS` (with the reasons); this module maps them onto each trainer's own
-config keys (data, below) and applies them. A trainer's own recipe flag (the cloning trainer's
-`--fast-convergence`, whose values are data in `tts/clone/presets.py`) goes through the same
-`apply_settings`.
+in `common.hardware.PRESETS` (with the reasons); each trainer's schema maps them onto its own config
+keys (`PRESET_KEYS`), and this module applies them. A trainer's own recipe flag (the cloning
+trainer's `--fast-convergence`, whose values are data in `tts/clone/presets.py`) goes through the
+same `apply_settings`.
 
 Precedence, lowest first: schema defaults < the YAML config < a preset < what the user typed
 (the trainer's flags and `--set`). A preset sits above the YAML on purpose: every shipped recipe
 sets these keys, so a preset below the YAML would change nothing. A setting the user typed is kept
-whole: with `--precision` or `--mixed_precision` on the command line, the preset touches no
-precision key. What a preset writes is recorded as asked for (`common.config.mark_explicit`), so a
-later preset leaves it alone and a resume applies it like a typed value. One line says what the
+whole: with a precision on the command line (`--precision`, `--mixed_precision`, `--set precision=…`:
+every spelling is the one `precision` key once the config is loaded), the preset leaves it alone.
+What a preset writes is recorded as asked for (`common.config.mark_explicit`), so a later preset
+leaves it alone and a resume applies it like a typed value. One line says what the
 preset set (and what it replaced) and what it left alone.
 """
 
@@ -25,34 +26,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.config import explicit_keys, mark_explicit
+from common.config import explicit_keys, import_from_string, mark_explicit
 from common.hardware import PRESETS, preset_name
 
 PRESET_CHOICES = ("rtx4090", "rtx5090", "auto", "cpu")
 
-# The trainers that take `--preset` (`make check` lists them; a test runs each with it).
+# The trainers that take `--preset` (`make check` lists them; a test runs each with it), and the
+# schema whose `PRESET_KEYS` maps each card setting onto that trainer's own config key.
 TRAINER_SCRIPTS = {"vocoder": "vocoder/train.py", "tts": "tts/train.py", "tts_clone": "tts/train_main.py",
                    "vae": "vae/train_vae.py"}
-# Each trainer's config key for the preset's batch_size / num_workers / crop.
-TRAINER_KEYS: dict[str, dict[str, str]] = {
-    "vocoder": {"batch_size": "batch_size", "num_workers": "ds_workers", "crop": "crop_mel_frames"},
-    "tts": {"batch_size": "batch_size", "num_workers": "num_loader_workers", "crop": "model_args.segment_frames"},
-    "tts_clone": {"batch_size": "train.batch_size", "num_workers": "train.num_workers", "crop": "data.ref_seconds"},
-    # The VAE guide fixes batch and crop per resolution profile (24/16/8/4 at 768/1024/1536/2048) and
-    # `fit_batch_size` lowers the batch at start when memory says so; a card preset must not undo that.
-    "vae": {"num_workers": "num_workers"},
-}
-# Each trainer's spelling of a precision (`32-true | 16-mixed | bf16-mixed`): the keys it sets.
-PRECISION_KEYS: dict[str, dict[str, dict[str, Any]]] = {
-    "vocoder": {p: {"pl_trainer_precision": p} for p in ("32-true", "16-mixed", "bf16-mixed")},
-    "tts_clone": {p: {"train.precision": p} for p in ("32-true", "16-mixed", "bf16-mixed")},
-    "tts": {"32-true": {"mixed_precision": False},
-            "16-mixed": {"mixed_precision": True, "amp_dtype": "fp16"},
-            "bf16-mixed": {"mixed_precision": True, "amp_dtype": "bf16"}},
-    "vae": {"32-true": {"mixed_precision": False},
-            "16-mixed": {"mixed_precision": True, "use_bf16": False},
-            "bf16-mixed": {"mixed_precision": True, "use_bf16": True}},
-}
+TRAINER_SCHEMAS = {"vocoder": "vocoder.config.VocoderConfig", "tts": "tts.vits.config.TrainConfig",
+                   "tts_clone": "tts.clone.config.CloneConfig", "vae": "vae.config.VAEConfig"}
 
 
 def add_preset_arg(parser: argparse.ArgumentParser) -> None:
@@ -62,19 +46,19 @@ def add_preset_arg(parser: argparse.ArgumentParser) -> None:
              "the CPU, or auto (by the detected GPU); your flags and --set win over it")
 
 
-def preset_settings(name: str, trainer: str) -> dict[str, dict[str, Any]]:
-    """{setting: {config key: value}} of preset `name` (not `auto`) in `trainer`'s own keys."""
+def preset_settings(name: str, trainer: str, preset_keys: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """{setting: {config key: value}} of preset `name` (not `auto`) for `trainer`, in the keys its
+    schema's `PRESET_KEYS` ({setting: config key}) names."""
     values = PRESETS[name][trainer]
-    out = {setting: {key: values[setting]} for setting, key in TRAINER_KEYS[trainer].items()}
-    out["precision"] = dict(PRECISION_KEYS[trainer][values["precision"]])
-    return out
+    return {setting: {key: values[setting]} for setting, key in preset_keys.items()}
 
 
 def preset_summary(name: str) -> list[str]:
     """One line per trainer: the script and the config values preset `name` (not `auto`) sets."""
     lines = []
     for trainer, script in TRAINER_SCRIPTS.items():
-        values = [f"{k}={v}" for keys in preset_settings(name, trainer).values() for k, v in keys.items()]
+        keys = import_from_string(TRAINER_SCHEMAS[trainer]).PRESET_KEYS
+        values = [f"{k}={v}" for keys in preset_settings(name, trainer, keys).values() for k, v in keys.items()]
         lines.append(f"{script} --preset {name}: {', '.join(values)}")
     return lines
 
@@ -114,17 +98,14 @@ class PresetOutcome:
     kept: dict[str, tuple[Any, Any, str]] = field(default_factory=dict)
 
 
-def apply_settings(cfg: Any, settings: dict[str, dict[str, Any]], source: str,
-                   owned: dict[str, set[str]] | None = None) -> PresetOutcome:
+def apply_settings(cfg: Any, settings: dict[str, dict[str, Any]], source: str) -> PresetOutcome:
     """The one preset rule (module docstring), on a loaded config in place. `settings`: setting →
-    {config key: value}; a setting any of whose keys (or `owned[setting]`, every key that spells it)
-    the user typed (`explicit_keys`, or a mapping above it) is left whole. Written keys are marked
-    explicit with `source`."""
+    {config key: value}; a setting any of whose keys the user typed (`explicit_keys`, or a mapping
+    above it) is left whole. Written keys are marked explicit with `source`."""
     explicit = explicit_keys(cfg)
     out = PresetOutcome()
-    for setting, keys in settings.items():
-        spelled = (owned or {}).get(setting) or set(keys)
-        typed = {k: src for k in sorted(spelled) if (src := _typed_source(k, explicit))}
+    for keys in settings.values():
+        typed = {k: src for k in sorted(keys) if (src := _typed_source(k, explicit))}
         if typed:
             out.kept.update({k: (get_key(cfg, k), keys.get(k, "-"), src) for k, src in typed.items()})
             continue
@@ -137,17 +118,17 @@ def apply_settings(cfg: Any, settings: dict[str, dict[str, Any]], source: str,
 
 def apply_preset(cfg: Any, name: str | None, trainer: str, log: Callable[[str], None] | None = None,
                  vram_gb: float | None = None) -> dict[str, Any]:
-    """Applies card preset `name` (None: nothing) to a loaded config in place; returns {key: value} it set.
+    """Applies card preset `name` (None: nothing) to a loaded config in place, in the keys its schema's
+    `PRESET_KEYS` names; returns {key: value} it set.
 
-    A setting any of whose keys the user typed (`common.config.explicit_keys`) is left whole.
-    Prints one line (rank 0 only under torchrun)."""
+    A setting the user typed (`common.config.explicit_keys`, any spelling of it: aliases resolve at
+    load) is left alone. Prints one line (rank 0 only under torchrun)."""
     if name is None:
         return {}
     if log is None:
         log = print if os.environ.get("RANK", "0") == "0" else (lambda _line: None)
     name = preset_name(name, vram_gb, say=log)
-    precision_keys = {k for keys in PRECISION_KEYS[trainer].values() for k in keys}
-    done = apply_settings(cfg, preset_settings(name, trainer), f"--preset {name}", {"precision": precision_keys})
+    done = apply_settings(cfg, preset_settings(name, trainer, type(cfg).PRESET_KEYS), f"--preset {name}")
     set_words = [f"{k}={new}" + (f" (config had {old})" if old is not None and old != new else "")
                  for k, (old, new) in done.written.items()]
     kept_words = [f"{k}={now} ({src}; preset: {preset})" for k, (now, preset, src) in done.kept.items()]

@@ -181,23 +181,7 @@ def prepare_run_dir(run_dir: str | Path, ckpt_dir: str | Path | None = None, res
     return aside
 
 
-def tensorboard_dir(run_dir: str | Path, is_main: bool = True, name: str = "logs",
-                    old_names: tuple[str, ...] = ("tensorboard", "tb")) -> Path:
+def tensorboard_dir(run_dir: str | Path) -> Path:
     """The run's TensorBoard folder, `<run_dir>/logs` for every trainer (`tensorboard --logdir
-    <run_dir>/logs`, as the guides say). A run written before this layout has its events in an old
-    folder (the VITS trainer's `tensorboard/`, the vocoder's `tb/`): that folder is
-    renamed to `logs` once (on the main rank), so a resumed run appends to the same history and one
-    `--logdir` shows all of it. When both exist (nothing is ever merged or deleted) the old one stays
-    readable with its own `--logdir` and a line says so."""
-    run_dir = Path(run_dir)
-    new = run_dir / name
-    for old_name in old_names:
-        old = run_dir / old_name
-        if not (is_main and old.is_dir()):
-            continue
-        if not new.exists():
-            os.replace(old, new)
-            print(f"moved the TensorBoard files of {old} to {new}: tensorboard --logdir {new}")
-        else:
-            print(f"note: {old} holds older TensorBoard files; view them with tensorboard --logdir {old}")
-    return new
+    <run_dir>/logs`, as the guides say)."""
+    return Path(run_dir) / "logs"

@@ -351,7 +351,7 @@ def fake_python(tmp_path) -> Path:
 @pytest.mark.parametrize("extra", [[], ["--overwrite"], ["--resume", "x.pt"]])
 def test_launchers_keep_the_users_folder_and_add_resume_auto_one_way(trainer, extra, fake_python, tmp_path):
     record = tmp_path / "argv.txt"
-    env = {**os.environ, "PY": str(fake_python), "PYTHON": str(fake_python), "RECORD": str(record)}
+    env = {**os.environ, "PYTHON": str(fake_python), "RECORD": str(record)}
     user_dir = tmp_path / "me"
     user_dir.mkdir()
     subprocess.run(["bash", str(REPO / "shell" / "train_rtx5090.sh"), trainer, "--data_dir", "my_data", *extra],

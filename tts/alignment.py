@@ -119,7 +119,3 @@ def alignment_posterior(log_lik: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"alignment_posterior: {value.shape[0]} tokens but only {value.shape[1]} frames")
     return torch.from_numpy(_posterior_one(np.ascontiguousarray(value))).to(log_lik.device)
 
-
-def durations_from_path(path: torch.Tensor) -> torch.Tensor:
-    """[B, T_text, T_frames] 0/1 path → frames per token [B, T_text]."""
-    return path.sum(-1)

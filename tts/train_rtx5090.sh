@@ -6,12 +6,13 @@
 # PYTHON overrides the interpreter (default .venv/bin/python).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-py="${PYTHON:-$here/.venv/bin/python}"
-if [ ! -x "$py" ]; then py="$(command -v python3)"; fi
+PYTHON="${PYTHON:-$here/.venv/bin/python}"
+[[ -x "$PYTHON" ]] || PYTHON=python3
 source "$here/shell/resume_default.sh"
 CONFIG="$here/tts/vits/configs/uzbek_vits_rtx5090.yaml"
-if [ "${NPROC:-1}" -gt 1 ]; then
-  exec "$py" -m torch.distributed.run --standalone --nproc_per_node "$NPROC" "$here/tts/train.py" \
+NPROC="${NPROC:-1}"
+if [[ "$NPROC" -gt 1 ]]; then
+  exec "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC" "$here/tts/train.py" \
     --config "$CONFIG" "${RESUME[@]}" "$@"
 fi
-exec "$py" "$here/tts/train.py" --config "$CONFIG" "${RESUME[@]}" "$@"
+exec "$PYTHON" "$here/tts/train.py" --config "$CONFIG" "${RESUME[@]}" "$@"

@@ -197,7 +197,7 @@ def profile_memory(cfg: VAEConfig, resolutions: list[int], batches: list[int]) -
     rows = []
     name = torch.cuda.get_device_name(device)
     total = torch.cuda.get_device_properties(device).total_memory / 1024**3
-    precision = normalize_precision(cfg.mixed_precision, device, cfg.amp_dtype)
+    precision = normalize_precision(cfg.precision, device)
     print(f"profiling on {name} ({total:.1f} GiB), precision {precision}, channels {cfg.channels}, "
           f"z {cfg.z_channels}, gradient_checkpointing {cfg.gradient_checkpointing}")
     for res in resolutions:

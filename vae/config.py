@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from common.precision import MixedPrecisionSwitch, precision_name
+
 
 @dataclass
 class VAEConfig:
@@ -20,6 +22,14 @@ class VAEConfig:
                                          # the names every trainer reads (README, "One name per concept")
                                          "save_n_checkpoints": "keep_checkpoints",
                                          "val_check_interval": "val_freq", "clip_grad_norm": "gradient_clip"}
+    # `--preset` (common.presets): each card setting of common.hardware.PRESETS -> the key it sets here.
+    # Workers and precision only: the guide fixes batch and crop per resolution profile (24/16/8/4 at
+    # 768/1024/1536/2048) and `fit_batch_size` lowers the batch at start when memory says so.
+    PRESET_KEYS: ClassVar[dict[str, str]] = {"num_workers": "num_workers", "precision": "precision"}
+    # The guide's switches, as its flags read: --mixed_precision alone = fp16 autocast + GradScaler,
+    # --mixed_precision --use_bf16 = bf16 autocast, neither = fp32; read as `precision` at load.
+    MULTI_KEY_ALIASES: ClassVar[tuple[MixedPrecisionSwitch, ...]] = (MixedPrecisionSwitch(
+        "mixed_precision", "use_bf16", ((True, "bf16-mixed"), (False, "16-mixed")), default_mixed="16-mixed"),)
 
     # ---- data
     data_path: str = "data/vae"               # prepared folder (manifest.json) or any folder of images
@@ -57,9 +67,6 @@ class VAEConfig:
     disc_start: int = 50001                   # global step at which the PatchGAN joins
     disc_weight: float = 0.5                  # 0 disables the discriminator entirely
     disc_factor: float = 1.0
-    # latent_diffusion: their adaptive-weight clamp (1e4 on the summed loss) = 1e4 / C·H·W here;
-    # per_pixel: 1e4 on our per-pixel scale (never binds: a far stronger GAN term at large crops).
-    gan_weight_clamp: Literal["latent_diffusion", "per_pixel"] = "latent_diffusion"
     disc_channels: int = 64
     disc_layers: int = 3
 
@@ -84,10 +91,7 @@ class VAEConfig:
     seed: int = 42
 
     # ---- speed / precision
-    # The guide's switches, as its flags read: --mixed_precision alone = fp16 autocast + GradScaler,
-    # --mixed_precision --use_bf16 = bf16 autocast, neither = fp32. The profiles set both (bf16).
-    mixed_precision: bool = False
-    use_bf16: bool = False
+    precision: str = "32-true"                # 32-true | 16-mixed | bf16-mixed | auto (the profiles: bf16)
     enable_tf32: bool = True
     channels_last: bool = True
     use_torch_compile: bool = False
@@ -111,6 +115,10 @@ class VAEConfig:
 
     def __post_init__(self) -> None:
         problems = []
+        try:
+            self.precision = precision_name(self.precision)
+        except ValueError as exc:
+            problems.append(str(exc))
         if self.image_size < 8 or self.image_size % 8:
             problems.append(f"image_size must be a positive multiple of 8, got {self.image_size}")
         if self.batch_size != "auto" and int(self.batch_size) < 1:
@@ -147,8 +155,3 @@ class VAEConfig:
             keys = ("disc_learning_rate",) if self.disc_learning_rate else ("disc_learning_rate", "learning_rate")
             spec["disc"] = {"lr": (keys, self.disc_learning_rate or self.learning_rate), **shared}
         return spec
-
-    @property
-    def amp_dtype(self) -> str:
-        """The dtype of the `mixed_precision` switch, as common.precision reads it (VITS spells it as a key)."""
-        return "bf16" if self.use_bf16 else "fp16"

@@ -22,6 +22,7 @@ import torch
 
 from common.checkpoint import load_checkpoint, save_atomic
 from common.config import config_to_dict
+from common.safetensors_io import load_safetensors, save_safetensors
 from vae.config import VAEConfig
 from vae.data import eval_loader
 from vae.metrics import latent_statistics
@@ -154,17 +155,12 @@ def pipeline_factors(model: AutoencoderKL, stats: dict) -> dict[str, float | Non
 
 def save_diffusers(model: AutoencoderKL, folder: str | Path, sample_size: int = 512,
                    scaling_factor: float = 0.18215, shift_factor: float | None = None) -> Path:
-    """Writes `folder/config.json` and the weights (safetensors when installed, else a .bin
-    state dict, which diffusers also loads)."""
+    """Writes `folder/config.json` and the weights as `diffusion_pytorch_model.safetensors`
+    (`common.safetensors_io`, no `safetensors` package needed), the file diffusers reads first."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     sd = {k: v.detach().float().cpu().contiguous() for k, v in to_diffusers(model.state_dict(), len(model.channels)).items()}
-    try:
-        from safetensors.torch import save_file
-    except ImportError:
-        torch.save(sd, folder / WEIGHTS_BIN)
-    else:
-        save_file(sd, str(folder / WEIGHTS_SAFETENSORS))
+    save_safetensors(sd, folder / WEIGHTS_SAFETENSORS)
     cfg = diffusers_config(model, sample_size, scaling_factor, shift_factor)
     (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
     return folder
@@ -193,8 +189,6 @@ def weights_file(folder: Path) -> Path:
 def read_diffusers_folder(folder: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
     """(weights with today's diffusers key names in fp32, config.json) of an AutoencoderKL folder, read
     safely: safetensors by `common.safetensors_io`, a .bin only by `torch.load(weights_only=True)`."""
-    from common.safetensors_io import load_safetensors
-
     folder = Path(folder)
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():

@@ -149,21 +149,14 @@ def hinge_d_loss(logits_real: torch.Tensor, logits_fake: torch.Tensor) -> torch.
 
 # taming/latent-diffusion's clamp of the adaptive weight, on their summed (× C·H·W) loss scale.
 REFERENCE_WEIGHT_MAX = 1e4
-# `gan_weight_clamp` values: "latent_diffusion" = their clamp carried to our per-pixel scale
-# (1e4 / C·H·W); "per_pixel" = 1e4 on our scale (this trainer's behaviour before; in practice no clamp).
-GAN_WEIGHT_CLAMPS = ("latent_diffusion", "per_pixel")
 
 
-def adaptive_weight_max(pixels: int, clamp: str = "latent_diffusion") -> float:
+def adaptive_weight_max(pixels: int) -> float:
     """The largest adaptive GAN weight (before × disc_weight) for images of `pixels` = C·H·W values.
 
     latent-diffusion's ratio is computed on a loss summed over pixels, i.e. C·H·W times ours, and
     clamped at 1e4 there; the same clamp on our per-pixel-mean scale is 1e4 / (C·H·W)."""
-    if clamp == "latent_diffusion":
-        return REFERENCE_WEIGHT_MAX / pixels
-    if clamp == "per_pixel":
-        return REFERENCE_WEIGHT_MAX
-    raise ValueError(f"gan_weight_clamp must be one of {', '.join(GAN_WEIGHT_CLAMPS)}, got {clamp!r}")
+    return REFERENCE_WEIGHT_MAX / pixels
 
 
 def gradient_norm_ratio(nll: torch.Tensor, g_loss: torch.Tensor, last_layer: torch.Tensor,
@@ -177,11 +170,13 @@ def gradient_norm_ratio(nll: torch.Tensor, g_loss: torch.Tensor, last_layer: tor
     return torch.nan_to_num(ratio, nan=0.0, posinf=0.0).detach()
 
 
-def adaptive_gan_weight(nll: torch.Tensor, g_loss: torch.Tensor, last_layer: torch.Tensor,
-                        grad_scale: float = 1.0, max_weight: float = REFERENCE_WEIGHT_MAX) -> torch.Tensor:
-    """The GAN term's weight: rescaled so its gradient at the decoder's last layer is as large as the
-    reconstruction's, whatever their raw scales, clamped to [0, max_weight] (see `adaptive_weight_max`)."""
-    return gradient_norm_ratio(nll, g_loss, last_layer, grad_scale).clamp(0.0, max_weight)
+def adaptive_gan_weight(nll: torch.Tensor, g_loss: torch.Tensor, last_layer: torch.Tensor, pixels: int,
+                        grad_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the GAN term's weight, the unclamped ratio): rescaled so its gradient at the decoder's last layer
+    is as large as the reconstruction's, whatever their raw scales, clamped to
+    [0, `adaptive_weight_max(pixels)`]. The ratio is logged: it shows whether the clamp binds."""
+    ratio = gradient_norm_ratio(nll, g_loss, last_layer, grad_scale)
+    return ratio.clamp(0.0, adaptive_weight_max(pixels)), ratio
 
 
 class VAELoss(nn.Module):
@@ -189,12 +184,10 @@ class VAELoss(nn.Module):
 
     def __init__(self, kl_weight: float = 1e-6, perceptual_weight: float = 1.0, perceptual: FrozenLPIPS | None = None,
                  rec_loss: str = "l1", learn_logvar: bool = False, logvar_init: float = 0.0,
-                 disc_start: int = 50001, disc_weight: float = 0.5, disc_factor: float = 1.0,
-                 gan_weight_clamp: str = "latent_diffusion") -> None:
+                 disc_start: int = 50001, disc_weight: float = 0.5, disc_factor: float = 1.0) -> None:
         super().__init__()
         if rec_loss not in ("l1", "l2"):
             raise ValueError(f"rec_loss must be 'l1' or 'l2', got {rec_loss!r}")
-        adaptive_weight_max(1, gan_weight_clamp)  # validates the name
         if perceptual_weight > 0 and perceptual is None:
             raise ValueError("perceptual_weight > 0 needs an LPIPS module (FrozenLPIPS)")
         self.kl_weight = kl_weight
@@ -205,7 +198,6 @@ class VAELoss(nn.Module):
         self.disc_start = disc_start
         self.disc_weight = disc_weight
         self.disc_factor = disc_factor
-        self.gan_weight_clamp = gan_weight_clamp
 
     def gan_active(self, step: int) -> bool:
         """The discriminator joins at `disc_start` (the autoencoder first learns to reconstruct)."""
@@ -231,9 +223,8 @@ class VAELoss(nn.Module):
         if disc is not None and self.gan_active(step):
             g_loss = -disc(x_rec).float().mean()
             if torch.is_grad_enabled() and last_layer is not None:
-                ratio = gradient_norm_ratio(nll, g_loss, last_layer, grad_scale)
-                logs["gan_grad_ratio"] = ratio  # unclamped: shows whether the clamp binds
-                d_weight = ratio.clamp(0.0, adaptive_weight_max(pixels, self.gan_weight_clamp)) * self.disc_weight
+                weight, logs["gan_grad_ratio"] = adaptive_gan_weight(nll, g_loss, last_layer, pixels, grad_scale)
+                d_weight = weight * self.disc_weight
             else:
                 d_weight = torch.zeros((), device=x.device)
             loss = loss + d_weight * self.disc_factor * g_loss

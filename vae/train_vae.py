@@ -85,7 +85,7 @@ class VAETrainer:
                  total_steps: int = 1, perceptual: FrozenLPIPS | None = None, quiet: bool = False) -> None:
         self.cfg, self.device = cfg, device
         self.info = info or DistInfo(0, 1, 0, device, False)
-        self.precision = Precision(cfg.mixed_precision, device, amp_dtype=cfg.amp_dtype, tf32=cfg.enable_tf32,
+        self.precision = Precision(cfg.precision, device, tf32=cfg.enable_tf32,
                                    cudnn_benchmark=cfg.cudnn_benchmark, channels_last=cfg.channels_last,
                                    compile=cfg.use_torch_compile)
         fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
@@ -98,8 +98,7 @@ class VAETrainer:
             perceptual = FrozenLPIPS(cfg.perceptual_net, cfg.perceptual_weights or None)
         self.perceptual = perceptual.to(device) if perceptual is not None else None
         self.loss = VAELoss(cfg.kl_weight, cfg.perceptual_weight, self.perceptual, cfg.rec_loss, cfg.learn_logvar,
-                            cfg.logvar_init, cfg.disc_start, cfg.disc_weight, cfg.disc_factor,
-                            cfg.gan_weight_clamp).to(device)
+                            cfg.logvar_init, cfg.disc_start, cfg.disc_weight, cfg.disc_factor).to(device)
         self.disc_module: nn.Module | None = None
         self.disc = None
         if cfg.disc_weight > 0:
@@ -265,7 +264,7 @@ class VAETrainer:
             for line in init_weights(self, init_from, out_dir, main):
                 if main:
                     print(line)
-        self.logger = RunLogger(tensorboard_dir(out_dir, main), enabled=main)
+        self.logger = RunLogger(tensorboard_dir(out_dir), enabled=main)
         if main:
             report_plan(self)
         validation.prepare(self, data)
@@ -301,10 +300,9 @@ class VAETrainer:
         cfg, data, c, main = self.cfg, self.data, self.counters, self.info.is_main
         accum, epoch, stop_reason = cfg.accumulation_steps, int(c["epoch"]), ""
         data.sampler.set_epoch(epoch)
-        data.sampler.skip(int(c["micro_in_epoch"]) * int(cfg.batch_size))
+        data.sampler.skip_samples(int(c["micro_in_epoch"]) * int(cfg.batch_size))
         micro: list[torch.Tensor] = []
         oom_hints = {"accum_key": "accumulation_steps", "accumulation": accum, "precision": self.precision.precision,
-                     "precision_set": "mixed_precision=true --set use_bf16=true",
                      "checkpointing_key": "gradient_checkpointing", "crop_key": "image_size", "crop": cfg.image_size,
                      "resume": "--resume auto"}
         t0 = time.perf_counter()

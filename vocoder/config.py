@@ -8,7 +8,7 @@ misspelt optimizer keys (``generater_optimizer_args``, ``discriminate_optimizer_
 are accepted as aliases, in any layer (the later layer wins whichever spelling it uses). The mel
 settings are the shared ``audio:`` block (``common.audio.AudioSettings``); the seed's flat keys
 (``audio_sample_rate``, ``hop_size``, ``fft_size``, ``win_size``, ``audio_num_mel_bins``, ``fmin``,
-``fmax``) are aliases of its fields and still read as attributes (``cfg.hop_size``).
+``fmax``) are aliases of its fields.
 
 Step semantics: one "step" (``max_updates``, ``val_check_interval``, ``log_interval``,
 ``warmup_steps``, ``save_best_after``) is one training iteration = one discriminator update
@@ -23,6 +23,7 @@ from typing import ClassVar
 
 from common.audio import AudioSettings
 from common.config import ConfigError, load_config  # noqa: F401 (re-exported for callers)
+from common.precision import precision_name
 
 TASKS = {
     "nsf_HiFigan_task.nsf_HiFigan": "standard",
@@ -147,11 +148,6 @@ _LAYOUT = ("SingingVocoders' binarizer layout; here prepare_data.py writes one f
 _SEED_AUDIO_KEYS = ("audio_sample_rate", "hop_size", "fft_size", "win_size", "audio_num_mel_bins")
 
 
-def _audio_attr(name: str) -> property:
-    """The seed's flat attribute name for a field of the audio: block (read-only)."""
-    return property(lambda self: getattr(self.audio, name), doc=f"= audio.{name}")
-
-
 @dataclass
 class VocoderConfig:
     NOT_READ_HERE: ClassVar[dict[str, str]] = {  # common.config names the replacement instead of guessing
@@ -170,10 +166,13 @@ class VocoderConfig:
         "sampler_frame_count_grid": ("SingingVocoders' length-grid sampler setting; training crops here have one "
                                      "fixed length (crop_mel_frames)"),
     }
+    # `--preset` (common.presets): each card setting of common.hardware.PRESETS -> the key it sets here
+    PRESET_KEYS: ClassVar[dict[str, str]] = {"batch_size": "batch_size", "num_workers": "ds_workers",
+                                             "crop": "crop_mel_frames", "precision": "precision"}
     ALIASES: ClassVar[dict[str, str]] = {
         "generater_optimizer_args": "generator_optimizer_args",
         "discriminate_optimizer_args": "discriminator_optimizer_args",
-        "save_n_checkpoints": "num_ckpt_keep",
+        "save_n_checkpoints": "num_ckpt_keep", "pl_trainer_precision": "precision",
         # the names every trainer reads (README, "One name per concept")
         "num_workers": "ds_workers", "grad_clip": "clip_grad_norm", "gradient_clip_val": "clip_grad_norm",
         # the seed's flat mel keys -> the audio: block
@@ -244,7 +243,7 @@ class VocoderConfig:
     lr_scheduler_args: LRSchedulerArgs = field(default_factory=LRSchedulerArgs)
     clip_grad_norm: float | None = None  # max grad norm per network (None = measure only)
     max_nonfinite_steps: int = 20  # consecutive non-finite steps before the run stops
-    pl_trainer_precision: str = "32-true"  # 32-true | 16-mixed | bf16-mixed
+    precision: str = "32-true"  # 32-true | 16-mixed | bf16-mixed | auto (the seed's pl_trainer_precision)
     tf32: bool = False  # CUDA only
     cudnn_benchmark: bool = True  # CUDA only; crops have a fixed shape
     compile: bool = False  # torch.compile the generator and critics (fixed-shape crops)
@@ -269,15 +268,18 @@ class VocoderConfig:
 
     def __post_init__(self) -> None:
         task_kind(self.task_cls)
+        self.precision = precision_name(self.precision)
         if self.crop_mel_frames < 1 or self.batch_size < 1:
             raise ValueError("crop_mel_frames and batch_size must be >= 1")
-        if math.prod(self.model_args.upsample_rates) != self.hop_size:
+        a = self.audio
+        if math.prod(self.model_args.upsample_rates) != a.hop_length:
             raise ValueError(
                 f"model_args.upsample_rates {self.model_args.upsample_rates} multiply to "
-                f"{math.prod(self.model_args.upsample_rates)} but hop_size is {self.hop_size}; make them equal"
+                f"{math.prod(self.model_args.upsample_rates)} but audio.hop_length (hop_size) is {a.hop_length}; "
+                "make them equal"
             )
-        if self.win_size > self.fft_size:
-            raise ValueError(f"win_size ({self.win_size}) must be <= fft_size ({self.fft_size})")
+        if a.win_length > a.n_fft:
+            raise ValueError(f"audio.win_length (win_size, {a.win_length}) must be <= audio.n_fft (fft_size, {a.n_fft})")
         if self.pc_aug and not self.model_args.mini_nsf:
             raise ValueError("pc_aug needs model_args.mini_nsf: true (the pitch-shift cycle uses the mini-NSF source)")
         if not 0 < self.aug_min <= self.aug_max:
@@ -295,15 +297,6 @@ class VocoderConfig:
     @property
     def discriminator_names(self) -> list[str]:
         return list(self.model_args.discriminators or DEFAULT_DISCRIMINATORS[self.task])
-
-    # the seed's flat attribute names (bench scripts, users' code); the code here reads cfg.audio
-    audio_sample_rate = _audio_attr("sample_rate")
-    audio_num_mel_bins = _audio_attr("n_mels")
-    hop_size = _audio_attr("hop_length")
-    fft_size = _audio_attr("n_fft")
-    win_size = _audio_attr("win_length")
-    fmin = _audio_attr("fmin")
-    fmax = _audio_attr("fmax")
 
     def optimizer_spec(self) -> dict:
         """Each optimizer's hyper-parameters and the config keys that set them (a resume that gives

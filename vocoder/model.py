@@ -181,15 +181,16 @@ class UpsamplingStack(nn.Module):
     weight-normed transposed conv (``ups``) halving the channels, then the multi-receptive-field
     fusion (the mean of that stage's ``resblocks``). A generator subclasses it and adds its own
     input, conditioning and output layers around it. ``ups`` and ``resblocks`` are attributes of
-    the generator itself, so parameter names stay those of the reference generators (and of
-    checkpoints written before)."""
+    the generator itself, so parameter names stay those of the reference generators (their published
+    checkpoints load by name)."""
 
     def build_stack(self, channels: int, upsample_rates: list[int], upsample_kernel_sizes: list[int],
                     resblock: str, resblock_kernel_sizes: list[int], resblock_dilation_sizes: list[list[int]],
                     bias_std: float | None = INIT_STD) -> int:
         """Build ``ups`` and ``resblocks`` for ``channels`` input channels; returns the output channels.
-        ``stage_built`` runs after each stage, so a generator's per-stage layers are created in the
-        reference's order (the same seed gives the same weights)."""
+        ``stage_built`` runs after each stage, so a generator's per-stage layers (the NSF source convs)
+        are created in the reference's order: layers draw their initial weights from the global RNG in
+        creation order, so the same seed gives the reference's weights (and ours stay bitwise)."""
         block = ResBlock1 if str(resblock) == "1" else ResBlock2
         self.num_kernels = len(resblock_kernel_sizes)
         self.upsample_rates = list(upsample_rates)

@@ -81,11 +81,6 @@ class Settings:
     def as_dict(self) -> dict:
         return dict(self.__dict__)
 
-    def mel_dict(self) -> dict:
-        """The subset a trained model depends on (checked again by the dataset at train time)."""
-        keys = ("sample_rate", "hop_size", "fft_size", "win_size", "num_mels", "fmin", "fmax")
-        return {k: self.as_dict()[k] for k in keys}
-
 
 def find_audio(roots: list[Path]) -> list[tuple[Path, Path]]:
     """(root, file) for every audio file under the roots, sorted, hidden files skipped."""

@@ -145,7 +145,7 @@ class VocoderTrainer:
         if cfg.pc_aug and self.info.world_size > 1:
             raise ConfigError("pc_aug runs the generator several times per step, which DDP does not support here; "
                               "train pc_aug on one GPU")
-        self.precision = Precision(cfg.pl_trainer_precision, self.device, tf32=cfg.tf32,
+        self.precision = Precision(cfg.precision, self.device, tf32=cfg.tf32,
                                    cudnn_benchmark=cfg.cudnn_benchmark, compile=cfg.compile)
         self.scaler = self.precision.scaler
 
@@ -206,7 +206,7 @@ class VocoderTrainer:
         self.d_train = distributed.wrap_ddp(self.precision.prepare_model(self.discriminator), self.info)
         # The G update calls the critics without DDP (no critic gradients are wanted there).
         self._d_plain = getattr(self.d_train, "module", self.d_train)
-        self.logger = RunLogger(tensorboard_dir(self.run_dir, self.is_main), enabled=self.is_main)
+        self.logger = RunLogger(tensorboard_dir(self.run_dir), enabled=self.is_main)
         self.logged_gt: set[str] = set()  # validation files whose ground truth is logged
 
     def _log(self, msg: str) -> None:
@@ -377,7 +377,7 @@ class VocoderTrainer:
         """One (possibly resumed) pass over the loader; True when a signal asked to stop."""
         cfg = self.cfg
         self.sampler.set_epoch(self.epoch)
-        self.sampler.skip(self.batch_in_epoch * cfg.batch_size)
+        self.sampler.skip_samples(self.batch_in_epoch * cfg.batch_size)
         it = iter(self.loader)
         while self.step < cfg.max_updates:
             t0 = time.perf_counter()
@@ -421,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data_dir", default=None, help="prepared dataset (default: binary_data_dir)")
     add_run_args(p, run_help="checkpoints, TensorBoard logs, config (default: runs/vocoder/<config>)")
     p.add_argument("--precision", default=None,
-                   help="shortcut for --set pl_trainer_precision=... (32-true|16-mixed|bf16-mixed|auto)")
+                   help="shortcut for --set precision=... (32-true|16-mixed|bf16-mixed|auto)")
     p.add_argument("--device", default=None, help="force a device, e.g. cpu (default: cuda if available)")
     add_preset_arg(p)
     return p
@@ -435,15 +435,14 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     """The run the command line asks for; failures reach `main` as exceptions (`common.exit_codes`)."""
     cfg = load_config(args.config, VocoderConfig, args.overrides,
-                      extra={"pl_trainer_precision": args.precision, "binary_data_dir": args.data_dir})
+                      extra={"precision": args.precision, "binary_data_dir": args.data_dir})
     apply_preset(cfg, args.preset, "vocoder")
     if not cfg.binary_data_dir:
         raise ConfigError("no dataset: pass --data_dir (a folder made by vocoder/prepare_data.py) or set binary_data_dir")
     run_dir = Path(args.run_dir or Path("runs") / "vocoder" / Path(args.config or "default").stem)
     prepare_run_dir(run_dir, run_dir / "checkpoints", args.resume, args.overwrite, args.init_from)
     with explain_oom("the vocoder training step", cfg.batch_size, {
-            "accum_key": None, "precision_key": "pl_trainer_precision", "precision": cfg.pl_trainer_precision,
-            "precision_set": "pl_trainer_precision=16-mixed (or bf16-mixed)", "crop_key": "crop_mel_frames",
+            "accum_key": None, "precision": cfg.precision, "crop_key": "crop_mel_frames",
             "crop": cfg.crop_mel_frames, "resume": "--resume auto"}):
         trainer = VocoderTrainer(cfg, cfg.binary_data_dir, run_dir, args.resume, args.init_from, args.device)
         if trainer.is_main:

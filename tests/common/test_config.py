@@ -97,7 +97,7 @@ def test_import_from_string():
         import_from_string("torch.optim.Nope")
 
 
-# ---------------------------------------------------------------------------------------------- issue 9
+# ------------------------------------------------------------------------------------ error messages
 def test_wrong_type_from_set_names_set_not_the_yaml_file(tmp_path):
     f = write(tmp_path / "c.yaml", "optim:\n  lr: 0.001\n")
     with pytest.raises(ConfigError) as e:
@@ -125,7 +125,7 @@ def test_explicit_keys_are_the_command_line_ones_with_aliases_resolved(tmp_path)
     assert "optim.betas" in explicit_keys(cfg) and explicit_keys(load_config(f, Schema)) == {}
 
 
-# ---------------------------------------------------------------------------------------------- issue 12
+# --------------------------------------------------------------------------------- aliases and layers
 def test_the_later_layer_wins_whichever_spelling_it_uses(tmp_path):
     write(tmp_path / "canon.yaml", "max_updates: 5\n")
     write(tmp_path / "alias.yaml", "max_steps: 6\n")

@@ -131,3 +131,12 @@ def test_check_module_exits_zero():
     out = subprocess.run([sys.executable, "-m", "common.check"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "Verdict" in out.stdout and "sm_120" in out.stdout
+
+
+def test_oom_message_without_accumulation():
+    msg = oom_message("VITS training", 32, {"accum_key": None, "precision": "32-true",
+                                            "crop_key": "model_args.segment_frames", "crop": 32,
+                                            "resume": "--resume auto"})
+    assert "--set batch_size=16   (half the batch)" in msg and "accumulate" not in msg
+    assert "--set precision=bf16-mixed" in msg and "model_args.segment_frames=16" in msg
+    assert msg.endswith("Then --resume auto continues from the last checkpoint.")

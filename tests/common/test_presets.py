@@ -9,7 +9,7 @@ import torch
 from common import check
 from common.config import load_config
 from common.hardware import PRESETS
-from common.presets import PRESET_CHOICES, TRAINER_KEYS, TRAINER_SCRIPTS, apply_preset, get_key
+from common.presets import PRESET_CHOICES, TRAINER_SCRIPTS, apply_preset, get_key
 from tts.clone.config import CloneConfig
 from tts.vits.config import TrainConfig
 from vae.config import VAEConfig
@@ -23,19 +23,19 @@ CONFIGS = {  # a shipped recipe per trainer: the preset must change it (it sits 
     "vae": (VAEConfig, REPO / "vae/configs/base.yaml"),
 }
 EXPECTED_5090 = {
-    "vocoder": {"batch_size": 32, "ds_workers": 12, "crop_mel_frames": 80, "pl_trainer_precision": "16-mixed"},
-    "tts": {"batch_size": 96, "num_loader_workers": 8, "model_args.segment_frames": 32,
-            "mixed_precision": True, "amp_dtype": "bf16"},
+    "vocoder": {"batch_size": 32, "ds_workers": 12, "crop_mel_frames": 80, "precision": "16-mixed"},
+    "tts": {"batch_size": 96, "num_loader_workers": 8, "model_args.segment_frames": 32, "precision": "bf16-mixed"},
     "tts_clone": {"train.batch_size": 48, "train.num_workers": 12, "data.ref_seconds": 3.0,
                   "train.precision": "bf16-mixed"},
-    "vae": {"num_workers": 12, "mixed_precision": True, "use_bf16": True},  # batch and crop: the profile's
+    "vae": {"num_workers": 12, "precision": "bf16-mixed"},  # batch and crop: the profile's
 }
-TYPED = {  # one typed batch size and one typed precision key per trainer
+TYPED = {  # one typed batch size and one typed precision per trainer, in a guide's spelling
     "vocoder": ["batch_size=3", "pl_trainer_precision=bf16-mixed"],
     "tts": ["batch_size=3", "amp_dtype=fp16"],
-    "tts_clone": ["train.batch_size=3", "train.precision=32-true"],
+    "tts_clone": ["train.batch_size=3", "precision=32-true"],
     "vae": ["batch_size=3", "mixed_precision=false"],
 }
+PRECISION_KEY = {"vocoder": "precision", "tts": "precision", "tts_clone": "train.precision", "vae": "precision"}
 
 
 @pytest.mark.parametrize("trainer", list(CONFIGS))
@@ -56,16 +56,16 @@ def test_what_the_user_typed_wins_and_is_named(trainer, capsys):
     schema, path = CONFIGS[trainer]
     cfg = load_config(path, schema, TYPED[trainer])
     applied = apply_preset(cfg, "rtx4090", trainer)
-    batch_key, precision_key = (t.split("=")[0] for t in TYPED[trainer])
+    batch_key, precision_key = TYPED[trainer][0].split("=")[0], PRECISION_KEY[trainer]
+    preset_keys = schema.PRESET_KEYS
     assert get_key(cfg, batch_key) == 3 and batch_key not in applied
-    assert not set(applied) & {precision_key, "mixed_precision", "amp_dtype", "use_bf16", "train.precision",
-                               "pl_trainer_precision"}  # precision is one setting: left whole
+    assert precision_key not in applied  # typed in any spelling: the one precision key is the user's
     # workers and crop (where the trainer takes one from the preset) still come from the preset
-    assert set(applied) == {key for name, key in TRAINER_KEYS[trainer].items() if name != "batch_size"}
+    assert set(applied) == {key for name, key in preset_keys.items() if name not in ("batch_size", "precision")}
     line = capsys.readouterr().out
     assert f"kept what you typed: {precision_key}=" in line or f"{batch_key}=3 (--set {batch_key}=3" in line
     assert precision_key in line
-    if "batch_size" in TRAINER_KEYS[trainer]:  # the VAE's batch is its profile's, never the preset's
+    if "batch_size" in preset_keys:  # the VAE's batch is its profile's, never the preset's
         assert f"kept what you typed: {batch_key}=3 (--set {batch_key}=3" in line
 
 
@@ -77,7 +77,7 @@ def test_auto_picks_by_gpu_memory_and_falls_back_to_cpu(capsys):
     if not torch.cuda.is_available():
         cfg = load_config(None, VocoderConfig)
         apply_preset(cfg, "auto", "vocoder")
-        assert (cfg.batch_size, cfg.pl_trainer_precision) == (2, "32-true")
+        assert (cfg.batch_size, cfg.precision) == (2, "32-true")
         out = capsys.readouterr().out
         assert "no CUDA GPU found, so the 'cpu' preset" in out and "[preset] cpu for vocoder" in out
 
@@ -106,7 +106,7 @@ def test_every_trainer_script_takes_the_preset_and_applies_it(tmp_path, capsys):
     assert set(mains) == set(TRAINER_SCRIPTS)
     for trainer, main in mains.items():
         assert main(argv[trainer]) == 2, trainer
-        first = "batch_size" if "batch_size" in TRAINER_KEYS[trainer] else "num_workers"
+        first = "batch_size" if "batch_size" in CONFIGS[trainer][0].PRESET_KEYS else "num_workers"
         assert f"[preset] cpu for {trainer}: set {first}" in capsys.readouterr().out.replace("train.batch", "batch")
         with pytest.raises(SystemExit) as e:
             main(["--preset", "a100"])

@@ -73,7 +73,7 @@ def main() -> None:
     losses = []
     while step < args.steps:
         sampler.set_epoch(epoch)
-        sampler.skip(batch_in_epoch * 4)
+        sampler.skip_samples(batch_in_epoch * 4)
         for x, y in loader:
             loss = nn.functional.mse_loss(ddp_model(x), y)
             step_optimizer(loss, optimizer, model.parameters(), guard=guard, clip_grad_norm=1.0)

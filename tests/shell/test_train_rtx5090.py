@@ -40,7 +40,7 @@ def test_runs_a_tiny_vae_training_with_the_5090_profile(tmp_path):
             "--set", "num_val_images=2", "--no-gradient_checkpointing", "--no-export_diffusers")
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     saved = yaml.safe_load((out / "config.yaml").read_text())
-    assert saved["use_bf16"] and saved["channels_last"]  # the RTX 5090 profile was applied
+    assert saved["precision"] == "bf16-mixed" and saved["channels_last"]  # the RTX 5090 profile was applied
     assert (out / "checkpoint_last.pt").is_file()
 
 

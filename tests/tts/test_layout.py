@@ -1,7 +1,6 @@
-"""The tts/ layout (issue 11, item 5): two trainers, tts/vits/ and tts/clone/, over shared modules
-(tts/text/, tts/alignment.py, tts/prepare_data.py). The paths users type keep working: the old
-entry scripts are thin and run both as `python tts/X.py` and `python -m tts.X`, and the old
-tts/configs/*.yaml paths load to the very config of the recipe they point to."""
+"""The tts/ layout: two trainers, tts/vits/ and tts/clone/, over shared modules (tts/text/,
+tts/alignment.py, tts/prepare_data.py). The entry scripts the READMEs name are thin and run both as
+`python tts/X.py` and `python -m tts.X`."""
 
 from __future__ import annotations
 
@@ -12,11 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
-
-from common.config import config_to_dict, load_config
-from tts.clone.config import CloneConfig
-from tts.vits.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 TTS = ROOT / "tts"
@@ -27,8 +21,6 @@ SCRIPTS = {
     "train_main": "tts.clone.train", "infer_clone": "tts.clone.infer", "export_clone_onnx": "tts.clone.export_onnx",
     "clone_demo": "tts.clone.demo",
 }
-OLD_CONFIGS = {"uzbek_vits.yaml": ("vits", TrainConfig), "uzbek_vits_rtx5090.yaml": ("vits", TrainConfig),
-               "clone_base.yaml": ("clone", CloneConfig)}
 
 
 def _imports(path: Path) -> set[str]:
@@ -61,14 +53,6 @@ def test_script_path_runs_from_the_repository_root():
     """`python tts/train.py` puts tts/ (not the root) first on sys.path; the package still imports."""
     proc = subprocess.run([sys.executable, "tts/train.py", "--help"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0 and "--data_dir" in proc.stdout, proc.stderr[-2000:]
-
-
-@pytest.mark.parametrize("name", sorted(OLD_CONFIGS))
-def test_old_config_path_loads_the_moved_recipe(name):
-    trainer, schema = OLD_CONFIGS[name]
-    old, new = TTS / "configs" / name, TTS / trainer / "configs" / name
-    assert yaml.safe_load(old.read_text()) == {"base_config": f"../{trainer}/configs/{name}"}  # inherits, adds nothing
-    assert config_to_dict(load_config(old, schema)) == config_to_dict(load_config(new, schema))
 
 
 def test_each_trainer_imports_only_itself_and_the_shared_modules():

@@ -30,7 +30,7 @@ TEXTS = ["salom dunyo", "bugun havo yaxshi", "kitob oʻqiymiz", "choy ichamiz", 
          "bu yaxshi kun"]
 # tiny preset, made smaller still; no eval, no test sentences: only the training machinery is tested
 FAST = ["model=tiny", "batch_size=2", "num_loader_workers=0", "persistent_workers=false", "pin_memory=false",
-        "mixed_precision=false", "run_eval=false", "eval_at_start=false", "test_sentences=[]", "print_step=1",
+        "precision=32-true", "run_eval=false", "eval_at_start=false", "test_sentences=[]", "print_step=1",
         "save_step=2", "eval_interval=0", "data.num_buckets=2", "max_minutes=null", "progress_bar=false",
         "model_args.segment_frames=8", "model_args.upsample_initial_channel=32", "model_args.n_layers_q=2"]
 
@@ -209,8 +209,8 @@ def test_train_rtx5090_sh_tiny_run(data_one, tmp_path):
 
 @pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
 def test_gradient_clipping_really_clips_and_bf16_losses_are_fp32(data_one, tmp_path):
-    cfg = load_config(None, TrainConfig, [*FAST, "max_steps=1", "grad_clip=0.01", "mixed_precision=true",
-                                          "amp_dtype=bf16"],
+    cfg = load_config(None, TrainConfig, [*FAST, "max_steps=1", "grad_clip=0.01",
+                                          "precision=bf16-mixed"],
                       extra={"data_dir": str(data_one), "run_dir": str(tmp_path / "clip")})
     trainer = train_mod.VitsTrainer(cfg, setup_distributed("cpu"))
     seen = {}

@@ -12,8 +12,6 @@ import vae.check_compatibility as compat
 import vae.train_vae as tv
 from common.config import load_config
 from common.hardware import fit_batch_size
-from common.precision import normalize_precision
-from common.run_dir import tensorboard_dir
 from vae.config import VAEConfig
 from vae.flags import resolve_config
 
@@ -78,17 +76,17 @@ def test_trainer_prints_the_fitted_batch_and_trains_with_it(image_dir, tmp_path,
 ])
 def test_guide_precision_flags(flags, expected):
     cfg = resolve_config(tv.build_parser().parse_args(flags))
-    assert normalize_precision(cfg.mixed_precision, amp_dtype=cfg.amp_dtype) == expected
+    assert cfg.precision == expected
     profile = resolve_config(tv.build_parser().parse_args(
         ["--config", str(REPO / "vae" / "configs" / "standard_1024.yaml")]))
-    assert normalize_precision(profile.mixed_precision, amp_dtype=profile.amp_dtype) == "bf16-mixed"  # both switches
+    assert profile.precision == "bf16-mixed"  # both switches
 
 
 def test_fp16_step_on_cpu_really_scales_the_loss():
     """--mixed_precision alone: fp16 autocast + GradScaler("cpu"): backward sees gradients x scale,
     the optimizer sees them unscaled, and a non-finite step is skipped with the scale halved."""
     base = yaml.safe_load(TINY_CONFIG.read_text())
-    cfg = VAEConfig(**{**base, "mixed_precision": True, "use_bf16": False, "disc_weight": 0.0, "gradient_clip": 0.0,
+    cfg = VAEConfig(**{**base, "precision": "16-mixed", "disc_weight": 0.0, "gradient_clip": 0.0,
                         "warmup_steps": 0, "lr_scheduler": "constant"})
     t = tv.VAETrainer(cfg, torch.device("cpu"), total_steps=4, quiet=True)
     assert t.precision.amp_dtype == torch.float16 and t.precision.scaler.is_enabled()
@@ -116,20 +114,3 @@ def test_tensorboard_files_under_output_dir_logs(image_dir, tmp_path):
     assert run(image_dir, out, "--max_steps", "2", "--no-export_diffusers") == 0
     assert not (out / "tensorboard").exists()
     assert len(EventAccumulator(str(out / "logs")).Reload().Scalars("train/total")) == 2
-
-
-def test_an_old_runs_tensorboard_folder_is_moved_into_logs(tmp_path, capsys):
-    from common.log import RunLogger
-
-    old = RunLogger(tmp_path / "tensorboard")
-    old.scalar("train/total", 1.0, 7)
-    old.close()
-    logs = tensorboard_dir(tmp_path)
-    assert logs == tmp_path / "logs" and not (tmp_path / "tensorboard").exists()
-    assert "tensorboard --logdir" in capsys.readouterr().out
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    assert [e.step for e in EventAccumulator(str(logs)).Reload().Scalars("train/total")] == [7]
-    (tmp_path / "tensorboard").mkdir()  # both present: nothing merged or deleted, the old one is named
-    assert tensorboard_dir(tmp_path) == logs and (tmp_path / "tensorboard").is_dir()
-    assert f"--logdir {tmp_path / 'tensorboard'}" in capsys.readouterr().out

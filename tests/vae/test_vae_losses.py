@@ -54,21 +54,19 @@ def test_reconstruction_terms_and_logvar():
 def test_adaptive_weight_is_the_gradient_norm_ratio():
     last = nn.Parameter(torch.randn(3, 3))
     a, b = (last * 2.0).sum(), (last * 0.5).sum()  # gradients 2·1 and 0.5·1 everywhere
-    w = adaptive_gan_weight(a, b, last)
-    assert w.item() == pytest.approx(4.0 * 1.5 / (1.5 + 1e-4), rel=1e-4)
+    w, ratio = adaptive_gan_weight(a, b, last, pixels=1)
+    assert w.item() == ratio.item() == pytest.approx(4.0 * 1.5 / (1.5 + 1e-4), rel=1e-4)
     # The GradScaler's scale cancels out.
-    assert adaptive_gan_weight(a, b, last, grad_scale=1024.0).item() == pytest.approx(w.item(), rel=1e-4)
-    # Clamped and NaN-safe.
-    assert adaptive_gan_weight((last * 1e9).sum(), (last * 1e-9).sum(), last).item() == 1e4
+    assert adaptive_gan_weight(a, b, last, 1, grad_scale=1024.0)[0].item() == pytest.approx(w.item(), rel=1e-4)
+    # Clamped at 1e4 / pixels (the ratio is returned unclamped) and NaN-safe.
+    w, ratio = adaptive_gan_weight((last * 1e9).sum(), (last * 1e-9).sum(), last, pixels=4)
+    assert w.item() == 2500.0 and ratio.item() > 1e4
 
 
 def test_clamp_is_latent_diffusions_at_256_and_1024():
     # Their clamp, 1e4 on the loss summed over C·H·W pixel values, carried to our per-pixel mean.
     assert adaptive_weight_max(3 * 256 * 256) == pytest.approx(0.050862630, rel=1e-6)   # 1e4 / 196608
     assert adaptive_weight_max(3 * 1024 * 1024) == pytest.approx(0.0031789144, rel=1e-6)  # 1e4 / 3145728
-    assert adaptive_weight_max(3 * 1024 * 1024, "per_pixel") == 1e4  # the old behaviour, by name
-    with pytest.raises(ValueError, match="gan_weight_clamp"):
-        VAELoss(perceptual_weight=0, gan_weight_clamp="summed")
 
 
 class ScaledDisc(nn.Module):
@@ -110,13 +108,6 @@ def test_gan_weight_equals_latent_diffusions_on_their_scale(size, scale):
     # The whole generator loss is latent-diffusion's divided by C·H·W (KL weight 0 here).
     ref_total = (x - rec).abs().sum() / 2 - ref * disc(rec).mean()
     assert (loss * pixels).item() == pytest.approx(ref_total.item(), rel=1e-4)
-    old = VAELoss(kl_weight=0, perceptual_weight=0, disc_start=0, gan_weight_clamp="per_pixel")
-    _, logs_old = old.generator_loss(x, rec, known_posterior(), 1, disc, last)
-    if binding:  # the per-pixel clamp lets the GAN term through at full ratio: stronger than theirs
-        assert logs_old["d_weight"].item() == pytest.approx(0.5 * logs["gan_grad_ratio"].item(), rel=1e-5)
-        assert logs_old["d_weight"].item() > 2 * logs["d_weight"].item()
-    else:
-        assert logs_old["d_weight"].item() == pytest.approx(logs["d_weight"].item(), rel=1e-6)
 
 
 def test_disc_start_gates_the_gan_terms():

@@ -25,7 +25,7 @@ def trained():
     torch.set_num_threads(1)
     torch.manual_seed(0)
     cfg = VAEConfig(channels=[16, 32, 32], z_channels=4, layers_per_block=1, norm_num_groups=8, image_size=32,
-                    perceptual_weight=0, disc_weight=0, ema_decay=0, mixed_precision=False, channels_last=False,
+                    perceptual_weight=0, disc_weight=0, ema_decay=0, precision="32-true", channels_last=False,
                     learning_rate=3e-3, adam_beta1=0.9, adam_beta2=0.99, warmup_steps=5, lr_scheduler="constant")
     t = VAETrainer(cfg, torch.device("cpu"), total_steps=100, quiet=True)
     imgs = torch.stack([image_to_tensor(Image.fromarray(textured(96, s))) for s in range(8)])

@@ -52,7 +52,7 @@ def test_guide_flags_override_config_and_resolved_config_is_saved(image_dir, tmp
     out = tmp_path / "run"
     rc = run(image_dir, out, "--image_size", "40", "--batch_size", "2", "--num_epochs", "1", "--learning_rate", "3e-4",
              "--z_channels", "8", "--kl_weight", "1e-5", "--perceptual_weight", "0", "--no-mixed_precision",
-             "--no-use_bf16", "--no-use_torch_compile", "--no-enable_tf32", "--no-channels_last",
+             "--no-use_torch_compile", "--no-enable_tf32", "--no-channels_last",
              "--no-persistent_workers", "--gradient_clip", "0.5", "--num_workers", "0", "--checkpoint_freq", "1",
              "--save_samples_freq", "2", "--accumulation_steps", "2", "--disc_start", "0", "--disc_weight", "0.25",
              "--set", "ema_decay=0.5")
@@ -110,7 +110,7 @@ def test_missing_lpips_backbone_is_a_clear_error(image_dir, tmp_path, monkeypatc
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_and_channels_last_steps(precision):
-    cfg = tiny_cfg(mixed_precision=True, use_bf16=precision == "bf16", channels_last=True)
+    cfg = tiny_cfg(precision={"bf16": "bf16-mixed", "fp16": "16-mixed"}[precision], channels_last=True)
     t = tv.VAETrainer(cfg, torch.device("cpu"), total_steps=4, quiet=True)
     assert t.precision.amp_dtype == (torch.bfloat16 if precision == "bf16" else torch.float16)
     assert t.precision.scaler.is_enabled() == (precision == "fp16")
@@ -255,7 +255,7 @@ def test_train_rtx5090_sh_runs_tiny(image_dir, tmp_path):
                        capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     saved = yaml.safe_load((out / "config.yaml").read_text())
-    assert saved["use_bf16"] and saved["enable_tf32"] and saved["channels_last"]  # the RTX 5090 profile
+    assert saved["precision"] == "bf16-mixed" and saved["enable_tf32"] and saved["channels_last"]  # the RTX 5090 profile
     assert load_checkpoint(out / "checkpoint_last.pt")["counters"]["step"] == 2
 
 

@@ -16,7 +16,7 @@ def test_base_hifi_gpu_table_values():
     for opt in (c.generator_optimizer_args, c.discriminator_optimizer_args):
         assert opt.optimizer_cls == "torch.optim.AdamW" and opt.lr == 1e-4
         assert (opt.beta1, opt.beta2) == (0.8, 0.99)
-    assert c.pl_trainer_precision == "32-true"
+    assert c.precision == "32-true"
     assert (c.ds_workers, c.dataloader_prefetch_factor) == (6, 4)
     assert c.binarization_args.num_workers == 8
     assert c.model_args.discriminator_periods == [3, 5, 7, 11, 17, 23, 37]
@@ -27,8 +27,9 @@ def test_base_hifi_gpu_table_values():
     raw = yaml.safe_load(GPU_YAML.read_text())
     assert "noise_sigma" not in raw["model_args"]  # the table's "—"
     # 44.1 kHz defaults of the issue
-    assert (c.audio_sample_rate, c.hop_size, c.fft_size, c.win_size, c.audio_num_mel_bins) == (44100, 512, 2048, 2048, 128)
-    assert (c.fmin, c.fmax) == (40, 16000)
+    a = c.audio
+    assert (a.sample_rate, a.hop_length, a.n_fft, a.win_length, a.n_mels) == (44100, 512, 2048, 2048, 128)
+    assert (a.fmin, a.fmax) == (40, 16000)
 
 
 def test_base_hifi_rtx5090_table_values():
@@ -42,7 +43,7 @@ def test_base_hifi_rtx5090_table_values():
         assert (opt.beta1, opt.beta2) == (0.8, 0.99)
     raw = yaml.safe_load(RTX_YAML.read_text())
     assert raw["generator_optimizer_args"]["optimizer_cls"] == "Muon_AdamW"
-    assert c.pl_trainer_precision == "16-mixed"
+    assert c.precision == "16-mixed"
     assert (c.ds_workers, c.dataloader_prefetch_factor) == (12, 4)
     assert c.binarization_args.num_workers == 16
     assert c.model_args.discriminator_periods == [2, 3, 5, 7, 11, 17, 23]
@@ -59,7 +60,7 @@ def test_base_hifi_rtx5090_table_values():
 
 def test_demo_config_is_small():
     c = load_config(DEMO_YAML, VocoderConfig)
-    assert (c.audio_sample_rate, c.hop_size, c.fft_size, c.audio_num_mel_bins) == (22050, 256, 1024, 80)
+    assert (c.audio.sample_rate, c.audio.hop_length, c.audio.n_fft, c.audio.n_mels) == (22050, 256, 1024, 80)
     assert 32 <= c.model_args.upsample_initial_channel <= 128
 
 

@@ -53,7 +53,7 @@ def test_singingvocoders_lightning_checkpoint_loads_completely(tmp_path):
             (logits_a, _), (logits_b, _) = src_d[name](x), d[name](x)
             for a, b in zip(logits_a, logits_b):
                 torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
-        mel, f0 = torch.randn(1, cfg.audio_num_mel_bins, 8), torch.full((1, 8), 150.0)
+        mel, f0 = torch.randn(1, cfg.audio.n_mels, 8), torch.full((1, 8), 150.0)
         torch.manual_seed(3)
         wav_a = src_g(mel, f0)
         torch.manual_seed(3)

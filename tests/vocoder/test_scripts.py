@@ -30,13 +30,13 @@ def test_train_rtx5090_sh_runs_tiny_steps(tmp_path):
     cmd = ["bash", str(REPO / "vocoder" / "train_rtx5090.sh"), "--data_dir", str(tmp_path / "bin"),
            "--run_dir", str(run), "--device", "cpu"]
     cmd += [a for o in TINY_5090 for a in ("--set", o)]
-    env = dict(os.environ, PY=sys.executable, OMP_NUM_THREADS="2")
+    env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="2")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (run / "checkpoints" / "model_00000002.pt").is_file()
     resolved = yaml.safe_load((run / "config.yaml").read_text())
     assert resolved["task_cls"] == "nsf_HiFigan_fast_task.nsf_HiFigan"
-    assert resolved["pl_trainer_precision"] == "16-mixed"
+    assert resolved["precision"] == "16-mixed"
     assert resolved["generator_optimizer_args"]["optimizer_cls"] == "common.muon.MuonAdamW"
     assert resolved["batch_size"] == 1 and resolved["model_args"]["upsample_initial_channel"] == 32
     assert "GradScaler on" in proc.stdout

@@ -9,9 +9,10 @@ preset is applied on top by `tts/clone/options.py`, never hidden in here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from common.audio import AudioSettings
+from common.precision import precision_name
 
 # size -> (text dim, layers, heads), (audio/reference dim, layers, heads), (decoder dim, layers, heads)
 SIZES: dict[str, dict[str, tuple[int, int, int]]] = {
@@ -107,7 +108,7 @@ class TrainConfig:
     batch_size: int = 32
     grad_accum: int = 1
     num_workers: int = 4
-    precision: str = "auto"    # handed to common.precision: auto = bf16-mixed on a bf16 GPU, else 32-true
+    precision: str = "auto"    # 32-true | 16-mixed | bf16-mixed | auto (bf16-mixed on a bf16 GPU, else 32-true)
     device: str = "auto"
     seed: int = 1234
     log_interval: int = 50     # optimizer steps
@@ -120,6 +121,9 @@ class TrainConfig:
     compile: bool = False      # torch.compile the model (bucketed shapes keep recompiles bounded)
     tf32: bool = True
     cudnn_benchmark: bool = True
+
+    def __post_init__(self) -> None:
+        self.precision = precision_name(self.precision)
 
 
 @dataclass
@@ -143,6 +147,11 @@ class VocoderConfig:
 
 @dataclass
 class CloneConfig:
+    ALIASES: ClassVar[dict[str, str]] = {"precision": "train.precision"}  # the key every trainer reads
+    # `--preset` (common.presets): each card setting of common.hardware.PRESETS -> the key it sets here
+    PRESET_KEYS: ClassVar[dict[str, str]] = {"batch_size": "train.batch_size", "num_workers": "train.num_workers",
+                                             "crop": "data.ref_seconds", "precision": "train.precision"}
+
     model: ModelConfig = field(default_factory=ModelConfig)
     audio: AudioConfig = field(default_factory=AudioConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -360,6 +360,6 @@ class CloneData:
     def epoch_loader(self, epoch: int, batch_in_epoch: int, seed: int) -> DataLoader:
         """The training loader of `epoch`, resumed after `batch_in_epoch` batches (exact resume)."""
         self.sampler.set_epoch(epoch)
-        self.sampler.skip(batch_in_epoch)
+        self.sampler.skip_batches(batch_in_epoch)
         return make_loader(self.train_set, batch_sampler=self.sampler, collate_fn=self.collate, seed=seed + epoch,
                            **self.loader_kw)

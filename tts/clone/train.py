@@ -276,7 +276,7 @@ class CloneTrainer:
             save_config(cfg, self.run_dir)
         self.log(effective_block(self.res, self.device, self.precision, self.n_params, self.steps_per_epoch,
                                  self.total_steps, self.data.collate.shapes(), info.world_size))
-        self.logger = RunLogger(tensorboard_dir(self.run_dir, info.is_main), enabled=info.is_main)
+        self.logger = RunLogger(tensorboard_dir(self.run_dir), enabled=info.is_main)
         if info.is_main:
             report_lr_plan({"lr": lr_curve(self.scheduler)}, self.total_steps, "--lr / --scheduler / --warmup-steps "
                            "(scheduler.*) or --epochs / train.max_updates", self.run_dir, self.logger, self.log)

@@ -5,7 +5,8 @@ user trains with is also the one that prepared the data (same sample rate, hop, 
 Key names follow Coqui TTS / jaywalnut310 VITS where those exist (``batch_size``,
 ``eval_batch_size``, ``num_loader_workers``, ``print_step``, ``save_step``,
 ``save_n_checkpoints``, ``save_best_after``, ``test_delay_epochs``, ``test_sentences``,
-``mixed_precision``, ``filter_length``/``sampling_rate`` as aliases) so their configs read
+``filter_length``/``sampling_rate`` as aliases; Coqui's ``mixed_precision`` + ``amp_dtype`` spell
+``precision``) so their configs read
 naturally here.
 """
 
@@ -18,6 +19,7 @@ from typing import Any, ClassVar, Literal
 
 from common.audio import AudioSettings
 from common.config import ConfigError
+from common.precision import MixedPrecisionSwitch, precision_name
 
 
 @dataclass
@@ -171,8 +173,9 @@ class TrainConfig:
     # (scheduler_after_epoch) do; "step" applies it after every optimizer step (far faster decay)
     lr_scheduler_per: Literal["step", "epoch"] = "epoch"
     grad_clip: float | None = 1.0  # max total gradient norm per network (None: measure only)
-    mixed_precision: bool = True  # with amp_dtype, handed as is to common.precision.Precision
-    amp_dtype: Literal["fp16", "bf16"] = "bf16"
+    # 32-true | 16-mixed | bf16-mixed | auto; Coqui's `mixed_precision: true|false` + `amp_dtype: fp16|bf16`
+    # are read as this key when the config loads (MULTI_KEY_ALIASES)
+    precision: str = "bf16-mixed"
     tf32: bool = True
     # cudnn.benchmark autotunes each new input shape once. With it (on CUDA) or compile, each batch is
     # padded to its length bucket's fixed (text, frames) size (data.num_buckets shapes per run, not one
@@ -222,6 +225,9 @@ class TrainConfig:
     # data location (usually from the command line)
     data_dir: str | None = None
     run_dir: str | None = None
+    # `--preset` (common.presets): each card setting of common.hardware.PRESETS -> the key it sets here
+    PRESET_KEYS: ClassVar[dict[str, str]] = {"batch_size": "batch_size", "num_workers": "num_loader_workers",
+                                             "crop": "model_args.segment_frames", "precision": "precision"}
     ALIASES: ClassVar[dict[str, str]] = {
         "num_workers": "num_loader_workers", "ds_workers": "num_loader_workers",
         "max_updates": "max_steps", "val_check_interval": "eval_interval",
@@ -231,6 +237,11 @@ class TrainConfig:
         # the names every trainer reads (README, "One name per concept")
         "clip_grad_norm": "grad_clip",
     }
+    MULTI_KEY_ALIASES: ClassVar[tuple[MixedPrecisionSwitch, ...]] = (MixedPrecisionSwitch(
+        "mixed_precision", "amp_dtype", (("fp16", "16-mixed"), ("bf16", "bf16-mixed")), default_mixed="bf16-mixed"),)
+
+    def __post_init__(self) -> None:
+        self.precision = precision_name(self.precision)
 
     def args(self) -> VitsArgs:
         return model_args(self.model, self.model_args)

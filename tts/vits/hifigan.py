@@ -5,8 +5,7 @@ convolutions, each stage followed by a multi-receptive-field fusion of residual 
 two convolutions per dilation, type "2": one, lighter, as Piper's medium/x_low). What is VITS' own:
 no pitch source, a plain ``conv_pre`` and bias-free ``conv_post``, an optional speaker input ``g``,
 and a ``mask`` so padded batches decode like lone items. ``vocoder.model.remove_all_weight_norm``
-folds the weight norm for inference. Parameter names are those of jaywalnut310/vits (and of
-checkpoints written before the parts moved to vocoder/).
+folds the weight norm for inference. Parameter names are those of jaywalnut310/vits.
 
 Effective init: PyTorch's default for every weight and bias, as in jaywalnut310/vits (its init_weights
 runs after weight_norm and never reaches the weight a forward uses); tested in tests/tts/test_vits_init.py.

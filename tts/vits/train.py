@@ -116,7 +116,7 @@ class VitsTrainer:
         if not cfg.data_dir:
             raise ConfigError("no data folder: pass --data_dir (a folder made by tts/prepare_data.py)")
         self.run_dir = Path(cfg.run_dir or f"runs/{cfg.run_name}")
-        self.log = RunLogger(tensorboard_dir(self.run_dir, info.is_main), enabled=info.is_main)
+        self.log = RunLogger(tensorboard_dir(self.run_dir), enabled=info.is_main)
         self.say = print if info.is_main else (lambda *a, **k: None)
         torch.manual_seed(cfg.seed + info.rank)
 
@@ -160,7 +160,7 @@ class VitsTrainer:
         # c_stft > 0: three Parallel WaveGAN resolutions (fft, hop, win): short, medium, long windows
         self.stft = (MultiResolutionSTFTLoss([512, 1024, 2048], [50, 120, 240], [240, 600, 1200]).to(self.device)
                      if cfg.c_stft > 0 else None)
-        self.precision = Precision(cfg.mixed_precision, self.device, amp_dtype=cfg.amp_dtype, tf32=cfg.tf32,
+        self.precision = Precision(cfg.precision, self.device, tf32=cfg.tf32,
                                    cudnn_benchmark=cfg.cudnn_benchmark, deterministic=cfg.deterministic)
         self.scaler = self.precision.scaler
         opt_kw = {"betas": tuple(cfg.betas), "eps": cfg.eps, "weight_decay": cfg.weight_decay}
@@ -366,7 +366,7 @@ class VitsTrainer:
         with GracefulExit() as exit_req:
             while not stop:
                 self.sampler.set_epoch(self.epoch)
-                self.sampler.skip(self.batch_in_epoch)
+                self.sampler.skip_batches(self.batch_in_epoch)
                 t_data = time.time()
                 for batch in self.loader:
                     data_s = time.time() - t_data
@@ -452,8 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         if not is_oom(e):
             raise
         print("error: " + oom_message("VITS training", cfg.batch_size, {
-            "accum_key": None, "precision": "mixed" if cfg.mixed_precision else "32-true",
-            "precision_set": "mixed_precision=true --set amp_dtype=bf16", "crop_key": "model_args.segment_frames",
+            "accum_key": None, "precision": cfg.precision, "crop_key": "model_args.segment_frames",
             "crop": cfg.args().segment_frames, "resume": "--resume auto"}), file=sys.stderr)
         return exit_codes.OUT_OF_MEMORY
     finally:

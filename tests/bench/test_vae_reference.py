@@ -20,7 +20,7 @@ from bench.vae_reference import (
 from common.config import load_config
 from vae.config import VAEConfig
 
-DEMO = Path(__file__).resolve().parent.parent / "vae" / "configs" / "demo.yaml"
+DEMO = Path(__file__).resolve().parents[2] / "vae" / "configs" / "demo.yaml"
 
 
 def recipe(*extra: str) -> VAEConfig:

@@ -1,51 +1,10 @@
+"""common.training: clipping, the non-finite guard, EMA, clip statistics, parameter counts."""
+
 import pytest
 import torch
 from torch import nn
 
-from common.precision import Precision, normalize_precision
-from common.training import EMA, ClipStats, NonFiniteError, NonFiniteGuard, step_optimizer
-
-
-def test_precision_aliases_and_cpu_report():
-    assert normalize_precision("fp16") == "16-mixed" and normalize_precision("bf16") == "bf16-mixed"
-    assert normalize_precision(True) == "bf16-mixed" and normalize_precision(False) == "32-true"
-    with pytest.raises(ValueError, match="unknown precision"):
-        normalize_precision("fp8")
-    p = Precision("16-mixed", "cpu", tf32=True, cudnn_benchmark=True)
-    report = "\n".join(p.report())
-    assert p.scaler.is_enabled() and "tf32" in report and "cudnn_benchmark" in report and "not applied" in report
-    assert not Precision("bf16-mixed", "cpu").scaler.is_enabled()
-
-
-def test_autocast_bf16_runs_linear_in_bf16_and_no_autocast_is_fp32():
-    p = Precision("bf16-mixed", "cpu")
-    lin = nn.Linear(4, 4)
-    with p.autocast():
-        assert lin(torch.randn(2, 4)).dtype == torch.bfloat16
-        with p.no_autocast():
-            assert lin(torch.randn(2, 4)).dtype == torch.float32
-
-
-def test_fp16_grad_scaler_skips_injected_inf_on_cpu():
-    torch.manual_seed(0)
-    p = Precision("16-mixed", "cpu")
-    model = nn.Linear(4, 1)
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
-    before = [t.clone() for t in model.parameters()]
-    with p.autocast():
-        loss = model(torch.randn(8, 4)).float().pow(2).mean() * torch.tensor(float("inf"))
-    scale_before = p.scaler.get_scale()
-    norm, stepped = step_optimizer(loss, opt, model.parameters(), scaler=p.scaler, guard=NonFiniteGuard())
-    p.scaler.update()
-    assert not stepped and not torch.isfinite(norm)
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
-    assert opt.state == {} or all(len(s) == 0 for s in opt.state.values())  # Adam moments untouched
-    assert p.scaler.get_scale() < scale_before  # the scaler backed off
-    with p.autocast():
-        loss = model(torch.randn(8, 4)).float().pow(2).mean()
-    _, stepped = step_optimizer(loss, opt, model.parameters(), scaler=p.scaler)
-    p.scaler.update()
-    assert stepped and not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+from common.training import EMA, ClipStats, NonFiniteError, NonFiniteGuard, count_parameters, step_optimizer
 
 
 def test_clip_really_clips_and_guard_stops():
@@ -101,3 +60,10 @@ def test_clip_stats_counts_clipped_steps_per_window():
     off = ClipStats(None)  # no clipping: nothing to report
     off.update("g", torch.tensor(5.0))
     assert off.pop() == {}
+
+
+def test_count_parameters():
+    m = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))  # 16 + 10
+    assert count_parameters(m) == 26
+    m[0].requires_grad_(False)
+    assert count_parameters(m) == 26 and count_parameters(m, trainable_only=True) == 10

@@ -1,0 +1,112 @@
+"""common.precision: the one `precision` key (every spelling a config may use is read once, at
+load), `Precision` (autocast, GradScaler, backend flags, the report) on the CPU."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+from torch import nn
+
+from common.config import ConfigError, explicit_keys, load_config
+from common.precision import Precision, normalize_precision, precision_name
+from common.training import NonFiniteGuard, step_optimizer
+from tts.clone.config import CloneConfig
+from tts.vits.config import TrainConfig
+from vae.config import VAEConfig
+from vocoder.config import VocoderConfig
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+
+
+def test_precision_aliases_and_cpu_report():
+    assert normalize_precision("fp16") == "16-mixed" and normalize_precision("bf16") == "bf16-mixed"
+    assert precision_name("16") == "16-mixed" and precision_name("AUTO") == "auto"  # auto: decided at start
+    with pytest.raises(ValueError, match="unknown precision"):
+        normalize_precision("fp8")
+    p = Precision("16-mixed", "cpu", tf32=True, cudnn_benchmark=True)
+    report = "\n".join(p.report())
+    assert p.scaler.is_enabled() and "tf32" in report and "cudnn_benchmark" in report and "not applied" in report
+    assert not Precision("bf16-mixed", "cpu").scaler.is_enabled()
+
+
+def test_autocast_bf16_runs_linear_in_bf16_and_no_autocast_is_fp32():
+    p = Precision("bf16-mixed", "cpu")
+    lin = nn.Linear(4, 4)
+    with p.autocast():
+        assert lin(torch.randn(2, 4)).dtype == torch.bfloat16
+        with p.no_autocast():
+            assert lin(torch.randn(2, 4)).dtype == torch.float32
+
+
+def test_fp16_grad_scaler_skips_injected_inf_on_cpu():
+    torch.manual_seed(0)
+    p = Precision("16-mixed", "cpu")
+    model = nn.Linear(4, 1)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    before = [t.clone() for t in model.parameters()]
+    with p.autocast():
+        loss = model(torch.randn(8, 4)).float().pow(2).mean() * torch.tensor(float("inf"))
+    scale_before = p.scaler.get_scale()
+    norm, stepped = step_optimizer(loss, opt, model.parameters(), scaler=p.scaler, guard=NonFiniteGuard())
+    p.scaler.update()
+    assert not stepped and not torch.isfinite(norm)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert opt.state == {} or all(len(s) == 0 for s in opt.state.values())  # Adam moments untouched
+    assert p.scaler.get_scale() < scale_before  # the scaler backed off
+    with p.autocast():
+        loss = model(torch.randn(8, 4)).float().pow(2).mean()
+    _, stepped = step_optimizer(loss, opt, model.parameters(), scaler=p.scaler)
+    p.scaler.update()
+    assert stepped and not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_auto_is_bf16_on_a_bf16_gpu_else_fp32():
+    """`--precision auto` as tts/train_main.py's pick_precision had it: no fp16 (loss scaling) and
+    no CPU bf16 unless asked for."""
+    assert normalize_precision("auto", CPU) == "32-true"
+    with mock.patch("torch.cuda.is_bf16_supported", return_value=True):
+        assert normalize_precision("auto", CUDA) == "bf16-mixed"
+    with mock.patch("torch.cuda.is_bf16_supported", return_value=False):
+        assert normalize_precision("auto", CUDA) == "32-true"
+    assert Precision("auto", "cpu").precision == "32-true"
+
+
+@pytest.mark.parametrize("schema, typed, expected", [
+    (TrainConfig, [], "bf16-mixed"), (TrainConfig, ["mixed_precision=false"], "32-true"),
+    (TrainConfig, ["mixed_precision=true", "amp_dtype=fp16"], "16-mixed"),
+    (TrainConfig, ["amp_dtype=fp16"], "16-mixed"),  # the dtype alone: the default is mixed
+    (TrainConfig, ["amp_dtype=fp16", "mixed_precision=true"], "16-mixed"),  # the command line is one layer
+    (TrainConfig, ["precision=fp16"], "16-mixed"),  # a value alias
+    (VAEConfig, [], "32-true"), (VAEConfig, ["mixed_precision=true"], "16-mixed"),
+    (VAEConfig, ["mixed_precision=yes", "use_bf16=true"], "bf16-mixed"),
+    (VAEConfig, ["use_bf16=true"], "32-true"),  # the dtype alone leaves fp32 alone
+    (VocoderConfig, ["pl_trainer_precision=16"], "16-mixed"), (CloneConfig, ["precision=bf16"], "bf16-mixed"),
+])
+
+
+def test_every_spelling_is_the_one_precision_field(schema, typed, expected):
+    """VITS' `mixed_precision` + `amp_dtype`, the VAE's `--mixed_precision` (+ `--use_bf16`), the vocoder's
+    `pl_trainer_precision`: read once at load into the one `precision` field, recorded as typed."""
+    cfg = load_config(None, schema, typed)
+    precision = cfg.train.precision if schema is CloneConfig else cfg.precision
+    assert precision == expected
+    assert not typed or set(explicit_keys(cfg)) == {"train.precision" if schema is CloneConfig else "precision"}
+    p = Precision(precision, "cpu")
+    assert p.precision == expected and p.scaler.is_enabled() == (expected == "16-mixed")
+
+
+def test_a_switch_combines_with_the_layer_below(tmp_path):
+    """A YAML layer's `mixed_precision: true` keeps the dtype its base chose; one spelling per layer."""
+    (tmp_path / "base.yaml").write_text("mixed_precision: true\nuse_bf16: true\n")
+    (tmp_path / "child.yaml").write_text("base_config: base.yaml\nmixed_precision: true\n")
+    assert load_config(tmp_path / "child.yaml", VAEConfig).precision == "bf16-mixed"
+    assert load_config(tmp_path / "child.yaml", VAEConfig, ["mixed_precision=false"]).precision == "32-true"
+    (tmp_path / "both.yaml").write_text("mixed_precision: true\nprecision: bf16-mixed\n")
+    with pytest.raises(ConfigError, match="keep one spelling"):
+        load_config(tmp_path / "both.yaml", VAEConfig)
+    with pytest.raises(ConfigError, match="keep one spelling"):
+        load_config(None, TrainConfig, ["precision=32-true", "amp_dtype=fp16"])
+    with pytest.raises(ConfigError, match="unknown precision 'fp8'"):
+        load_config(None, VocoderConfig, ["precision=fp8"])
