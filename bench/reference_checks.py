@@ -235,7 +235,7 @@ def vae_checks(args) -> None:
                        "mixed_precision=false", *args.set])
     torch.manual_seed(cfg.seed)
     tr = VAETrainer(cfg, torch.device("cpu"), total_steps=args.reps + 1, quiet=True)
-    disc = tr.disc_module
+    disc = tr.disc
     convs = [m for m in disc.modules() if isinstance(m, torch.nn.Conv2d)]
     norms = [m for m in disc.modules() if isinstance(m, (torch.nn.BatchNorm2d, torch.nn.GroupNorm))]
     conv_std = [float(m.weight.detach().std()) for m in convs]
@@ -249,7 +249,7 @@ def vae_checks(args) -> None:
                          num_workers=0, seed=cfg.seed, drop_last=True)
     x = next(iter(loader))
     tr.train_step([x], 0)  # warm-up
-    vae = tr.vae_module
+    vae = tr.vae
 
     def extra_forward():  # ldm's second self(inputs) in the D pass (AE parameters frozen there)
         with torch.no_grad():

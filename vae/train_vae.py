@@ -96,36 +96,36 @@ class VAETrainer:
         fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
         vae = build_vae({**config_to_dict(cfg)}).to(device)
         vae.set_gradient_checkpointing(cfg.gradient_checkpointing)
-        self.vae_module: AutoencoderKL = vae.to(memory_format=fmt)
+        self.vae: AutoencoderKL = vae.to(memory_format=fmt)
         # channels_last before DDP (its gradient buckets copy the parameter layout), compile after.
-        self.vae_ddp = self.precision.prepare_model(wrap_ddp(self.vae_module, self.info))
+        self.vae_ddp = self.precision.prepare_model(wrap_ddp(self.vae, self.info))
         if cfg.perceptual_weight > 0 and perceptual is None:
             perceptual = FrozenLPIPS(cfg.perceptual_net, cfg.perceptual_weights or None)
         self.perceptual = perceptual.to(device) if perceptual is not None else None
         self.loss = VAELoss(cfg.kl_weight, cfg.perceptual_weight, self.perceptual, cfg.rec_loss, cfg.learn_logvar,
                             cfg.logvar_init, cfg.disc_start, cfg.disc_weight, cfg.disc_factor,
                             cfg.gan_weight_clamp).to(device)
-        self.disc_module: nn.Module | None = (PatchDiscriminator(3, cfg.disc_channels, cfg.disc_layers).to(device)
+        self.disc: nn.Module | None = (PatchDiscriminator(3, cfg.disc_channels, cfg.disc_layers).to(device)
                                               .to(memory_format=fmt) if cfg.disc_weight > 0 else None)
-        self.disc_ddp = wrap_ddp(self.disc_module, self.info) if self.disc_module is not None else None
+        self.disc_ddp = wrap_ddp(self.disc, self.info) if self.disc is not None else None
         betas = (cfg.adam_beta1, cfg.adam_beta2)
-        g_model = nn.ModuleDict({"vae": self.vae_module, "logvar": self.loss.logvar})
+        g_model = nn.ModuleDict({"vae": self.vae, "logvar": self.loss.logvar})
         self.g_params = [p for p in g_model.parameters() if p.requires_grad]
         self.g_opt = build_optimizer(cfg.optimizer_cls, g_model, lr=cfg.learning_rate, betas=betas,
                                      weight_decay=cfg.weight_decay)
         self.optimizers = {"vae": self.g_opt}
         self.d_opt = None
-        if self.disc_module is not None:
-            self.d_opt = build_optimizer(cfg.optimizer_cls, self.disc_module, betas=betas,
+        if self.disc is not None:
+            self.d_opt = build_optimizer(cfg.optimizer_cls, self.disc, betas=betas,
                                          lr=cfg.disc_learning_rate or cfg.learning_rate, weight_decay=cfg.weight_decay)
             self.optimizers["disc"] = self.d_opt
         self.total_steps = max(1, int(data.total_steps if data is not None else total_steps))
         self.schedulers = build_lr_schedules(cfg, self.optimizers, self.total_steps)
-        self.ema = EMA(self.vae_module, cfg.ema_decay) if cfg.ema_decay > 0 else None
+        self.ema = EMA(self.vae, cfg.ema_decay) if cfg.ema_decay > 0 else None
         self.guard = NonFiniteGuard(cfg.max_nonfinite)
-        self.buffers = BufferSnapshot(self.vae_module, self.disc_module)  # the discriminator's BatchNorm stats
-        self.models = {"vae": self.vae_module, "logvar": self.loss.logvar}  # by name, as the checkpoint holds them
-        self.models.update({"disc": self.disc_module} if self.disc_module is not None else {})
+        self.buffers = BufferSnapshot(self.vae, self.disc)  # the discriminator's BatchNorm stats
+        self.models = {"vae": self.vae, "logvar": self.loss.logvar}  # by name, as the checkpoint holds them
+        self.models.update({"disc": self.disc} if self.disc is not None else {})
         # The run's position: step of this resolution stage, epoch, micro-batches into it, stage.
         self.step = self.epoch = self.batch_in_epoch = self.steps_before_stage = 0
         self.stage, self.stages = 1, [{"stage": 1, "image_size": cfg.image_size, "first_step": 0, "first_epoch": 0}]
@@ -133,8 +133,8 @@ class VAETrainer:
         self.last_psnr: float | None = None
         self.last_good: Path | None = None  # the newest checkpoint known to hold a good state
         self.last_val: tuple[int, dict] = (-1, {})  # (global step, metrics) of the latest validation
-        self.log(f"VAE {count_parameters(self.vae_module) / 1e6:.1f} M parameters"
-                 + (f", discriminator {count_parameters(self.disc_module) / 1e6:.1f} M" if self.disc_module else "")
+        self.log(f"VAE {count_parameters(self.vae) / 1e6:.1f} M parameters"
+                 + (f", discriminator {count_parameters(self.disc) / 1e6:.1f} M" if self.disc else "")
                  + f"; LPIPS: {self.perceptual.source if self.perceptual else 'off (perceptual_weight 0)'}")
         for line in self.precision.report():
             self.log(f"  {line}")
@@ -152,7 +152,7 @@ class VAETrainer:
             for line in init_weights(self.models, cfg, init_from, out_dir, main):
                 self.log(line)
             if self.ema is not None:  # taken from the random initial weights: restart it from the loaded ones
-                self.ema = EMA(self.vae_module, self.ema.decay)
+                self.ema = EMA(self.vae, self.ema.decay)
         self.writer = RunLogger(tensorboard_dir(out_dir, main), enabled=main)
         self.eval_batch = validation.eval_batch_size(cfg)
         self.val_batches = validation.validation_batches(cfg, data, main)
@@ -164,27 +164,27 @@ class VAETrainer:
         divided by their number, so the gradient is the mean over the whole effective batch)."""
         cfg, scaler = self.cfg, self.precision.scaler
         n = len(micro_batches)
-        gan = self.disc_module is not None and self.loss.gan_active(global_step)
+        gan = self.disc is not None and self.loss.gan_active(global_step)
         grad_scale = float(scaler.get_scale()) if scaler.is_enabled() else 1.0
         logs: dict[str, torch.Tensor] = {}
         recs = []
         self.buffers.take()
         if gan:
-            self.disc_module.requires_grad_(False)  # the generator's GAN term must not train D
+            self.disc.requires_grad_(False)  # the generator's GAN term must not train D
         for i, x in enumerate(micro_batches):
             x = self.precision.prepare_input(x.to(self.device, non_blocking=True))
             with no_sync(self.vae_ddp, i < n - 1):
                 with self.precision.autocast():
                     x_rec, posterior = self.vae_ddp(x)
                     loss, parts = self.loss.generator_loss(x, x_rec, posterior, global_step,
-                                                           self.disc_module if gan else None,
-                                                           self.vae_module.last_layer, grad_scale)
+                                                           self.disc if gan else None,
+                                                           self.vae.last_layer, grad_scale)
                 backward(loss / n, scaler)
             recs.append((x, x_rec.detach()))
             for k, v in parts.items():
                 logs[k] = logs.get(k, 0) + v / n
         if gan:
-            self.disc_module.requires_grad_(True)
+            self.disc.requires_grad_(True)
         logvar = self.loss.logvar.logvar
         if self.info.enabled and logvar.requires_grad and logvar.grad is not None:
             logvar.grad.copy_(all_reduce_mean(logvar.grad))  # not inside the DDP module: average by hand
@@ -200,20 +200,20 @@ class VAETrainer:
                     backward(d_loss / n, scaler)
                 for k, v in parts.items():
                     logs[k] = logs.get(k, 0) + v / n
-            d_norm, d_finite = step_optimizer(None, self.d_opt, self.disc_module.parameters(), scaler, clip, None)
+            d_norm, d_finite = step_optimizer(None, self.d_opt, self.disc.parameters(), scaler, clip, None)
             logs["disc_grad_norm"] = d_norm
         if not (stepped and d_finite):
             self.buffers.restore()  # no BatchNorm statistics from a skipped step
         scaler.update()
         step_schedulers(self.schedulers.values())
         if stepped and self.ema is not None:
-            self.ema.update(self.vae_module)
+            self.ema.update(self.vae)
         return logs, stepped
 
     @property
     def eval_model(self) -> AutoencoderKL:
         """The weights to evaluate/export: the EMA copy (refreshed from its shadow) when EMA is on."""
-        return self.ema.model(self.vae_module) if self.ema is not None else self.vae_module
+        return self.ema.model(self.vae) if self.ema is not None else self.vae
 
     @property
     def global_step(self) -> int:
@@ -228,7 +228,7 @@ class VAETrainer:
              "num_train": len(self.data.train_files)}
         return make_state(self.models, self.optimizers, self.schedulers, self.precision.scaler,
                           {"vae": self.ema} if self.ema else None, c, config_to_dict(self.cfg),
-                          extra={"arch": self.vae_module.arch(), "guard": self.guard.state_dict(),
+                          extra={"arch": self.vae.arch(), "guard": self.guard.state_dict(),
                                  "best_psnr": self.best_psnr, "stages": self.stages})
 
     def save(self, reason: str = "") -> bool:

@@ -92,7 +92,7 @@ def test_fp16_step_on_cpu_really_scales_the_loss():
                         "warmup_steps": 0, "lr_scheduler": "constant"})
     t = tv.VAETrainer(cfg, torch.device("cpu"), total_steps=4, quiet=True)
     assert t.precision.amp_dtype == torch.float16 and t.precision.scaler.is_enabled()
-    w = t.vae_module.decoder.conv_out.bias
+    w = t.vae.decoder.conv_out.bias
     seen = {}
     w.register_hook(lambda g: seen.__setitem__("backward", g.detach().clone()))
     t.g_opt.register_step_pre_hook(lambda opt, a, k: seen.__setitem__("step", w.grad.detach().clone()))

@@ -34,7 +34,7 @@ def trained():
         idx = torch.randint(0, 8, (4,), generator=g)
         y, x = torch.randint(0, 64, (2,), generator=g).tolist()
         t.train_step([imgs[idx][..., y:y + 32, x:x + 32]], step)
-    return t.vae_module.eval()
+    return t.vae.eval()
 
 
 def _jump(img: torch.Tensor, col: int) -> float:

@@ -114,21 +114,21 @@ def test_mixed_precision_and_channels_last_steps(precision):
     t = tv.VAETrainer(cfg, torch.device("cpu"), total_steps=4, quiet=True)
     assert t.precision.amp_dtype == (torch.bfloat16 if precision == "bf16" else torch.float16)
     assert t.precision.scaler.is_enabled() == (precision == "fp16")
-    assert t.vae_module.encoder.conv_in.weight.is_contiguous(memory_format=torch.channels_last)
+    assert t.vae.encoder.conv_in.weight.is_contiguous(memory_format=torch.channels_last)
     seen = {}
 
     def record(module, inputs, output):
         seen["dtype"] = output.dtype
 
-    hook = t.vae_module.decoder.conv_out.register_forward_hook(record)
-    before = t.vae_module.decoder.conv_out.weight.detach().clone()
+    hook = t.vae.decoder.conv_out.register_forward_hook(record)
+    before = t.vae.decoder.conv_out.weight.detach().clone()
     x = torch.rand(2, 3, 32, 32) * 2 - 1
     for s in range(3):
         logs, stepped = t.train_step([x], s)
     hook.remove()
     assert seen["dtype"] == t.precision.amp_dtype  # autocast really ran
     assert torch.isfinite(logs["total"]) and "d_loss" in logs  # GAN on (disc_start 1)
-    assert not torch.equal(before, t.vae_module.decoder.conv_out.weight)
+    assert not torch.equal(before, t.vae.decoder.conv_out.weight)
 
 
 def _grads_of_one_step(cfg, micro, monkeypatch):
