@@ -189,9 +189,7 @@ class VocoderTrainer:
         self.stft = MultiResolutionSTFTLoss(cfg.loss_fft_sizes, cfg.loss_hop_sizes, cfg.loss_win_lengths).to(self.device)
 
         # ---- counters and resume
-        self.step = 0
-        self.epoch = 0
-        self.batch_in_epoch = 0
+        self.step = self.epoch = self.batch_in_epoch = 0
         self.history: dict = {}
         self.last_good: Path | None = resume_path  # the newest checkpoint known to hold a good state
         if resume_path is not None:
@@ -339,6 +337,7 @@ class VocoderTrainer:
         return result
 
     def fit(self) -> dict:
+        """The loop; returns {"step", "stopped" (None when max_updates ran out), "valid", ...} (also summary.json)."""
         cfg = self.cfg
         if self.is_main:
             save_config(cfg, self.run_dir)
@@ -362,7 +361,7 @@ class VocoderTrainer:
             self.log.bar = None
             progress.close()
             self.writer.close()
-        result = {"step": self.step, "stopped": stop.reason or "max_updates", "valid": self.history.get("valid", []),
+        result = {"step": self.step, "stopped": stop.reason, "valid": self.history.get("valid", []),
                   "skipped_g": self.g_guard.skipped_total, "skipped_d": self.d_guard.skipped_total,
                   "data_wait_fraction": progress.data_wait_fraction, "latest": str(self.manager.latest())}
         if self.is_main:
