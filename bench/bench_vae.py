@@ -67,12 +67,12 @@ def measure_step(cfg: VAEConfig, device: torch.device, steps: int, perceptual, w
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     for i in range(warmup):
-        t.step([x], i)
+        t.train_step([x], i)
     _sync(device)
     times = []
     for i in range(steps):
         t0 = time.perf_counter()
-        t.step([x], warmup + i)
+        t.train_step([x], warmup + i)
         _sync(device)
         times.append(time.perf_counter() - t0)
     out = {"images_per_s": b / statistics.median(times)}
@@ -91,12 +91,12 @@ def measure_loader(cfg: VAEConfig, device: torch.device, steps: int, workers: in
     loader = make_loader(ds, batch_size=int(cfg.batch_size), sampler=ResumableSampler(ds, seed=0), num_workers=workers,
                          prefetch_factor=4, pin_memory=True, persistent_workers=False, seed=0, drop_last=True)
     it = iter(loader)
-    t.step([next(it)], 0)  # warm-up (workers started, first batch)
+    t.train_step([next(it)], 0)  # warm-up (workers started, first batch)
     _sync(device)
     t0 = time.perf_counter()
     n = 0
     for i in range(steps):
-        t.step([next(it)], i + 1)
+        t.train_step([next(it)], i + 1)
         n += int(cfg.batch_size)
     _sync(device)
     return {"images_per_s": n / (time.perf_counter() - t0), "peak_gib": None}

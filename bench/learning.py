@@ -232,7 +232,7 @@ def vits_runners(key: str, values: list[str], args, tmp: Path) -> tuple[list[Run
                           extra={"data_dir": str(DATA / "tts_prepared"), "run_dir": str(tmp / f"vits_{value}")})
         tr = VitsTrainer(cfg, info)
         if init == "old":
-            redraw_old_init(tr.gen, ("dec.ups.", "dec.resblocks."), args.seed)
+            redraw_old_init(tr.generator, ("dec.ups.", "dec.resblocks."), args.seed)
         if batches is None:
             batches = take_batches(tr.loader, tr.sampler, args.steps)
 
@@ -243,9 +243,9 @@ def vits_runners(key: str, values: list[str], args, tmp: Path) -> tuple[list[Run
             tr.step += 1  # the MAS prior fades with the step count
 
         def metrics(tr=tr):
-            m = evaluate(tr.gen, tr.eval_set, build_mel(tr.cfg), tr.device, args.eval_items or tr.cfg.eval_max_items,
+            m = evaluate(tr.generator, tr.eval_set, build_mel(tr.cfg), tr.device, args.eval_items or tr.cfg.eval_max_items,
                          noise_scale=tr.cfg.noise_scale, seed=tr.cfg.seed)
-            tr.gen.train()
+            tr.generator.train()
             return {k: m[k] for k in ("mcd", "align_sharpness", "dur_err")}
         runners.append(Runner(f"{key}={value}", step, metrics))
     return runners, batches
@@ -291,11 +291,11 @@ def vae_runners(key: str, values: list[str], args, tmp: Path) -> tuple[list[Runn
             return vae_reference_runners(tr, batches, val, lpips, args), batches
 
         def step(batch, tr=tr, counter=[0]):  # noqa: B006 - the per-runner step counter
-            tr.step([batch], counter[0])
+            tr.train_step([batch], counter[0])
             counter[0] += 1
 
         def metrics(tr=tr, val=val):
-            m = evaluate(tr.eval_model(), val, device, tr.precision.autocast, lpips)
+            m = evaluate(tr.eval_model, val, device, tr.precision.autocast, lpips)
             return {k: m[k] for k in ("psnr", "ssim", "lpips") if k in m}
         runners.append(Runner(f"{key}={value}", step, metrics))
     return runners, batches
@@ -312,13 +312,13 @@ def vae_reference_runners(tr, batches: list, val: list, lpips, args) -> list[Run
     counter = [0]
 
     def ours(batch):
-        tr.step([batch], counter[0])
+        tr.train_step([batch], counter[0])
         counter[0] += 1
 
     def metrics(model):
         m = evaluate(model, val, tr.device, tr.precision.autocast, lpips)
         return {k: m[k] for k in ("psnr", "ssim", "lpips") if k in m}
-    return [Runner("ours", ours, lambda: metrics(tr.eval_model())),
+    return [Runner("ours", ours, lambda: metrics(tr.eval_model)),
             Runner("latent-diffusion", ref.reference_step, lambda: metrics(ref.vae))]
 
 

@@ -15,7 +15,7 @@ with ljs_base's hyper-parameters and ours with the ``vits_base`` preset, and com
 every weight and bias the forward uses (weight norm applied), tensor by tensor by name; (2) times
 the critic part of the generator update both ways on the same weights and signals: theirs calls
 ``net_d(y, y_hat)`` with the critic's parameters trainable (train.py), ours freezes the critic and
-runs the real half without grad (``common.training.critic_for_generator``); both then back-propagate
+runs the real half without grad (``common.training.critic_outputs_for_generator``); both then back-propagate
 THEIR ``generator_loss + feature_loss``. It reports the median time, the critic parameter gradients
 computed (wasted: their D step zeroes them) and the largest difference of the gradient reaching y_hat.
 Their ``monotonic_align`` is a Cython extension that is not built here; it is only imported, never
@@ -131,7 +131,7 @@ def median_time(fn, reps: int) -> float:
 
 
 def vits_checks(args) -> None:
-    from common.training import critic_for_generator
+    from common.training import critic_outputs_for_generator
     from tts.text import SYMBOLS
     from tts.vits.config import model_args
     from tts.vits.discriminator import MultiPeriodDiscriminator
@@ -180,7 +180,7 @@ def vits_checks(args) -> None:
     def ours_step():  # tts/train.py: frozen critic, real half without grad
         y_hat = y_hat0.clone().requires_grad_(True)
         with frozen(d_ours):
-            (_, fmap_r), (y_d_hat_g, fmap_g) = critic_for_generator(d_ours.score, y, y_hat)
+            (_, fmap_r), (y_d_hat_g, fmap_g) = critic_outputs_for_generator(d_ours.score, y, y_hat)
         loss = loss_fn.generator_loss(y_d_hat_g)[0] + loss_fn.feature_loss(fmap_r, fmap_g)
         loss.backward()
         return y_hat.grad, sum(p.grad is not None for p in d_ours.parameters())
@@ -235,7 +235,7 @@ def vae_checks(args) -> None:
                        "precision=32-true", *args.set])
     torch.manual_seed(cfg.seed)
     tr = VAETrainer(cfg, torch.device("cpu"), total_steps=args.reps + 1, quiet=True)
-    disc = tr.disc_module
+    disc = tr.disc
     convs = [m for m in disc.modules() if isinstance(m, torch.nn.Conv2d)]
     norms = [m for m in disc.modules() if isinstance(m, (torch.nn.BatchNorm2d, torch.nn.GroupNorm))]
     conv_std = [float(m.weight.detach().std()) for m in convs]
@@ -248,15 +248,15 @@ def vae_checks(args) -> None:
     loader = make_loader(ds, batch_size=int(cfg.batch_size), sampler=ResumableSampler(ds, shuffle=True, seed=cfg.seed),
                          num_workers=0, seed=cfg.seed, drop_last=True)
     x = next(iter(loader))
-    tr.step([x], 0)  # warm-up
-    vae = tr.vae_module
+    tr.train_step([x], 0)  # warm-up
+    vae = tr.vae
 
     def extra_forward():  # ldm's second self(inputs) in the D pass (AE parameters frozen there)
         with torch.no_grad():
             vae(x)
     t_step, t_fwd = [], []
     for i in range(args.reps):
-        t_step.append(median_time(lambda i=i: tr.step([x], i + 1), 1))
+        t_step.append(median_time(lambda i=i: tr.train_step([x], i + 1), 1))
         t_fwd.append(median_time(extra_forward, 1))
     ms, mf = statistics.median(t_step), statistics.median(t_fwd)
     print(f"(2) VAE (demo.yaml, batch {x.shape[0]} x {x.shape[-2]}x{x.shape[-1]}, GAN on (disc_weight 0.5, disc_start 0), no LPIPS, fp32): our step "

@@ -235,11 +235,11 @@ class ReferenceTrainer:
         finally:
             cp.LPIPS = real_lpips
         model._bench_step = 0
-        self.vae = copy.deepcopy(ours.vae_module)  # our class: the same evaluate() for both sides
+        self.vae = copy.deepcopy(ours.vae)  # our class: the same evaluate() for both sides
         for name in ("encoder", "decoder", "quant_conv", "post_quant_conv"):
             setattr(model, name, getattr(self.vae, name))
-        if ours.disc_module is not None:
-            model.loss.discriminator.load_state_dict(ours.disc_module.state_dict())
+        if ours.disc is not None:
+            model.loss.discriminator.load_state_dict(ours.disc.state_dict())
         model.learning_rate = float(cfg.learning_rate)  # the recipe's lr (their main.py would scale by batch)
         model.train()
         self.model = model
@@ -253,7 +253,7 @@ def same_output_check(ours, theirs: ReferenceTrainer, batch: torch.Tensor, seed:
     """Step 0: both forwards on one batch under one seed (the same weights and posterior noise)."""
     with torch.no_grad():
         torch.manual_seed(seed)
-        a, _ = ours.vae_module(batch)
+        a, _ = ours.vae(batch)
         torch.manual_seed(seed)
         b, _ = theirs.model(theirs.model.get_input({"image": batch.permute(0, 2, 3, 1)}, "image"))
     return f"step 0, same batch and seed: max |ours - theirs| reconstruction = {float((a - b).abs().max()):.3g}"
@@ -263,8 +263,8 @@ def parameter_counts(ours, theirs: ReferenceTrainer) -> str:
     def count(params):
         return sum(p.numel() for p in params)
     critic = theirs.model.loss.discriminator
-    return (f"autoencoder {count(ours.vae_module.parameters()):,} (ours) / "
+    return (f"autoencoder {count(ours.vae.parameters()):,} (ours) / "
             f"{count(p for g in theirs.optimizers[0].param_groups for p in g['params']):,} (theirs, in their Adam); "
-            f"critic {count(ours.disc_module.parameters()) if ours.disc_module is not None else 0:,} / "
+            f"critic {count(ours.disc.parameters()) if ours.disc is not None else 0:,} / "
             f"{count(critic.parameters()):,} (theirs always builds it); their disc_start "
             f"{theirs.model.loss.discriminator_iter_start}; stubbed: {', '.join(STUBBED)}")

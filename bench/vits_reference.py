@@ -324,10 +324,10 @@ def runners(args, tmp: Path):
     cfg = load_config(str(demo.CONFIG), TrainConfig, [*RECIPE["vits"], *REFERENCE_RECIPE, *args.set],
                       extra={"data_dir": str(DATA / "tts_prepared"), "run_dir": str(tmp / "vits_ours")})
     tr = VitsTrainer(cfg, setup_distributed("cpu"))
-    theirs = ReferenceTrainer(ref, cfg, tr.gen.n_vocab, len(tr.speakers), cfg.seed)
-    print(f"  [vits] {parameter_counts(tr.gen, tr.disc, theirs)}", flush=True)
+    theirs = ReferenceTrainer(ref, cfg, tr.generator.n_vocab, len(tr.speakers), cfg.seed)
+    print(f"  [vits] {parameter_counts(tr.generator, tr.discriminator, theirs)}", flush=True)
     if args.same_init:
-        print(f"  [vits] {copy_initial_weights(theirs, tr.gen, tr.disc)}", flush=True)
+        print(f"  [vits] {copy_initial_weights(theirs, tr.generator, tr.discriminator)}", flush=True)
     batches = take_batches(tr.loader, tr.sampler, args.steps)
     their_eval = TheirsForEval(theirs.net_g, ref.commons, cfg.args().inter_channels, cfg.audio.hop_length)
     items = args.eval_items or cfg.eval_max_items
@@ -340,5 +340,5 @@ def runners(args, tmp: Path):
     def metrics(model) -> dict:
         m = evaluate(model, tr.eval_set, build_mel(cfg), tr.device, items, noise_scale=cfg.noise_scale, seed=cfg.seed)
         return {k: m[k] for k in ("mcd", "align_sharpness", "dur_err")}
-    return [Runner("ours", ours_step, lambda: metrics(tr.gen)),
+    return [Runner("ours", ours_step, lambda: metrics(tr.generator)),
             Runner("jaywalnut310", theirs.reference_step, lambda: metrics(their_eval))], batches

@@ -16,7 +16,6 @@ import json
 import os
 import random
 import re
-import signal
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -369,36 +368,3 @@ def load_matching(model: nn.Module, state_dict: dict[str, torch.Tensor], ignore:
     report.missing = [n for n in own if n not in state_dict and not any(p and p in n for p in ignore)]
     model.load_state_dict(to_load, strict=False)
     return report
-
-
-# ---------------------------------------------------------------------------------------------
-# SIGINT / SIGTERM → save and exit
-# ---------------------------------------------------------------------------------------------
-class GracefulExit:
-    """While active, SIGINT/SIGTERM set `.requested` instead of killing the process, so the loop
-    can finish the step, save a checkpoint and exit. A second signal exits immediately."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self.signal_name = ""
-        self._old: dict[int, Any] = {}
-
-    def _handler(self, signum: int, frame: Any) -> None:  # noqa: ARG002
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        self.signal_name = signal.Signals(signum).name
-        print(f"\n{self.signal_name} received: saving a checkpoint after this step, then exiting "
-              "(send again to stop at once)", flush=True)
-
-    def __enter__(self) -> GracefulExit:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                self._old[sig] = signal.signal(sig, self._handler)
-            except ValueError:  # not the main thread: signals cannot be caught here
-                pass
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)

@@ -6,6 +6,7 @@ unchanged in single-process runs and tests.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 from dataclasses import dataclass
@@ -110,3 +111,11 @@ def barrier() -> None:
 def cleanup() -> None:
     if is_enabled():
         dist.destroy_process_group()
+
+
+def no_sync(module: torch.nn.Module, skip: bool) -> contextlib.AbstractContextManager:
+    """DDP's `no_sync()` when `skip` (a micro-batch before the last of an accumulation group: its
+    gradients are all-reduced with the last one's), else nothing. Outside DDP always nothing."""
+    if skip and is_enabled() and hasattr(module, "no_sync"):
+        return module.no_sync()
+    return contextlib.nullcontext()

@@ -339,3 +339,23 @@ class Progress:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+class Printer:
+    """Every trainer's `log` function: one line to stdout on rank 0 alone (`enabled`), through the
+    progress bar while one is up (`bar`: the line does not glue to it), or to `sink` when one is given
+    (tests and benchmarks pass a list's append or a silent function)."""
+
+    def __init__(self, enabled: bool = True, sink: Callable[..., None] | None = None) -> None:
+        self.enabled, self.sink = enabled, sink
+        self.bar: Progress | None = None
+
+    def __call__(self, msg: object = "", *args, **kwargs) -> None:
+        if not self.enabled:
+            return
+        if self.sink is not None:
+            self.sink(msg)
+        elif self.bar is not None and self.bar.bar is not None:
+            self.bar.write(str(msg))
+        else:
+            print(msg, flush=True)

@@ -10,6 +10,7 @@ for per-epoch decay: `per="epoch"` does the epoch arithmetic here).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 
 from torch.optim import Optimizer
@@ -186,3 +187,13 @@ def schedule_preview(lr_fn: Callable[[int], float], total_steps: int, keys: str,
                      f"{total_steps} ({hit / total_steps:.0%} of the plan), so the rest of the run barely "
                      f"learns: change {keys}")
     return lines
+
+
+def step_schedulers(schedulers) -> None:
+    """Step each LR schedule once per training step. A schedule is a pure function of the step count, so
+    it steps even when its optimizer skipped the step (a non-finite skip, a critic before its start);
+    LambdaLR's warning about exactly that is silenced here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+        for sched in schedulers:
+            sched.step()

@@ -8,6 +8,7 @@ checkpoint is still the newest one.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -228,7 +229,7 @@ def step_optimizer(
 Out = TypeVar("Out")
 
 
-def critic_for_generator(critic: Callable[[torch.Tensor], Out], real: torch.Tensor,
+def critic_outputs_for_generator(critic: Callable[[torch.Tensor], Out], real: torch.Tensor,
                          fake: torch.Tensor) -> tuple[Out, Out]:
     """A frozen critic's outputs for the generator update: (on ``real``, without grad), (on ``fake``,
     with grad). Feature matching uses the real features only as constants, so one call on
@@ -278,6 +279,7 @@ class EMA:
         self.decay = decay
         self.num_updates = 0
         self.shadow = {k: v.detach().float().clone() for k, v in _unwrap(model).state_dict().items()}
+        self._model: nn.Module | None = None
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
@@ -294,6 +296,15 @@ class EMA:
         target = _unwrap(model)
         own = target.state_dict()
         target.load_state_dict({k: v.to(own[k].dtype) for k, v in self.shadow.items()})
+
+    def model(self, like: nn.Module) -> nn.Module:
+        """The averaged weights as a model: a frozen copy of `like` in the default memory layout (made at
+        the first call), refreshed from the shadow at every call."""
+        if self._model is None:
+            self._model = copy.deepcopy(_unwrap(like)).to(memory_format=torch.contiguous_format)
+            self._model.requires_grad_(False)
+        self.copy_to(self._model)
+        return self._model
 
     def state_dict(self) -> dict:
         return {"decay": self.decay, "num_updates": self.num_updates, "shadow": self.shadow}

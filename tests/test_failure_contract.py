@@ -92,14 +92,14 @@ class Vits:
     def poison(self, monkeypatch) -> None:
         from tts.vits import train as train_mod
 
-        real = train_mod.VitsTrainer.generator_losses
+        real = train_mod.VitsTrainer._generator_losses
 
         def losses(trainer, *a, **k):
             out = real(trainer, *a, **k)
             if _bad(trainer.step + 1):
                 out["total"] = out["total"] * math.nan
             return out
-        monkeypatch.setattr(train_mod.VitsTrainer, "generator_losses", losses)
+        monkeypatch.setattr(train_mod.VitsTrainer, "_generator_losses", losses)
 
     def train(self) -> int:
         from tts.vits.train import main

@@ -16,21 +16,17 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from common.checkpoint import load_checkpoint, save_atomic
 from common.config import config_to_dict
-from common.safetensors_io import load_safetensors, save_safetensors
+from common.log import RunLogger
+from common.precision import Precision
 from vae.config import VAEConfig
 from vae.data import eval_loader
 from vae.metrics import latent_statistics
 from vae.model import AutoencoderKL, build_vae
-
-if TYPE_CHECKING:
-    from common.log import RunLogger
-    from vae.train_vae import VAETrainer
 
 WEIGHTS_SAFETENSORS = "diffusion_pytorch_model.safetensors"
 WEIGHTS_BIN = "diffusion_pytorch_model.bin"
@@ -251,25 +247,26 @@ def export_factors(cfg: VAEConfig, out_dir: Path, measured: dict[str, float | No
     return (old if cfg.export_factors == "init" else measured), lines
 
 
-def export_final(cfg: VAEConfig, trainer: VAETrainer, train_files: list[Path], out_dir: Path,
-                 device: torch.device, logger: RunLogger, gstep: int, metrics: dict, eval_batch: int = 4) -> None:
-    """Latent statistics (scaling factor), `vae_final.pt` and, with `export_diffusers`, the diffusers folder."""
-    model = trainer.eval_model()
+def export_final(cfg: VAEConfig, model: AutoencoderKL, precision: Precision, train_files: list[Path], out_dir: Path,
+                 writer: RunLogger, gstep: int, metrics: dict, eval_batch: int = 4, ema: bool = False) -> None:
+    """Latent statistics (scaling factor), `vae_final.pt` and, with `export_diffusers`, the diffusers folder
+    of `model` (`ema`: it holds the EMA weights, said in the log line)."""
+    device = next(model.parameters()).device
     n = min(cfg.latent_stats_images, len(train_files))
     batches = eval_loader(train_files, cfg.image_size, cfg.max_pixels, cfg.seed, batch_size=eval_batch, limit=n)
-    stats = latent_statistics(model, batches, device, trainer.precision.autocast, seed=cfg.seed)
+    stats = latent_statistics(model, batches, device, precision.autocast, seed=cfg.seed)
     stats["images"] = n
     (out_dir / "latent_stats.json").write_text(json.dumps(stats, indent=1) + "\n", encoding="utf-8")
-    logger.scalars({"scaling_factor": stats["scaling_factor"], "shift_factor": stats["shift_factor"],
+    writer.scalars({"scaling_factor": stats["scaling_factor"], "shift_factor": stats["shift_factor"],
                     "std": stats["std"]}, gstep, "latent")
     for c, (mu, sd) in enumerate(zip(stats["per_channel_mean"], stats["per_channel_std"])):
-        logger.scalars({f"mean_{c}": mu, f"std_{c}": sd}, gstep, "latent_channel")
+        writer.scalars({f"mean_{c}": mu, f"std_{c}": sd}, gstep, "latent_channel")
     print(f"latents over {n} images: mean {stats['mean']:.4f}, std {stats['std']:.4f} -> scaling_factor "
           f"{stats['scaling_factor']:.5f} (shift_factor {stats['shift_factor']:.5f} for FLUX-style pipelines)")
     final = {"arch": model.arch(), "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
              "latent_stats": stats, "metrics": metrics, "config": config_to_dict(cfg), "step": gstep}
     save_atomic(final, out_dir / "vae_final.pt")
-    print(f"saved {out_dir / 'vae_final.pt'}" + (" (EMA weights)" if trainer.ema else ""))
+    print(f"saved {out_dir / 'vae_final.pt'}" + (" (EMA weights)" if ema else ""))
     if cfg.export_diffusers:
         factors, notes = export_factors(cfg, out_dir, pipeline_factors(model, stats))
         for line in notes:

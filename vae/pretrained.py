@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+
+from torch import nn
 
 from common.checkpoint import CheckpointError, load_checkpoint, load_matching
-from common.training import EMA
 from vae.config import VAEConfig
 from vae.diffusers_io import INIT_RECORD, arch_from_config, from_diffusers, read_diffusers_folder
-
-if TYPE_CHECKING:
-    from vae.train_vae import VAETrainer
+from vae.model import AutoencoderKL
 
 # config.json key -> (our config key, how to set it on the command line)
 _LAYOUT_KEYS = {"block_out_channels": ("channels", "--channels {}"), "latent_channels": ("z_channels", "--z_channels {}"),
@@ -85,23 +83,23 @@ def check_supported(folder: Path, folder_cfg: dict) -> None:
                               + "; ".join(problems))
 
 
-def init_from_diffusers(trainer: VAETrainer, folder: str | Path, out_dir: Path, main: bool = True) -> list[str]:
-    """Loads a diffusers folder into the trainer's VAE (all weights, exactly); returns the lines to print."""
+def init_from_diffusers(vae: AutoencoderKL, cfg: VAEConfig, folder: str | Path, out_dir: Path,
+                        main: bool = True) -> list[str]:
+    """Loads a diffusers folder into `vae` (all weights, exactly); returns the lines to print."""
     folder = Path(folder)
     sd, folder_cfg = read_diffusers_folder(folder)
     check_supported(folder, folder_cfg)
     arch = arch_from_config(folder_cfg)
-    diff = layout_mismatch(folder_cfg, trainer.cfg)
+    diff = layout_mismatch(folder_cfg, cfg)
     if diff:
         keys = ", ".join(f"{k} {_flag_value(v)} (this run's {ours}: {_flag_value(mine)})" for k, v, ours, mine, _ in diff)
         raise CheckpointError(
             f"--init_from {folder}: the folder's layout, {layout_name(arch)}, does not match this run's model: "
             f"{keys}. To fine-tune this VAE, add: {' '.join(flag for *_, flag in diff)}")
     try:
-        trainer.vae_module.load_state_dict(from_diffusers(sd, trainer.vae_module))
+        vae.load_state_dict(from_diffusers(sd, vae))
     except (KeyError, ValueError) as exc:
         raise CheckpointError(f"--init_from {folder}: {str(exc).strip(chr(34))}") from None
-    reset_ema(trainer)
     factors = {"scaling_factor": folder_cfg.get("scaling_factor"), "shift_factor": folder_cfg.get("shift_factor")}
     if main:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -109,10 +107,10 @@ def init_from_diffusers(trainer: VAETrainer, folder: str | Path, out_dir: Path, 
                                            encoding="utf-8")
     return [f"init_from {folder}: all {len(sd)} tensors of a diffusers AutoencoderKL, {layout_name(arch)}; "
             f"its scaling_factor {factors['scaling_factor']}, shift_factor {factors['shift_factor']} "
-            f"(export_factors: {trainer.cfg.export_factors})"]
+            f"(export_factors: {cfg.export_factors})"]
 
 
-def init_from_checkpoint(trainer: VAETrainer, path: str | Path, main: bool = True) -> list[str]:
+def init_from_checkpoint(models: dict[str, nn.Module], path: str | Path) -> list[str]:
     """Weights only from a train_vae.py checkpoint or vae_final.pt (mismatched layers re-initialised and listed)."""
     init = load_checkpoint(path)
     weights = init.get("models") or ({"vae": init["state_dict"]} if "state_dict" in init else {})
@@ -120,19 +118,14 @@ def init_from_checkpoint(trainer: VAETrainer, path: str | Path, main: bool = Tru
         raise CheckpointError(f"--init_from {path}: no VAE weights (a train_vae.py checkpoint, vae_final.pt "
                               "or a diffusers AutoencoderKL folder)")
     lines = [f"init_from {name}: {load_matching(module, weights[name])}"
-             for name, module in trainer.models().items() if name in weights]
-    reset_ema(trainer)
+             for name, module in models.items() if name in weights]
     return lines
 
 
-def init_weights(trainer: VAETrainer, path: str | Path, out_dir: Path, main: bool = True) -> list[str]:
-    """`--init_from PATH`: a diffusers folder or a checkpoint file."""
+def init_weights(models: dict[str, nn.Module], cfg: VAEConfig, path: str | Path, out_dir: Path,
+                 main: bool = True) -> list[str]:
+    """`--init_from PATH` into `models` ("vae", and "logvar" / "disc" from a checkpoint): a diffusers
+    folder or a checkpoint file. Returns the lines to print; the caller restarts its EMA from the loaded weights."""
     if Path(path).is_dir():
-        return init_from_diffusers(trainer, path, out_dir, main)
-    return init_from_checkpoint(trainer, path, main)
-
-
-def reset_ema(trainer: VAETrainer) -> None:
-    """The EMA copy was taken from the random initial weights: restart it from the loaded ones."""
-    if trainer.ema is not None:
-        trainer.ema = EMA(trainer.vae_module, trainer.ema.decay)
+        return init_from_diffusers(models["vae"], cfg, path, out_dir, main)
+    return init_from_checkpoint(models, path)

@@ -33,7 +33,6 @@ from common.audio import MelSpectrogram
 from common.checkpoint import (
     CheckpointError,
     CheckpointManager,
-    GracefulExit,
     load_checkpoint,
     make_state,
     resolve_resume,
@@ -48,20 +47,18 @@ from common.config import (
     save_config,
 )
 from common.data import ResumableSampler, make_loader
-from common.hardware import explain_oom
-from common.log import Progress, RunLogger, report_lr_plan
+from common.log import Printer, Progress, RunLogger, report_lr_plan
 from common.muon import build_optimizer
 from common.precision import Precision
 from common.presets import add_preset_arg, apply_preset
 from common.run_dir import add_run_args, prepare_run_dir, tensorboard_dir
 from common.schedulers import lr_curve, lr_lambda
+from common.stopping import RunStop, exit_code
 from common.training import (
-    NonFiniteError,
     NonFiniteGuard,
     apply_optimizer_overrides,
     count_parameters,
-    critic_for_generator,
-    nonfinite_stop_message,
+    critic_outputs_for_generator,
     optimizer_overrides,
     saving_blocked,
     step_optimizer,
@@ -137,10 +134,7 @@ class VocoderTrainer:
         self.run_dir = Path(run_dir)
         self.info = distributed.setup_distributed(device)
         self.is_main = self.info.is_main
-        # log=None: print, or tqdm.write while the progress bar is up (so lines do not glue to it).
-        self._bar_log = None
-        self._user_log = log
-        self.log = self._log if self.is_main else (lambda *a, **k: None)
+        self.log = Printer(self.is_main, log)  # log=None: print (through the progress bar while it is up)
         self.device = self.info.device
         if cfg.pc_aug and self.info.world_size > 1:
             raise ConfigError("pc_aug runs the generator several times per step, which DDP does not support here; "
@@ -182,6 +176,9 @@ class VocoderTrainer:
             raise ConfigError("every generator parameter is frozen: nothing to train")
         self.g_sched = build_lr_scheduler(self.g_opt, cfg, cfg.generator_optimizer_args.lr)
         self.d_sched = build_lr_scheduler(self.d_opt, cfg, cfg.discriminator_optimizer_args.lr) if self.d_opt else None
+        # by network name, as the checkpoint holds them (no discriminator ones when every critic is frozen)
+        self.optimizers = {k: v for k, v in (("generator", self.g_opt), ("discriminator", self.d_opt)) if v is not None}
+        self.schedulers = {k: v for k, v in (("generator", self.g_sched), ("discriminator", self.d_sched)) if v is not None}
         self.g_guard = NonFiniteGuard(cfg.max_nonfinite_steps)
         self.d_guard = NonFiniteGuard(cfg.max_nonfinite_steps)
 
@@ -192,43 +189,29 @@ class VocoderTrainer:
         self.stft = MultiResolutionSTFTLoss(cfg.loss_fft_sizes, cfg.loss_hop_sizes, cfg.loss_win_lengths).to(self.device)
 
         # ---- counters and resume
-        self.step = 0
-        self.epoch = 0
-        self.batch_in_epoch = 0
+        self.step = self.epoch = self.batch_in_epoch = 0
         self.history: dict = {}
         self.last_good: Path | None = resume_path  # the newest checkpoint known to hold a good state
         if resume_path is not None:
-            self._restore(resume_path)
+            self.restore(resume_path)
         else:
             torch.manual_seed(cfg.seed + 1000 * self.info.rank)  # per-rank noise (resume restores RNG instead)
 
-        self.g_train = distributed.wrap_ddp(self.precision.prepare_model(self.generator), self.info)
-        self.d_train = distributed.wrap_ddp(self.precision.prepare_model(self.discriminator), self.info)
+        # The networks as trained: DDP-wrapped (under torchrun) and compiled (if asked).
+        self.generator_ddp = distributed.wrap_ddp(self.precision.prepare_model(self.generator), self.info)
+        self.discriminator_ddp = distributed.wrap_ddp(self.precision.prepare_model(self.discriminator), self.info)
         # The G update calls the critics without DDP (no critic gradients are wanted there).
-        self._d_plain = getattr(self.d_train, "module", self.d_train)
-        self.logger = RunLogger(tensorboard_dir(self.run_dir), enabled=self.is_main)
+        self._critics_no_ddp = getattr(self.discriminator_ddp, "module", self.discriminator_ddp)
+        self.writer = RunLogger(tensorboard_dir(self.run_dir), enabled=self.is_main)
         self.logged_gt: set[str] = set()  # validation files whose ground truth is logged
 
-    def _log(self, msg: str) -> None:
-        if self._user_log is not None:
-            self._user_log(msg)
-        elif self._bar_log is not None:
-            self._bar_log(msg)
-        else:
-            print(msg, flush=True)
-
     # ------------------------------------------------------------------ checkpoint
-    def _optimizers(self) -> dict:
-        return {k: v for k, v in (("generator", self.g_opt), ("discriminator", self.d_opt)) if v is not None}
-
-    def _schedulers(self) -> dict:
-        return {k: v for k, v in (("generator", self.g_sched), ("discriminator", self.d_sched)) if v is not None}
-
-    def _restore(self, path: Path) -> None:
+    def restore(self, path: Path) -> None:
+        """Continue the run saved in `path` exactly (weights, optimizers, schedules, scaler, counters, RNG)."""
         ckpt = load_checkpoint(path, map_location=self.device)
         try:
             counters = restore_state(ckpt, {"generator": self.generator, "discriminator": self.discriminator},
-                                     self._optimizers(), self._schedulers(), self.scaler, rank=self.info.rank)
+                                     self.optimizers, self.schedulers, self.scaler, rank=self.info.rank)
         except (RuntimeError, ValueError, KeyError) as e:
             raise CheckpointError(f"cannot resume from {path}: it does not match this config's model/optimizers "
                                   f"({str(e).splitlines()[0][:300]}). Use --init_from to load weights only.") from None
@@ -239,7 +222,7 @@ class VocoderTrainer:
         self.d_guard.load_state_dict(counters["d_guard"])
         self.history = json.loads(counters.get("history", "{}"))
         self.log(f"resumed from {path} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
-        changed = apply_optimizer_overrides(self._optimizers(), self._schedulers(),
+        changed = apply_optimizer_overrides(self.optimizers, self.schedulers,
                                             optimizer_overrides(self.cfg, self.cfg.optimizer_spec()))
         if changed:
             self.log(changed)
@@ -252,7 +235,7 @@ class VocoderTrainer:
                     "g_guard": self.g_guard.state_dict(), "d_guard": self.d_guard.state_dict(),
                     "history": json.dumps(self.history)}
         state = make_state({"generator": self.generator, "discriminator": self.discriminator},
-                           self._optimizers(), self._schedulers(), self.scaler, counters=counters,
+                           self.optimizers, self.schedulers, self.scaler, counters=counters,
                            config=config_to_dict(self.cfg), extra={"export": export_info(self.cfg)})
         path = self.manager.save(state, self.step, metric) if self.is_main else None
         self.last_good = path or self.last_good
@@ -260,21 +243,21 @@ class VocoderTrainer:
         return path
 
     # ------------------------------------------------------------------ one step
-    def generate(self, mel: torch.Tensor, f0: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    def _generate(self, mel: torch.Tensor, f0: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """G forward; with ``pc_aug`` the pitch-shift cycle (`vocoder.pitch_cycle`). Returns (fake, extras)."""
         if not self.cfg.pc_aug:
-            return self.g_train(mel, f0), {}
-        return pitch_cycle.generate(self.g_train, self.input_mel, mel, f0, self.cfg.pc_aug_rate,
+            return self.generator_ddp(mel, f0), {}
+        return pitch_cycle.generate(self.generator_ddp, self.input_mel, mel, f0, self.cfg.pc_aug_rate,
                                     self.cfg.pc_aug_key, self.generator.source_sr / 2)
 
     def _set_d_grad(self, enabled: bool) -> None:
         for p in self._d_trainable:
             p.requires_grad_(enabled)
 
-    def critics_for_generator(self, real: torch.Tensor, fake: torch.Tensor) -> tuple[dict, dict]:
-        """The frozen critics for the G update: (on real, no grad), (on fake, with grad)."""
+    def _critic_outputs(self, real: torch.Tensor, fake: torch.Tensor) -> tuple[dict, dict]:
+        """The frozen critics' outputs for the G update: (on real, no grad), (on fake, with grad)."""
         with self.precision.autocast():
-            return critic_for_generator(self._d_plain, real, fake)
+            return critic_outputs_for_generator(self._critics_no_ddp, real, fake)
 
     def train_step(self, batch: dict) -> dict:
         cfg = self.cfg
@@ -285,13 +268,13 @@ class VocoderTrainer:
         b = real.shape[0]
         logs: dict = {}
         with self.precision.autocast():
-            fake, extras = self.generate(mel, f0)
+            fake, extras = self._generate(mel, f0)
 
         # ---- discriminator update (on the detached fake); none during the generator-only warm-up
         adversarial = self.step >= cfg.discriminator_train_start_steps
         if self.d_opt is not None and adversarial:
             with self.precision.autocast():
-                out = self.d_train(torch.cat([real, fake.detach().to(real.dtype)]))
+                out = self.discriminator_ddp(torch.cat([real, fake.detach().to(real.dtype)]))
             d_real, d_fake = split_outputs(out, b)
             loss_d, d_logs = discriminator_loss(d_real, d_fake)
             d_norm, _ = step_optimizer(loss_d, self.d_opt, self.discriminator.parameters(), self.scaler,
@@ -310,7 +293,7 @@ class VocoderTrainer:
                 loss_g = loss_g + energy_l
                 logs["loss_energy"] = energy_l.detach()
             if adversarial:
-                d_real, d_fake = self.critics_for_generator(real, fake.to(real.dtype))
+                d_real, d_fake = self._critic_outputs(real, fake.to(real.dtype))
                 adv, adv_logs = generator_adv_loss(d_fake)
                 fm, fm_logs = feature_matching_loss(d_real, head_outputs(d_fake, b))
                 loss_g = loss_g + adv + fm
@@ -337,44 +320,55 @@ class VocoderTrainer:
 
     # ------------------------------------------------------------------ loop
     def validate(self, limit: int | None = None) -> dict | None:
-        """Held-out MR-STFT distance and mel L1 (rank 0): `vocoder.validation.validate`."""
-        return validation.validate(self, limit)
+        """Held-out MR-STFT distance and mel L1 on rank 0 (`vocoder.validation`), logged and kept in the
+        run's history; None on the other ranks or without validation files."""
+        result = None
+        if self.is_main and self.valid_set is not None:
+            cfg = self.cfg
+            result, plots = validation.validate(self.generator, self.valid_set, self.precision, self.stft,
+                                                self.input_mel, cfg.seed, limit, cfg.num_valid_plots)
+            for plot in plots:
+                validation.log_plot(self.writer, self.step, plot, cfg.audio.sample_rate, cfg.mel_vmin, cfg.mel_vmax,
+                                    self.logged_gt)
+            self.writer.scalars(result, self.step, prefix="valid")
+            self.history.setdefault("valid", []).append({"step": self.step, **result})
+            self.log(f"step {self.step}: valid MR-STFT distance {result['mrstft']:.4f}, mel L1 {result['mel_l1']:.4f}")
+        distributed.barrier()
+        return result
 
     def fit(self) -> dict:
+        """The loop; returns {"step", "stopped" (None when max_updates ran out), "valid", ...} (also summary.json)."""
         cfg = self.cfg
         if self.is_main:
             save_config(cfg, self.run_dir)
             report_lr_plan({"lr_g": lr_curve(self.g_sched)} | ({"lr_d": lr_curve(self.d_sched)} if self.d_sched else {}),
                            cfg.max_updates, "lr_scheduler_args (scheduler_cls, warmup_steps, min_lr, gamma) or max_updates",
-                           self.run_dir, self.logger, self.log)
+                           self.run_dir, self.writer, self.log)
         if self.step == 0 and cfg.num_sanity_val_steps > 0:
-            validation.record(self, self.validate(limit=cfg.num_sanity_val_steps))
+            self.validate(limit=cfg.num_sanity_val_steps)
         progress = Progress(cfg.max_updates, initial=self.step, samples_per_step=cfg.batch_size * self.info.world_size,
                             enabled=self.is_main, desc="vocoder")
-        self._bar_log = progress.write
-        stop_reason = "max_updates"
+        self.log.bar = progress
+        stop = RunStop(last_good=lambda: self.last_good, lr_hint=LR_HINT, oom=("the vocoder training step", cfg.batch_size, {
+            "accum_key": None, "precision": cfg.precision, "crop_key": "crop_mel_frames",
+            "crop": cfg.crop_mel_frames, "resume": "--resume auto"}))
         try:
-            with GracefulExit() as stop:
-                while self.step < cfg.max_updates:
-                    if self._run_epoch(progress, stop):
-                        stop_reason = "signal"
-                        break
-        except NonFiniteError as e:  # main prints it: exit code 3, with the way back
-            progress.close()
-            raise NonFiniteError(f"{e}\n{nonfinite_stop_message(self.last_good, LR_HINT)}") from None
+            with stop:
+                while self.step < cfg.max_updates and not self._run_epoch(progress, stop):
+                    pass
         finally:
-            self._bar_log = None
-        progress.close()
-        self.logger.close()
-        result = {"step": self.step, "stopped": stop_reason, "valid": self.history.get("valid", []),
+            self.log.bar = None
+            progress.close()
+            self.writer.close()
+        result = {"step": self.step, "stopped": stop.reason, "valid": self.history.get("valid", []),
                   "skipped_g": self.g_guard.skipped_total, "skipped_d": self.d_guard.skipped_total,
                   "data_wait_fraction": progress.data_wait_fraction, "latest": str(self.manager.latest())}
         if self.is_main:
             (self.run_dir / "summary.json").write_text(json.dumps(result, indent=1))
         return result
 
-    def _run_epoch(self, progress: Progress, stop: GracefulExit) -> bool:
-        """One (possibly resumed) pass over the loader; True when a signal asked to stop."""
+    def _run_epoch(self, progress: Progress, stop: RunStop) -> bool:
+        """One (possibly resumed) pass over the loader; True when the run stops early."""
         cfg = self.cfg
         self.sampler.set_epoch(self.epoch)
         self.sampler.skip_samples(self.batch_in_epoch * cfg.batch_size)
@@ -397,18 +391,17 @@ class VocoderTrainer:
                 logs.update(lr_g=self.g_opt.param_groups[-1]["lr"],
                             skipped_g=self.g_guard.skipped_total, skipped_d=self.d_guard.skipped_total,
                             data_wait_fraction=progress.data_wait_fraction)
-                self.logger.scalars(logs, self.step, prefix="train")
+                self.writer.scalars(logs, self.step, prefix="train")
                 shown = {"loss_g": float(logs["loss_g"]), "mel": float(logs["loss_mel"])}
             progress.update(self.step, t1 - t0, t2 - t1, **shown)
-            last = self.step >= cfg.max_updates
-            if self.step % cfg.val_check_interval == 0 or last:
-                metric = validation.record(self, self.validate())
-                self.save(metric)
-            if distributed.any_rank(stop.requested):
-                if not (self.step % cfg.val_check_interval == 0 or last):
+            saved = self.step % cfg.val_check_interval == 0 or self.step >= cfg.max_updates
+            if saved:
+                result = self.validate()
+                self.save(result["mrstft"] if result else None)
+            if stop.check(self.step):
+                if not saved:
                     self.save()
-                self.log(f"stopped by {stop.signal_name or 'signal'} at step {self.step}; checkpoint saved "
-                         f"(continue with --resume auto)")
+                self.log(stop.message(self.step))
                 return True
         return False
 
@@ -441,18 +434,14 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("no dataset: pass --data_dir (a folder made by vocoder/prepare_data.py) or set binary_data_dir")
     run_dir = Path(args.run_dir or Path("runs") / "vocoder" / Path(args.config or "default").stem)
     prepare_run_dir(run_dir, run_dir / "checkpoints", args.resume, args.overwrite, args.init_from)
-    with explain_oom("the vocoder training step", cfg.batch_size, {
-            "accum_key": None, "precision": cfg.precision, "crop_key": "crop_mel_frames",
-            "crop": cfg.crop_mel_frames, "resume": "--resume auto"}):
-        trainer = VocoderTrainer(cfg, cfg.binary_data_dir, run_dir, args.resume, args.init_from, args.device)
-        if trainer.is_main:
-            print(format_config(cfg))
-            for line in trainer.precision.report():
-                print(line)
-            print(f"run dir: {run_dir}; generator {count_parameters(trainer.generator) / 1e6:.2f} M params, "
-                  f"critics {cfg.discriminator_names} {count_parameters(trainer.discriminator) / 1e6:.2f} M params")
-        result = trainer.fit()
-    return exit_codes.INTERRUPTED if result["stopped"] == "signal" else exit_codes.OK
+    trainer = VocoderTrainer(cfg, cfg.binary_data_dir, run_dir, args.resume, args.init_from, args.device)
+    if trainer.is_main:
+        print(format_config(cfg))
+        for line in trainer.precision.report():
+            print(line)
+        print(f"run dir: {run_dir}; generator {count_parameters(trainer.generator) / 1e6:.2f} M params, "
+              f"critics {cfg.discriminator_names} {count_parameters(trainer.discriminator) / 1e6:.2f} M params")
+    return exit_code(trainer.fit()["stopped"])
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ from torch import nn
 from common.checkpoint import (
     CheckpointError,
     CheckpointManager,
-    GracefulExit,
     load_checkpoint,
     load_matching,
     resolve_resume,
@@ -100,10 +99,3 @@ def test_load_matching_lists_mismatched_and_missing():
         load_matching(dst, src.state_dict(), strict_shapes=True)
     ignored = load_matching(dst, src.state_dict(), ignore=("1.",))
     assert "1.weight" in ignored.ignored
-
-
-def test_graceful_exit_flags_sigterm():
-    import signal
-    with GracefulExit() as stop:
-        os.kill(os.getpid(), signal.SIGTERM)
-        assert stop.requested and stop.signal_name == "SIGTERM"

@@ -289,10 +289,10 @@ def test_infer_clone_speaks_through_a_fresh_tiny_vocoder(trained, corpus, vocode
 def test_a_signal_on_another_rank_stops_this_one_at_the_same_step(corpus, tmp_path, monkeypatch):
     """The stop decision goes through any_rank: when another DDP rank was signalled (any_rank says
     True though this rank saw nothing), this rank stops too, at that step, with a checkpoint."""
-    import tts.clone.train as clone_train
+    import common.stopping as stopping
 
-    monkeypatch.setattr(clone_train, "any_rank", lambda flag: True)
+    monkeypatch.setattr(stopping, "any_rank", lambda flag: True)
     extra = ("--set", "train.max_updates=6", "--set", "train.val_check_interval=100", "--set", "val.at_start=false")
     summary = train(resolved(corpus, tmp_path / "r", *extra), progress=False, log=lambda *a: None)
-    assert summary["stop"] == "interrupted" and summary["step"] == 1
+    assert summary["stop"] == "signal" and summary["step"] == 1
     assert CheckpointManager(tmp_path / "r", prefix="clone").latest() is not None

@@ -1,11 +1,11 @@
 """VITS' G update calls the frozen discriminator on real (no grad) and fake (with grad) apart
-(common.training.critic_for_generator): the generator's gradient equals the former single call on
+(common.training.critic_outputs_for_generator): the generator's gradient equals the former single call on
 cat([real, fake]), with spectral norm too, and the power iteration runs once, as before."""
 
 import pytest
 import torch
 
-from common.training import critic_for_generator
+from common.training import critic_outputs_for_generator
 from tts.vits.discriminator import MultiPeriodDiscriminator
 from tts.vits.losses import feature_loss, generator_loss
 
@@ -24,7 +24,7 @@ def test_split_call_gives_the_concatenated_calls_gradient(spectral):
     after_old = {k: v.clone() for k, v in disc.state_dict().items()}
 
     disc.load_state_dict(state)
-    (_, fmap_r), (y_d_g, fmap_g) = critic_for_generator(disc.score, y, y_hat)
+    (_, fmap_r), (y_d_g, fmap_g) = critic_outputs_for_generator(disc.score, y, y_hat)
     assert all(not f.requires_grad for fm in fmap_r for f in fm)  # the real half kept no graph
     (new,) = torch.autograd.grad(generator_loss(y_d_g) + feature_loss(fmap_r, fmap_g), y_hat)
 

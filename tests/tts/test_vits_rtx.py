@@ -61,11 +61,11 @@ def test_compile_channels_last_deterministic_one_run(data, tmp_path, eager_compi
         assert "applied: deterministic algorithms on" in out
         # channels_last: the period critics' 4-D weights; the 1-D convs are named as not applicable
         assert "channels_last on the period critics' " in out and "1-D convs" in out
-        conv2d = next(m for m in trainer.disc.modules() if isinstance(m, torch.nn.Conv2d))
+        conv2d = next(m for m in trainer.discriminator.modules() if isinstance(m, torch.nn.Conv2d))
         assert conv2d.parametrizations.weight.original1.is_contiguous(memory_format=torch.channels_last)
         # compile: in place on the decoder and every critic
-        assert trainer.gen.dec._compiled_call_impl is not None
-        assert all(d._compiled_call_impl is not None for d in trainer.disc.discriminators)
+        assert trainer.generator.dec._compiled_call_impl is not None
+        assert all(d._compiled_call_impl is not None for d in trainer.discriminator.discriminators)
         # compile → bucket shapes: every batch of an epoch has one of the few allowed shapes
         allowed = set(trainer.shapes.shapes())
         assert 1 <= len(allowed) <= 2 and "bucket shapes" in out
@@ -73,7 +73,7 @@ def test_compile_channels_last_deterministic_one_run(data, tmp_path, eager_compi
         for batch in trainer.loader:
             assert (batch["ids"].size(1), batch["spec"].size(2)) in allowed
             assert int(batch["spec_len"].max()) <= batch["spec"].size(2)
-        trainer.run()
+        trainer.fit()
         assert trainer.step == 1
     finally:
         torch.use_deterministic_algorithms(False)

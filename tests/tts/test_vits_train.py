@@ -118,7 +118,7 @@ def test_steps_and_exact_resume(straight_run, data_one, tmp_path, capsys):
 
 def test_nonfinite_steps_skip_then_stop(data_one, tmp_path, monkeypatch, capsys):
     run = tmp_path / "nan"
-    real = train_mod.VitsTrainer.generator_losses
+    real = train_mod.VitsTrainer._generator_losses
 
     def poisoned(self, *args, **kwargs):
         losses = real(self, *args, **kwargs)
@@ -126,16 +126,16 @@ def test_nonfinite_steps_skip_then_stop(data_one, tmp_path, monkeypatch, capsys)
             losses["total"] = losses["total"] * float("nan")
         return losses
 
-    monkeypatch.setattr(train_mod.VitsTrainer, "generator_losses", poisoned)
+    monkeypatch.setattr(train_mod.VitsTrainer, "_generator_losses", poisoned)
     good = None
     cfg = load_config(None, TrainConfig, [*FAST, "max_steps=20", "max_nonfinite_steps=3"],
                       extra={"data_dir": str(data_one), "run_dir": str(run)})
     trainer = train_mod.VitsTrainer(cfg, setup_distributed("cpu"))
     with pytest.raises(NonFiniteError, match="3 consecutive"):
         try:
-            trainer.run()
+            trainer.fit()
         finally:
-            good = {k: v.clone() for k, v in trainer.gen.state_dict().items()}
+            good = {k: v.clone() for k, v in trainer.generator.state_dict().items()}
     assert trainer.step == 4  # steps 3 and 4 skipped, the third bad one (step 5) stopped the run
     assert trainer.guard.skipped_total == 3
     assert all(torch.isfinite(v).all() for v in good.values() if v.is_floating_point())  # never stepped on NaN
@@ -144,9 +144,9 @@ def test_nonfinite_steps_skip_then_stop(data_one, tmp_path, monkeypatch, capsys)
     state = load_checkpoint(ckpts[0])
     assert all(torch.isfinite(v).all() for v in state["models"]["generator"].values() if v.is_floating_point())
     # the CLI exits non-zero
-    monkeypatch.setattr(train_mod.VitsTrainer, "generator_losses", poisoned)
+    monkeypatch.setattr(train_mod.VitsTrainer, "_generator_losses", poisoned)
     assert train_mod.main(_args(data_one, tmp_path / "nan2", "max_nonfinite_steps=2", steps=20)) == 3
-    assert "consecutive steps had non-finite" in capsys.readouterr().out
+    assert "consecutive steps had non-finite" in capsys.readouterr().err
 
 
 def test_init_from_other_vocabulary_and_speakers(straight_run, data_two, tmp_path, capsys):
@@ -160,11 +160,11 @@ def test_init_from_other_vocabulary_and_speakers(straight_run, data_two, tmp_pat
     out = capsys.readouterr().out
     assert "enc_p.emb.weight: checkpoint (44, 32) vs model (39, 32)" in out
     assert "re-initialised (not in checkpoint)" in out and "emb_g.weight" in out  # 1 → 2 speakers
-    gen = trainer.gen.state_dict()
-    assert trainer.gen.n_speakers == 2
+    gen = trainer.generator.state_dict()
+    assert trainer.generator.n_speakers == 2
     assert torch.equal(gen["dec.conv_pre.weight"], src["models"]["generator"]["dec.conv_pre.weight"])
     assert not torch.equal(gen["enc_p.emb.weight"], emb[: gen["enc_p.emb.weight"].size(0)])
-    trainer.run()
+    trainer.fit()
     assert (tmp_path / "ft" / "checkpoints" / "vits_00000001.pt").is_file()
 
 
@@ -214,7 +214,7 @@ def test_gradient_clipping_really_clips_and_bf16_losses_are_fp32(data_one, tmp_p
                       extra={"data_dir": str(data_one), "run_dir": str(tmp_path / "clip")})
     trainer = train_mod.VitsTrainer(cfg, setup_distributed("cpu"))
     seen = {}
-    for name, opt in (("g", trainer.opt_g), ("d", trainer.opt_d)):
+    for name, opt in (("g", trainer.g_opt), ("d", trainer.d_opt)):
         real_step = opt.step
 
         def step(*a, _name=name, _opt=opt, _real=real_step, **k):
@@ -270,21 +270,21 @@ def test_discriminator_waits_for_its_start_step(data_one, tmp_path):
     """Before discriminator_train_start_steps the critics neither train nor enter the generator's loss
     (and D's schedule waits); from that step on both do. A negative value is refused by name."""
     trainer = _trainer(data_one, tmp_path / "warm", "discriminator_train_start_steps=2")
-    d0 = {k: v.clone() for k, v in trainer.disc.state_dict().items()}
-    g0 = {k: v.clone() for k, v in trainer.gen.state_dict().items()}
+    d0 = {k: v.clone() for k, v in trainer.discriminator.state_dict().items()}
+    g0 = {k: v.clone() for k, v in trainer.generator.state_dict().items()}
     batch = next(iter(trainer.loader))
     metrics = trainer.train_step(batch)
     trainer.step += 1
     assert not {"loss_fm", "loss_gen", "loss_disc"} & set(metrics)
-    assert all(torch.equal(v, trainer.disc.state_dict()[k]) for k, v in d0.items())  # D untouched
-    assert any(not torch.equal(v, trainer.gen.state_dict()[k]) for k, v in g0.items())  # G learned
-    assert trainer.sched_d.last_epoch == 0 and trainer.sched_g.last_epoch == 1
+    assert all(torch.equal(v, trainer.discriminator.state_dict()[k]) for k, v in d0.items())  # D untouched
+    assert any(not torch.equal(v, trainer.generator.state_dict()[k]) for k, v in g0.items())  # G learned
+    assert trainer.d_sched.last_epoch == 0 and trainer.g_sched.last_epoch == 1
     trainer.train_step(batch)
     trainer.step += 1
     metrics = trainer.train_step(batch)  # step 2: the critics join
     assert {"loss_fm", "loss_gen", "loss_disc"} <= set(metrics)
-    assert any(not torch.equal(v, trainer.disc.state_dict()[k]) for k, v in d0.items())
-    assert trainer.sched_d.last_epoch == 1
+    assert any(not torch.equal(v, trainer.discriminator.state_dict()[k]) for k, v in d0.items())
+    assert trainer.d_sched.last_epoch == 1
     with pytest.raises(Exception, match="discriminator_train_start_steps"):
         _trainer(data_one, tmp_path / "neg", "discriminator_train_start_steps=-1")
 
@@ -303,7 +303,9 @@ def test_lr_plan_shows_the_critics_schedule_from_their_start(data_one, tmp_path,
 def test_a_signal_on_another_rank_stops_this_one_at_the_same_step(data_one, tmp_path, monkeypatch, capsys):
     """The stop decision goes through any_rank: when another DDP rank was signalled (any_rank says
     True though this rank saw nothing), this rank stops too, at that step, saves and says so."""
-    monkeypatch.setattr(train_mod, "any_rank", lambda flag: True)
+    import common.stopping as stopping
+
+    monkeypatch.setattr(stopping, "any_rank", lambda flag: True)
     run = tmp_path / "r"
     assert train_mod.main(_args(data_one, run, "save_step=100", steps=6)) == exit_codes.INTERRUPTED
     out = capsys.readouterr().out

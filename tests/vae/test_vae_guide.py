@@ -8,7 +8,7 @@ import torch
 import yaml
 from helpers import REPO, TINY_CONFIG
 
-import vae.check_compatibility as compat
+import vae.memory as memory
 import vae.train_vae as tv
 from common.config import load_config
 from common.hardware import fit_batch_size
@@ -61,7 +61,7 @@ def test_trainer_prints_the_fitted_batch_and_trains_with_it(image_dir, tmp_path,
         in capsys.readouterr().out
     # The same start-up path as on a GPU whose memory takes only batch 1 (the step itself is simulated).
     real = fit_batch_size
-    monkeypatch.setattr(compat, "fit_batch_size", lambda try_batch, b, a, cuda_available: real(
+    monkeypatch.setattr(memory, "fit_batch_size", lambda try_batch, b, a, cuda_available: real(
         _oom_above(1, []), b, a, cuda_available=True))
     assert run(image_dir, tmp_path / "gpu", "--max_steps", "1", "--no-export_diffusers") == 0
     assert "batch_size 2 does not fit: using batch_size 1 x accumulation_steps 2" in capsys.readouterr().out
@@ -90,20 +90,20 @@ def test_fp16_step_on_cpu_really_scales_the_loss():
                         "warmup_steps": 0, "lr_scheduler": "constant"})
     t = tv.VAETrainer(cfg, torch.device("cpu"), total_steps=4, quiet=True)
     assert t.precision.amp_dtype == torch.float16 and t.precision.scaler.is_enabled()
-    w = t.vae_module.decoder.conv_out.bias
+    w = t.vae.decoder.conv_out.bias
     seen = {}
     w.register_hook(lambda g: seen.__setitem__("backward", g.detach().clone()))
-    t.opt_g.register_step_pre_hook(lambda opt, a, k: seen.__setitem__("step", w.grad.detach().clone()))
+    t.g_opt.register_step_pre_hook(lambda opt, a, k: seen.__setitem__("step", w.grad.detach().clone()))
     scale = t.precision.scaler.get_scale()
     x = torch.rand(2, 3, 32, 32) * 2 - 1
     before = w.detach().clone()
-    _, stepped = t.step([x], 0)
+    _, stepped = t.train_step([x], 0)
     assert stepped and not torch.equal(before, w)
     torch.testing.assert_close(seen["backward"], seen["step"] * scale, rtol=1e-3, atol=1e-6)
     x_bad = x.clone()
     x_bad[0, 0, 0, 0] = float("inf")
     before = w.detach().clone()
-    _, stepped = t.step([x_bad], 1)
+    _, stepped = t.train_step([x_bad], 1)
     assert not stepped and torch.equal(before, w) and t.precision.scaler.get_scale() == scale / 2
 
 

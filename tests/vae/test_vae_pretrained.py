@@ -93,7 +93,7 @@ def test_layout_mismatch_names_the_keys_and_the_flags(tmp_path):
     sd_layout = save_diffusers(model(), tmp_path / "sd")  # f4c4 with quant convs
     t = tv.VAETrainer(tiny_cfg(z_channels=8, channels=[16, 32, 32]), torch.device("cpu"), quiet=True)
     with pytest.raises(CheckpointError) as err:
-        init_from_diffusers(t, sd_layout, tmp_path / "out")
+        init_from_diffusers(t.vae, t.cfg, sd_layout, tmp_path / "out")
     msg = str(err.value)
     assert "block_out_channels 16 32 (this run's channels: 16 32 32)" in msg
     assert "latent_channels 4 (this run's z_channels: 8)" in msg and "add: --channels 16 32 --z_channels 4" in msg
@@ -101,12 +101,12 @@ def test_layout_mismatch_names_the_keys_and_the_flags(tmp_path):
     t = tv.VAETrainer(tiny_cfg(z_channels=16), torch.device("cpu"), quiet=True)
     with pytest.raises(CheckpointError, match=r"use_quant_conv false \(this run's use_quant_conv: true\).*"
                                               r"--set use_quant_conv=false"):
-        init_from_diffusers(t, flux_layout, tmp_path / "out")
+        init_from_diffusers(t.vae, t.cfg, flux_layout, tmp_path / "out")
     cfg = json.loads((tmp_path / "flux" / "config.json").read_text())
     (tmp_path / "flux" / "config.json").write_text(json.dumps({**cfg, "up_block_types": ["UpDecoderBlock2D",
                                                                                           "AttnUpDecoderBlock2D"]}))
     with pytest.raises(CheckpointError, match="up_block_types.*AttnUpDecoderBlock2D"):
-        init_from_diffusers(t, tmp_path / "flux", tmp_path / "out")
+        init_from_diffusers(t.vae, t.cfg, tmp_path / "flux", tmp_path / "out")
 
 
 def test_unsafe_bin_is_refused(tmp_path):
@@ -116,7 +116,7 @@ def test_unsafe_bin_is_refused(tmp_path):
     torch.save({"x": torch.zeros(1), "code": print}, folder / "diffusion_pytorch_model.bin")
     t = tv.VAETrainer(tiny_cfg(), torch.device("cpu"), quiet=True)
     with pytest.raises(CheckpointError, match="refused to load"):
-        init_from_diffusers(t, folder, tmp_path / "out")
+        init_from_diffusers(t.vae, t.cfg, folder, tmp_path / "out")
 
 
 @pytest.mark.parametrize("layout", ["sd_f4c4", "flux_f4c16_bin"])
@@ -132,10 +132,10 @@ def test_init_from_a_folder_written_by_diffusers_save_pretrained(tmp_path, layou
                                      shift_factor=None if quant else 0.1).eval()
     theirs.save_pretrained(tmp_path / "vae", safe_serialization=quant)  # FLUX-like one as .bin
     t = tv.VAETrainer(tiny_cfg(z_channels=z, use_quant_conv=quant), torch.device("cpu"), quiet=True)
-    lines = init_from_diffusers(t, tmp_path / "vae", tmp_path / "out")
+    lines = init_from_diffusers(t.vae, t.cfg, tmp_path / "vae", tmp_path / "out")
     assert "scaling_factor 0.3" in lines[0]
     x = torch.rand(1, 3, 32, 32) * 2 - 1
-    ours = t.vae_module.eval()
+    ours = t.vae.eval()
     with torch.no_grad():
         torch.testing.assert_close(ours.encode(x).mode(), theirs.encode(x).latent_dist.mode(), atol=1e-5, rtol=1e-4)
         zz = torch.randn(1, z, 16, 16)

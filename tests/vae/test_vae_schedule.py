@@ -2,13 +2,12 @@
 constant LR (the 5090 profiles: the GAN phase must join at the full LR, see vae/configs/base.yaml) or
 a half cosine from the peak to min_lr_ratio x peak at the planned last optimizer step (max_steps, or
 num_epochs x steps per epoch of batch x accumulation_steps images). No model is built: the
-trainer's own `plan` runs on a stand-in holding only the config and a one-parameter optimizer."""
+trainer's own `build_lr_schedules` runs on a one-parameter optimizer."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -16,16 +15,14 @@ from common.config import load_config
 from common.schedulers import lr_curve, schedule_preview
 from tests.common.schedule_checks import lrs_through, one_param_optimizer
 from vae.config import VAEConfig
-from vae.train_vae import VAETrainer
+from vae.train_vae import build_lr_schedules
 
 PROFILES = sorted((Path(__file__).resolve().parents[2] / "vae" / "configs").glob("*.yaml"))
 IMAGES = 10_000  # per rank
 
 
 def _plan(cfg: VAEConfig, opt, total: int):
-    stand_in = SimpleNamespace(cfg=cfg, optimizers={"vae": opt})
-    VAETrainer.plan(stand_in, total)
-    return stand_in.schedulers["vae"]
+    return build_lr_schedules(cfg, {"vae": opt}, total)["vae"]
 
 
 def _total(cfg: VAEConfig) -> int:

@@ -33,8 +33,8 @@ def trained():
     for step in range(120):
         idx = torch.randint(0, 8, (4,), generator=g)
         y, x = torch.randint(0, 64, (2,), generator=g).tolist()
-        t.step([imgs[idx][..., y:y + 32, x:x + 32]], step)
-    return t.vae_module.eval()
+        t.train_step([imgs[idx][..., y:y + 32, x:x + 32]], step)
+    return t.vae.eval()
 
 
 def _jump(img: torch.Tensor, col: int) -> float:

@@ -114,21 +114,21 @@ def test_mixed_precision_and_channels_last_steps(precision):
     t = tv.VAETrainer(cfg, torch.device("cpu"), total_steps=4, quiet=True)
     assert t.precision.amp_dtype == (torch.bfloat16 if precision == "bf16" else torch.float16)
     assert t.precision.scaler.is_enabled() == (precision == "fp16")
-    assert t.vae_module.encoder.conv_in.weight.is_contiguous(memory_format=torch.channels_last)
+    assert t.vae.encoder.conv_in.weight.is_contiguous(memory_format=torch.channels_last)
     seen = {}
 
     def record(module, inputs, output):
         seen["dtype"] = output.dtype
 
-    hook = t.vae_module.decoder.conv_out.register_forward_hook(record)
-    before = t.vae_module.decoder.conv_out.weight.detach().clone()
+    hook = t.vae.decoder.conv_out.register_forward_hook(record)
+    before = t.vae.decoder.conv_out.weight.detach().clone()
     x = torch.rand(2, 3, 32, 32) * 2 - 1
     for s in range(3):
-        logs, stepped = t.step([x], s)
+        logs, stepped = t.train_step([x], s)
     hook.remove()
     assert seen["dtype"] == t.precision.amp_dtype  # autocast really ran
     assert torch.isfinite(logs["total"]) and "d_loss" in logs  # GAN on (disc_start 1)
-    assert not torch.equal(before, t.vae_module.decoder.conv_out.weight)
+    assert not torch.equal(before, t.vae.decoder.conv_out.weight)
 
 
 def _grads_of_one_step(cfg, micro, monkeypatch):
@@ -140,8 +140,8 @@ def _grads_of_one_step(cfg, micro, monkeypatch):
     def spy(optimizer, args, kwargs):  # runs inside optimizer.step(): after clipping, before the update
         captured["g"] = torch.cat([p.grad.flatten() for p in t.g_params if p.grad is not None]).clone()
 
-    t.opt_g.register_step_pre_hook(spy)
-    logs, _ = t.step(micro, 0)
+    t.g_opt.register_step_pre_hook(spy)
+    logs, _ = t.train_step(micro, 0)
     return captured["g"], logs
 
 
@@ -272,7 +272,7 @@ def test_export_carries_shift_factor_for_f8c16(image_dir, tmp_path, channels, z,
     cfg = tiny_cfg(channels=channels, z_channels=z, disc_weight=0.0, ema_decay=0.0, output_dir=str(tmp_path))
     trainer = tv.VAETrainer(cfg, torch.device("cpu"), quiet=True)
     files = sorted(image_dir.glob("*.png"))[:4]
-    export_final(cfg, trainer, files, tmp_path, torch.device("cpu"), RunLogger(tmp_path, enabled=False), 0, {})
+    export_final(cfg, trainer.eval_model, trainer.precision, files, tmp_path, RunLogger(tmp_path, enabled=False), 0, {})
     stats = json.loads((tmp_path / "latent_stats.json").read_text())
     folder_cfg = json.loads((tmp_path / "diffusers" / "config.json").read_text())
     assert folder_cfg["scaling_factor"] == pytest.approx(stats["scaling_factor"])

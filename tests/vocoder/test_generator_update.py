@@ -31,12 +31,12 @@ def test_split_critic_call_gives_the_concatenated_calls_grads(tiny_data, tmp_pat
     tr._set_d_grad(False)
     spectral_state = {k: v.clone() for k, v in tr.discriminator.state_dict().items()}  # power-iteration u, v
 
-    d_real, d_fake = split_outputs(tr._d_plain(torch.cat([real, fake])), b)  # the former call
+    d_real, d_fake = split_outputs(tr._critics_no_ddp(torch.cat([real, fake])), b)  # the former call
     old = _g_grads(tr, d_real, d_fake, b)
     u_after_old = {k: v.clone() for k, v in tr.discriminator.state_dict().items()}
 
     tr.discriminator.load_state_dict(spectral_state)
-    d_real, d_fake = tr.critics_for_generator(real, fake)
+    d_real, d_fake = tr._critic_outputs(real, fake)
     new = _g_grads(tr, d_real, d_fake, b)
 
     assert sum(g is not None for g in new) > 10

@@ -249,9 +249,9 @@ def test_volume_and_key_augmentation(tiny_data):
 def test_signal_saves_and_exits_then_resumes(tiny_data, tmp_path, monkeypatch):
     """SIGINT/SIGTERM (simulated: GracefulExit.requested turns True after step 2) saves a
     checkpoint at that step and stops; --resume auto continues from it."""
-    import vocoder.train as train_mod
+    import common.stopping as stopping
 
-    class SignalAfterTwoSteps(train_mod.GracefulExit):
+    class SignalAfterTwoSteps(stopping.GracefulExit):
         checks = 0
 
         @property
@@ -263,7 +263,7 @@ def test_signal_saves_and_exits_then_resumes(tiny_data, tmp_path, monkeypatch):
         def requested(self, value):
             pass
 
-    monkeypatch.setattr(train_mod, "GracefulExit", SignalAfterTwoSteps)
+    monkeypatch.setattr(stopping, "GracefulExit", SignalAfterTwoSteps)
     result = _trainer(tiny_data, tmp_path, "max_updates=10").fit()
     assert result["stopped"] == "signal" and result["step"] == 2
     assert (tmp_path / "checkpoints" / "model_00000002.pt").is_file()
@@ -308,8 +308,8 @@ def test_num_valid_plots_sets_how_many_files_are_logged(tiny_data, tmp_path, plo
     tr = _trainer(tiny_data, tmp_path, f"num_valid_plots={plots}")
     tr.valid_set = [dict(tr.valid_set[0], name=f"v{i}") for i in range(3)]  # three held-out files
     audio, figures = [], []
-    tr.logger.audio = lambda tag, *a, **k: audio.append(tag)
-    tr.logger.figure = lambda tag, *a, **k: figures.append(tag)
+    tr.writer.audio = lambda tag, *a, **k: audio.append(tag)
+    tr.writer.figure = lambda tag, *a, **k: figures.append(tag)
     tr.validate()
     assert len([t for t in audio if t.endswith("/generated")]) == expected
     assert len(figures) == expected

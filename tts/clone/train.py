@@ -18,7 +18,6 @@ validation mel L1). Ctrl-C / SIGTERM saves and exits; `--resume auto` continues 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 import time
 from collections.abc import Callable
@@ -32,7 +31,6 @@ from common import exit_codes
 from common.checkpoint import (
     CheckpointError,
     CheckpointManager,
-    GracefulExit,
     load_checkpoint,
     load_matching,
     make_state,
@@ -40,21 +38,20 @@ from common.checkpoint import (
     restore_state,
 )
 from common.config import ConfigError, config_to_dict, save_config
-from common.distributed import all_reduce_mean, any_rank, barrier, cleanup, setup_distributed, wrap_ddp
-from common.hardware import OutOfMemory, is_oom, oom_message
-from common.log import Progress, RunLogger, report_lr_plan
+from common.distributed import all_reduce_mean, barrier, cleanup, no_sync, setup_distributed, wrap_ddp
+from common.log import Printer, Progress, RunLogger, report_lr_plan
 from common.muon import build_optimizer
 from common.precision import Precision
 from common.presets import apply_preset
 from common.run_dir import prepare_run_dir, tensorboard_dir
 from common.schedulers import build_scheduler, lr_curve
+from common.stopping import SIGNAL, STOP_AT_STEP, TIME_LIMIT, RunStop, exit_code
 from common.training import (
     NonFiniteError,
     NonFiniteGuard,
     apply_optimizer_overrides,
     backward,
     count_parameters,
-    nonfinite_stop_message,
     optimizer_overrides,
     saving_blocked,
     step_optimizer,
@@ -129,7 +126,7 @@ class CloneTrainer:
         cfg, t = res.cfg, res.cfg.train
         self.info = setup_distributed(None if t.device == "auto" else t.device)
         self.device = device = pick_device(t.device) if not self.info.enabled else self.info.device
-        self.log = log if self.info.is_main else (lambda *a, **k: None)  # rank 0 alone prints
+        self.log = Printer(self.info.is_main, log)
         res.notices.extend(device_notices(res, device))
         cap_gpu_memory(t.max_gpu_memory, device)  # on a CPU run device_notices() above says it is ignored
         torch.manual_seed(t.seed)
@@ -151,11 +148,13 @@ class CloneTrainer:
                                          save_best_after=t.save_best_after, mode="min", prefix="clone")
 
         # ---- counters, then resume (exact) or a new run (feature statistics, optional --init_from weights)
-        self.counters = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "train_s": 0.0}
+        self.step = self.epoch = self.batch_in_epoch = 0  # batch_in_epoch counts micro-batches
+        self.train_time = 0.0  # wall time spent training (not validating)
+        self._t_last = 0.0  # when train_time was last brought up to date
         self.history: list[dict] = []
         self.last_good = resolve_resume(resume, self.run_dir, self.manager)  # newest checkpoint known good
         if self.last_good is not None:
-            self._restore(self.last_good)
+            self.restore(self.last_good)
         else:
             self.model.set_stats(*feature_stats(self.data.train_items, cfg.data.stats_items))
             if init_from:  # weights only: a new run (fine-tuning), mismatched layers re-initialised and listed
@@ -164,20 +163,21 @@ class CloneTrainer:
                     raise CheckpointError(f"--init_from {init_from}: no 'model' weights (not a tts/train_main.py checkpoint)")
                 self.log(str(load_matching(self.model, weights)))
         self.n_params = count_parameters(self.model)
-        self.net = wrap_ddp(self.precision.prepare_model(self.model), self.info)
+        self.model_ddp = wrap_ddp(self.precision.prepare_model(self.model), self.info)
 
         # ---- fixed reference voice and vocoder for the validation audio
         self.reference = load_reference(cfg.val.reference or self.data.val_items[0]["wav"], cfg.audio, cfg.data)
         self.vocoder = load_matching_vocoder(cfg.vocoder.path, cfg.audio, device) if cfg.vocoder.path else None
-        self.train_time = float(self.counters.get("train_s", 0.0))  # wall time spent training (not validating)
+        self.writer = RunLogger(tensorboard_dir(self.run_dir), enabled=self.info.is_main)
         self.recent: list[float] = []  # train losses at log points, for the plateau's trend
         self._acc: dict[str, torch.Tensor] = {}  # loss sums since the last log point
         self._n_acc = 0
 
-    def _restore(self, path: Path) -> None:
+    def restore(self, path: Path) -> None:
+        """Continue the run saved in `path` exactly (weights, optimizer, schedule, scaler, counters, RNG)."""
         ckpt = load_checkpoint(path)
         try:
-            self.counters = restore_state(ckpt, {"model": self.model}, {"optimizer": self.optimizer},
+            counters = restore_state(ckpt, {"model": self.model}, {"optimizer": self.optimizer},
                                           {"scheduler": self.scheduler}, self.precision.scaler, rank=self.info.rank)
         except (RuntimeError, ValueError, KeyError) as e:
             raise CheckpointError(f"{path} does not fit this configuration (model size, optimizer or "
@@ -186,8 +186,9 @@ class CloneTrainer:
         self.guard.load_state_dict(extra["guard"])
         self.plateau.load_state_dict(extra["plateau"])
         self.history = list(extra["history"])
-        c = self.counters
-        self.log(f"resumed from {path} at step {c['step']} (epoch {c['epoch']}, batch {c['batch_in_epoch']})")
+        self.step, self.epoch, self.batch_in_epoch = counters["step"], counters["epoch"], counters["batch_in_epoch"]
+        self.train_time = float(counters.get("train_s", 0.0))
+        self.log(f"resumed from {path} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
         o = self.cfg.optim
         spec = {"optimizer": {"lr": (("optim.lr",), o.lr), "betas": (("optim.beta1", "optim.beta2"), (o.beta1, o.beta2)),
                               "eps": (("optim.eps",), o.eps), "weight_decay": (("optim.weight_decay",), o.weight_decay)}}
@@ -196,17 +197,18 @@ class CloneTrainer:
         if changed:
             self.log(changed)
 
-    def save(self, step: int, metric: float | None = None) -> None:
+    def save(self, metric: float | None = None) -> None:
         if saving_blocked(self.guard):
-            self.log(f"step {step}: no checkpoint while steps are non-finite (last good: {self.last_good or 'none'})")
+            self.log(f"step {self.step}: no checkpoint while steps are non-finite (last good: {self.last_good or 'none'})")
             return
-        self.counters["train_s"] = self.train_time
+        counters = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+                    "train_s": self.train_time}
         state = make_state({"model": self.model}, {"optimizer": self.optimizer}, {"scheduler": self.scheduler},
-                           self.precision.scaler, counters=dict(self.counters), config=config_to_dict(self.cfg),
+                           self.precision.scaler, counters=counters, config=config_to_dict(self.cfg),
                            extra={"guard": self.guard.state_dict(), "plateau": self.plateau.state_dict(),
                                   "history": self.history})
         if self.info.is_main:
-            self.last_good = self.manager.save(state, step, metric)
+            self.last_good = self.manager.save(state, self.step, metric)
         barrier()  # no rank runs ahead (or tears the process group down) while rank 0 still writes
 
     # ------------------------------------------------------------------ one step
@@ -220,10 +222,9 @@ class CloneTrainer:
             td = time.perf_counter()
             batch = to_device(next(it), self.device)
             data_s += time.perf_counter() - td
-            sync = contextlib.nullcontext() if (micro == accum - 1 or not self.info.enabled) else self.net.no_sync()
-            with sync:
+            with no_sync(self.model_ddp, micro < accum - 1):
                 with self.precision.autocast():
-                    out = self.net(batch["text"], batch["text_mask"], batch["mel"], batch["mel_mask"],
+                    out = self.model_ddp(batch["text"], batch["text_mask"], batch["mel"], batch["mel_mask"],
                                    batch["ref_mel"], batch["ref_mask"])
                 losses = self.model.losses(out, batch, cfg.loss)
                 backward(losses["loss"] / accum, self.precision.scaler)
@@ -236,20 +237,23 @@ class CloneTrainer:
         self._n_acc += 1
         return grad_norm, stepped, data_s
 
-    def log_train(self, step: int, grad_norm: torch.Tensor, bar: Progress, print_line: bool) -> None:
+    def _log_train(self, grad_norm: torch.Tensor, bar: Progress, print_line: bool) -> None:
         """The means since the last log point (over ranks) and the step's health, to TensorBoard."""
         means = {k: all_reduce_mean(v / self._n_acc) for k, v in self._acc.items()}
-        self.logger.scalars(means, step, "train")
+        self.writer.scalars(means, self.step, "train")
         loss_now = float(means["loss"])
         self.recent.append(loss_now)
-        self.logger.scalars({"lr": self.scheduler.get_last_lr()[-1], "grad_norm": float(grad_norm),
-                             "skipped_steps": self.guard.skipped_total, "data_wait_fraction": bar.data_wait_fraction,
-                             "samples_per_s": bar.samples_per_second() or 0.0}, step, "train")
+        self.writer.scalars({"lr": self.scheduler.get_last_lr()[-1], "grad_norm": float(grad_norm),
+                            "skipped_steps": self.guard.skipped_total, "data_wait_fraction": bar.data_wait_fraction,
+                            "samples_per_s": bar.samples_per_second() or 0.0}, self.step, "train")
         if print_line:  # no progress bar: one line per log point
-            self.log(f"step {step}: loss {loss_now:.4f} (skipped {self.guard.skipped_total})")
+            self.log(f"step {self.step}: loss {loss_now:.4f} (skipped {self.guard.skipped_total})")
         self._acc, self._n_acc = {}, 0
 
-    def validate(self, step: int) -> float:
+    def validate(self) -> float:
+        """Teacher-forced held-out mel L1 (`tts.clone.evaluation`), the fixed sentences in TensorBoard, the
+        plateau note; kept in the run's history. Returns the mel L1 (best.pt's metric)."""
+        step = self.step
         metrics = evaluate(self.model, self.data.val_loader, self.cfg, self.precision, self.device)
         val = float(metrics["mel_l1"])
         lr_ratio = self.scheduler.get_last_lr()[-1] / max(self.cfg.optim.lr, 1e-30)
@@ -258,125 +262,119 @@ class CloneTrainer:
         self.history.append({"step": step, "mel_l1": val, "loss": float(metrics["loss"]), "train_s": self.train_time,
                              "skipped": self.guard.skipped_total})
         if self.info.is_main:
-            log_validation(self.logger, self.model, metrics, self.cfg, self.reference, self.vocoder, step)
-            self.logger.flush()
+            log_validation(self.writer, self.model, metrics, self.cfg, self.reference, self.vocoder, step)
+            self.writer.flush()
         self.log(f"step {step}: validation mel L1 {val:.4f} (loss {metrics['loss']:.4f})")
         note = self.plateau.update(val, step, lr_ratio, trend)
         if note:
             self.log(note)
-            self.logger.text("plateau", note, step)
+            self.writer.text("plateau", note, step)
         recent.clear()
         return val
 
     # ------------------------------------------------------------------ the loop
     def fit(self, progress: bool = True, stop_at_step: int | None = None) -> dict:
-        """Runs training; returns a summary (validation history, skipped steps, throughput, why it stopped)."""
+        """Runs training; returns a summary (validation history, skipped steps, throughput, why it stopped:
+        "finished", or `common.stopping`'s reason). A non-finite stop raises `NonFiniteError`."""
         cfg, t, info = self.cfg, self.cfg.train, self.info
         if info.is_main:
             save_config(cfg, self.run_dir)
         self.log(effective_block(self.res, self.device, self.precision, self.n_params, self.steps_per_epoch,
                                  self.total_steps, self.data.collate.shapes(), info.world_size))
-        self.logger = RunLogger(tensorboard_dir(self.run_dir), enabled=info.is_main)
         if info.is_main:
             report_lr_plan({"lr": lr_curve(self.scheduler)}, self.total_steps, "--lr / --scheduler / --warmup-steps "
-                           "(scheduler.*) or --epochs / train.max_updates", self.run_dir, self.logger, self.log)
-        if self.counters["step"] == 0 and not self.history and cfg.val.at_start:
-            self.validate(0)
-        bar = Progress(self.total_steps, self.counters["step"], t.batch_size * t.grad_accum * info.world_size,
+                           "(scheduler.*) or --epochs / train.max_updates", self.run_dir, self.writer, self.log)
+        if self.step == 0 and not self.history and cfg.val.at_start:
+            self.validate()
+        bar = Progress(self.total_steps, self.step, t.batch_size * t.grad_accum * info.world_size,
                        enabled=progress and info.is_main)
-        stop_reason = "finished"
-        self._t_last = t_start = time.perf_counter()
-        self.net.train()
+        self._t_last = time.perf_counter()
+        self.model_ddp.train()
+        stop = RunStop(t.max_minutes, stop_at_step, last_good=lambda: self.last_good, lr_hint="--lr <lower>", oom=(
+            "voice-cloning training", t.batch_size, {
+                "batch_key": "train.batch_size", "accum_key": "train.grad_accum", "accumulation": t.grad_accum,
+                "precision_key": "train.precision", "precision": self.precision.precision, "resume": "--resume auto"}))
         try:
-            with GracefulExit() as interrupt:
-                while self.counters["step"] < self.total_steps and stop_reason == "finished":
-                    stop_reason = self._run_epoch(bar, interrupt, stop_at_step, t_start, progress) or stop_reason
-        except NonFiniteError as e:
-            stop_reason = "non-finite"
-            self.log(f"error: {e}")
-            self.log(nonfinite_stop_message(self.last_good, "--lr <lower>"))
-        except RuntimeError as e:
-            if is_oom(e):
-                raise OutOfMemory(oom_message("voice-cloning training", t.batch_size, {
-                    "batch_key": "train.batch_size", "accum_key": "train.grad_accum", "accumulation": t.grad_accum,
-                    "precision_key": "train.precision", "precision": self.precision.precision,
-                    "resume": "--resume auto"})) from None
-            raise
+            with stop:
+                while self.step < self.total_steps and not self._run_epoch(bar, stop, progress):
+                    pass
         finally:
             bar.close()
-            self.logger.close()
+            self.writer.close()
+        return self._summary(stop.reason or "finished", bar.data_wait_fraction)
+
+    def _summary(self, stopped: str, data_wait_fraction: float | None = None) -> dict:
         history = self.history
         if history:
             self.log(f"validation mel L1: step {history[0]['step']} {history[0]['mel_l1']:.4f} -> step "
                      f"{history[-1]['step']} {history[-1]['mel_l1']:.4f}; skipped non-finite steps: "
                      f"{self.guard.skipped_total}")
         return {
-            "step": self.counters["step"], "history": history, "skipped_steps": self.guard.skipped_total,
-            "stop": stop_reason, "data_wait_fraction": bar.data_wait_fraction, "train_s": self.train_time,
+            "step": self.step, "history": history, "skipped_steps": self.guard.skipped_total,
+            "stop": stopped, "data_wait_fraction": data_wait_fraction, "train_s": self.train_time,
             "ckpt_dir": str(self.run_dir), "best": self.manager.best_metric, "n_params": self.n_params,
             "last_good": str(self.last_good) if self.last_good else None,
         }
 
-    def _run_epoch(self, bar: Progress, interrupt: GracefulExit, stop_at_step: int | None, t_start: float,
-                   progress: bool) -> str | None:
-        """One (possibly resumed) pass over the training set; why the run stops, or None to go on."""
-        t, c = self.cfg.train, self.counters
-        it = iter(self.data.epoch_loader(c["epoch"], c["batch_in_epoch"], t.seed))
-        time_up = interrupted = False
-        while c["batch_in_epoch"] + t.grad_accum <= self.steps_per_epoch * t.grad_accum:
+    def _run_epoch(self, bar: Progress, stop: RunStop, progress: bool) -> bool:
+        """One (possibly resumed) pass over the training set; True when the run stops."""
+        t = self.cfg.train
+        it = iter(self.data.epoch_loader(self.epoch, self.batch_in_epoch, t.seed))
+        while self.batch_in_epoch + t.grad_accum <= self.steps_per_epoch * t.grad_accum:
             t0 = time.perf_counter()
             grad_norm, stepped, data_s = self.train_step(it)
-            c["step"] += 1
-            c["batch_in_epoch"] += t.grad_accum
-            step, now = c["step"], time.perf_counter()
+            self.step += 1
+            self.batch_in_epoch += t.grad_accum
+            now = time.perf_counter()
             self.train_time += now - self._t_last
             self._t_last = now
-            bar.update(step, data_s, now - t0 - data_s)
-            # on every rank alike: a signal or a clock that reached one rank must stop all at this step,
-            # or the others hang in the next collective
-            interrupted = any_rank(interrupt.requested)
-            time_up = any_rank(bool(t.max_minutes) and time.perf_counter() - t_start > 60.0 * t.max_minutes)
-            last = step >= self.total_steps or time_up
-            if step % t.log_interval == 0 or last:
-                self.log_train(step, grad_norm, bar, print_line=not progress)
+            bar.update(self.step, data_s, now - t0 - data_s)
+            reason = stop.check(self.step)
+            last = self.step >= self.total_steps or reason == TIME_LIMIT
+            if self.step % t.log_interval == 0 or last:
+                self._log_train(grad_norm, bar, print_line=not progress)
             if not stepped:
-                self.logger.scalar("train/skipped_steps", self.guard.skipped_total, step)
-            if step % t.val_check_interval == 0 or last:
-                self.save(step, self.validate(step))
+                self.writer.scalar("train/skipped_steps", self.guard.skipped_total, self.step)
+            if self.step % t.val_check_interval == 0 or last:
+                self.save(self.validate())
                 self._t_last = time.perf_counter()  # validation time is not training time
-            elif step % t.save_interval == 0:
-                self.save(step)
+            elif self.step % t.save_interval == 0:
+                self.save()
                 self._t_last = time.perf_counter()
-            if interrupted or step == stop_at_step or last:
-                break
-        if interrupted or c["step"] == stop_at_step:
-            if not self.history or self.history[-1]["step"] != c["step"]:
-                self.save(c["step"])
-            return "interrupted" if interrupted else "stop_at_step"
-        if c["step"] >= self.total_steps or time_up:
-            return "time limit" if time_up and c["step"] < self.total_steps else "finished"
-        c["epoch"] += 1
-        c["batch_in_epoch"] = 0
-        return None
+            if reason in (SIGNAL, STOP_AT_STEP):
+                if not self.history or self.history[-1]["step"] != self.step:
+                    self.save()
+                self.log(stop.message(self.step))
+                return True
+            if last:
+                return True
+        self.epoch += 1
+        self.batch_in_epoch = 0
+        return False
 
 
 def train(res: Resolved, resume: str | None = None, log: Callable[..., None] = print, progress: bool = True,
           stop_at_step: int | None = None, init_from: str | None = None) -> dict:
-    """Builds the trainer and runs it; returns its summary.
+    """Builds the trainer and runs it; returns its summary (a non-finite stop: "stop" is "non-finite").
 
     `stop_at_step` ends the run (with a checkpoint) at that optimizer step as if interrupted: the
     schedule still follows the full run, so a later `resume` continues exactly (tests, benchmarks).
     """
-    summary = CloneTrainer(res, resume, init_from, log).fit(progress, stop_at_step)
-    cleanup()
-    return summary
+    trainer = CloneTrainer(res, resume, init_from, log)
+    try:
+        return trainer.fit(progress, stop_at_step)
+    except NonFiniteError as e:
+        trainer.log(f"error: {e}")
+        return trainer._summary("non-finite")
+    finally:
+        cleanup()
 
 
 # --------------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return exit_codes.run_main(lambda: run(args), (UsageError, ConfigError, DataError, CheckpointError,
-                                                   VocoderMismatchError))
+                                                   VocoderMismatchError), cleanup)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -385,9 +383,8 @@ def run(args: argparse.Namespace) -> int:
     apply_preset(res.cfg, args.preset, "tts_clone")
     prepare_run_dir(res.cfg.train.checkpoint_dir, None, args.resume, args.overwrite, args.init_from,
                     keep=("features",))
-    summary = train(res, args.resume, progress=sys.stderr.isatty(), init_from=args.init_from)
-    return {"non-finite": exit_codes.NON_FINITE, "interrupted": exit_codes.INTERRUPTED}.get(summary["stop"],
-                                                                                          exit_codes.OK)
+    trainer = CloneTrainer(res, args.resume, args.init_from)
+    return exit_code(trainer.fit(progress=sys.stderr.isatty())["stop"])
 
 
 if __name__ == "__main__":

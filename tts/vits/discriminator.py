@@ -52,7 +52,7 @@ class MultiPeriodDiscriminator(nn.Module):
 
     def score(self, y: torch.Tensor) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
         """One batch [B, 1, T] → (scores, fmaps) of every sub-discriminator (the generator update
-        calls this on real and fake apart: common.training.critic_for_generator)."""
+        calls this on real and fake apart: common.training.critic_outputs_for_generator)."""
         outs = [d(y) for d in self.discriminators]
         return [o[0] for o in outs], [o[1] for o in outs]
 

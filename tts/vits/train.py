@@ -29,7 +29,6 @@ from common.audio import MelSpectrogram
 from common.checkpoint import (
     CheckpointError,
     CheckpointManager,
-    GracefulExit,
     load_checkpoint,
     load_matching,
     make_state,
@@ -45,22 +44,20 @@ from common.config import (
     save_config,
 )
 from common.data import BucketBatchSampler, BucketShapes, make_loader
-from common.distributed import DistInfo, any_rank, barrier, cleanup, setup_distributed, wrap_ddp
-from common.hardware import is_oom, oom_message
-from common.log import Progress, RunLogger, plot_alignment, report_lr_plan
+from common.distributed import DistInfo, barrier, cleanup, setup_distributed, wrap_ddp
+from common.log import Printer, Progress, RunLogger, plot_alignment, report_lr_plan
 from common.muon import build_optimizer
 from common.precision import Precision
 from common.presets import add_preset_arg, apply_preset
 from common.run_dir import add_run_args, prepare_run_dir, tensorboard_dir
 from common.schedulers import build_scheduler, lr_curve
+from common.stopping import SIGNAL, RunStop, exit_code
 from common.training import (
     ClipStats,
-    NonFiniteError,
     NonFiniteGuard,
     apply_optimizer_overrides,
     count_parameters,
-    critic_for_generator,
-    nonfinite_stop_message,
+    critic_outputs_for_generator,
     optimizer_overrides,
     saving_blocked,
     step_optimizer,
@@ -108,7 +105,7 @@ def frozen(module: torch.nn.Module):
 
 class VitsTrainer:
     """Everything one run holds (data, G and D with their optimizers and schedules, checkpoints);
-    `train_step` is one D update then one G update, `run` the loop."""
+    `train_step` is one D update then one G update, `fit` the loop."""
 
     def __init__(self, cfg: TrainConfig, info: DistInfo, resume: str | None = None, init_from: str | None = None):
         self.cfg, self.info = cfg, info
@@ -116,8 +113,8 @@ class VitsTrainer:
         if not cfg.data_dir:
             raise ConfigError("no data folder: pass --data_dir (a folder made by tts/prepare_data.py)")
         self.run_dir = Path(cfg.run_dir or f"runs/{cfg.run_name}")
-        self.log = RunLogger(tensorboard_dir(self.run_dir), enabled=info.is_main)
-        self.say = print if info.is_main else (lambda *a, **k: None)
+        self.writer = RunLogger(tensorboard_dir(self.run_dir), enabled=info.is_main)
+        self.log = Printer(info.is_main)
         torch.manual_seed(cfg.seed + info.rank)
 
         # data
@@ -134,7 +131,7 @@ class VitsTrainer:
                               f"not {cfg.discriminator_train_start_steps}")
         batch = min(cfg.batch_size, len(self.train_set) // info.world_size)
         if batch < cfg.batch_size:
-            self.say(f"note: batch_size {cfg.batch_size} > training items per rank; using {batch}")
+            self.log(f"note: batch_size {cfg.batch_size} > training items per rank; using {batch}")
         self.batch_size = max(1, batch)
         buckets = max(1, min(cfg.data.num_buckets, len(self.train_set) // (self.batch_size * info.world_size)))
         self.sampler = BucketBatchSampler(self.train_set.lengths, self.batch_size, buckets,
@@ -145,7 +142,7 @@ class VitsTrainer:
         self.shapes = (BucketShapes(self.train_set.lengths, self.train_set.token_lengths(), self.sampler.boundaries)
                        if cfg.compile or benchmark else None)
         if self.shapes is not None:
-            self.say(f"batches padded to {len(self.shapes.shapes())} bucket shapes (text, frames): {self.shapes.shapes()}")
+            self.log(f"batches padded to {len(self.shapes.shapes())} bucket shapes (text, frames): {self.shapes.shapes()}")
         self.loader = make_loader(self.train_set, batch_sampler=self.sampler, num_workers=cfg.num_loader_workers,
                                   prefetch_factor=cfg.prefetch_factor, pin_memory=cfg.pin_memory,
                                   persistent_workers=cfg.persistent_workers, seed=cfg.seed,
@@ -153,9 +150,9 @@ class VitsTrainer:
         self.steps_per_epoch = len(self.sampler)
 
         # models, optimizers, schedulers, precision
-        self.gen, self.disc = build_models(cfg, len(self.speakers))
-        self.gen.to(self.device)
-        self.disc.to(self.device)
+        self.generator, self.discriminator = build_models(cfg, len(self.speakers))
+        self.generator.to(self.device)
+        self.discriminator.to(self.device)
         self.mel = build_mel(cfg).to(self.device)
         # c_stft > 0: three Parallel WaveGAN resolutions (fft, hop, win): short, medium, long windows
         self.stft = (MultiResolutionSTFTLoss([512, 1024, 2048], [50, 120, 240], [240, 600, 1200]).to(self.device)
@@ -164,61 +161,67 @@ class VitsTrainer:
                                    cudnn_benchmark=cfg.cudnn_benchmark, deterministic=cfg.deterministic)
         self.scaler = self.precision.scaler
         opt_kw = {"betas": tuple(cfg.betas), "eps": cfg.eps, "weight_decay": cfg.weight_decay}
-        self.opt_g = build_optimizer(cfg.optimizer_cls, self.gen, lr=cfg.lr_gen or cfg.lr, **opt_kw)
-        self.opt_d = build_optimizer(cfg.optimizer_cls, self.disc, lr=cfg.lr_disc or cfg.lr, **opt_kw)
+        self.g_opt = build_optimizer(cfg.optimizer_cls, self.generator, lr=cfg.lr_gen or cfg.lr, **opt_kw)
+        self.d_opt = build_optimizer(cfg.optimizer_cls, self.discriminator, lr=cfg.lr_disc or cfg.lr, **opt_kw)
         sched_kw = schedule_kwargs(cfg, self.steps_per_epoch)
-        self.sched_g = build_scheduler(self.opt_g, "exponential", **sched_kw)
-        self.sched_d = build_scheduler(self.opt_d, "exponential", **sched_kw)
+        self.g_sched = build_scheduler(self.g_opt, "exponential", **sched_kw)
+        self.d_sched = build_scheduler(self.d_opt, "exponential", **sched_kw)
         self.guard = NonFiniteGuard(cfg.max_nonfinite_steps)
         self.clip_stats = ClipStats(cfg.grad_clip)
-        self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.save_n_checkpoints,
-                                      save_best_after=cfg.save_best_after, mode="min", prefix="vits")
+        self.manager = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.save_n_checkpoints,
+                                         save_best_after=cfg.save_best_after, mode="min", prefix="vits")
         self.step = self.epoch = self.batch_in_epoch = 0
         self.last_good: Path | None = None  # the newest checkpoint known to hold a good state
+        self.last_finite = True  # whether the latest step was finite (no periodic save after a skipped one)
+        self.last_attn: torch.Tensor | None = None  # the latest step's first alignment, for the log
 
-        n_gen, n_disc = count_parameters(self.gen), count_parameters(self.disc)
-        self.say(f"parameters: generator {n_gen / 1e6:.2f} M, discriminator {n_disc / 1e6:.2f} M "
+        n_gen, n_disc = count_parameters(self.generator), count_parameters(self.discriminator)
+        self.log(f"parameters: generator {n_gen / 1e6:.2f} M, discriminator {n_disc / 1e6:.2f} M "
                  f"(total {(n_gen + n_disc) / 1e6:.2f} M), used at inference "
-                 f"{self.gen.inference_parameters() / 1e6:.2f} M")
-        self.say(f"data: {len(self.train_set)} train / {len(self.eval_set)} eval utterances, "
+                 f"{self.generator.inference_parameters() / 1e6:.2f} M")
+        self.log(f"data: {len(self.train_set)} train / {len(self.eval_set)} eval utterances, "
                  f"{len(self.speakers)} speaker(s), {self.steps_per_epoch} steps per epoch of batch {self.batch_size}")
         for line in (self.precision.report()
-                     + apply_layout_and_compile(self.gen, self.disc, cfg.channels_last, cfg.compile)):
-            self.say(line)
-        self._load(resume, init_from)
-        self.gen_ddp = wrap_ddp(self.gen, info)
-        self.disc_ddp = wrap_ddp(self.disc, info)
+                     + apply_layout_and_compile(self.generator, self.discriminator, cfg.channels_last, cfg.compile)):
+            self.log(line)
+        path = resolve_resume(resume, self.manager.dir, self.manager)
+        if path is not None:
+            self.restore(path)
+        elif init_from:
+            self._init_from(init_from)
+        elif resume == "auto":
+            self.log("no checkpoint to resume in this run folder: starting fresh")
+        self.generator_ddp = wrap_ddp(self.generator, info)
+        self.discriminator_ddp = wrap_ddp(self.discriminator, info)
 
     # ------------------------------------------------------------------ checkpoints
     def _parts(self) -> tuple[dict, dict, dict]:
         """(models, optimizers, schedulers) by network name: the checkpoint's layout."""
-        return ({"generator": self.gen, "discriminator": self.disc},
-                {"generator": self.opt_g, "discriminator": self.opt_d},
-                {"generator": self.sched_g, "discriminator": self.sched_d})
+        return ({"generator": self.generator, "discriminator": self.discriminator},
+                {"generator": self.g_opt, "discriminator": self.d_opt},
+                {"generator": self.g_sched, "discriminator": self.d_sched})
 
-    def _load(self, resume: str | None, init_from: str | None) -> None:
-        path = resolve_resume(resume, self.ckpt.dir, self.ckpt)
-        if path is not None:
-            counters = restore_state(load_checkpoint(path), *self._parts(), self.scaler, rank=self.info.rank)
-            self.step, self.epoch = counters["step"], counters["epoch"]
-            self.batch_in_epoch = counters["batch_in_epoch"]
-            self.guard.load_state_dict(counters["guard"])
-            self.last_good = path
-            self.say(f"resumed from {path} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
-            changed = apply_optimizer_overrides(*self._parts()[1:], optimizer_overrides(self.cfg, self.optimizer_spec()))
-            if changed:
-                self.say(changed)
-        elif init_from:
-            ckpt = load_checkpoint(init_from)
-            for name, model in (("generator", self.gen), ("discriminator", self.disc)):
-                if name not in ckpt.get("models", {}):
-                    raise ConfigError(f"--init_from {init_from}: no '{name}' weights in the checkpoint")
-                report = load_matching(model, ckpt["models"][name])
-                self.say(f"{name} {report}")
-        elif resume == "auto":
-            self.say("no checkpoint to resume in this run folder: starting fresh")
+    def restore(self, path: Path) -> None:
+        """Continue the run saved in `path` exactly (weights, optimizers, schedules, scaler, counters, RNG)."""
+        counters = restore_state(load_checkpoint(path), *self._parts(), self.scaler, rank=self.info.rank)
+        self.step, self.epoch = counters["step"], counters["epoch"]
+        self.batch_in_epoch = counters["batch_in_epoch"]
+        self.guard.load_state_dict(counters["guard"])
+        self.last_good = path
+        self.log(f"resumed from {path} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
+        changed = apply_optimizer_overrides(*self._parts()[1:], optimizer_overrides(self.cfg, self._optimizer_spec()))
+        if changed:
+            self.log(changed)
 
-    def optimizer_spec(self) -> dict:
+    def _init_from(self, init_from: str) -> None:
+        """A new run from another checkpoint's weights (`--init_from`); mismatched layers are listed."""
+        ckpt = load_checkpoint(init_from)
+        for name, model in (("generator", self.generator), ("discriminator", self.discriminator)):
+            if name not in ckpt.get("models", {}):
+                raise ConfigError(f"--init_from {init_from}: no '{name}' weights in the checkpoint")
+            self.log(f"{name} {load_matching(model, ckpt['models'][name])}")
+
+    def _optimizer_spec(self) -> dict:
         """Each optimizer's hyper-parameters and the config keys that set them (a resume that gives
         one explicitly replaces the checkpoint's value: `common.training.optimizer_overrides`)."""
         cfg = self.cfg
@@ -229,19 +232,19 @@ class VitsTrainer:
 
     def save(self, metric: float | None = None) -> Path | None:
         if saving_blocked(self.guard):
-            self.say(f"step {self.step}: no checkpoint while steps are non-finite (last good: {self.last_good or 'none'})")
+            self.log(f"step {self.step}: no checkpoint while steps are non-finite (last good: {self.last_good or 'none'})")
             return None
         counters = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                     "guard": self.guard.state_dict()}
         state = make_state(*self._parts(), self.scaler, counters=counters, config=config_to_dict(self.cfg),
                            extra={"speakers": self.speakers, **Frontend.of(self.cfg).to_checkpoint()})
-        path = self.ckpt.save(state, self.step, metric) if self.info.is_main else None
+        path = self.manager.save(state, self.step, metric) if self.info.is_main else None
         self.last_good = path or self.last_good
         barrier()
         return path
 
     # ------------------------------------------------------------------ one step
-    def generator_losses(self, out: dict, y_d_g, fmap_r, fmap_g, mel_y, mel_hat, y, y_hat) -> dict[str, torch.Tensor]:
+    def _generator_losses(self, out: dict, y_d_g, fmap_r, fmap_g, mel_y, mel_hat, y, y_hat) -> dict[str, torch.Tensor]:
         cfg = self.cfg
         losses = {
             "mel": F.l1_loss(mel_hat, mel_y) * cfg.c_mel,
@@ -255,7 +258,7 @@ class VitsTrainer:
         return losses
 
     def train_step(self, batch: dict) -> dict[str, torch.Tensor]:
-        dev, hop, seg = self.device, self.cfg.audio.hop_length, self.gen.segment_frames
+        dev, hop, seg = self.device, self.cfg.audio.hop_length, self.generator.segment_frames
         nb = self.device.type == "cuda"
         x, x_len = batch["ids"].to(dev, non_blocking=nb), batch["ids_len"].to(dev, non_blocking=nb)
         spec, spec_len = batch["spec"].to(dev, non_blocking=nb), batch["spec_len"].to(dev, non_blocking=nb)
@@ -265,7 +268,7 @@ class VitsTrainer:
         if self.cfg.mas_prior_steps > 0:
             prior_w = self.cfg.mas_prior_weight * max(0.0, 1.0 - self.step / self.cfg.mas_prior_steps)
         with self.precision.autocast():
-            out = self.gen_ddp(x, x_len, spec, spec_len, sid, mas_prior_weight=prior_w)
+            out = self.generator_ddp(x, x_len, spec, spec_len, sid, mas_prior_weight=prior_w)
         with self.precision.no_autocast():
             if wav.size(1) < seg * hop:
                 wav = F.pad(wav, (0, seg * hop - wav.size(1)))
@@ -277,22 +280,22 @@ class VitsTrainer:
         adversarial = self.step >= self.cfg.discriminator_train_start_steps
         loss_d, gn_d, ok_d = torch.zeros((), device=dev), torch.zeros((), device=dev), True
         if adversarial:
-            self.opt_d.zero_grad(set_to_none=True)
+            self.d_opt.zero_grad(set_to_none=True)
             with self.precision.autocast():
-                y_d_r, y_d_g, _, _ = self.disc_ddp(y, y_hat.detach())
+                y_d_r, y_d_g, _, _ = self.discriminator_ddp(y, y_hat.detach())
             with self.precision.no_autocast():
                 loss_d = discriminator_loss(y_d_r, y_d_g)
-            gn_d, ok_d = step_optimizer(loss_d, self.opt_d, self.disc.parameters(), self.scaler, self.cfg.grad_clip)
+            gn_d, ok_d = step_optimizer(loss_d, self.d_opt, self.discriminator.parameters(), self.scaler, self.cfg.grad_clip)
 
         # generator (through the unwrapped, frozen D: its gradients are not needed)
-        self.opt_g.zero_grad(set_to_none=True)
+        self.g_opt.zero_grad(set_to_none=True)
         y_d_g = fmap_r = fmap_g = None
         if adversarial:
-            with frozen(self.disc), self.precision.autocast():
-                (_, fmap_r), (y_d_g, fmap_g) = critic_for_generator(self.disc.score, y, y_hat)
+            with frozen(self.discriminator), self.precision.autocast():
+                (_, fmap_r), (y_d_g, fmap_g) = critic_outputs_for_generator(self.discriminator.score, y, y_hat)
         with self.precision.no_autocast():
-            losses = self.generator_losses(out, y_d_g, fmap_r, fmap_g, mel_y, mel_hat, y, y_hat)
-        gn_g, ok_g = step_optimizer(losses["total"], self.opt_g, self.gen.parameters(), self.scaler,
+            losses = self._generator_losses(out, y_d_g, fmap_r, fmap_g, mel_y, mel_hat, y, y_hat)
+        gn_g, ok_g = step_optimizer(losses["total"], self.g_opt, self.generator.parameters(), self.scaler,
                                     self.cfg.grad_clip)
         self.clip_stats.update("g", gn_g)
         if adversarial:
@@ -301,9 +304,9 @@ class VitsTrainer:
         # before update(): an fp16 loss-scale back-off is counted but is not divergence
         self.guard.check_step(finite, self.scaler)  # raises NonFiniteError after max_nonfinite_steps in a row
         self.scaler.update()
-        self.sched_g.step()
+        self.g_sched.step()
         if adversarial:  # D's schedule starts with D (as ParallelWaveGAN's)
-            self.sched_d.step()
+            self.d_sched.step()
         self.last_finite = finite
         out_metrics = {f"loss_{k}": v.detach() for k, v in losses.items()}
         out_metrics.update(grad_norm_g=gn_g)
@@ -313,110 +316,101 @@ class VitsTrainer:
         return out_metrics
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate(self) -> dict | None:
+    def validate(self) -> dict | None:
         """Held-out metrics (best.pt's score) and the test sentences, on rank 0, eager: eval lengths
         vary, so compiling them would recompile."""
         if not (self.info.is_main and self.cfg.run_eval and len(self.eval_set)):
             return None
         cfg = self.cfg
         with torch.compiler.set_stance("force_eager"):
-            metrics = evaluate(self.gen, self.eval_set, build_mel(cfg), self.device, cfg.eval_max_items,
+            metrics = evaluate(self.generator, self.eval_set, build_mel(cfg), self.device, cfg.eval_max_items,
                                noise_scale=cfg.noise_scale, seed=cfg.seed, batch_size=cfg.eval_batch_size,
                                num_workers=cfg.num_eval_loader_workers)
-            record_metrics(metrics, self.step, self.log, self.run_dir, self.say)
-            speak_test_sentences(self.gen, cfg, self.speakers, self.train_set.tokens, self.mel, self.log,
+            record_metrics(metrics, self.step, self.writer, self.run_dir, self.log)
+            speak_test_sentences(self.generator, cfg, self.speakers, self.train_set.tokens, self.mel, self.writer,
                                  self.run_dir, self.step)
         return metrics
 
-    def log_step(self, metrics: dict[str, torch.Tensor], progress: Progress) -> None:
+    def _log_step(self, metrics: dict[str, torch.Tensor], progress: Progress) -> None:
         """Every ``print_step`` steps: TensorBoard ``train/`` scalars (with the clipped fraction since
         the last line) and the alignment, and one progress line."""
-        lr = self.opt_g.param_groups[0]["lr"]
+        lr = self.g_opt.param_groups[0]["lr"]
         metrics.update(self.clip_stats.pop())  # fraction of clipped steps since the last line
-        self.log.scalars({**metrics, "lr": lr, "data_wait": progress.data_wait_fraction,
-                          "skipped_steps": self.guard.skipped_total}, self.step, prefix="train")
-        self.log.figure("train/alignment", plot_alignment(self.last_attn.cpu()), self.step)
+        self.writer.scalars({**metrics, "lr": lr, "data_wait": progress.data_wait_fraction,
+                             "skipped_steps": self.guard.skipped_total}, self.step, prefix="train")
+        self.writer.figure("train/alignment", plot_alignment(self.last_attn.cpu()), self.step)
         line = " ".join(f"{k.replace('loss_', '')}={float(v):.3f}" for k, v in metrics.items())
-        (progress.write if progress.bar else self.say)(f"step {self.step} epoch {self.epoch}: {line} lr={lr:.2e}")
+        self.log(f"step {self.step} epoch {self.epoch}: {line} lr={lr:.2e}")
 
     # ------------------------------------------------------------------ the loop
-    def total_steps(self) -> int:
-        by_epochs = self.cfg.epochs * self.steps_per_epoch
-        return min(by_epochs, self.cfg.max_steps) if self.cfg.max_steps else by_epochs
-
-    def run(self) -> dict | None:
-        cfg, total = self.cfg, self.total_steps()
+    def fit(self) -> dict:
+        """The loop; returns {"step", "stopped" (None when the plan ran out), "metrics" (the latest held-out)}."""
+        cfg, by_epochs = self.cfg, self.cfg.epochs * self.steps_per_epoch
+        total = min(by_epochs, cfg.max_steps) if cfg.max_steps else by_epochs
         if self.info.is_main:
             save_config(cfg, self.run_dir)
-            self.say(format_config(cfg))
-            d_start, lr_d = cfg.discriminator_train_start_steps, lr_curve(self.sched_d)
-            curves = {"lr_g": lr_curve(self.sched_g),
+            self.log(format_config(cfg))
+            d_start, lr_d = cfg.discriminator_train_start_steps, lr_curve(self.d_sched)
+            curves = {"lr_g": lr_curve(self.g_sched),
                       "lr_d": lambda t: lr_d(t - d_start) if t >= d_start else 0.0}  # D's schedule starts with D
             report_lr_plan(curves, total, "lr_gamma / lr_scheduler_per (or lr, epochs, max_steps)", self.run_dir,
-                           self.log, self.say)
+                           self.writer, self.log)
         last_metrics = None
         if cfg.eval_at_start and self.step == 0:
-            last_metrics = self.evaluate()
+            last_metrics = self.validate()
         progress = Progress(total, initial=self.step, samples_per_step=self.batch_size * self.info.world_size,
                             enabled=self.info.is_main and cfg.progress_bar)
-        t_start, last_saved, last_eval = time.time(), self.step, -1
-        stop, interrupted = self.step >= total, False
-        self.gen_ddp.train()
-        self.disc_ddp.train()
-        with GracefulExit() as exit_req:
-            while not stop:
-                self.sampler.set_epoch(self.epoch)
-                self.sampler.skip_batches(self.batch_in_epoch)
-                t_data = time.time()
-                for batch in self.loader:
-                    data_s = time.time() - t_data
-                    t0 = time.time()
-                    try:
-                        metrics = self.train_step(batch)
-                    except NonFiniteError as e:
-                        progress.close()
-                        self.say(f"error: {e}")
-                        self.say(nonfinite_stop_message(self.last_good, "--set lr=<lower>"))
-                        raise
-                    self.step += 1
-                    self.batch_in_epoch += 1
-                    progress.update(self.step, data_s, time.time() - t0)
-                    if self.step % cfg.print_step == 0 and self.info.is_main:
-                        self.log_step(metrics, progress)
-                    if (cfg.eval_interval and self.step % cfg.eval_interval == 0 and self.epoch >= cfg.test_delay_epochs):
-                        last_metrics = self.evaluate()
-                        last_eval = self.step
-                        self.save(last_metrics["score"] if last_metrics else None)
-                        last_saved = self.step
-                    elif self.step % cfg.save_step == 0 and self.last_finite:
-                        self.save()
-                        last_saved = self.step
-                    # on every rank alike: a signal or a clock that reached one rank must stop all at this
-                    # step, or the others hang in the next collective
-                    interrupted = any_rank(exit_req.requested)
-                    timed_out = any_rank(cfg.max_minutes is not None and (time.time() - t_start) / 60 >= cfg.max_minutes)
-                    if self.step >= total or interrupted or timed_out:
-                        stop = True
-                        break
+        self.log.bar = progress
+        last_saved, last_eval, done = self.step, -1, self.step >= total
+        self.generator_ddp.train()
+        self.discriminator_ddp.train()
+        stop = RunStop(cfg.max_minutes, last_good=lambda: self.last_good, lr_hint="--set lr=<lower>", oom=(
+            "VITS training", cfg.batch_size, {
+                "accum_key": None, "precision": cfg.precision, "crop_key": "model_args.segment_frames",
+                "crop": cfg.args().segment_frames, "resume": "--resume auto"}))
+        try:
+            with stop:
+                while not done:
+                    self.sampler.set_epoch(self.epoch)
+                    self.sampler.skip_batches(self.batch_in_epoch)
                     t_data = time.time()
-                else:
-                    self.epoch += 1
-                    self.batch_in_epoch = 0
-        progress.close()
+                    for batch in self.loader:
+                        data_s = time.time() - t_data
+                        t0 = time.time()
+                        metrics = self.train_step(batch)
+                        self.step += 1
+                        self.batch_in_epoch += 1
+                        progress.update(self.step, data_s, time.time() - t0)
+                        if self.step % cfg.print_step == 0 and self.info.is_main:
+                            self._log_step(metrics, progress)
+                        if cfg.eval_interval and self.step % cfg.eval_interval == 0 and self.epoch >= cfg.test_delay_epochs:
+                            last_metrics = self.validate()
+                            last_eval = self.step
+                            self.save(last_metrics["score"] if last_metrics else None)
+                            last_saved = self.step
+                        elif self.step % cfg.save_step == 0 and self.last_finite:
+                            self.save()
+                            last_saved = self.step
+                        if stop.check(self.step) or self.step >= total:
+                            done = True
+                            break
+                        t_data = time.time()
+                    else:
+                        self.epoch += 1
+                        self.batch_in_epoch = 0
+        finally:
+            self.log.bar = None
+            progress.close()
         final_eval = None
-        if cfg.run_eval and last_eval != self.step and not interrupted:
-            final_eval = self.evaluate()
+        if cfg.run_eval and last_eval != self.step and stop.reason != SIGNAL:
+            final_eval = self.validate()
             last_metrics = final_eval or last_metrics
         if last_saved != self.step or final_eval:
             self.save(final_eval["score"] if final_eval else None)
-        self.interrupted = interrupted
-        if self.interrupted:
-            self.say(f"stopped by {exit_req.signal_name or 'signal'} at step {self.step}; checkpoint saved in "
-                     f"{self.ckpt.dir} (continue with --resume auto)")
-        else:
-            self.say(f"done at step {self.step}; checkpoints in {self.ckpt.dir}")
-        self.log.close()
-        return last_metrics
+        self.log(stop.message(self.step, str(self.manager.dir)) if stop.reason
+                 else f"done at step {self.step}; checkpoints in {self.manager.dir}")
+        self.writer.close()
+        return {"step": self.step, "stopped": stop.reason, "metrics": last_metrics}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -431,33 +425,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        cfg = load_config(args.config, TrainConfig, args.overrides,
-                          extra={"data_dir": args.data_dir, "run_dir": args.run_dir})
-        apply_preset(cfg, args.preset, "tts")
-        if args.resume and args.init_from:
-            raise ConfigError("--resume and --init_from exclude each other (resume continues a run; "
-                              "init_from starts a new one from weights)")
-        run_dir = Path(cfg.run_dir or f"runs/{cfg.run_name}")
-        prepare_run_dir(run_dir, run_dir / "checkpoints", args.resume, args.overwrite, args.init_from)
-        info = setup_distributed(args.device)
-        trainer = VitsTrainer(cfg, info, resume=args.resume, init_from=args.init_from)
-        trainer.run()
-    except NonFiniteError:
-        return exit_codes.NON_FINITE
-    except (ConfigError, DataError, CheckpointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return exit_codes.BAD_INPUT
-    except RuntimeError as e:
-        if not is_oom(e):
-            raise
-        print("error: " + oom_message("VITS training", cfg.batch_size, {
-            "accum_key": None, "precision": cfg.precision, "crop_key": "model_args.segment_frames",
-            "crop": cfg.args().segment_frames, "resume": "--resume auto"}), file=sys.stderr)
-        return exit_codes.OUT_OF_MEMORY
-    finally:
-        cleanup()
-    return exit_codes.INTERRUPTED if trainer.interrupted else exit_codes.OK
+    return exit_codes.run_main(lambda: run(args), (ConfigError, DataError, CheckpointError), cleanup)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The run the command line asks for; failures reach `main` as exceptions (`common.exit_codes`)."""
+    cfg = load_config(args.config, TrainConfig, args.overrides, extra={"data_dir": args.data_dir, "run_dir": args.run_dir})
+    apply_preset(cfg, args.preset, "tts")
+    if args.resume and args.init_from:
+        raise ConfigError("--resume and --init_from exclude each other (resume continues a run; "
+                          "init_from starts a new one from weights)")
+    run_dir = Path(cfg.run_dir or f"runs/{cfg.run_name}")
+    prepare_run_dir(run_dir, run_dir / "checkpoints", args.resume, args.overwrite, args.init_from)
+    trainer = VitsTrainer(cfg, setup_distributed(args.device), resume=args.resume, init_from=args.init_from)
+    return exit_code(trainer.fit()["stopped"])
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from common.config import load_config
 from common.schedulers import build_scheduler, lr_lambda
 from vae.config import VAEConfig
 from vae.losses import VAELoss
-from vae.run_plan import gan_phase_report, scheduled_lr, world_size_note
+from vae.startup import gan_phase_report, scheduled_lr, world_size_note
 
 
 def schedule(name: str = "cosine_with_warmup", total: int = 125_000, warmup: int = 1000, lr: float = 1e-4):

@@ -1,5 +1,5 @@
-"""What a planned VAE run will do, said at start-up: when the GAN phase begins, and at which LR; and
-how a resume continues a run, or, at another `image_size`, starts a new resolution stage.
+"""What a VAE run does at start-up: it says what the planned run will do (when the GAN phase begins,
+and at which LR), and a resume at another `image_size` starts a new resolution stage.
 
 Why: `disc_start` is a global step, the LR schedule and the run length are planned from the dataset
 size, batch and GPU count. latent-diffusion trains at constant LR, so its GAN joins at full strength
@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from common.checkpoint import CheckpointError, load_checkpoint, restore_state
+from common.checkpoint import restore_state
 from common.config import format_config, save_config
-from common.log import report_lr_plan
+from common.log import RunLogger, report_lr_plan
 from common.schedulers import lr_curve
-from common.training import apply_optimizer_overrides, optimizer_overrides
+from common.training import EMA, apply_optimizer_overrides, optimizer_overrides
+from vae.config import VAEConfig
+from vae.data import TrainData
 from vae.losses import VAELoss
-
-if TYPE_CHECKING:
-    from vae.train_vae import VAETrainer
 
 LOW_LR_RATIO = 0.5  # below this fraction of the peak LR the start-up report adds a note
 
@@ -107,72 +106,59 @@ def keep_stage_files(out_dir: Path, stage: int, image_size: int | None) -> list[
     return [k for k in kept if not k.endswith(".json")]
 
 
-def report_plan(tr: VAETrainer) -> None:
+def report_plan(cfg: VAEConfig, data: TrainData, schedulers: dict[str, LambdaLR], loss: VAELoss, out_dir: Path,
+                writer: RunLogger, steps_before_stage: int, first_step: int, world_size: int, device: str) -> None:
     """Rank 0 at start-up: the config (also saved in the run folder), the data and step plan, the LR
     schedule, the GAN phase and, under torchrun, the LR note."""
-    cfg, data = tr.cfg, tr.data
-    tr.out_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, tr.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out_dir)
     print(format_config(cfg))
     print(f"{len(data.train_files)} training / {len(data.val_files)} validation images, {data.steps_per_epoch} "
           f"steps per epoch, {data.samples_per_step} images per step, {data.total_steps} steps planned, "
-          f"device {tr.device}")
-    report_lr_plan({f"lr_{k}": lr_curve(v) for k, v in tr.schedulers.items()}, tr.total_steps,
+          f"device {device}")
+    report_lr_plan({f"lr_{k}": lr_curve(v) for k, v in schedulers.items()}, data.total_steps,
                    "learning_rate / lr_scheduler / warmup_steps / min_lr_ratio (or num_epochs, max_steps)",
-                   tr.out_dir, tr.logger)
-    for line in (gan_phase_report(tr.loss, tr.schedulers["vae"], data.total_steps, data.steps_per_epoch,
-                                  int(tr.counters["steps_before_stage"]), tr.step_count)
-                 + world_size_note(cfg.learning_rate, data.samples_per_step, tr.info.world_size)):
+                   out_dir, writer)
+    for line in (gan_phase_report(loss, schedulers["vae"], data.total_steps, data.steps_per_epoch,
+                                  steps_before_stage, first_step)
+                 + world_size_note(cfg.learning_rate, data.samples_per_step, world_size)):
         print(line)
 
 
-def start_stage(tr: VAETrainer, ckpt: dict, path: Path) -> None:
+def start_stage(ckpt: dict, path: Path, models: dict[str, nn.Module], ema: EMA | None, cfg: VAEConfig,
+                out_dir: Path, total_steps: int, rank: int, is_main: bool) -> tuple[dict, list[dict]]:
     """Resume at another `image_size`: a new resolution stage. Weights (and EMA) carry over; the
-    optimizer and LR schedule stay this run's, planned afresh; the counters continue (`next_stage`)."""
-    cfg, data, old = tr.cfg, tr.data, ckpt.get("counters", {})
-    ema = {"vae": tr.ema} if tr.ema else None
-    models = {k: m for k, m in tr.models().items() if k in ckpt.get("models", {})}
-    restore_state(ckpt, models, ema=ema if ckpt.get("ema") else None, rank=tr.info.rank)
-    tr.counters, tr.stages = next_stage(old, ckpt.get("extra", {}), cfg.image_size)
-    if tr.info.is_main:
-        kept = keep_stage_files(tr.out_dir, int(old.get("stage", 1)), old.get("image_size"))
-        print(f"resume {path.name}: trained at {old.get('image_size')} px, now {cfg.image_size} px -> "
-              f"stage {tr.counters['stage']}: weights{' and EMA' if ema else ''} loaded; optimizer "
-              f"and LR schedule re-planned for this run ({data.total_steps} steps, warmup "
-              f"{min(cfg.warmup_steps, data.total_steps - 1)}); epochs continue at "
-              f"{tr.counters['epoch'] + 1}, global step at {tr.counters['steps_before_stage']}"
-              + (f"; kept the previous stage's {', '.join(kept)}" if kept else ""))
-
-
-def resume_run(tr: VAETrainer, path: Path) -> None:
-    """The same `image_size`: everything continues exactly. Another one: a new resolution stage
-    (weights and EMA carry over; optimizer and LR schedule are this run's, planned afresh)."""
-    cfg, main, data = tr.cfg, tr.info.is_main, tr.data
-    ckpt = load_checkpoint(path, map_location="cpu")
+    optimizer and LR schedule stay this run's, planned afresh; the counters continue (`next_stage`).
+    Returns (counters, stages)."""
     old = ckpt.get("counters", {})
-    try:
-        if old.get("image_size") != cfg.image_size:
-            start_stage(tr, ckpt, path)
-        else:
-            tr.counters = restore_state(ckpt, tr.models(), tr.optimizers, tr.schedulers, tr.precision.scaler,
-                                        {"vae": tr.ema} if tr.ema else None, rank=tr.info.rank)
-            extra = ckpt.get("extra", {})
-            tr.guard.load_state_dict(extra.get("guard", tr.guard.state_dict()))
-            tr.best_psnr = extra.get("best_psnr")
-            tr.stages = list(extra.get("stages", tr.stages))
-            changed = apply_optimizer_overrides(tr.optimizers, tr.schedulers,
-                                                optimizer_overrides(cfg, cfg.optimizer_spec(tr.opt_d is not None)))
-            if changed and main:
-                print(changed)
-            if (old.get("samples_per_step"), old.get("num_train")) != (data.samples_per_step, len(data.train_files)):
-                if main:
-                    print(f"resume: batch size, GPU count or dataset changed since {path.name}; the data "
-                          f"order restarts at the beginning of epoch {tr.counters['epoch']}")
-                tr.counters["micro_in_epoch"] = 0
-            if main:
-                print(f"resumed {path} at step {tr.counters['step']} (epoch {tr.counters['epoch']})")
-    except (RuntimeError, KeyError) as exc:
-        raise CheckpointError(f"{path}: cannot resume into this configuration (architecture changed?): "
-                              f"{str(exc)[:400]}") from None
-    tr.step_count = int(tr.counters["step"])
-    tr.last_good = path
+    models = {k: m for k, m in models.items() if k in ckpt.get("models", {})}
+    restore_state(ckpt, models, ema={"vae": ema} if ema and ckpt.get("ema") else None, rank=rank)
+    counters, stages = next_stage(old, ckpt.get("extra", {}), cfg.image_size)
+    if is_main:
+        kept = keep_stage_files(out_dir, int(old.get("stage", 1)), old.get("image_size"))
+        print(f"resume {path.name}: trained at {old.get('image_size')} px, now {cfg.image_size} px -> "
+              f"stage {counters['stage']}: weights{' and EMA' if ema else ''} loaded; optimizer "
+              f"and LR schedule re-planned for this run ({total_steps} steps, warmup "
+              f"{min(cfg.warmup_steps, total_steps - 1)}); epochs continue at "
+              f"{counters['epoch'] + 1}, global step at {counters['steps_before_stage']}"
+              + (f"; kept the previous stage's {', '.join(kept)}" if kept else ""))
+    return counters, stages
+
+
+def continue_stage(ckpt: dict, path: Path, cfg: VAEConfig, data: TrainData, models: dict[str, nn.Module],
+                   optimizers: dict, schedulers: dict, scaler, ema: EMA | None, rank: int, log) -> dict:
+    """Resume at the same `image_size`: everything continues exactly, but a hyper-parameter given now
+    replaces the checkpoint's, and a changed batch size, GPU count or dataset restarts the data order
+    at the beginning of the epoch. Returns the counters."""
+    old = ckpt.get("counters", {})
+    c = restore_state(ckpt, models, optimizers, schedulers, scaler, {"vae": ema} if ema else None, rank=rank)
+    changed = apply_optimizer_overrides(optimizers, schedulers,
+                                        optimizer_overrides(cfg, cfg.optimizer_spec("disc" in optimizers)))
+    if changed:
+        log(changed)
+    if (old.get("samples_per_step"), old.get("num_train")) != (data.samples_per_step, len(data.train_files)):
+        log(f"resume: batch size, GPU count or dataset changed since {path.name}; the data "
+            f"order restarts at the beginning of epoch {c['epoch']}")
+        c["micro_in_epoch"] = 0
+    log(f"resumed {path} at step {c['step']} (epoch {c['epoch']})")
+    return c
