@@ -23,6 +23,7 @@ from common.checkpoint import load_checkpoint, save_atomic
 from common.config import config_to_dict
 from common.log import RunLogger
 from common.precision import Precision
+from common.safetensors_io import load_safetensors, save_safetensors
 from vae.config import VAEConfig
 from vae.data import eval_loader
 from vae.metrics import latent_statistics
