@@ -70,6 +70,20 @@ def check_jobs(jobs: list[Job]) -> None:
         done.update(ready)
 
 
+def add_demo_overrides(p: argparse.ArgumentParser, config: str, seed_key: str) -> None:
+    """A demo's `--set KEY=VALUE` (repeatable) and `--seed N` (make demo's DEMO_SEED), read back by
+    `demo_overrides`: one spelling for every demo."""
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help=f"override {config} keys (repeatable)")
+    p.add_argument("--seed", type=int, default=None, help=f"training seed (default: the config's {seed_key})")
+    p.set_defaults(seed_key=seed_key)
+
+
+def demo_overrides(args: argparse.Namespace) -> list[str]:
+    """The `--set` overrides, with `--seed` as the demo config's seed key when given."""
+    return [*args.overrides, *([] if args.seed is None else [f"{args.seed_key}={args.seed}"])]
+
+
 def demo_threads() -> int:
     """Torch threads for a demo: OMP_NUM_THREADS when set (``make demo`` sets it; a measurement pins
     it), else two on an idle machine and one when the cores are already busy, because OpenMP threads

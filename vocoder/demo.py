@@ -34,7 +34,7 @@ from common.audio import MelSpectrogram, load_audio, save_wav
 from common.config import load_config
 from common.demo_recordings import HELD_OUT_READERS, LICENCE, RecordingsUnavailable, make_recordings_corpus
 from common.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, make_corpus
-from common.jobs import demo_threads
+from common.jobs import add_demo_overrides, demo_overrides, demo_threads
 from common.log import plot_spectrograms, save_figure
 from common.plausibility import compare_speech, report, speech_figures
 from vocoder.config import VocoderConfig
@@ -109,13 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--recordings", default=str(REPO / "data" / "demo" / "vocoder_readers"), help="real readers")
     p.add_argument("--data", default=None, help="the prepared dataset (default: data/demo/vocoder_readers_bin, "
                    "or data/demo/vocoder_bin for espeak-ng)")
-    p.add_argument("--seed", type=int, default=None, help="training seed (default: the config's)")
     p.add_argument("--run", default=str(REPO / "runs" / "vocoder_demo"))
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override demo.yaml, e.g. --set max_updates=100")
+    add_demo_overrides(p, "demo.yaml", "seed")
     args = p.parse_args(argv)
-    seed = [] if args.seed is None else [f"seed={args.seed}"]
-    cfg = load_config(CONFIG, VocoderConfig, args.overrides + seed)
+    cfg = load_config(CONFIG, VocoderConfig, demo_overrides(args))
     run = Path(args.run)
     t_start = time.time()
     torch.set_num_threads(demo_threads())

@@ -108,3 +108,12 @@ def test_make_demo_passes_seed_and_threads():
                              text=True).stdout
     demos = [x for x in recipes.splitlines() if "demo.py" in x and "--data_only" not in x]
     assert len(demos) == 4 and all(x.endswith("--seed 7") for x in demos), demos
+
+
+def test_demo_seed_becomes_the_configs_seed_key():
+    import argparse
+
+    p = argparse.ArgumentParser()
+    jobs.add_demo_overrides(p, "clone_demo.yaml", "train.seed")
+    assert jobs.demo_overrides(p.parse_args(["--set", "a=1"])) == ["a=1"]
+    assert jobs.demo_overrides(p.parse_args(["--set", "a=1", "--seed", "7"])) == ["a=1", "train.seed=7"]

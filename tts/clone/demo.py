@@ -37,7 +37,7 @@ import torch
 
 from common.audio import MelSpectrogram, save_wav
 from common.demo_speech import espeak_available, espeak_or_explain
-from common.jobs import demo_threads
+from common.jobs import add_demo_overrides, demo_overrides, demo_threads
 from common.log import plot_spectrograms, save_figure
 from common.plausibility import compare_mels, compare_speech, report, speech_figures
 from tts.clone.data import load_reference, read_manifest
@@ -186,12 +186,8 @@ def held_out_check(model, cfg, prepared: Path, vocoder, out_dir: Path) -> tuple[
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Voice-cloning TTS CPU demo")
     p.add_argument("--retrain", action="store_true", help=f"delete {RUN_DIR} and train again")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override clone_demo.yaml keys, e.g. --set train.max_minutes=1")
-    p.add_argument("--seed", type=int, default=None, help="training seed (default: the config's train.seed)")
+    add_demo_overrides(p, "clone_demo.yaml", "train.seed")
     args = p.parse_args(argv)
-    if args.seed is not None:
-        args.overrides.append(f"train.seed={args.seed}")
     torch.set_num_threads(demo_threads())
     if not (PREPARED_DIR / "train.jsonl").is_file() and not espeak_or_explain():
         return 2
@@ -207,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         if RUN_DIR.exists():
             shutil.rmtree(RUN_DIR)
         argv_train = ["--config", str(CONFIG), "--train-data", str(prepared), "--checkpoint-dir", str(RUN_DIR),
-                      *sum((["--set", o] for o in args.overrides), [])]
+                      *sum((["--set", o] for o in demo_overrides(args)), [])]
         if vocoder_path:
             argv_train += ["--set", f"vocoder.path={vocoder_path}"]
         res = resolve_config(build_parser().parse_args(argv_train))

@@ -29,7 +29,7 @@ import torch
 
 from common.audio import load_audio, save_wav
 from common.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, espeak_or_explain, make_corpus
-from common.jobs import demo_threads
+from common.jobs import add_demo_overrides, demo_overrides, demo_threads
 from common.log import plot_spectrograms, save_figure
 from common.plausibility import compare_speech, report, speech_figures
 from tts import prepare_data
@@ -102,12 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--retrain", action="store_true", help="delete runs/tts_demo and train again")
     p.add_argument("--data_only", action="store_true",
                    help="make the corpus and the prepared folder, then stop (make demo starts the cloning demo on it)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override demo.yaml keys (e.g. --set max_minutes=1)")
-    p.add_argument("--seed", type=int, default=None, help="training seed (default: the config's)")
+    add_demo_overrides(p, "demo.yaml", "seed")
     args = p.parse_args(argv)
-    if args.seed is not None:
-        args.overrides.append(f"seed={args.seed}")
     torch.set_num_threads(demo_threads())
     if not espeak_or_explain():
         return 2
@@ -131,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         if RUN_DIR.exists():
             shutil.rmtree(RUN_DIR)
         rc = train_mod.main(["--config", str(CONFIG), "--data_dir", str(PREPARED_DIR), "--run_dir", str(RUN_DIR),
-                             "--device", "cpu", *sum((["--set", o] for o in args.overrides), [])])
+                             "--device", "cpu", *sum((["--set", o] for o in demo_overrides(args)), [])])
         if rc != 0:
             return rc
         metrics = read_metrics(RUN_DIR)
