@@ -9,6 +9,9 @@ Why these rules:
   exit 2 instead of a traceback an hour into training.
 - Temp files left by a kill in the middle of an atomic save (`.model_00000006.pt.<rand>.tmp`) are
   removed when that run starts again.
+- A run folder has one owner: the main rank takes `<run_dir>/run.lock` (`common.run_lock`) before it
+  changes anything there and holds it until the process exits, so a second run on the same folder
+  stops at once (exit 2, naming the first) instead of overwriting its checkpoints hours later.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import time
 from pathlib import Path
 
 from common.config import ConfigError
+from common.run_lock import LOCK_NAME, RunLock
 
 MIB = 1024 * 1024
 
@@ -144,7 +148,9 @@ def prepare_run_dir(run_dir: str | Path, ckpt_dir: str | Path | None = None, res
     Checks the folder is writable (with room for one more checkpoint as large as the newest there),
     removes stale temp files, refuses a used folder without `--resume`/`--overwrite` (OutputPathError, exit 2) and, with `--overwrite`, moves everything in it
     except `keep` (e.g. a feature cache) and earlier `overwritten-*` folders into
-    `<run_dir>/overwritten-<time>/`. Returns the folder the old files went to, or `run_dir`."""
+    `<run_dir>/overwritten-<time>/`. The main rank holds the folder's lock (`common.run_lock`) from here
+    until the process exits; another run holding it is RunFolderInUse (exit 2).
+    Returns the folder the old files went to, or `run_dir`."""
     run_dir = Path(run_dir)
     ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else run_dir
     if resume and resume != "auto" and overwrite:  # (`--resume auto --overwrite`: overwrite wins, launchers add auto)
@@ -158,6 +164,17 @@ def prepare_run_dir(run_dir: str | Path, ckpt_dir: str | Path | None = None, res
         is_main = os.environ.get("RANK", "0") == "0"
     if not is_main:
         return run_dir
+    lock = RunLock(run_dir).acquire(run_flag, log=log)  # before any file here changes; held until exit
+    try:
+        return _start_in(run_dir, ckpt_dir, found, resume, overwrite, init_from, keep, log)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _start_in(run_dir: Path, ckpt_dir: Path, found: list[Path], resume: str | None, overwrite: bool,
+              init_from: str | None, keep: tuple[str, ...], log) -> Path:
+    """The main rank's part of `prepare_run_dir`, under the run folder's lock."""
     remove_stale_temp_files(run_dir, ckpt_dir, log=log)
     if not found or (resume and not overwrite):
         return run_dir
@@ -174,7 +191,7 @@ def prepare_run_dir(run_dir: str | Path, ckpt_dir: str | Path | None = None, res
         aside = run_dir / (time.strftime("overwritten-%Y%m%d-%H%M%S") + f"-{n}")
     aside.mkdir()
     for item in sorted(run_dir.iterdir()):
-        if item == aside or item.name.startswith("overwritten-") or item.name in keep:
+        if item == aside or item.name.startswith("overwritten-") or item.name in keep or item.name == LOCK_NAME:
             continue
         shutil.move(str(item), str(aside / item.name))
     log(f"--overwrite: moved the previous run's files ({len(found)} checkpoint(s)) into {aside}")

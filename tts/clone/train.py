@@ -384,7 +384,7 @@ def run(args: argparse.Namespace) -> int:
     res = resolve_config(args)
     apply_preset(res.cfg, args.preset, "tts_clone")
     prepare_run_dir(res.cfg.train.checkpoint_dir, None, args.resume, args.overwrite, args.init_from,
-                    keep=("features",))
+                    keep=("features",), run_flag="--checkpoint-dir")
     summary = train(res, args.resume, progress=sys.stderr.isatty(), init_from=args.init_from)
     return {"non-finite": exit_codes.NON_FINITE, "interrupted": exit_codes.INTERRUPTED}.get(summary["stop"],
                                                                                           exit_codes.OK)

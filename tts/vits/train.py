@@ -52,6 +52,7 @@ from common.muon import build_optimizer
 from common.precision import Precision
 from common.presets import add_preset_arg, apply_preset
 from common.run_dir import add_run_args, prepare_run_dir, tensorboard_dir
+from common.run_lock import release_run_locks
 from common.schedulers import build_scheduler, lr_curve
 from common.training import (
     ClipStats,
@@ -458,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         return exit_codes.OUT_OF_MEMORY
     finally:
         cleanup()
+        release_run_locks()
     return exit_codes.INTERRUPTED if trainer.interrupted else exit_codes.OK
 
 
