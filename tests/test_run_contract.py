@@ -182,12 +182,17 @@ def test_run_folder_contract(name, data, tmp_path, capsys):
     assert "--resume auto" in err and "--overwrite" in err and len(err.splitlines()) == 1, err
     assert {p.name: p.stat().st_mtime_ns for p in ckpts.glob("*.pt")} == before
 
-    # 3. A truncated newest checkpoint and a temp file left by a kill mid-save: --resume auto warns,
-    #    renames the bad file *.corrupt, resumes from the intact one; the temp file is removed.
+    # 3. A truncated newest checkpoint, a damaged one before it (20 kB of random bytes in its middle) and
+    #    a temp file left by a kill mid-save: --resume auto warns, renames both bad files *.corrupt,
+    #    resumes from the intact one; the temp file is removed.
     bad = ckpts / t.bad_name
     blob = intact.read_bytes()
     bad.write_bytes(blob[: len(blob) // 2])
-    os.utime(bad, ns=(intact.stat().st_mtime_ns + 10**9,) * 2)
+    os.utime(bad, ns=(intact.stat().st_mtime_ns + 2 * 10**9,) * 2)
+    damaged = ckpts / t.bad_name.replace("999.pt", "998.pt")
+    middle = len(blob) // 2 - 10_000
+    damaged.write_bytes(blob[:middle] + os.urandom(20_000) + blob[middle + 20_000:])
+    os.utime(damaged, ns=(intact.stat().st_mtime_ns + 10**9,) * 2)
     stale = ckpts / f".{t.bad_name}.k3j9x2.tmp"
     stale.write_bytes(b"partial")
     assert t.main([*t.argv(data, run, step + 1), "--resume", "auto"]) == exit_codes.OK
@@ -195,7 +200,9 @@ def test_run_folder_contract(name, data, tmp_path, capsys):
     text = out.out + out.err
     assert re.search(rf"warning: skipping \S*{re.escape(t.bad_name)}: truncated", text), text[-3000:]
     assert f"resumed {intact}" in text or f"resumed from {intact}" in text, text[-3000:]
+    assert re.search(rf"warning: skipping \S*{re.escape(damaged.name)}: damaged: ", text), text[-3000:]
     assert (ckpts / (t.bad_name + ".corrupt")).is_file() and not bad.exists()
+    assert (ckpts / (damaged.name + ".corrupt")).is_file() and not damaged.exists()
     assert not stale.exists()
     assert any(t.steps_of(p) == step + 1 for p in ckpts.glob("*.pt") if p.name not in ("vae_final.pt",))
 
@@ -208,6 +215,22 @@ def test_run_folder_contract(name, data, tmp_path, capsys):
     assert old <= kept and t.bad_name + ".corrupt" in kept
     assert all(t.steps_of(p) == 1 for p in ckpts.glob("*.pt") if p.name not in ("best.pt", "vae_final.pt"))
     assert not (run / "run.lock").exists()  # each in-process run above released it
+
+
+def test_resume_auto_with_every_checkpoint_damaged_is_exit_2_not_a_fresh_start(data, tmp_path, capsys):
+    t = TRAINERS["vocoder"]
+    run = tmp_path / "run"
+    assert t.main(t.argv(data, run, 1)) == exit_codes.OK
+    (only,) = t.ckpt_dir(run).glob("model_*.pt")
+    blob = only.read_bytes()
+    middle = len(blob) // 2 - 10_000
+    only.write_bytes(blob[:middle] + os.urandom(20_000) + blob[middle + 20_000:])
+    for _ in range(2):  # the second start finds only the renamed file: still refused
+        capsys.readouterr()
+        assert t.main([*t.argv(data, run, 2), "--resume", "auto"]) == exit_codes.BAD_INPUT
+        err = capsys.readouterr().err
+        assert re.search(rf"error: --resume auto: no intact checkpoint in \S+, found (only )?{only.name}", err), err
+        assert "--overwrite" in err and not list(t.ckpt_dir(run).glob("model_*.pt"))
 
 
 # ----------------------------------------------------------------------------- bad output locations
