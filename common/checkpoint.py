@@ -14,13 +14,11 @@ Why these rules:
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import random
 import re
 import signal
-import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,8 +29,8 @@ import torch
 from torch import nn
 
 from common import distributed
+from common.atomic_write import atomic_output, write_text
 from common.distributed import unwrap as _unwrap
-from common.run_dir import free_mib
 
 
 class CheckpointError(RuntimeError):
@@ -42,45 +40,14 @@ class CheckpointError(RuntimeError):
 # ---------------------------------------------------------------------------------------------
 # Atomic save / safe load
 # ---------------------------------------------------------------------------------------------
-class DiskFullError(CheckpointError):
-    """The disk filled up while a checkpoint was written; the temp file is gone, older files intact."""
-
-
-def _is_disk_full(exc: BaseException) -> bool:
-    """ENOSPC as Python sees it, or as torch's zip writer reports it ("enforce fail ... unexpected pos")."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if isinstance(e, RuntimeError) and ("unexpected pos" in str(e) or "No space left" in str(e)):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
-
-
-def save_atomic(obj: Any, path: str | Path) -> Path:
-    """Writes a temp file in the same folder, then renames it over `path`: a crash or a full disk
-    mid-write leaves the previous file intact. A full disk becomes DiskFullError (one line, exit 2)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "wb") as f:
+def save_atomic(obj: Any, path: str | Path, note: str = "; earlier checkpoints are intact") -> Path:
+    """`torch.save` through `common.atomic_write.atomic_output` (temp file beside `path`, fsync, rename):
+    a crash or a full disk mid-write leaves the previous file intact; a full disk is DiskFullError
+    (one line ending in `note`, exit 2)."""
+    with atomic_output(path, fsync=True, note=note) as tmp:
+        with open(tmp, "wb") as f:
             torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        if _is_disk_full(exc):
-            raise DiskFullError(f"disk full while writing {path}: {free_mib(path.parent):.0f} MiB free; "
-                                "earlier checkpoints are intact") from None
-        raise
-    return path
+    return Path(path)
 
 
 def damage(path: str | Path) -> str | None:
@@ -285,9 +252,7 @@ class CheckpointManager:
         if metric is not None and step >= self.save_best_after and np.isfinite(metric) and self.is_better(metric):
             save_atomic(state, self.dir / "best.pt")
             self.best_metric = float(metric)
-            tmp = self._best_file.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps({"metric": self.best_metric, "step": step, "mode": self.mode}))
-            os.replace(tmp, self._best_file)
+            write_text(self._best_file, json.dumps({"metric": self.best_metric, "step": step, "mode": self.mode}))
         return path
 
 

@@ -47,8 +47,9 @@ def _process_start(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]  # field 22 of proc(5); the name before ")" may hold spaces
 
 
-def _is_running(pid: int, started: str | None) -> bool:
-    """Whether the process that wrote a lock on this host still runs."""
+def process_is_running(pid: int, started: str | None = None) -> bool:
+    """Whether process `pid` of this host runs (and, given `started` from `_process_start`, is still the
+    process that had that pid then)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -116,7 +117,7 @@ class RunLock:
                 self._write_over()
                 self._on_exit_release()
                 return self
-            if _is_running(holder["pid"], holder.get("process_start")):
+            if process_is_running(holder["pid"], holder.get("process_start")):
                 raise RunFolderInUse(f"{self.path.parent} is in use by another run ({_describe(holder)}); "
                                      f"wait for it to end, stop it, or choose another {flag}")
             if self._take_over(holder):

@@ -25,7 +25,8 @@ import pytest
 import torch
 
 from common import exit_codes
-from common.checkpoint import CheckpointManager, DiskFullError, load_checkpoint, save_atomic
+from common.atomic_write import DiskFullError
+from common.checkpoint import CheckpointManager, load_checkpoint, save_atomic
 from tests.tts.test_vits_train import FAST as VITS_FAST
 from tests.tts.test_vits_train import _corpus
 from tests.vae.helpers import TINY_CONFIG as VAE_TINY

@@ -41,6 +41,7 @@ import soundfile as sf
 import torch
 
 from common import exit_codes
+from common.atomic_write import atomic_output, write_text
 from common.audio import AudioError, MelSpectrogram, check_audio, load_audio, save_wav, to_float32, to_int16
 from common.config import ConfigError, load_config
 from common.run_dir import check_output_dir
@@ -333,9 +334,8 @@ def process_item(job: Job) -> Result:
     if not done:
         spec = _spec_module(a).linear(torch.from_numpy(wav))[0].numpy().astype(np.float16)
         save_wav(wav_out, wav, sr)
-        tmp = spec_out.with_suffix(".tmp.npy")
-        np.save(tmp, spec)
-        os.replace(tmp, spec_out)
+        with atomic_output(spec_out) as tmp, open(tmp, "wb") as f:
+            np.save(f, spec)
     res.record = {
         "id": job.out_id, "wav": f"wavs/{job.out_id}.wav", "spec": f"spec/{job.out_id}.npy",
         "text": chk.text, "raw_text": row.text, "speaker": row.speaker, "duration": round(chk.seconds, 4),
@@ -388,7 +388,7 @@ def prepare(metadata: str | Path, audio_dir: str | Path, output_dir: str | Path,
     state_path = out / "prepare_state.json"
     reuse = state_path.is_file() and json.loads(state_path.read_text()) == _state_key(cfg.audio)
     if not reuse:  # a re-run over a finished folder writes nothing another reader could catch half-written
-        state_path.write_text(json.dumps(_state_key(cfg.audio), indent=1))
+        write_text(state_path, json.dumps(_state_key(cfg.audio), indent=1))
 
     jobs, seen = [], {}
     src = str(metadata)
@@ -437,10 +437,8 @@ def prepare(metadata: str | Path, audio_dir: str | Path, output_dir: str | Path,
         r["speaker_id"] = speakers[r["speaker"]]
     train, evals = split_items(records, cfg.data)
     for name, items in (("train.jsonl", train), ("eval.jsonl", evals)):
-        tmp = out / f".{name}.tmp"
-        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in items), encoding="utf-8")
-        os.replace(tmp, out / name)
-    (out / "speakers.json").write_text(json.dumps(speakers, ensure_ascii=False, indent=1), encoding="utf-8")
+        write_text(out / name, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in items))
+    write_text(out / "speakers.json", json.dumps(speakers, ensure_ascii=False, indent=1))
     if cfg.phoneme_type == "espeak":  # cached once here, so training never runs espeak-ng
         cache = PhonemeCache(out, cfg.espeak_voice)
         new = cache.fill([r["text"] for r in records])
@@ -461,9 +459,7 @@ def _write_report(out: Path, metadata: Path, fmt: str, rows: list[Row], problems
         "speakers": len(speakers), "dropped": [asdict(p) for p in problems],
         "dropped_by_reason": dict(kinds.most_common()), "notes": [asdict(n) for n in notes],
     }
-    tmp = out / ".report.json.tmp"
-    tmp.write_text(json.dumps(report, ensure_ascii=False, indent=1), encoding="utf-8")
-    os.replace(tmp, out / "report.json")
+    write_text(out / "report.json", json.dumps(report, ensure_ascii=False, indent=1))
     return report
 
 

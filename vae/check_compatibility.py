@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from common.atomic_write import write_text
 from common.config import config_to_dict
 from common.distributed import gather_objects
 from common.hardware import (
@@ -228,8 +229,8 @@ def profile_memory(cfg: VAEConfig, resolutions: list[int], batches: list[int]) -
             if row["status"] == "OOM":
                 break  # larger batches will not fit either
     out = check_output_dir(cfg.output_dir, "--output_dir")
-    (out / "memory_profile.json").write_text(json.dumps({"gpu": name, "total_gib": total, "rows": rows,
-                                                         "config": config_to_dict(cfg)}, indent=1), encoding="utf-8")
+    write_text(out / "memory_profile.json", json.dumps({"gpu": name, "total_gib": total, "rows": rows,
+                                                       "config": config_to_dict(cfg)}, indent=1))
     lines = [f"# VAE training memory on {name} ({total:.1f} GiB)", "",
              f"precision {precision}, channels {cfg.channels}, z_channels {cfg.z_channels}, "
              f"gradient_checkpointing {cfg.gradient_checkpointing}, LPIPS {'on' if perceptual else 'off'}, "
@@ -237,7 +238,7 @@ def profile_memory(cfg: VAEConfig, resolutions: list[int], batches: list[int]) -
     for r in rows:
         lines.append(f"| {r['image_size']} | {r['batch_size']} | "
                      + (f"{r['peak_gib']} | {r['images_per_s']} |" if r["status"] == "ok" else "OOM | - |"))
-    (out / "memory_profile.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_text(out / "memory_profile.md", "\n".join(lines) + "\n")
     print(f"wrote {out / 'memory_profile.md'} and memory_profile.json")
     return 0
 

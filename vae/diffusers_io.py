@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from common.atomic_write import atomic_output, write_text
 from common.checkpoint import load_checkpoint, save_atomic
 from common.config import config_to_dict
 from vae.config import VAEConfig
@@ -162,11 +163,12 @@ def save_diffusers(model: AutoencoderKL, folder: str | Path, sample_size: int = 
     try:
         from safetensors.torch import save_file
     except ImportError:
-        torch.save(sd, folder / WEIGHTS_BIN)
+        save_atomic(sd, folder / WEIGHTS_BIN, note="")
     else:
-        save_file(sd, str(folder / WEIGHTS_SAFETENSORS))
+        with atomic_output(folder / WEIGHTS_SAFETENSORS) as tmp:
+            save_file(sd, str(tmp))
     cfg = diffusers_config(model, sample_size, scaling_factor, shift_factor)
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+    write_text(folder / "config.json", json.dumps(cfg, indent=2) + "\n")
     return folder
 
 
@@ -265,7 +267,7 @@ def export_final(cfg: VAEConfig, trainer: VAETrainer, train_files: list[Path], o
     batches = eval_loader(train_files, cfg.image_size, cfg.max_pixels, cfg.seed, batch_size=eval_batch, limit=n)
     stats = latent_statistics(model, batches, device, trainer.precision.autocast, seed=cfg.seed)
     stats["images"] = n
-    (out_dir / "latent_stats.json").write_text(json.dumps(stats, indent=1) + "\n", encoding="utf-8")
+    write_text(out_dir / "latent_stats.json", json.dumps(stats, indent=1) + "\n")
     logger.scalars({"scaling_factor": stats["scaling_factor"], "shift_factor": stats["shift_factor"],
                     "std": stats["std"]}, gstep, "latent")
     for c, (mu, sd) in enumerate(zip(stats["per_channel_mean"], stats["per_channel_std"])):

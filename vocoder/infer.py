@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from common import exit_codes
+from common.atomic_write import DiskFullError
 from common.audio import MelSpectrogram, extract_f0, load_audio, save_wav
 from common.checkpoint import CheckpointError, load_checkpoint
 from common.run_dir import OutputPathError, check_output_dir
@@ -199,7 +200,12 @@ def main(argv: list[str] | None = None) -> int:
     if not files:
         print("error: no audio or .npz files in the given inputs", file=sys.stderr)
         return exit_codes.BAD_INPUT
-    if synthesize_files(voc, files, Path(args.output))["files"] == 0:
+    try:
+        done = synthesize_files(voc, files, Path(args.output))
+    except DiskFullError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    if done["files"] == 0:
         print(f"error: none of the {len(files)} input file(s) could be vocoded (reasons above)", file=sys.stderr)
         return exit_codes.BAD_INPUT
     return exit_codes.OK

@@ -29,8 +29,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import shutil
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -39,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.atomic_write import DiskFullError, atomic_output, remove_stale_temp_folders, write_text
 from common.config import ConfigError, add_config_args, load_config
 from common.run_dir import check_output_dir
 from vocoder.config import VocoderConfig
@@ -160,19 +159,15 @@ def process_file(path: Path, item_dir: Path, settings: Settings) -> dict:
     except Exception as e:  # noqa: BLE001 - an extractor failure is a per-file problem
         return {"ok": False, "reason": f"f0 extraction failed ({type(e).__name__}: {e})"}
 
-    tmp = item_dir.with_name(item_dir.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    np.save(tmp / "audio.npy", wav.astype(np.float32))
-    np.save(tmp / "mel.npy", mel.astype(np.float32))
-    np.save(tmp / "f0.npy", f0.astype(np.float32))
-    np.save(tmp / "voiced.npy", voiced.astype(bool))
     meta = {**_source_stamp(path), "settings": settings.as_dict(), "frames": frames,
             "seconds": frames * settings.hop_size / settings.sample_rate,
             "voiced_fraction": float(voiced.mean()) if frames else 0.0}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-    shutil.rmtree(item_dir, ignore_errors=True)
-    os.replace(tmp, item_dir)
+    with atomic_output(item_dir, folder=True) as tmp:  # <item>.tmp<pid>, renamed when complete
+        np.save(tmp / "audio.npy", wav.astype(np.float32))
+        np.save(tmp / "mel.npy", mel.astype(np.float32))
+        np.save(tmp / "f0.npy", f0.astype(np.float32))
+        np.save(tmp / "voiced.npy", voiced.astype(bool))
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     return {"ok": True, "frames": frames, "seconds": meta["seconds"]}
 
 
@@ -195,6 +190,8 @@ def _job(args: tuple[str, str, Settings]) -> dict:
     path, item_dir, settings = args
     try:
         return process_file(Path(path), Path(item_dir), settings)
+    except DiskFullError:
+        raise  # not this file's fault: the whole run stops with one line
     except Exception as e:  # noqa: BLE001 - report, never kill the whole run for one file
         return {"ok": False, "reason": f"unexpected error ({type(e).__name__}: {e})"}
 
@@ -241,6 +238,7 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
                            f"{', '.join(str(r) for r in roots)}")
     items_dir = out / "items"
     items_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_folders(items_dir, log=log)  # `<item>.tmp<pid>` of killed earlier runs
 
     results: dict[str, dict] = {}
     jobs = []
@@ -278,10 +276,10 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
     )
     report = {"num_files": len(files), "num_ok": len(good), "num_skipped": len(skipped), "skipped": skipped,
               "seconds": round(time.time() - t0, 2)}
-    (out / "report.json").write_text(json.dumps(report, indent=1))
+    write_text(out / "report.json", json.dumps(report, indent=1))
     lines = [f"{len(good)} of {len(files)} files usable, {len(skipped)} skipped"]
     lines += [f"SKIPPED {s['file']}: {s['reason']}" for s in skipped]
-    (out / "report.txt").write_text("\n".join(lines) + "\n")
+    write_text(out / "report.txt", "\n".join(lines) + "\n")
     for line in lines[1:]:
         log(line)
     if not good:
@@ -305,9 +303,7 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
         "valid": valid,
         "total_seconds": round(sum(results[i]["seconds"] for i in good), 2),
     }
-    tmp = out / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, out / MANIFEST)
+    write_text(out / MANIFEST, json.dumps(manifest, indent=1))
     log(f"prepare: {len(good)} items ({manifest['total_seconds']:.1f} s of audio): {len(train)} train, "
         f"{len(valid)} valid -> {out} ({report['seconds']:.1f} s)")
     return manifest

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from common.atomic_write import DiskFullError, atomic_output, write_text
 from common.checkpoint import CheckpointError
 from common.run_dir import OutputPathError, check_output_file
 from tts.clone.config import CloneConfig
@@ -61,15 +62,14 @@ class OnnxCloneAcoustic(nn.Module):
 def export(model: VoiceCloneTTS, out: str | Path, opset: int = 17) -> Path:
     """Traces `OnnxCloneAcoustic` (legacy exporter: the frame count stays a dynamic tensor)."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     model = model.eval()
     ids = text_ids("salom dunyo")
     ref = torch.randn(1, model.n_mels, 40)
     args = (ids, torch.tensor([ids.size(1)]), ref, torch.tensor([ref.size(2)]), torch.tensor([1.0]))
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), atomic_output(out) as tmp:  # never a partial .onnx (common.atomic_write)
         warnings.simplefilter("ignore")  # tracer warnings about Python values in the graph
         torch.onnx.export(
-            OnnxCloneAcoustic(model), args, str(out), dynamo=False, opset_version=opset,
+            OnnxCloneAcoustic(model), args, str(tmp), dynamo=False, opset_version=opset,
             input_names=INPUTS, output_names=OUTPUTS,
             dynamic_axes={"text": {0: "batch", 1: "symbols"}, "text_lengths": {0: "batch"},
                           "ref_mel": {0: "batch", 2: "ref_frames"}, "ref_lengths": {0: "batch"},
@@ -130,8 +130,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     t0 = time.time()
-    out = export(model, args.out, args.opset)
-    Path(str(out) + ".json").write_text(json.dumps(metadata(cfg), ensure_ascii=False, indent=1), encoding="utf-8")
+    try:
+        out = export(model, args.out, args.opset)
+        write_text(str(out) + ".json", json.dumps(metadata(cfg), ensure_ascii=False, indent=1))
+    except DiskFullError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) and {out}.json in {time.time() - t0:.1f} s")
     if args.no_check:
         return 0

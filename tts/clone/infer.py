@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.atomic_write import DiskFullError
 from common.audio import save_wav
 from common.checkpoint import CheckpointError, load_checkpoint
 from common.run_dir import OutputPathError, check_output_file
@@ -127,7 +128,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     wav = np.asarray(res["wav"])
-    save_wav(args.output, wav, vocoder.sample_rate)
+    try:
+        save_wav(args.output, wav, vocoder.sample_rate)
+    except DiskFullError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     seconds = len(wav) / vocoder.sample_rate
     rtf = res["compute_s"] / seconds if seconds else float("nan")
     print(f"wrote {args.output}: {seconds:.2f} s of audio in {res['compute_s']:.3f} s on {args.device} "

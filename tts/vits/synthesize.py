@@ -27,6 +27,7 @@ import numpy as np
 import soundfile as sf
 import torch
 
+from common.atomic_write import atomic_output
 from common.audio import to_int16
 from common.checkpoint import CheckpointError, load_checkpoint
 from common.config import ConfigError, load_config
@@ -107,17 +108,18 @@ def synthesize_long(model: VITS, cfg: TrainConfig, text: str, out: str | Path, s
                     sentence_pause: float = 0.3, paragraph_pause: float = 0.8, device: str | torch.device = "cpu",
                     on_sentence=None) -> dict:
     """Any amount of text → one 16-bit wav, streamed: each sentence is appended (and flushed) as soon
-    as it is synthesised, followed by its pause. ``on_sentence(i, normalised, seconds)`` is called
-    after each write. Sentences with nothing to say (only symbols) are skipped with a note.
-    Returns {"seconds", "sentences", "skipped", "elapsed"}."""
+    as it is synthesised, followed by its pause, into a temp file beside `out` that becomes `out` when
+    the text is done (`common.atomic_write`: a stop or a full disk never leaves a truncated wav).
+    ``on_sentence(i, normalised, seconds)`` is called after each write. Sentences with nothing to say
+    (only symbols) are skipped with a note. Returns {"seconds", "sentences", "skipped", "elapsed"}."""
     sr = cfg.audio.sample_rate
     pauses = {"sentence": sentence_pause, "paragraph": paragraph_pause, "end": 0.0}
     items = plan(text)
     if not items:
         raise ValueError("nothing to say: the text is empty")
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
     done, skipped, samples, t0 = 0, [], 0, time.perf_counter()
-    with sf.SoundFile(str(out), "w", samplerate=sr, channels=1, subtype="PCM_16", format="WAV") as f:
+    with atomic_output(out) as tmp, sf.SoundFile(str(tmp), "w", samplerate=sr, channels=1, subtype="PCM_16",
+                                                 format="WAV") as f:
         for sentence, after in items:
             try:
                 wav = synthesize(model, cfg, sentence, sid, noise_scale, length_scale, noise_scale_w, device)
@@ -133,10 +135,10 @@ def synthesize_long(model: VITS, cfg: TrainConfig, text: str, out: str | Path, s
             done += 1
             if on_sentence is not None:
                 on_sentence(done - 1, normalize(sentence), wav.numel() / sr)
+        if not done:  # inside the block: no file is left
+            raise ValueError(f"nothing to say in {text[:80]!r} after normalisation")
     if skipped:
         print(f"note: skipped {len(skipped)} sentence(s) with nothing to say: {skipped[:3]}")
-    if not done:
-        raise ValueError(f"nothing to say in {text[:80]!r} after normalisation")
     return {"seconds": samples / sr, "sentences": done, "skipped": len(skipped), "elapsed": time.perf_counter() - t0}
 
 
