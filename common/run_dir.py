@@ -184,18 +184,53 @@ def _start_in(run_dir: Path, ckpt_dir: Path, found: list[Path], resume: str | No
         raise OutputPathError(f"{run_dir} already has {len(found)} checkpoint(s) (newest {newest.name}): {what}"
                               "pass --resume auto to continue that run, or --overwrite to start over "
                               f"(the old files are moved into {run_dir}/overwritten-<time>/)")
-    aside = run_dir / time.strftime("overwritten-%Y%m%d-%H%M%S")
+    aside = move_aside(run_dir, keep=(*keep, LOCK_NAME))
+    log(f"--overwrite: moved the previous run's files ({len(found)} checkpoint(s)) into {aside}")
+    return aside
+
+
+def move_aside(folder: Path, keep: tuple[str, ...] = ()) -> Path:
+    """Moves everything in `folder` except `keep` and earlier `overwritten-*` folders into a new
+    `<folder>/overwritten-<time>/` (renames on one filesystem: instant, nothing deleted); returns it."""
+    aside = folder / time.strftime("overwritten-%Y%m%d-%H%M%S")
     n = 1
     while aside.exists():
         n += 1
-        aside = run_dir / (time.strftime("overwritten-%Y%m%d-%H%M%S") + f"-{n}")
+        aside = folder / (time.strftime("overwritten-%Y%m%d-%H%M%S") + f"-{n}")
     aside.mkdir()
-    for item in sorted(run_dir.iterdir()):
-        if item == aside or item.name.startswith("overwritten-") or item.name in keep or item.name == LOCK_NAME:
+    for item in sorted(folder.iterdir()):
+        if item == aside or item.name.startswith("overwritten-") or item.name in keep:
             continue
         shutil.move(str(item), str(aside / item.name))
-    log(f"--overwrite: moved the previous run's files ({len(found)} checkpoint(s)) into {aside}")
     return aside
+
+
+def refuse_to_replace(path: str | Path, overwrite: bool, flag: str) -> None:
+    """An existing output file is replaced only when the user says so (`--overwrite`), like a used run
+    folder: a second synthesis or export must not silently destroy the first. A device or a pipe
+    (/dev/null) is not a file to protect."""
+    p = Path(path)
+    if p.is_file() and not overwrite:
+        raise OutputPathError(f"{flag} {p} already exists; pass --overwrite to replace it, or choose another name")
+
+
+def check_prepared_settings(folder: str | Path, old: dict | None, new: dict, overwrite: bool, flag: str,
+                            log=print) -> None:
+    """A prepared dataset folder is never a mix of two settings. `old` are the settings the folder was
+    prepared with (None: none yet), `new` this run's. When they differ: without `overwrite` an
+    OutputPathError names the changed keys and `--overwrite`; with it, the old files are moved into
+    `<folder>/overwritten-<time>/` (one line) and the folder is prepared again from scratch."""
+    if old is None or old == new:
+        return
+    changed = ", ".join(f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new), key=str)
+                        if old.get(k) != new.get(k))
+    folder = Path(folder)
+    if not overwrite:
+        raise OutputPathError(f"{flag} {folder} was prepared with other settings ({changed}); pass --overwrite to "
+                              f"prepare it again with these (the old files are moved into {folder}/overwritten-<time>/), "
+                              f"or choose another {flag}")
+    aside = move_aside(folder)
+    log(f"--overwrite: {folder} was prepared with other settings ({changed}); moved its files into {aside}")
 
 
 def tensorboard_dir(run_dir: str | Path, is_main: bool = True, name: str = "logs",

@@ -44,7 +44,7 @@ from common import exit_codes
 from common.atomic_write import atomic_output, write_text
 from common.audio import AudioError, MelSpectrogram, check_audio, load_audio, save_wav, to_float32, to_int16
 from common.config import ConfigError, load_config
-from common.run_dir import check_output_dir
+from common.run_dir import check_output_dir, check_prepared_settings
 from tts.text import SYMBOLS, find_unknown, normalize, text_to_ids
 from tts.text.phonemes import PhonemeCache
 from tts.text.symbols import PUNCTUATION, describe_char
@@ -374,8 +374,10 @@ def _state_key(a: AudioConfig) -> dict:
 
 def prepare(metadata: str | Path, audio_dir: str | Path, output_dir: str | Path, cfg: TrainConfig | None = None,
             num_workers: int = 1, fmt: str = "auto", speaker: str = DEFAULT_SPEAKER, quiet: bool = False,
-            speaker_from_path: bool = False) -> dict:
-    """Runs the whole preparation and returns the report (also written to OUT/report.json)."""
+            speaker_from_path: bool = False, overwrite: bool = False) -> dict:
+    """Runs the whole preparation and returns the report (also written to OUT/report.json). A folder
+    prepared with other audio settings is refused (OutputPathError) unless `overwrite`, which moves its
+    files aside first (`common.run_dir.check_prepared_settings`)."""
     cfg = cfg or TrainConfig()
     metadata, audio_dir, out = Path(metadata), Path(audio_dir), Path(output_dir)
     if not audio_dir.is_dir():
@@ -383,9 +385,13 @@ def prepare(metadata: str | Path, audio_dir: str | Path, output_dir: str | Path,
     if out.resolve() == audio_dir.resolve():
         raise PrepareError("--output_dir must differ from --audio_dir (the input is never modified)")
     rows, problems, fmt = parse_metadata(metadata, fmt, speaker, speaker_from_path)
+    state_path = out / "prepare_state.json"
+    old = json.loads(state_path.read_text()) if state_path.is_file() else None
+    check_prepared_settings(out, None if old is None else {**old.get("audio", {}), "version": old.get("version")},
+                            {**asdict(cfg.audio), "version": _state_key(cfg.audio)["version"]}, overwrite,
+                            "--output_dir", log=print)
     (out / "wavs").mkdir(parents=True, exist_ok=True)
     (out / "spec").mkdir(parents=True, exist_ok=True)
-    state_path = out / "prepare_state.json"
     reuse = state_path.is_file() and json.loads(state_path.read_text()) == _state_key(cfg.audio)
     if not reuse:  # a re-run over a finished folder writes nothing another reader could catch half-written
         write_text(state_path, json.dumps(_state_key(cfg.audio), indent=1))
@@ -488,12 +494,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--speaker", default=DEFAULT_SPEAKER, help="speaker name for formats without one")
     p.add_argument("--speaker_from_path", action="store_true",
                    help="take the speaker from the first folder of each id/path (alice/0001 → alice)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="prepare again into a folder prepared with other audio settings (its old files are moved aside)")
     args = p.parse_args(argv)
     try:
         cfg = load_config(args.config, TrainConfig, args.overrides)
         check_output_dir(args.output_dir, "--output_dir")
         prepare(args.metadata, args.audio_dir, args.output_dir, cfg, args.num_workers, args.format, args.speaker,
-                speaker_from_path=args.speaker_from_path)
+                speaker_from_path=args.speaker_from_path, overwrite=args.overwrite)
     except (PrepareError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return exit_codes.BAD_INPUT

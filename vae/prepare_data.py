@@ -29,7 +29,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from common.atomic_write import DiskFullError, atomic_output, write_text
-from common.run_dir import OutputPathError, check_output_dir, check_output_file
+from common.run_dir import OutputPathError, check_output_dir, check_output_file, check_prepared_settings
 from vae.data import DEFAULT_MAX_PIXELS, BadImage, default_min_size, list_images, open_image_rgb
 
 SETTINGS_KEYS = ("target_size", "resize_mode", "format", "min_size", "background")
@@ -127,13 +127,10 @@ def preprocess(args: argparse.Namespace) -> int:
     settings = {"target_size": args.target_size, "resize_mode": args.resize_mode, "format": args.format,
                 "min_size": args.min_size, "background": list(args.background)}
     settings_file = out_root / "prepare_settings.json"
-    if settings_file.is_file():
+    if settings_file.is_file():  # never a dataset that mixes two settings
         old = json.loads(settings_file.read_text(encoding="utf-8"))
-        diff = {k: (old.get(k), settings[k]) for k in SETTINGS_KEYS if old.get(k) != settings[k]}
-        if diff:
-            print(f"error: {out_root} was prepared with other settings {diff} (old, new); use a new "
-                  "--output_dir so the dataset is not a mix of both")
-            return 2
+        check_prepared_settings(out_root, {k: old.get(k) for k in SETTINGS_KEYS},
+                                {k: settings[k] for k in SETTINGS_KEYS}, args.overwrite, "--output_dir")
     out_root.mkdir(parents=True, exist_ok=True)
     write_text(settings_file, json.dumps(settings, indent=2) + "\n")
 
@@ -295,6 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--background", type=int, nargs=3, default=(255, 255, 255), metavar=("R", "G", "B"),
                    help="colour that transparent pixels are composited onto")
     p.add_argument("--num_workers", type=int, default=min(8, os.cpu_count() or 1))
+    p.add_argument("--overwrite", action="store_true",
+                   help="preprocess again into a folder prepared with other settings (its old files are moved aside)")
     return p
 
 

@@ -39,7 +39,7 @@ import numpy as np
 
 from common.atomic_write import DiskFullError, atomic_output, remove_stale_temp_folders, write_text
 from common.config import ConfigError, add_config_args, load_config
-from common.run_dir import check_output_dir
+from common.run_dir import check_output_dir, check_prepared_settings
 from vocoder.config import VocoderConfig
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".mp3", ".aif", ".aiff", ".opus")
@@ -171,6 +171,17 @@ def process_file(path: Path, item_dir: Path, settings: Settings) -> dict:
     return {"ok": True, "frames": frames, "seconds": meta["seconds"]}
 
 
+def prepared_settings(out: Path) -> dict | None:
+    """The settings `out` was prepared with: its manifest's, or (an interrupted run) those of its first item."""
+    sources = [out / MANIFEST, *sorted((out / "items").glob("*/meta.json"))[:1]]
+    for f in sources:
+        try:
+            return json.loads(f.read_text())["settings"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
 def load_checked(path: Path, settings: Settings):
     """load_audio at the file's own rate first, so the length/silence checks and the report see
     the original, then resample (soxr) to the training rate."""
@@ -219,8 +230,10 @@ def split_items(ids: list[str], val_num: int, shuffle: bool, seed: int,
 
 
 def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, num_workers: int | None = None,
-            log=print) -> dict:
-    """Run the whole binarization; returns the manifest. Raises PrepareError when nothing is usable."""
+            log=print, overwrite: bool = False) -> dict:
+    """Run the whole binarization; returns the manifest. Raises PrepareError when nothing is usable.
+    A folder prepared with other settings is refused (OutputPathError) unless `overwrite`, which moves
+    its files aside first (`common.run_dir.check_prepared_settings`)."""
     roots = [Path(p) for p in inputs]
     missing = [str(r) for r in roots if not r.exists()]
     if not roots:
@@ -236,6 +249,7 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
     if not files:
         raise PrepareError(f"no audio files ({'/'.join(e[1:] for e in AUDIO_EXTENSIONS)}) found under: "
                            f"{', '.join(str(r) for r in roots)}")
+    check_prepared_settings(out, prepared_settings(out), settings.as_dict(), overwrite, "--output", log=log)
     items_dir = out / "items"
     items_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_temp_folders(items_dir, log=log)  # `<item>.tmp<pid>` of killed earlier runs
@@ -316,6 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", nargs="+", default=None, help="audio folder(s) (default: data_input_path)")
     p.add_argument("--output", default=None, help="dataset folder (default: binary_data_dir)")
     p.add_argument("--num_workers", type=int, default=None, help="processes (default: binarization_args.num_workers)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="prepare again into a folder prepared with other settings (its old files are moved aside)")
     return p
 
 
@@ -330,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.num_workers is not None and args.num_workers < 0:
             raise PrepareError("--num_workers must be >= 0")
         check_output_dir(output, "--output")
-        prepare(cfg, inputs, output, args.num_workers)
+        prepare(cfg, inputs, output, args.num_workers, overwrite=args.overwrite)
     except (PrepareError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -29,7 +29,7 @@ from torch import nn
 
 from common.atomic_write import DiskFullError, atomic_output, write_text
 from common.checkpoint import CheckpointError
-from common.run_dir import OutputPathError, check_output_file
+from common.run_dir import OutputPathError, check_output_file, refuse_to_replace
 from tts.clone.config import CloneConfig
 from tts.clone.data import DataError, load_reference
 from tts.clone.infer import load_clone_model, text_ids
@@ -115,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, help="checkpoint of tts/train_main.py (e.g. best.pt)")
     p.add_argument("--out", required=True, help="model.onnx (model.onnx.json is written beside it)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out and its .json if it exists")
     p.add_argument("--reference", help="a clip to check with (default: a synthetic reference mel)")
     p.add_argument("--opset", type=int, default=17)
     p.add_argument("--tolerance", type=float, default=1e-3, help="max |ONNX - PyTorch| (log-mel; f0 relative)")
@@ -122,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         check_output_file(args.out, "--out")
+        for existing in (args.out, args.out + ".json"):
+            refuse_to_replace(existing, args.overwrite, "--out")
         model, cfg = load_clone_model(args.checkpoint, "cpu")
         ref_mel = (load_reference(args.reference, cfg.audio, cfg.data).mel if args.reference else
                    model.mel_mean.view(1, -1, 1) + model.mel_std.view(1, -1, 1) * torch.randn(

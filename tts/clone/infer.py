@@ -23,7 +23,7 @@ import torch
 from common.atomic_write import DiskFullError
 from common.audio import save_wav
 from common.checkpoint import CheckpointError, load_checkpoint
-from common.run_dir import OutputPathError, check_output_file
+from common.run_dir import OutputPathError, check_output_file, refuse_to_replace
 from tts.clone.config import AudioConfig, CloneConfig, config_from_dict
 from tts.clone.data import DataError, Reference, load_reference
 from tts.clone.model import VoiceCloneTTS
@@ -108,11 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocoder", default=None, help="exported vocoder folder or checkpoint "
                    "(default: the vocoder.path the model was trained with)")
     p.add_argument("--output", default="clone.wav", help="output wav path")
+    p.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
     p.add_argument("--length-scale", type=float, default=1.0, help=">1 speaks slower, <1 faster")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args(argv)
     try:
         check_output_file(args.output, "--output")
+        refuse_to_replace(args.output, args.overwrite, "--output")
         model, cfg = load_clone_model(args.checkpoint, args.device)
         voc_path = args.vocoder or cfg.vocoder.path
         if not voc_path:

@@ -36,7 +36,7 @@ from torch import nn
 
 from common.atomic_write import DiskFullError, atomic_output, write_text
 from common.checkpoint import CheckpointError
-from common.run_dir import check_output_file
+from common.run_dir import check_output_file, refuse_to_replace
 from tts.text.phonemes import Frontend
 from tts.text.symbols import PAD
 from tts.vits.config import TrainConfig
@@ -134,12 +134,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--out", required=True, help="model.onnx (model.onnx.json is written beside it)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out and its .json if it exists")
     p.add_argument("--opset", type=int, default=17)
     p.add_argument("--tolerance", type=float, default=1e-3, help="max |ONNX - PyTorch| sample difference")
     p.add_argument("--no_check", action="store_true")
     args = p.parse_args(argv)
     try:
         check_output_file(args.out, "--out")
+        for existing in (args.out, args.out + ".json"):
+            refuse_to_replace(existing, args.overwrite, "--out")
         model, cfg, speakers = load_generator(args.checkpoint, "cpu", remove_wn=True)
     except (CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

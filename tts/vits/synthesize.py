@@ -31,7 +31,7 @@ from common.atomic_write import atomic_output
 from common.audio import to_int16
 from common.checkpoint import CheckpointError, load_checkpoint
 from common.config import ConfigError, load_config
-from common.run_dir import check_output_dir, check_output_file
+from common.run_dir import check_output_dir, check_output_file, refuse_to_replace
 from tts.text import intersperse, normalize
 from tts.text.phonemes import Frontend
 from tts.text.sentences import paragraphs, split_sentences
@@ -150,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--text_file", help="UTF-8 text file; paragraphs are separated by blank lines")
     p.add_argument("--out", default="out.wav", help="output wav (everything, streamed sentence by sentence)")
     p.add_argument("--out_dir", default=None, help="with --text_file: one wav per paragraph in this folder instead")
+    p.add_argument("--overwrite", action="store_true", help="replace the output wav(s) if it exists")
     p.add_argument("--speaker", default=None, help="speaker name or id (see --list_speakers)")
     p.add_argument("--list_speakers", action="store_true")
     p.add_argument("--noise_scale", type=float, default=0.667)
@@ -187,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
                 jobs = [(text, Path(args.out))]
             else:
                 jobs = [(para, Path(args.out_dir) / f"{i:04d}.wav") for i, para in enumerate(paragraphs(text))]
+        for _, out in jobs:  # before any synthesis: an earlier result is never replaced silently
+            refuse_to_replace(out, args.overwrite, "--out" if args.out_dir is None else "--out_dir: the file")
         synthesize(model, cfg, "salom", sid, device=args.device)  # warm-up (lazy inits), not timed
         torch.manual_seed(args.seed)
         for text, out in jobs:

@@ -229,3 +229,75 @@ def test_the_cloning_feature_cache_on_a_full_disk(inputs, tmp_path, monkeypatch,
     assert re.fullmatch(r"error: disk full while writing \S+\.npz: \d+ MiB free", err.strip()), err
     cache = inputs["tts"].parent / "clone_cache"
     assert not list(cache.rglob("*.npz")) and _leftovers(cache) == []
+
+
+# ------------------------------------------------------------------------------ outputs never replaced silently
+def _one_error(capsys) -> str:
+    text = "".join(capsys.readouterr())
+    errors = [ln for ln in text.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in text, text[-2000:]
+    return errors[0]
+
+
+def test_an_existing_output_file_is_replaced_only_with_overwrite(inputs, tmp_path, capsys):
+    from tts import export_onnx, infer_clone, synthesize
+    from tts.clone import export_onnx as clone_export
+
+    missing = str(tmp_path / "missing.pt")  # refused before any model is loaded
+    for name, main, argv in (
+            ("s.wav", synthesize.main, ["--checkpoint", str(inputs["vits"]), "--text", "salom", "--out"]),
+            ("c.wav", infer_clone.main, ["--checkpoint", missing, "--reference", missing, "--text", "salom", "--output"]),
+            ("m.onnx", export_onnx.main, ["--checkpoint", missing, "--no_check", "--out"]),
+            ("c.onnx", clone_export.main, ["--checkpoint", missing, "--no_check", "--out"])):
+        out = tmp_path / name
+        out.write_bytes(b"an earlier result")
+        assert main([*argv, str(out)]) == 2, name
+        assert _one_error(capsys) == (f"error: --out{'put' if name == 'c.wav' else ''} {out} already exists; "
+                                      "pass --overwrite to replace it, or choose another name")
+        assert out.read_bytes() == b"an earlier result"
+    # with --overwrite the new result replaces it
+    out = tmp_path / "s.wav"
+    assert synthesize.main(["--checkpoint", str(inputs["vits"]), "--text", "salom", "--out", str(out), "--overwrite"]) == 0
+    assert sf.info(str(out)).frames > 0
+    onnx = tmp_path / "m.onnx"
+    (tmp_path / "m.onnx.json").write_text("{}")
+    assert export_onnx.main(["--checkpoint", str(inputs["vits"]), "--out", str(onnx), "--no_check"]) == 2
+    assert "m.onnx already exists" in _one_error(capsys)
+    assert export_onnx.main(["--checkpoint", str(inputs["vits"]), "--out", str(onnx), "--no_check", "--overwrite"]) == 0
+    assert onnx.stat().st_size > 1000 and (tmp_path / "m.onnx.json").read_text() != "{}"
+
+
+def test_preparing_again_with_other_settings_is_refused_without_overwrite(inputs, tmp_path, capsys):
+    from tests.vocoder.conftest import DEMO_YAML, TINY
+    from tts import prepare_data as tts_prepare
+    from vae import prepare_data as vae_prepare
+    from vocoder import prepare_data as voc_prepare
+
+    corpus = inputs["tts"].parent
+    runs = {
+        "vocoder": (voc_prepare.main, ["--config", str(DEMO_YAML), "--input", str(inputs["wavs"]), "--num_workers",
+                                       "0", *sum((["--set", s] for s in TINY), []), "--output"],
+                    ["--set", "fmax=7000"], "manifest.json", "--output"),
+        "tts": (tts_prepare.main, ["--metadata", str(corpus / "metadata.csv"), "--audio_dir", str(corpus / "audio"),
+                                   "--num_workers", "1", "--output_dir"], ["--set", "audio.fmax=7000"],
+                "prepare_state.json", "--output_dir"),
+        "vae": (vae_prepare.main, ["--mode", "preprocess", "--input_dir", str(inputs["images"]), "--num_workers", "1",
+                                   "--min_size", "8", "--output_dir"], ["--target_size", "16"], "manifest.json",
+                "--output_dir"),
+    }
+    for name, (main, argv, other, product, flag) in runs.items():
+        out = tmp_path / name
+        first = [*argv, str(out)] + (["--target_size", "32"] if name == "vae" else [])
+        assert main(first) == 0, name
+        before = (out / product).read_bytes()
+        assert main(first) == 0, name  # the same settings again: resumable, nothing refused
+        capsys.readouterr()
+        assert main([*argv, str(out), *other]) == 2, name
+        error = _one_error(capsys)
+        assert error.startswith(f"error: {flag} {out} was prepared with other settings (") and "--overwrite" in error
+        assert re.search(r"\(fmax (8000\.0|None) -> 7000(\.0)?\)" if name != "vae" else r"\(target_size 32 -> 16\)",
+                         error), error
+        assert (out / product).read_bytes() == before and not list(out.glob("overwritten-*"))
+        assert main([*argv, str(out), *other, "--overwrite"]) == 0, name
+        (aside,) = out.glob("overwritten-*")
+        assert (aside / product).read_bytes() == before and (out / product).read_bytes() != before
