@@ -301,3 +301,49 @@ def test_preparing_again_with_other_settings_is_refused_without_overwrite(inputs
         assert main([*argv, str(out), *other, "--overwrite"]) == 0, name
         (aside,) = out.glob("overwritten-*")
         assert (aside / product).read_bytes() == before and (out / product).read_bytes() != before
+
+
+# ------------------------------------------------------------------------------ inference inputs (item 6)
+def test_vocoder_infer_skips_bad_mels_vocodes_the_rest_and_exits_non_zero(inputs, tmp_path, capsys):
+    from vocoder import infer
+
+    n_mels = infer.load_vocoder(inputs["vocoder"], "cpu").n_mels
+    given = tmp_path / "in"
+    given.mkdir()
+    good = sorted(inputs["wavs"].glob("*.wav"))[0]
+    (given / "good.wav").write_bytes(good.read_bytes())
+    np.savez(given / "empty.npz", mel=np.zeros((n_mels, 0), np.float32), f0=np.zeros(0, np.float32))
+    np.savez(given / "nan.npz", mel=np.full((n_mels, 20), np.nan, np.float32), f0=np.full(20, 200.0, np.float32))
+    (given / "text.npz").write_text("these are not the mels you are looking for\n")
+    out = tmp_path / "out"
+    rc = infer.main(["--model", str(inputs["vocoder"]), "--input", str(given), "--output", str(out), "--device", "cpu"])
+    text = "".join(capsys.readouterr())
+    assert rc == 2 and "Traceback" not in text, text
+    assert sorted(p.name for p in out.iterdir()) == ["good.wav"] and sf.info(str(out / "good.wav")).frames > 0
+    assert f"skipped {given / 'empty.npz'}: 0 frames: nothing to vocode" in text
+    assert f"skipped {given / 'nan.npz'}: all of its {n_mels * 20} mel values are NaN or infinite" in text
+    assert re.search(rf"skipped {re.escape(str(given / 'text.npz'))}: \S+: not a mel file \(", text) and "pickled" not in text
+    assert f"error: 3 of 4 input file(s) could not be vocoded (reasons above); the other 1 are in {out}" in text
+
+
+def test_text_with_nothing_to_say_is_refused(inputs, tmp_path, capsys):
+    from tts import infer_clone, synthesize
+
+    for text in ("🎉 👍", "😀.", ""):
+        out = tmp_path / "s.wav"
+        assert synthesize.main(["--checkpoint", str(inputs["vits"]), "--text", text, "--out", str(out)]) == 2, text
+        assert _one_error(capsys).startswith("error: nothing to say") and not out.exists()
+        missing = str(tmp_path / "missing.pt")  # refused before the model is looked for
+        assert infer_clone.main(["--checkpoint", missing, "--reference", missing, "--text", text, "--output",
+                                 str(out)]) == 2, text
+        assert _one_error(capsys).startswith("error: nothing speakable in the text") and not out.exists()
+
+
+def test_reconstruct_checks_the_output_extension_at_start(inputs, tmp_path, capsys):
+    from vae import reconstruct
+
+    image = sorted(inputs["images"].glob("*.png"))[0]
+    assert reconstruct.main(["--checkpoint", str(tmp_path / "missing.pt"), "--input", str(image),
+                             "--output", str(tmp_path / "x.xyz")]) == 2
+    assert _one_error(capsys) == (f"error: --output {tmp_path / 'x.xyz'}: not an image file name; end it in .png "
+                                  "(lossless), .webp, .jpg or .tif")

@@ -27,7 +27,7 @@ from common.run_dir import OutputPathError, check_output_file, refuse_to_replace
 from tts.clone.config import AudioConfig, CloneConfig, config_from_dict
 from tts.clone.data import DataError, Reference, load_reference
 from tts.clone.model import VoiceCloneTTS
-from tts.text import SYMBOLS, normalize, text_to_ids
+from tts.text import SYMBOLS, normalize, says_something, text_to_ids
 
 
 class VocoderMismatchError(ValueError):
@@ -77,7 +77,7 @@ def load_matching_vocoder(path: str | Path, audio: AudioConfig, device: str | to
 def text_ids(text: str) -> torch.Tensor:
     """Raw text (any script) → [1, T] symbol ids; unknown characters are dropped with a warning."""
     ids = text_to_ids(normalize(text), on_unknown="warn")
-    if not ids:
+    if not says_something(ids):  # empty, or only pauses and punctuation (emoji-only text)
         raise DataError(f"nothing speakable in the text {text!r} after normalisation")
     return torch.tensor([ids], dtype=torch.long)
 
@@ -115,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_output_file(args.output, "--output")
         refuse_to_replace(args.output, args.overwrite, "--output")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the unknown characters are reported again when it is spoken
+            text_ids(args.text)  # nothing speakable: refused before any model is loaded
         model, cfg = load_clone_model(args.checkpoint, args.device)
         voc_path = args.vocoder or cfg.vocoder.path
         if not voc_path:

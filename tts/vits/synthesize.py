@@ -32,7 +32,7 @@ from common.audio import to_int16
 from common.checkpoint import CheckpointError, load_checkpoint
 from common.config import ConfigError, load_config
 from common.run_dir import check_output_dir, check_output_file, refuse_to_replace
-from tts.text import intersperse, normalize
+from tts.text import intersperse, normalize, says_something
 from tts.text.phonemes import Frontend
 from tts.text.sentences import paragraphs, split_sentences
 from tts.vits.config import TrainConfig
@@ -74,8 +74,9 @@ def resolve_speaker(speaker: str | None, speakers: dict[str, int]) -> int:
 
 def text_to_input(text: str, add_blank: bool, frontend: Frontend | None = None) -> torch.Tensor:
     """Raw text → [1, T] ids as the model reads them (normalised, graphemes or phonemes, blanks)."""
-    ids = (frontend or Frontend()).ids(normalize(text), on_unknown="warn")
-    if not ids:
+    frontend = frontend or Frontend()
+    ids = frontend.ids(normalize(text), on_unknown="warn")
+    if not says_something(ids, frontend.symbols):  # empty, or only pauses and punctuation (emoji-only text)
         raise ValueError(f"nothing to say in {text!r} after normalisation")
     return torch.tensor([intersperse(ids) if add_blank else ids], dtype=torch.long)
 
