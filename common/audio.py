@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -28,6 +27,8 @@ import soundfile as sf
 import soxr
 import torch
 from torch import nn
+
+from common.atomic_write import atomic_output
 
 F0_METHODS = ("parselmouth", "pyin")
 
@@ -139,23 +140,17 @@ def to_float32(int_array) -> np.ndarray:
 
 def save_wav(path: str | os.PathLike, wav, sr: int) -> Path:
     """Write 16-bit PCM WAV (values clipped, see `to_int16`). `wav` is [T] or [channels, T]
-    (numpy or torch). The file appears atomically (temp file + os.replace), so an interrupted
-    run never leaves a truncated wav that a resumable step would mistake for a finished one."""
+    (numpy or torch). The file appears atomically (`common.atomic_write`), so an interrupted
+    run never leaves a truncated wav that a resumable step would mistake for a finished one, and a
+    full disk is DiskFullError (exit 2)."""
     path = Path(path)
     data = to_int16(wav)
     if data.ndim == 2:
         data = data.T  # soundfile wants [T, C]
     elif data.ndim != 1:
         raise ValueError(f"save_wav({path}): expected [T] or [channels, T], got shape {tuple(data.shape)}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_output(path) as tmp:
         sf.write(tmp, data, int(sr), subtype="PCM_16", format="WAV")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
     return path
 
 

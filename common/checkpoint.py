@@ -3,6 +3,9 @@
 Why these rules:
 - atomic: a crash or a full disk mid-write must leave the previous checkpoint intact, so we write
   a temp file in the same folder and `os.replace` it (atomic on one filesystem).
+- intact: a checkpoint's bytes can change on disk after it was written (a failing disk, a bad copy);
+  `torch.load` does not notice, so every load and every `--resume auto` candidate is checked against
+  the CRC-32 that torch's zip writer stores for each record, and a damaged file is never used.
 - weights_only: a checkpoint is data, never code; `torch.load(weights_only=True)` refuses pickled
   objects, and we turn that refusal into a message a user understands.
 - exact resume: models, EMA, every optimizer/scheduler, the GradScaler, counters, the data
@@ -11,12 +14,11 @@ Why these rules:
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import random
 import re
-import tempfile
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,8 +28,8 @@ import torch
 from torch import nn
 
 from common import distributed
+from common.atomic_write import atomic_output, write_text
 from common.distributed import unwrap as _unwrap
-from common.run_dir import free_mib
 
 
 class CheckpointError(RuntimeError):
@@ -37,51 +39,40 @@ class CheckpointError(RuntimeError):
 # ---------------------------------------------------------------------------------------------
 # Atomic save / safe load
 # ---------------------------------------------------------------------------------------------
-class DiskFullError(CheckpointError):
-    """The disk filled up while a checkpoint was written; the temp file is gone, older files intact."""
-
-
-def _is_disk_full(exc: BaseException) -> bool:
-    """ENOSPC as Python sees it, or as torch's zip writer reports it ("enforce fail ... unexpected pos")."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if isinstance(e, RuntimeError) and ("unexpected pos" in str(e) or "No space left" in str(e)):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
-
-
-def save_atomic(obj: Any, path: str | Path) -> Path:
-    """Writes a temp file in the same folder, then renames it over `path`: a crash or a full disk
-    mid-write leaves the previous file intact. A full disk becomes DiskFullError (one line, exit 2)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "wb") as f:
+def save_atomic(obj: Any, path: str | Path, note: str = "; earlier checkpoints are intact") -> Path:
+    """`torch.save` through `common.atomic_write.atomic_output` (temp file beside `path`, fsync, rename):
+    a crash or a full disk mid-write leaves the previous file intact; a full disk is DiskFullError
+    (one line ending in `note`, exit 2)."""
+    with atomic_output(path, fsync=True, note=note) as tmp:
+        with open(tmp, "wb") as f:
             torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        if _is_disk_full(exc):
-            raise DiskFullError(f"disk full while writing {path}: {free_mib(path.parent):.0f} MiB free; "
-                                "earlier checkpoints are intact") from None
-        raise
-    return path
+    return Path(path)
+
+
+def damage(path: str | Path) -> str | None:
+    """Why the bytes of a zip-format checkpoint (torch.save's format since 1.6) are not the bytes that
+    were written, or None when every record matches its stored CRC-32. Reads the whole file (about
+    1 s per GB). A file that is not a zip (truncated before its index, or torch's legacy format) gets
+    None here: `torch.load` judges it."""
+    try:
+        if not zipfile.is_zipfile(path):
+            return None
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError) as exc:
+        return f"damaged: its zip records do not read back ({type(exc).__name__}: {str(exc)[:120]})"
+    if bad is not None:
+        return f"damaged: record {bad} fails its CRC-32 check (its bytes changed after it was written)"
+    return None
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
+    problem = damage(path)
+    if problem is not None:
+        raise CheckpointError(f"{path}: {problem}; use another checkpoint (an earlier one of the run, or a fresh copy)")
     try:
         obj = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - every failure becomes one clear message
@@ -260,16 +251,18 @@ class CheckpointManager:
         if metric is not None and step >= self.save_best_after and np.isfinite(metric) and self.is_better(metric):
             save_atomic(state, self.dir / "best.pt")
             self.best_metric = float(metric)
-            tmp = self._best_file.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps({"metric": self.best_metric, "step": step, "mode": self.mode}))
-            os.replace(tmp, self._best_file)
+            write_text(self._best_file, json.dumps({"metric": self.best_metric, "step": step, "mode": self.mode}))
         return path
 
 
 def verify_checkpoint(path: str | Path) -> str | None:
-    """None when `path` opens as a complete checkpoint, else why not (truncated, not a checkpoint).
-    Memory-mapped, so checking a multi-GB file reads only its index. A file refused for holding
-    pickled code counts as complete here: `load_checkpoint` then refuses it with its own message."""
+    """None when `path` is a complete, intact checkpoint, else why not (truncated, damaged, not a
+    checkpoint). Every record's CRC-32 is checked (`damage`), then the file is opened memory-mapped.
+    A file refused for holding pickled code counts as intact here: `load_checkpoint` then refuses it
+    with its own message."""
+    problem = damage(path)
+    if problem is not None:
+        return problem
     try:
         try:
             torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -287,12 +280,15 @@ def verify_checkpoint(path: str | Path) -> str | None:
 
 def resolve_resume(arg: str | None, ckpt_dir: str | Path, manager: CheckpointManager | None = None,
                    extra_names: tuple[str, ...] = (), log=print) -> Path | None:
-    """`--resume auto` → the newest intact checkpoint of the run (or None to start fresh); a path must exist.
+    """`--resume auto` → the newest intact checkpoint of the run (or None when the run has none yet);
+    a path must exist.
 
-    With `auto`, a newest file that does not load (a kill or a full disk mid-write on a filesystem
-    without atomic rename, a copy cut short) is renamed `<name>.corrupt`, named in a warning, and
-    the one before it is tried. `extra_names` are unnumbered files that compete by modification time
-    (the VAE's `checkpoint_last.pt`)."""
+    With `auto`, a newest file that is not intact (a kill or a full disk mid-write on a filesystem
+    without atomic rename, a copy cut short, bytes changed on disk) is renamed `<name>.corrupt`, named
+    in a warning, and the one before it is tried. When no intact one is left but damaged ones were
+    found (now or by an earlier start: `*.corrupt` files), the run must not quietly start again from
+    step 0: CheckpointError (exit 2) says what was found and what to do. `extra_names` are unnumbered
+    files that compete by modification time (the VAE's `checkpoint_last.pt`)."""
     if not arg:
         return None
     manager = manager or CheckpointManager(ckpt_dir)
@@ -301,6 +297,7 @@ def resolve_resume(arg: str | None, ckpt_dir: str | Path, manager: CheckpointMan
         extras = [manager.dir / n for n in extra_names if (manager.dir / n).is_file()]
         if extras:
             candidates = sorted(candidates + extras, key=lambda p: p.stat().st_mtime_ns)
+        damaged = []
         for path in reversed(candidates):
             problem = verify_checkpoint(path)
             if problem is None:
@@ -311,7 +308,15 @@ def resolve_resume(arg: str | None, ckpt_dir: str | Path, manager: CheckpointMan
                 os.replace(path, bad)
             except FileNotFoundError:  # another rank renamed it first
                 pass
+            damaged.append(f"{path.name} ({problem})")
             log(f"warning: skipping {path}: {problem}; renamed it to {bad.name} and trying the checkpoint before it")
+        earlier = sorted(p.name for p in manager.dir.glob("*.corrupt")) if manager.dir.is_dir() else []
+        if damaged or earlier:
+            found = "; ".join(damaged) if damaged else "only " + ", ".join(earlier)
+            raise CheckpointError(
+                f"--resume auto: no intact checkpoint in {manager.dir}, found {found}"
+                f"{' (each renamed *.corrupt)' if damaged else ''}. Put an intact copy back and resume from it "
+                "(--resume PATH), or start over with --overwrite (every old file is moved aside, nothing deleted)")
         return None
     path = Path(arg)
     if not path.is_file():

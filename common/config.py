@@ -447,13 +447,9 @@ def format_config(cfg: Any) -> str:
 
 def save_config(cfg: Any, run_dir: str | Path, name: str = "config.yaml") -> Path:
     """Writes the resolved config next to the checkpoints so a run can be reproduced exactly."""
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    out = run_dir / name
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(format_config(cfg) + "\n", encoding="utf-8")
-    tmp.replace(out)
-    return out
+    from common.atomic_write import write_text  # (common.atomic_write imports this module)
+
+    return write_text(Path(run_dir) / name, format_config(cfg) + "\n")
 
 
 def add_config_args(parser: argparse.ArgumentParser, default_config: str | None = None) -> None:

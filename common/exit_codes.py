@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 
 from common.hardware import OutOfMemory
+from common.run_lock import release_run_locks
 from common.training import NonFiniteError
 
 OK = 0  # training (or the script's job) completed
@@ -23,7 +24,8 @@ def run_main(body: Callable[[], int], bad_input: tuple[type[BaseException], ...]
     `error: <message>` to stderr and becomes its code: any of `bad_input` -> BAD_INPUT,
     `common.training.NonFiniteError` -> NON_FINITE, `common.hardware.OutOfMemory` -> OUT_OF_MEMORY
     (the trainer raises these two with the whole advice in the message). Anything else propagates
-    with its traceback: it is a bug, not a user error. `cleanup` runs in every case."""
+    with its traceback: it is a bug, not a user error. `cleanup` runs in every case, then the run
+    folder's lock (`common.run_lock`) is released."""
     try:
         return body()
     except bad_input as e:
@@ -36,5 +38,8 @@ def run_main(body: Callable[[], int], bad_input: tuple[type[BaseException], ...]
         print(f"error: {e}", file=sys.stderr)
         return OUT_OF_MEMORY
     finally:
-        if cleanup is not None:
-            cleanup()
+        try:
+            if cleanup is not None:
+                cleanup()
+        finally:
+            release_run_locks()

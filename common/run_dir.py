@@ -9,6 +9,9 @@ Why these rules:
   exit 2 instead of a traceback an hour into training.
 - Temp files left by a kill in the middle of an atomic save (`.model_00000006.pt.<rand>.tmp`) are
   removed when that run starts again.
+- A run folder has one owner: the main rank takes `<run_dir>/run.lock` (`common.run_lock`) before it
+  changes anything there and holds it until the process exits, so a second run on the same folder
+  stops at once (exit 2, naming the first) instead of overwriting its checkpoints hours later.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import time
 from pathlib import Path
 
 from common.config import ConfigError
+from common.run_lock import LOCK_NAME, RunLock
 
 MIB = 1024 * 1024
 
@@ -144,7 +148,9 @@ def prepare_run_dir(run_dir: str | Path, ckpt_dir: str | Path | None = None, res
     Checks the folder is writable (with room for one more checkpoint as large as the newest there),
     removes stale temp files, refuses a used folder without `--resume`/`--overwrite` (OutputPathError, exit 2) and, with `--overwrite`, moves everything in it
     except `keep` (e.g. a feature cache) and earlier `overwritten-*` folders into
-    `<run_dir>/overwritten-<time>/`. Returns the folder the old files went to, or `run_dir`."""
+    `<run_dir>/overwritten-<time>/`. The main rank holds the folder's lock (`common.run_lock`) from here
+    until the process exits; another run holding it is RunFolderInUse (exit 2).
+    Returns the folder the old files went to, or `run_dir`."""
     run_dir = Path(run_dir)
     ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else run_dir
     if resume and resume != "auto" and overwrite:  # (`--resume auto --overwrite`: overwrite wins, launchers add auto)
@@ -158,6 +164,17 @@ def prepare_run_dir(run_dir: str | Path, ckpt_dir: str | Path | None = None, res
         is_main = os.environ.get("RANK", "0") == "0"
     if not is_main:
         return run_dir
+    lock = RunLock(run_dir).acquire(run_flag, log=log)  # before any file here changes; held until exit
+    try:
+        return _start_in(run_dir, ckpt_dir, found, resume, overwrite, init_from, keep, log)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _start_in(run_dir: Path, ckpt_dir: Path, found: list[Path], resume: str | None, overwrite: bool,
+              init_from: str | None, keep: tuple[str, ...], log) -> Path:
+    """The main rank's part of `prepare_run_dir`, under the run folder's lock."""
     remove_stale_temp_files(run_dir, ckpt_dir, log=log)
     if not found or (resume and not overwrite):
         return run_dir
@@ -167,18 +184,53 @@ def prepare_run_dir(run_dir: str | Path, ckpt_dir: str | Path | None = None, res
         raise OutputPathError(f"{run_dir} already has {len(found)} checkpoint(s) (newest {newest.name}): {what}"
                               "pass --resume auto to continue that run, or --overwrite to start over "
                               f"(the old files are moved into {run_dir}/overwritten-<time>/)")
-    aside = run_dir / time.strftime("overwritten-%Y%m%d-%H%M%S")
+    aside = move_aside(run_dir, keep=(*keep, LOCK_NAME))
+    log(f"--overwrite: moved the previous run's files ({len(found)} checkpoint(s)) into {aside}")
+    return aside
+
+
+def move_aside(folder: Path, keep: tuple[str, ...] = ()) -> Path:
+    """Moves everything in `folder` except `keep` and earlier `overwritten-*` folders into a new
+    `<folder>/overwritten-<time>/` (renames on one filesystem: instant, nothing deleted); returns it."""
+    aside = folder / time.strftime("overwritten-%Y%m%d-%H%M%S")
     n = 1
     while aside.exists():
         n += 1
-        aside = run_dir / (time.strftime("overwritten-%Y%m%d-%H%M%S") + f"-{n}")
+        aside = folder / (time.strftime("overwritten-%Y%m%d-%H%M%S") + f"-{n}")
     aside.mkdir()
-    for item in sorted(run_dir.iterdir()):
+    for item in sorted(folder.iterdir()):
         if item == aside or item.name.startswith("overwritten-") or item.name in keep:
             continue
         shutil.move(str(item), str(aside / item.name))
-    log(f"--overwrite: moved the previous run's files ({len(found)} checkpoint(s)) into {aside}")
     return aside
+
+
+def refuse_to_replace(path: str | Path, overwrite: bool, flag: str) -> None:
+    """An existing output file is replaced only when the user says so (`--overwrite`), like a used run
+    folder: a second synthesis or export must not silently destroy the first. A device or a pipe
+    (/dev/null) is not a file to protect."""
+    p = Path(path)
+    if p.is_file() and not overwrite:
+        raise OutputPathError(f"{flag} {p} already exists; pass --overwrite to replace it, or choose another name")
+
+
+def check_prepared_settings(folder: str | Path, old: dict | None, new: dict, overwrite: bool, flag: str,
+                            log=print) -> None:
+    """A prepared dataset folder is never a mix of two settings. `old` are the settings the folder was
+    prepared with (None: none yet), `new` this run's. When they differ: without `overwrite` an
+    OutputPathError names the changed keys and `--overwrite`; with it, the old files are moved into
+    `<folder>/overwritten-<time>/` (one line) and the folder is prepared again from scratch."""
+    if old is None or old == new:
+        return
+    changed = ", ".join(f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new), key=str)
+                        if old.get(k) != new.get(k))
+    folder = Path(folder)
+    if not overwrite:
+        raise OutputPathError(f"{flag} {folder} was prepared with other settings ({changed}); pass --overwrite to "
+                              f"prepare it again with these (the old files are moved into {folder}/overwritten-<time>/), "
+                              f"or choose another {flag}")
+    aside = move_aside(folder)
+    log(f"--overwrite: {folder} was prepared with other settings ({changed}); moved its files into {aside}")
 
 
 def tensorboard_dir(run_dir: str | Path) -> Path:

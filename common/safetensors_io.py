@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from common.atomic_write import write_bytes
+
 _DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
@@ -79,5 +81,5 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: str | Path, metadat
         offset += len(raw)
     head = json.dumps(header, separators=(",", ":")).encode("utf-8")
     head += b" " * (-len(head) % 8)
-    path.write_bytes(struct.pack("<Q", len(head)) + head + b"".join(blobs))
+    write_bytes(path, struct.pack("<Q", len(head)) + head + b"".join(blobs))
     return path

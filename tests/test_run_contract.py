@@ -1,7 +1,8 @@
 """The run-folder / exit-code / output-path contract (README "What happens when things go wrong"),
 checked the same way for the four trainers, plus the output check of every other script.
 
-Per trainer, one tiny run folder goes through: SIGTERM during training → exit 130 with a checkpoint;
+Per trainer, one tiny run folder goes through: a second run while the first trains → exit 2 naming
+the first (the run folder's lock); SIGTERM during training → exit 130 with a checkpoint, lock released;
 a plain re-run → exit 2 naming --resume auto and --overwrite; a truncated newest checkpoint and a
 stale temp file → `--resume auto` skips (renames `*.corrupt`) and resumes from the intact one, the
 temp file is gone; `--overwrite` → a new run, every old file kept under `overwritten-*/`."""
@@ -24,7 +25,8 @@ import pytest
 import torch
 
 from common import exit_codes
-from common.checkpoint import CheckpointManager, DiskFullError, load_checkpoint, save_atomic
+from common.atomic_write import DiskFullError
+from common.checkpoint import CheckpointManager, load_checkpoint, save_atomic
 from tests.tts.test_vits_train import FAST as VITS_FAST
 from tests.tts.test_vits_train import _corpus
 from tests.vae.helpers import TINY_CONFIG as VAE_TINY
@@ -111,8 +113,10 @@ def data(tmp_path_factory) -> dict[str, Path]:
     return {"vocoder": root / "vocoder_bin", "tts": _corpus(root / "tts", ["anna"]), "vae": root / "images"}
 
 
-def _run_until_first_step_then_sigterm(argv: list[str], steps: int, timeout: float = 180) -> tuple[int, str]:
-    """Starts the trainer as a process, sends SIGTERM once it has logged a training step."""
+def _run_until_first_step_then_sigterm(argv: list[str], steps: int, timeout: float = 180,
+                                       while_running: Callable[[int], None] | None = None) -> tuple[int, str]:
+    """Starts the trainer as a process, sends SIGTERM once it has logged a training step (first calling
+    `while_running(pid)`, while it trains)."""
     # The progress bar redraws every 30 s off a terminal: ask for a redraw every 0.1 s here.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "TQDM_MININTERVAL": "0.1"}
     proc = subprocess.Popen([sys.executable, *argv], cwd=REPO, env=env, stdout=subprocess.PIPE,
@@ -127,7 +131,11 @@ def _run_until_first_step_then_sigterm(argv: list[str], steps: int, timeout: flo
     deadline = time.time() + timeout
     while time.time() < deadline and proc.poll() is None:
         if started.search(b"".join(chunks).decode(errors="replace")):
-            proc.send_signal(signal.SIGTERM)
+            try:
+                if while_running is not None:
+                    while_running(proc.pid)
+            finally:
+                proc.send_signal(signal.SIGTERM)
             break
         time.sleep(0.05)
     try:
@@ -145,9 +153,22 @@ def test_run_folder_contract(name, data, tmp_path, capsys):
     run = tmp_path / "run"
     ckpts = t.ckpt_dir(run)
 
-    # 1. SIGTERM once training is under way: a checkpoint is saved, then exit 130.
-    rc, out = _run_until_first_step_then_sigterm([t.script, *t.argv(data, run, 500)], steps=500)
+    # 1. A second run on the folder while the first trains: refused in one line naming the first (its lock).
+    #    Then SIGTERM: a checkpoint is saved, exit 130, the lock is gone.
+    second: dict[str, object] = {}
+
+    def start_a_second_run(pid: int) -> None:
+        capsys.readouterr()
+        second["rc"] = t.main([*t.argv(data, run, 2), "--resume", "auto"])
+        second["err"] = capsys.readouterr().err.strip()
+        second["pid"] = pid
+
+    rc, out = _run_until_first_step_then_sigterm([t.script, *t.argv(data, run, 500)], steps=500,
+                                                 while_running=start_a_second_run)
+    assert second["rc"] == exit_codes.BAD_INPUT, second
+    assert re.fullmatch(rf"error: \S+ is in use by another run \(pid {second['pid']} on .*", second["err"]), second
     assert rc == exit_codes.INTERRUPTED, out[-3000:]
+    assert not (run / "run.lock").exists()
     saved = sorted(p for p in ckpts.glob("*.pt") if p.name not in ("best.pt", "vae_final.pt"))
     assert saved, out[-3000:]
     intact = max(saved, key=lambda p: p.stat().st_mtime)
@@ -162,12 +183,17 @@ def test_run_folder_contract(name, data, tmp_path, capsys):
     assert "--resume auto" in err and "--overwrite" in err and len(err.splitlines()) == 1, err
     assert {p.name: p.stat().st_mtime_ns for p in ckpts.glob("*.pt")} == before
 
-    # 3. A truncated newest checkpoint and a temp file left by a kill mid-save: --resume auto warns,
-    #    renames the bad file *.corrupt, resumes from the intact one; the temp file is removed.
+    # 3. A truncated newest checkpoint, a damaged one before it (20 kB of random bytes in its middle) and
+    #    a temp file left by a kill mid-save: --resume auto warns, renames both bad files *.corrupt,
+    #    resumes from the intact one; the temp file is removed.
     bad = ckpts / t.bad_name
     blob = intact.read_bytes()
     bad.write_bytes(blob[: len(blob) // 2])
-    os.utime(bad, ns=(intact.stat().st_mtime_ns + 10**9,) * 2)
+    os.utime(bad, ns=(intact.stat().st_mtime_ns + 2 * 10**9,) * 2)
+    damaged = ckpts / t.bad_name.replace("999.pt", "998.pt")
+    middle = len(blob) // 2 - 10_000
+    damaged.write_bytes(blob[:middle] + os.urandom(20_000) + blob[middle + 20_000:])
+    os.utime(damaged, ns=(intact.stat().st_mtime_ns + 10**9,) * 2)
     stale = ckpts / f".{t.bad_name}.k3j9x2.tmp"
     stale.write_bytes(b"partial")
     assert t.main([*t.argv(data, run, step + 1), "--resume", "auto"]) == exit_codes.OK
@@ -175,7 +201,9 @@ def test_run_folder_contract(name, data, tmp_path, capsys):
     text = out.out + out.err
     assert re.search(rf"warning: skipping \S*{re.escape(t.bad_name)}: truncated", text), text[-3000:]
     assert f"resumed {intact}" in text or f"resumed from {intact}" in text, text[-3000:]
+    assert re.search(rf"warning: skipping \S*{re.escape(damaged.name)}: damaged: ", text), text[-3000:]
     assert (ckpts / (t.bad_name + ".corrupt")).is_file() and not bad.exists()
+    assert (ckpts / (damaged.name + ".corrupt")).is_file() and not damaged.exists()
     assert not stale.exists()
     assert any(t.steps_of(p) == step + 1 for p in ckpts.glob("*.pt") if p.name not in ("vae_final.pt",))
 
@@ -187,6 +215,23 @@ def test_run_folder_contract(name, data, tmp_path, capsys):
     kept = {p.name for p in t.ckpt_dir(aside[0]).iterdir() if p.is_file()}
     assert old <= kept and t.bad_name + ".corrupt" in kept
     assert all(t.steps_of(p) == 1 for p in ckpts.glob("*.pt") if p.name not in ("best.pt", "vae_final.pt"))
+    assert not (run / "run.lock").exists()  # each in-process run above released it
+
+
+def test_resume_auto_with_every_checkpoint_damaged_is_exit_2_not_a_fresh_start(data, tmp_path, capsys):
+    t = TRAINERS["vocoder"]
+    run = tmp_path / "run"
+    assert t.main(t.argv(data, run, 1)) == exit_codes.OK
+    (only,) = t.ckpt_dir(run).glob("model_*.pt")
+    blob = only.read_bytes()
+    middle = len(blob) // 2 - 10_000
+    only.write_bytes(blob[:middle] + os.urandom(20_000) + blob[middle + 20_000:])
+    for _ in range(2):  # the second start finds only the renamed file: still refused
+        capsys.readouterr()
+        assert t.main([*t.argv(data, run, 2), "--resume", "auto"]) == exit_codes.BAD_INPUT
+        err = capsys.readouterr().err
+        assert re.search(rf"error: --resume auto: no intact checkpoint in \S+, found (only )?{only.name}", err), err
+        assert "--overwrite" in err and not list(t.ckpt_dir(run).glob("model_*.pt"))
 
 
 # ----------------------------------------------------------------------------- bad output locations

@@ -41,9 +41,10 @@ import soundfile as sf
 import torch
 
 from common import exit_codes
+from common.atomic_write import atomic_output, write_text
 from common.audio import AudioError, MelSpectrogram, check_audio, load_audio, save_wav, to_float32, to_int16
 from common.config import ConfigError, load_config
-from common.run_dir import check_output_dir
+from common.run_dir import check_output_dir, check_prepared_settings
 from tts.text import SYMBOLS, find_unknown, normalize, text_to_ids
 from tts.text.phonemes import PhonemeCache
 from tts.text.symbols import PUNCTUATION, describe_char
@@ -333,9 +334,8 @@ def process_item(job: Job) -> Result:
     if not done:
         spec = _spec_module(a).linear(torch.from_numpy(wav))[0].numpy().astype(np.float16)
         save_wav(wav_out, wav, sr)
-        tmp = spec_out.with_suffix(".tmp.npy")
-        np.save(tmp, spec)
-        os.replace(tmp, spec_out)
+        with atomic_output(spec_out) as tmp, open(tmp, "wb") as f:
+            np.save(f, spec)
     res.record = {
         "id": job.out_id, "wav": f"wavs/{job.out_id}.wav", "spec": f"spec/{job.out_id}.npy",
         "text": chk.text, "raw_text": row.text, "speaker": row.speaker, "duration": round(chk.seconds, 4),
@@ -374,8 +374,10 @@ def _state_key(a: AudioConfig) -> dict:
 
 def prepare(metadata: str | Path, audio_dir: str | Path, output_dir: str | Path, cfg: TrainConfig | None = None,
             num_workers: int = 1, fmt: str = "auto", speaker: str = DEFAULT_SPEAKER, quiet: bool = False,
-            speaker_from_path: bool = False) -> dict:
-    """Runs the whole preparation and returns the report (also written to OUT/report.json)."""
+            speaker_from_path: bool = False, overwrite: bool = False) -> dict:
+    """Runs the whole preparation and returns the report (also written to OUT/report.json). A folder
+    prepared with other audio settings is refused (OutputPathError) unless `overwrite`, which moves its
+    files aside first (`common.run_dir.check_prepared_settings`)."""
     cfg = cfg or TrainConfig()
     metadata, audio_dir, out = Path(metadata), Path(audio_dir), Path(output_dir)
     if not audio_dir.is_dir():
@@ -383,12 +385,16 @@ def prepare(metadata: str | Path, audio_dir: str | Path, output_dir: str | Path,
     if out.resolve() == audio_dir.resolve():
         raise PrepareError("--output_dir must differ from --audio_dir (the input is never modified)")
     rows, problems, fmt = parse_metadata(metadata, fmt, speaker, speaker_from_path)
+    state_path = out / "prepare_state.json"
+    old = json.loads(state_path.read_text()) if state_path.is_file() else None
+    check_prepared_settings(out, None if old is None else {**old.get("audio", {}), "version": old.get("version")},
+                            {**asdict(cfg.audio), "version": _state_key(cfg.audio)["version"]}, overwrite,
+                            "--output_dir", log=print)
     (out / "wavs").mkdir(parents=True, exist_ok=True)
     (out / "spec").mkdir(parents=True, exist_ok=True)
-    state_path = out / "prepare_state.json"
     reuse = state_path.is_file() and json.loads(state_path.read_text()) == _state_key(cfg.audio)
     if not reuse:  # a re-run over a finished folder writes nothing another reader could catch half-written
-        state_path.write_text(json.dumps(_state_key(cfg.audio), indent=1))
+        write_text(state_path, json.dumps(_state_key(cfg.audio), indent=1))
 
     jobs, seen = [], {}
     src = str(metadata)
@@ -437,10 +443,8 @@ def prepare(metadata: str | Path, audio_dir: str | Path, output_dir: str | Path,
         r["speaker_id"] = speakers[r["speaker"]]
     train, evals = split_items(records, cfg.data)
     for name, items in (("train.jsonl", train), ("eval.jsonl", evals)):
-        tmp = out / f".{name}.tmp"
-        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in items), encoding="utf-8")
-        os.replace(tmp, out / name)
-    (out / "speakers.json").write_text(json.dumps(speakers, ensure_ascii=False, indent=1), encoding="utf-8")
+        write_text(out / name, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in items))
+    write_text(out / "speakers.json", json.dumps(speakers, ensure_ascii=False, indent=1))
     if cfg.phoneme_type == "espeak":  # cached once here, so training never runs espeak-ng
         cache = PhonemeCache(out, cfg.espeak_voice)
         new = cache.fill([r["text"] for r in records])
@@ -461,9 +465,7 @@ def _write_report(out: Path, metadata: Path, fmt: str, rows: list[Row], problems
         "speakers": len(speakers), "dropped": [asdict(p) for p in problems],
         "dropped_by_reason": dict(kinds.most_common()), "notes": [asdict(n) for n in notes],
     }
-    tmp = out / ".report.json.tmp"
-    tmp.write_text(json.dumps(report, ensure_ascii=False, indent=1), encoding="utf-8")
-    os.replace(tmp, out / "report.json")
+    write_text(out / "report.json", json.dumps(report, ensure_ascii=False, indent=1))
     return report
 
 
@@ -492,12 +494,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--speaker", default=DEFAULT_SPEAKER, help="speaker name for formats without one")
     p.add_argument("--speaker_from_path", action="store_true",
                    help="take the speaker from the first folder of each id/path (alice/0001 → alice)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="prepare again into a folder prepared with other audio settings (its old files are moved aside)")
     args = p.parse_args(argv)
     try:
         cfg = load_config(args.config, TrainConfig, args.overrides)
         check_output_dir(args.output_dir, "--output_dir")
         prepare(args.metadata, args.audio_dir, args.output_dir, cfg, args.num_workers, args.format, args.speaker,
-                speaker_from_path=args.speaker_from_path)
+                speaker_from_path=args.speaker_from_path, overwrite=args.overwrite)
     except (PrepareError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return exit_codes.BAD_INPUT

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from common.atomic_write import write_text
 from common.checkpoint import load_checkpoint, save_atomic
 from common.config import config_to_dict
 from common.log import RunLogger
@@ -159,7 +160,7 @@ def save_diffusers(model: AutoencoderKL, folder: str | Path, sample_size: int = 
     sd = {k: v.detach().float().cpu().contiguous() for k, v in to_diffusers(model.state_dict(), len(model.channels)).items()}
     save_safetensors(sd, folder / WEIGHTS_SAFETENSORS)
     cfg = diffusers_config(model, sample_size, scaling_factor, shift_factor)
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+    write_text(folder / "config.json", json.dumps(cfg, indent=2) + "\n")
     return folder
 
 
@@ -257,7 +258,7 @@ def export_final(cfg: VAEConfig, model: AutoencoderKL, precision: Precision, tra
     batches = eval_loader(train_files, cfg.image_size, cfg.max_pixels, cfg.seed, batch_size=eval_batch, limit=n)
     stats = latent_statistics(model, batches, device, precision.autocast, seed=cfg.seed)
     stats["images"] = n
-    (out_dir / "latent_stats.json").write_text(json.dumps(stats, indent=1) + "\n", encoding="utf-8")
+    write_text(out_dir / "latent_stats.json", json.dumps(stats, indent=1) + "\n")
     writer.scalars({"scaling_factor": stats["scaling_factor"], "shift_factor": stats["shift_factor"],
                     "std": stats["std"]}, gstep, "latent")
     for c, (mu, sd) in enumerate(zip(stats["per_channel_mean"], stats["per_channel_std"])):

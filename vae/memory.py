@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 
+from common.atomic_write import write_text
 from common.config import config_to_dict
 from common.distributed import gather_objects
 from common.hardware import find_batch_size, fit_batch_size, is_oom, resolve_preset
@@ -136,8 +137,8 @@ def profile_memory(new_step: NewStep, cfg: VAEConfig, resolutions: list[int], ba
             if row["status"] == "OOM":
                 break  # larger batches will not fit either
     out = check_output_dir(cfg.output_dir, "--output_dir")
-    (out / "memory_profile.json").write_text(json.dumps({"gpu": name, "total_gib": total, "rows": rows,
-                                                         "config": config_to_dict(cfg)}, indent=1), encoding="utf-8")
+    write_text(out / "memory_profile.json", json.dumps({"gpu": name, "total_gib": total, "rows": rows,
+                                                       "config": config_to_dict(cfg)}, indent=1))
     lines = [f"# VAE training memory on {name} ({total:.1f} GiB)", "",
              f"precision {precision}, channels {cfg.channels}, z_channels {cfg.z_channels}, "
              f"gradient_checkpointing {cfg.gradient_checkpointing}, LPIPS {'on' if perceptual else 'off'}, "
@@ -145,7 +146,7 @@ def profile_memory(new_step: NewStep, cfg: VAEConfig, resolutions: list[int], ba
     for r in rows:
         lines.append(f"| {r['image_size']} | {r['batch_size']} | "
                      + (f"{r['peak_gib']} | {r['images_per_s']} |" if r["status"] == "ok" else "OOM | - |"))
-    (out / "memory_profile.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_text(out / "memory_profile.md", "\n".join(lines) + "\n")
     print(f"wrote {out / 'memory_profile.md'} and memory_profile.json")
     return 0
 

@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -29,7 +28,8 @@ from pathlib import Path
 from PIL import Image
 from tqdm import tqdm
 
-from common.run_dir import OutputPathError, check_output_dir, check_output_file
+from common.atomic_write import DiskFullError, atomic_output, write_text
+from common.run_dir import OutputPathError, check_output_dir, check_output_file, check_prepared_settings
 from vae.data import DEFAULT_MAX_PIXELS, BadImage, default_min_size, list_images, open_image_rgb
 
 SETTINGS_KEYS = ("target_size", "resize_mode", "format", "min_size", "background")
@@ -68,18 +68,11 @@ def resize_image(im: Image.Image, target: int, mode: str, background: tuple[int,
 
 
 def _save_atomic(im: Image.Image, dst: Path, fmt: str) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
-    os.close(fd)
-    try:
+    with atomic_output(dst) as tmp:
         if fmt == "png":
             im.save(tmp, format="PNG", compress_level=4)
         else:
             im.save(tmp, format="WEBP", lossless=True, quality=80, method=4)
-        os.replace(tmp, dst)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def process_one(task: tuple[str, str, dict]) -> dict:
@@ -97,6 +90,8 @@ def process_one(task: tuple[str, str, dict]) -> dict:
         record.update(status="ok", width=out.width, height=out.height)
     except BadImage as exc:
         record.update(status="skipped", kind=exc.kind, reason=exc.reason)
+    except DiskFullError:
+        raise  # not this file's fault: the whole run stops with one line
     except Exception as exc:  # noqa: BLE001 - one bad file must never stop the whole run
         record.update(status="skipped", kind="error", reason=f"{type(exc).__name__}: {exc}")
     return record
@@ -132,15 +127,12 @@ def preprocess(args: argparse.Namespace) -> int:
     settings = {"target_size": args.target_size, "resize_mode": args.resize_mode, "format": args.format,
                 "min_size": args.min_size, "background": list(args.background)}
     settings_file = out_root / "prepare_settings.json"
-    if settings_file.is_file():
+    if settings_file.is_file():  # never a dataset that mixes two settings
         old = json.loads(settings_file.read_text(encoding="utf-8"))
-        diff = {k: (old.get(k), settings[k]) for k in SETTINGS_KEYS if old.get(k) != settings[k]}
-        if diff:
-            print(f"error: {out_root} was prepared with other settings {diff} (old, new); use a new "
-                  "--output_dir so the dataset is not a mix of both")
-            return 2
+        check_prepared_settings(out_root, {k: old.get(k) for k in SETTINGS_KEYS},
+                                {k: settings[k] for k in SETTINGS_KEYS}, args.overwrite, "--output_dir")
     out_root.mkdir(parents=True, exist_ok=True)
-    settings_file.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+    write_text(settings_file, json.dumps(settings, indent=2) + "\n")
 
     files = list_images(src_root)
     print(f"found {len(files)} image files in {src_root}")
@@ -176,7 +168,7 @@ def preprocess(args: argparse.Namespace) -> int:
     ok.sort(key=lambda r: r["path"])
     manifest = {"settings": settings, "files": [{"path": r["path"], "source": r["source"], "width": r["width"],
                                                  "height": r["height"]} for r in ok]}
-    (out_root / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+    write_text(out_root / "manifest.json", json.dumps(manifest, indent=1) + "\n")
     report = {
         "input_dir": str(src_root), "output_dir": str(out_root), "settings": settings,
         "counts": {"found": len(files), "written": sum(r["status"] == "ok" for r in records),
@@ -187,7 +179,7 @@ def preprocess(args: argparse.Namespace) -> int:
         "skipped": [{"file": r["source"], "kind": r["kind"], "reason": r["reason"]} for r in skipped],
         "upscaled": [r["source"] for r in records if r.get("upscaled")],
     }
-    (out_root / "preprocess_report.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    write_text(out_root / "preprocess_report.json", json.dumps(report, indent=1) + "\n")
     c = report["counts"]
     print(f"written {c['written']}, already done {c['already_done']}, skipped {c['skipped']}, "
           f"upscaled {c['upscaled']} -> {out_root}")
@@ -276,8 +268,7 @@ def validate(args: argparse.Namespace) -> int:
         "ignored_files": [str(p) for p in others[:1000]],
     }
     out = Path(args.output_file)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    write_text(out, json.dumps(report, indent=1) + "\n")
     print(f"{len(files)} image files: {len(good)} valid, {len(problems)} with problems, "
           f"{len(duplicates)} duplicate group(s) -> {out}")
     for r in problems[:50]:
@@ -301,6 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--background", type=int, nargs=3, default=(255, 255, 255), metavar=("R", "G", "B"),
                    help="colour that transparent pixels are composited onto")
     p.add_argument("--num_workers", type=int, default=min(8, os.cpu_count() or 1))
+    p.add_argument("--overwrite", action="store_true",
+                   help="preprocess again into a folder prepared with other settings (its old files are moved aside)")
     return p
 
 
@@ -324,10 +317,10 @@ def main(argv: list[str] | None = None) -> int:
             check_output_dir(args.output_dir, "--output_dir")
         else:
             check_output_file(args.output_file, "--output_file")
-    except OutputPathError as exc:
+        return preprocess(args) if args.mode == "preprocess" else validate(args)
+    except OutputPathError as exc:  # also a full disk while writing (common.atomic_write.DiskFullError)
         print(f"error: {exc}")
         return 2
-    return preprocess(args) if args.mode == "preprocess" else validate(args)
 
 
 if __name__ == "__main__":

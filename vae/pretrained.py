@@ -20,6 +20,7 @@ from pathlib import Path
 
 from torch import nn
 
+from common.atomic_write import write_text
 from common.checkpoint import CheckpointError, load_checkpoint, load_matching
 from vae.config import VAEConfig
 from vae.diffusers_io import INIT_RECORD, arch_from_config, from_diffusers, read_diffusers_folder
@@ -103,8 +104,7 @@ def init_from_diffusers(vae: AutoencoderKL, cfg: VAEConfig, folder: str | Path, 
     factors = {"scaling_factor": folder_cfg.get("scaling_factor"), "shift_factor": folder_cfg.get("shift_factor")}
     if main:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / INIT_RECORD).write_text(json.dumps({"init_from": str(folder), **factors}, indent=1) + "\n",
-                                           encoding="utf-8")
+        write_text(out_dir / INIT_RECORD, json.dumps({"init_from": str(folder), **factors}, indent=1) + "\n")
     return [f"init_from {folder}: all {len(sd)} tensors of a diffusers AutoencoderKL, {layout_name(arch)}; "
             f"its scaling_factor {factors['scaling_factor']}, shift_factor {factors['shift_factor']} "
             f"(export_factors: {cfg.export_factors})"]

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from common.atomic_write import DiskFullError, atomic_output
 from common.precision import Precision
 from common.run_dir import OutputPathError, check_output_dir, check_output_file
 from vae.data import BadImage, image_to_tensor, list_images, open_image_rgb, tensor_to_uint8
@@ -142,6 +143,12 @@ def reconstruct_latent_tiled(model: AutoencoderKL, x: torch.Tensor, tile: int = 
     return decode_tiled(model, z, t, o)[..., :h, :w]
 
 
+def image_format(path: str | Path) -> str | None:
+    """The PIL format that writes `path` by its extension (`.png` → PNG), or None when PIL cannot write one."""
+    fmt = Image.registered_extensions().get(Path(path).suffix.lower())
+    return fmt if fmt in Image.SAVE else None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="checkpoint_*.pt, vae_final.pt or a diffusers folder")
@@ -167,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         (check_output_dir if src.is_dir() else check_output_file)(args.output, "--output")
+        if not src.is_dir() and image_format(args.output) is None:  # before minutes of reconstruction
+            raise OutputPathError(f"--output {args.output}: not an image file name; end it in .png (lossless), "
+                                  ".webp, .jpg or .tif")
     except OutputPathError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -196,8 +206,12 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 rec = reconstruct_full(model, x)
         dst = out if not src.is_dir() else out / path.relative_to(src).with_suffix(".png")
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(tensor_to_uint8(rec[0])).save(dst)
+        try:
+            with atomic_output(dst) as tmp:
+                Image.fromarray(tensor_to_uint8(rec[0])).save(tmp, format=image_format(dst))
+        except DiskFullError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         print(f"  {path} -> {dst}  {im.width}x{im.height}  PSNR {float(psnr(x, rec)[0]):.2f} dB")
     return 1 if failures and failures == len(inputs) else 0
 

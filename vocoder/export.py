@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from common.atomic_write import atomic_output, write_text
 from common.checkpoint import CheckpointError, load_checkpoint, save_atomic
 from common.run_dir import OutputPathError, check_output_dir
 from vocoder.model import Generator, GeneratorArgs, remove_all_weight_norm
@@ -143,10 +144,8 @@ def export(ckpt_path: str | Path, out_dir: str | Path, onnx: bool = False) -> Pa
     generator.load_state_dict(gen_state)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    save_atomic({"generator": to_legacy_names(generator.state_dict())}, out / "model.ckpt")
-    tmp = out / "config.json.tmp"
-    tmp.write_text(json.dumps(info, indent=1))
-    tmp.replace(out / "config.json")
+    save_atomic({"generator": to_legacy_names(generator.state_dict())}, out / "model.ckpt", note="")
+    write_text(out / "config.json", json.dumps(info, indent=1))
     if onnx:
         export_onnx(generator, info, out)
     return out
@@ -174,15 +173,15 @@ def export_onnx(generator: Generator, info: dict, out: Path) -> Path:
     path = out / "model.onnx"
     # The TorchScript exporter (dynamo=False) handles the data-dependent source cleanly; its
     # deprecation and constant-folding notices are noise for this graph.
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), atomic_output(path) as tmp:
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            _OnnxWrapper(generator), (mel, f0), str(path), input_names=["mel", "f0"], output_names=["waveform"],
+            _OnnxWrapper(generator), (mel, f0), str(tmp), input_names=["mel", "f0"], output_names=["waveform"],
             dynamic_axes={"mel": {1: "n_frames"}, "f0": {1: "n_frames"}, "waveform": {1: "n_samples"}},
             opset_version=17, dynamo=False,
         )
     fmax = info["fmax"] if info["fmax"] is not None else info["sampling_rate"] / 2
-    (out / "vocoder.yaml").write_text(yaml.safe_dump({
+    write_text(out / "vocoder.yaml", yaml.safe_dump({
         "name": out.name, "model": path.name, "sample_rate": info["sampling_rate"], "hop_size": info["hop_size"],
         "win_size": info["win_size"], "fft_size": info["n_fft"], "num_mel_bins": info["num_mels"],
         "mel_fmin": info["fmin"], "mel_fmax": fmax, "mel_base": "e", "mel_scale": "slaney",

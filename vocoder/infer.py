@@ -23,12 +23,14 @@ import argparse
 import json
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from common import exit_codes
+from common.atomic_write import DiskFullError
 from common.audio import MelSpectrogram, extract_f0, load_audio, save_wav
 from common.checkpoint import CheckpointError, load_checkpoint
 from common.run_dir import OutputPathError, check_output_dir
@@ -141,10 +143,12 @@ def _collect_inputs(inputs: list[str]) -> list[Path]:
 
 
 def _load_mel_f0(path: Path, n_mels: int) -> tuple[torch.Tensor, torch.Tensor]:
-    data = np.load(path)
-    if "mel" not in data or "f0" not in data:
-        raise ValueError(f"{path}: an .npz input needs arrays 'mel' and 'f0'")
-    mel, f0 = np.asarray(data["mel"], np.float32), np.asarray(data["f0"], np.float32).reshape(-1)
+    if not zipfile.is_zipfile(path):  # np.load would call a text file "pickled data"
+        raise ValueError(f"{path}: not a mel file (expected an .npz written by numpy.savez with arrays 'mel' and 'f0')")
+    with np.load(path, allow_pickle=False) as data:
+        if "mel" not in data or "f0" not in data:
+            raise ValueError(f"{path}: an .npz input needs arrays 'mel' and 'f0'")
+        mel, f0 = np.asarray(data["mel"], np.float32), np.asarray(data["f0"], np.float32).reshape(-1)
     if mel.ndim != 2 or n_mels not in mel.shape:
         raise ValueError(f"{path}: mel must be [n_mels={n_mels}, frames] or [frames, n_mels], got {mel.shape}")
     if mel.shape[0] != n_mels:
@@ -154,11 +158,25 @@ def _load_mel_f0(path: Path, n_mels: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(mel)[None], torch.from_numpy(f0)[None]
 
 
+def check_vocodable(mel: torch.Tensor, f0: torch.Tensor) -> None:
+    """ValueError when a mel (and its f0) cannot become audio: no frames (the convolutions would fail
+    for the whole batch) or NaN / infinite values (the wav would be silence or noise, never an error)."""
+    if mel.shape[-1] == 0:
+        raise ValueError("0 frames: nothing to vocode")
+    for name, x in (("mel", mel), ("f0", f0)):
+        bad = int((~torch.isfinite(x)).sum())
+        if bad:
+            raise ValueError(f"{'all' if bad == x.numel() else bad} of its {x.numel()} {name} values are NaN or "
+                             "infinite")
+
+
 def synthesize_files(voc: VocoderInference, files: list[Path], out_dir: Path, log=print) -> dict:
-    """Vocode every file into out_dir/<stem>.wav; returns {"files", "audio_s", "compute_s", "rtf"}."""
+    """Vocode every file into out_dir/<stem>.wav; a file that cannot be read or vocoded is reported
+    (`skipped <file>: <reason>`) and the others are still vocoded. Returns {"files", "skipped",
+    "audio_s", "compute_s", "rtf"}."""
     out_dir.mkdir(parents=True, exist_ok=True)
     audio_s = compute_s = 0.0
-    done = 0
+    done = skipped = 0
     for f in files:
         try:
             if f.suffix.lower() == ".npz":
@@ -167,8 +185,10 @@ def synthesize_files(voc: VocoderInference, files: list[Path], out_dir: Path, lo
                 wav, _ = load_audio(f, sr=voc.sample_rate)
                 mel = voc.mel(torch.from_numpy(wav)[None])
                 f0 = torch.from_numpy(voc.f0(wav))[None]
+            check_vocodable(mel, f0)
         except (ValueError, OSError) as e:
             log(f"skipped {f}: {e}")
+            skipped += 1
             continue
         t0 = time.perf_counter()
         out = voc(mel, f0)[0].cpu().numpy()
@@ -179,7 +199,7 @@ def synthesize_files(voc: VocoderInference, files: list[Path], out_dir: Path, lo
     rtf = compute_s / audio_s if audio_s else float("nan")
     log(f"vocoded {done} file(s), {audio_s:.1f} s of audio in {compute_s:.2f} s: RTF {rtf:.3f} "
         f"({1 / rtf if rtf == rtf and rtf > 0 else float('nan'):.1f}x real time) -> {out_dir}")
-    return {"files": done, "audio_s": audio_s, "compute_s": compute_s, "rtf": rtf}
+    return {"files": done, "skipped": skipped, "audio_s": audio_s, "compute_s": compute_s, "rtf": rtf}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,8 +219,17 @@ def main(argv: list[str] | None = None) -> int:
     if not files:
         print("error: no audio or .npz files in the given inputs", file=sys.stderr)
         return exit_codes.BAD_INPUT
-    if synthesize_files(voc, files, Path(args.output))["files"] == 0:
+    try:
+        done = synthesize_files(voc, files, Path(args.output))
+    except DiskFullError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    if done["files"] == 0:
         print(f"error: none of the {len(files)} input file(s) could be vocoded (reasons above)", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    if done["skipped"]:
+        print(f"error: {done['skipped']} of {len(files)} input file(s) could not be vocoded (reasons above); "
+              f"the other {done['files']} are in {args.output}", file=sys.stderr)
         return exit_codes.BAD_INPUT
     return exit_codes.OK
 

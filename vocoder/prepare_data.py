@@ -29,8 +29,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import shutil
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -39,8 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
+from common.atomic_write import DiskFullError, atomic_output, remove_stale_temp_folders, write_text
 from common.config import ConfigError, add_config_args, load_config
-from common.run_dir import check_output_dir
+from common.run_dir import check_output_dir, check_prepared_settings
 from vocoder.config import VocoderConfig
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".mp3", ".aif", ".aiff", ".opus")
@@ -155,20 +154,27 @@ def process_file(path: Path, item_dir: Path, settings: Settings) -> dict:
     except Exception as e:  # noqa: BLE001 - an extractor failure is a per-file problem
         return {"ok": False, "reason": f"f0 extraction failed ({type(e).__name__}: {e})"}
 
-    tmp = item_dir.with_name(item_dir.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    np.save(tmp / "audio.npy", wav.astype(np.float32))
-    np.save(tmp / "mel.npy", mel.astype(np.float32))
-    np.save(tmp / "f0.npy", f0.astype(np.float32))
-    np.save(tmp / "voiced.npy", voiced.astype(bool))
     meta = {**_source_stamp(path), "settings": settings.as_dict(), "frames": frames,
             "seconds": frames * settings.hop_size / settings.sample_rate,
             "voiced_fraction": float(voiced.mean()) if frames else 0.0}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-    shutil.rmtree(item_dir, ignore_errors=True)
-    os.replace(tmp, item_dir)
+    with atomic_output(item_dir, folder=True) as tmp:  # <item>.tmp<pid>, renamed when complete
+        np.save(tmp / "audio.npy", wav.astype(np.float32))
+        np.save(tmp / "mel.npy", mel.astype(np.float32))
+        np.save(tmp / "f0.npy", f0.astype(np.float32))
+        np.save(tmp / "voiced.npy", voiced.astype(bool))
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     return {"ok": True, "frames": frames, "seconds": meta["seconds"]}
+
+
+def prepared_settings(out: Path) -> dict | None:
+    """The settings `out` was prepared with: its manifest's, or (an interrupted run) those of its first item."""
+    sources = [out / MANIFEST, *sorted((out / "items").glob("*/meta.json"))[:1]]
+    for f in sources:
+        try:
+            return json.loads(f.read_text())["settings"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
 
 
 def load_checked(path: Path, settings: Settings):
@@ -190,6 +196,8 @@ def _job(args: tuple[str, str, Settings]) -> dict:
     path, item_dir, settings = args
     try:
         return process_file(Path(path), Path(item_dir), settings)
+    except DiskFullError:
+        raise  # not this file's fault: the whole run stops with one line
     except Exception as e:  # noqa: BLE001 - report, never kill the whole run for one file
         return {"ok": False, "reason": f"unexpected error ({type(e).__name__}: {e})"}
 
@@ -217,8 +225,10 @@ def split_items(ids: list[str], val_num: int, shuffle: bool, seed: int,
 
 
 def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, num_workers: int | None = None,
-            log=print) -> dict:
-    """Run the whole binarization; returns the manifest. Raises PrepareError when nothing is usable."""
+            log=print, overwrite: bool = False) -> dict:
+    """Run the whole binarization; returns the manifest. Raises PrepareError when nothing is usable.
+    A folder prepared with other settings is refused (OutputPathError) unless `overwrite`, which moves
+    its files aside first (`common.run_dir.check_prepared_settings`)."""
     roots = [Path(p) for p in inputs]
     missing = [str(r) for r in roots if not r.exists()]
     if not roots:
@@ -234,8 +244,10 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
     if not files:
         raise PrepareError(f"no audio files ({'/'.join(e[1:] for e in AUDIO_EXTENSIONS)}) found under: "
                            f"{', '.join(str(r) for r in roots)}")
+    check_prepared_settings(out, prepared_settings(out), settings.as_dict(), overwrite, "--output", log=log)
     items_dir = out / "items"
     items_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_folders(items_dir, log=log)  # `<item>.tmp<pid>` of killed earlier runs
 
     results: dict[str, dict] = {}
     jobs = []
@@ -273,10 +285,10 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
     )
     report = {"num_files": len(files), "num_ok": len(good), "num_skipped": len(skipped), "skipped": skipped,
               "seconds": round(time.time() - t0, 2)}
-    (out / "report.json").write_text(json.dumps(report, indent=1))
+    write_text(out / "report.json", json.dumps(report, indent=1))
     lines = [f"{len(good)} of {len(files)} files usable, {len(skipped)} skipped"]
     lines += [f"SKIPPED {s['file']}: {s['reason']}" for s in skipped]
-    (out / "report.txt").write_text("\n".join(lines) + "\n")
+    write_text(out / "report.txt", "\n".join(lines) + "\n")
     for line in lines[1:]:
         log(line)
     if not good:
@@ -300,9 +312,7 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
         "valid": valid,
         "total_seconds": round(sum(results[i]["seconds"] for i in good), 2),
     }
-    tmp = out / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, out / MANIFEST)
+    write_text(out / MANIFEST, json.dumps(manifest, indent=1))
     log(f"prepare: {len(good)} items ({manifest['total_seconds']:.1f} s of audio): {len(train)} train, "
         f"{len(valid)} valid -> {out} ({report['seconds']:.1f} s)")
     return manifest
@@ -315,6 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", nargs="+", default=None, help="audio folder(s) (default: data_input_path)")
     p.add_argument("--output", default=None, help="dataset folder (default: binary_data_dir)")
     p.add_argument("--num_workers", type=int, default=None, help="processes (default: binarization_args.num_workers)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="prepare again into a folder prepared with other settings (its old files are moved aside)")
     return p
 
 
@@ -329,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.num_workers is not None and args.num_workers < 0:
             raise PrepareError("--num_workers must be >= 0")
         check_output_dir(output, "--output")
-        prepare(cfg, inputs, output, args.num_workers)
+        prepare(cfg, inputs, output, args.num_workers, overwrite=args.overwrite)
     except (PrepareError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

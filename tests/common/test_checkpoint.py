@@ -99,3 +99,48 @@ def test_load_matching_lists_mismatched_and_missing():
         load_matching(dst, src.state_dict(), strict_shapes=True)
     ignored = load_matching(dst, src.state_dict(), ignore=("1.",))
     assert "1.weight" in ignored.ignored
+
+
+# ------------------------------------------------------------------ bytes changed on disk (issue 28 item 8)
+def _damage(path: Path, n_bytes: int = 20_000, seed: int = 0) -> None:
+    """Overwrites `n_bytes` in the middle of `path` with random bytes, keeping its size (a failing disk)."""
+    blob = bytearray(path.read_bytes())
+    middle = len(blob) // 2 - n_bytes // 2
+    blob[middle:middle + n_bytes] = torch.randint(0, 256, (n_bytes,), generator=torch.Generator().manual_seed(seed),
+                                                  dtype=torch.uint8).numpy().tobytes()
+    path.write_bytes(bytes(blob))
+
+
+def test_damaged_bytes_are_found_on_every_load_and_resume_takes_the_previous(tmp_path):
+    from common.checkpoint import damage, verify_checkpoint
+
+    mgr = CheckpointManager(tmp_path, keep_last=5)
+    for step in (1, 2):
+        mgr.save({"w": torch.full((100_000,), float(step)), "step": step}, step)
+    newest = tmp_path / "model_00000002.pt"
+    _damage(newest)
+    assert torch.load(newest, weights_only=True)["w"].shape == (100_000,)  # torch alone would use it
+    assert damage(newest).startswith("damaged: record ") and "CRC-32" in damage(newest)
+    assert verify_checkpoint(newest) == damage(newest)
+    with pytest.raises(CheckpointError, match=r"model_00000002\.pt: damaged: record .* fails its CRC-32 check"):
+        load_checkpoint(newest)  # --resume PATH, --init_from, export, inference
+    lines: list[str] = []
+    assert resolve_resume("auto", tmp_path, CheckpointManager(tmp_path), log=lines.append) == tmp_path / "model_00000001.pt"
+    assert len(lines) == 1 and lines[0].startswith(f"warning: skipping {newest}: damaged: record ")
+    assert lines[0].endswith("renamed it to model_00000002.pt.corrupt and trying the checkpoint before it")
+    assert (tmp_path / "model_00000002.pt.corrupt").is_file() and not newest.exists()
+    assert load_checkpoint(tmp_path / "model_00000001.pt")["step"] == 1
+
+
+def test_when_every_checkpoint_is_damaged_resume_auto_refuses_instead_of_starting_over(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=5)
+    for step in (1, 2):
+        mgr.save({"w": torch.full((100_000,), float(step))}, step)
+        _damage(tmp_path / f"model_{step:08d}.pt", seed=step)
+    with pytest.raises(CheckpointError, match=r"^--resume auto: no intact checkpoint in .*, found model_00000002\.pt "
+                                              r"\(damaged: .*\); model_00000001\.pt \(damaged: .*\) \(each renamed "
+                                              r"\*\.corrupt\)\. .*--overwrite"):
+        resolve_resume("auto", tmp_path, CheckpointManager(tmp_path), log=lambda *a: None)
+    # the next start finds only the renamed files: still no silent start from step 0
+    with pytest.raises(CheckpointError, match=r"found only model_00000001\.pt\.corrupt, model_00000002\.pt\.corrupt"):
+        resolve_resume("auto", tmp_path, CheckpointManager(tmp_path))

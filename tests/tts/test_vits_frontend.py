@@ -118,7 +118,11 @@ def test_long_text_streams_sentence_by_sentence(espeak_run, tmp_path, capsys):
     out, sizes, lengths = tmp_path / "long.wav", [], []
 
     def on_sentence(i, norm, seconds):
-        sizes.append(out.stat().st_size)  # the file grows while later sentences are still to come
+        # streamed: the temp file beside `out` grows while later sentences are still to come; `out`
+        # itself appears only when the text is done (never a truncated wav)
+        (tmp,) = tmp_path.glob(".long.wav.*.tmp")
+        assert not out.exists()
+        sizes.append(tmp.stat().st_size)
         lengths.append(round(seconds * SR))
 
     torch.manual_seed(0)

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from common.atomic_write import write_bytes
 from common.audio import AudioError, MelSpectrogram, check_audio, extract_f0, load_audio
 from common.data import BucketBatchSampler, BucketShapes, make_loader, sample_rng
 from tts.clone.config import AudioConfig, CloneConfig, DataConfig
@@ -156,9 +157,7 @@ def _feature_job(job: tuple[dict, AudioConfig, DataConfig, str]) -> tuple[dict, 
         return item, f"audio too short to align ({feats['mel'].shape[1]} frames < {len(chk.ids)} symbols)"
     buf = io.BytesIO()
     np.savez(buf, ids=np.asarray(chk.ids, dtype=np.int64), **feats)
-    tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_bytes(buf.getvalue())
-    os.replace(tmp, out)  # atomic: an interrupted run never leaves a half-written cache entry
+    write_bytes(out, buf.getvalue())  # atomic: never a half-written cache entry; a full disk is one line
     item.update(frames=int(feats["mel"].shape[1]), n_text=len(chk.ids))
     return item, None
 

@@ -27,8 +27,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from common.atomic_write import DiskFullError, atomic_output, write_text
 from common.checkpoint import CheckpointError
-from common.run_dir import OutputPathError, check_output_file
+from common.run_dir import OutputPathError, check_output_file, refuse_to_replace
 from tts.clone.config import CloneConfig
 from tts.clone.data import DataError, load_reference
 from tts.clone.infer import load_clone_model, text_ids
@@ -61,15 +62,14 @@ class OnnxCloneAcoustic(nn.Module):
 def export(model: VoiceCloneTTS, out: str | Path, opset: int = 17) -> Path:
     """Traces `OnnxCloneAcoustic` (legacy exporter: the frame count stays a dynamic tensor)."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     model = model.eval()
     ids = text_ids("salom dunyo")
     ref = torch.randn(1, model.n_mels, 40)
     args = (ids, torch.tensor([ids.size(1)]), ref, torch.tensor([ref.size(2)]), torch.tensor([1.0]))
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), atomic_output(out) as tmp:  # never a partial .onnx (common.atomic_write)
         warnings.simplefilter("ignore")  # tracer warnings about Python values in the graph
         torch.onnx.export(
-            OnnxCloneAcoustic(model), args, str(out), dynamo=False, opset_version=opset,
+            OnnxCloneAcoustic(model), args, str(tmp), dynamo=False, opset_version=opset,
             input_names=INPUTS, output_names=OUTPUTS,
             dynamic_axes={"text": {0: "batch", 1: "symbols"}, "text_lengths": {0: "batch"},
                           "ref_mel": {0: "batch", 2: "ref_frames"}, "ref_lengths": {0: "batch"},
@@ -115,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, help="checkpoint of tts/train_main.py (e.g. best.pt)")
     p.add_argument("--out", required=True, help="model.onnx (model.onnx.json is written beside it)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out and its .json if it exists")
     p.add_argument("--reference", help="a clip to check with (default: a synthetic reference mel)")
     p.add_argument("--opset", type=int, default=17)
     p.add_argument("--tolerance", type=float, default=1e-3, help="max |ONNX - PyTorch| (log-mel; f0 relative)")
@@ -122,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         check_output_file(args.out, "--out")
+        for existing in (args.out, args.out + ".json"):
+            refuse_to_replace(existing, args.overwrite, "--out")
         model, cfg = load_clone_model(args.checkpoint, "cpu")
         ref_mel = (load_reference(args.reference, cfg.audio, cfg.data).mel if args.reference else
                    model.mel_mean.view(1, -1, 1) + model.mel_std.view(1, -1, 1) * torch.randn(
@@ -130,8 +133,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     t0 = time.time()
-    out = export(model, args.out, args.opset)
-    Path(str(out) + ".json").write_text(json.dumps(metadata(cfg), ensure_ascii=False, indent=1), encoding="utf-8")
+    try:
+        out = export(model, args.out, args.opset)
+        write_text(str(out) + ".json", json.dumps(metadata(cfg), ensure_ascii=False, indent=1))
+    except DiskFullError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) and {out}.json in {time.time() - t0:.1f} s")
     if args.no_check:
         return 0

@@ -20,13 +20,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.atomic_write import DiskFullError
 from common.audio import save_wav
 from common.checkpoint import CheckpointError, load_checkpoint
-from common.run_dir import OutputPathError, check_output_file
+from common.run_dir import OutputPathError, check_output_file, refuse_to_replace
 from tts.clone.config import AudioConfig, CloneConfig, config_from_dict
 from tts.clone.data import DataError, Reference, load_reference
 from tts.clone.model import VoiceCloneTTS
-from tts.text import SYMBOLS, normalize, text_to_ids
+from tts.text import SYMBOLS, normalize, says_something, text_to_ids
 
 
 class VocoderMismatchError(ValueError):
@@ -76,7 +77,7 @@ def load_matching_vocoder(path: str | Path, audio: AudioConfig, device: str | to
 def text_ids(text: str) -> torch.Tensor:
     """Raw text (any script) → [1, T] symbol ids; unknown characters are dropped with a warning."""
     ids = text_to_ids(normalize(text), on_unknown="warn")
-    if not ids:
+    if not says_something(ids):  # empty, or only pauses and punctuation (emoji-only text)
         raise DataError(f"nothing speakable in the text {text!r} after normalisation")
     return torch.tensor([ids], dtype=torch.long)
 
@@ -107,11 +108,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocoder", default=None, help="exported vocoder folder or checkpoint "
                    "(default: the vocoder.path the model was trained with)")
     p.add_argument("--output", default="clone.wav", help="output wav path")
+    p.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
     p.add_argument("--length-scale", type=float, default=1.0, help=">1 speaks slower, <1 faster")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args(argv)
     try:
         check_output_file(args.output, "--output")
+        refuse_to_replace(args.output, args.overwrite, "--output")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the unknown characters are reported again when it is spoken
+            text_ids(args.text)  # nothing speakable: refused before any model is loaded
         model, cfg = load_clone_model(args.checkpoint, args.device)
         voc_path = args.vocoder or cfg.vocoder.path
         if not voc_path:
@@ -127,7 +133,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     wav = np.asarray(res["wav"])
-    save_wav(args.output, wav, vocoder.sample_rate)
+    try:
+        save_wav(args.output, wav, vocoder.sample_rate)
+    except DiskFullError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     seconds = len(wav) / vocoder.sample_rate
     rtf = res["compute_s"] / seconds if seconds else float("nan")
     print(f"wrote {args.output}: {seconds:.2f} s of audio in {res['compute_s']:.3f} s on {args.device} "

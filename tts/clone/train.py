@@ -382,7 +382,7 @@ def run(args: argparse.Namespace) -> int:
     res = resolve_config(args)
     apply_preset(res.cfg, args.preset, "tts_clone")
     prepare_run_dir(res.cfg.train.checkpoint_dir, None, args.resume, args.overwrite, args.init_from,
-                    keep=("features",))
+                    keep=("features",), run_flag="--checkpoint-dir")
     trainer = CloneTrainer(res, args.resume, args.init_from)
     return exit_code(trainer.fit(progress=sys.stderr.isatty())["stop"])
 

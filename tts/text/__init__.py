@@ -13,6 +13,7 @@ from tts.text.symbols import (
     find_unknown,
     ids_to_text,
     intersperse,
+    says_something,
     text_to_ids,
 )
 
@@ -26,5 +27,6 @@ __all__ = [
     "ids_to_text",
     "intersperse",
     "normalize",
+    "says_something",
     "text_to_ids",
 ]

@@ -14,7 +14,6 @@ the front-end from there (:meth:`Frontend.from_checkpoint`).
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -23,6 +22,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.atomic_write import write_text
 from common.config import ConfigError
 from common.demo_speech import to_espeak_text
 from tts.text.symbols import PAD, PUNCTUATION, SYMBOLS, describe_char, text_to_ids
@@ -159,7 +159,5 @@ class PhonemeCache:
         missing = sorted(set(texts) - set(self.table))
         if missing:
             self.table.update(zip(missing, phonemize(missing, self.voice)))
-            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(self.table, ensure_ascii=False, indent=0), encoding="utf-8")
-            os.replace(tmp, self.path)
+            write_text(self.path, json.dumps(self.table, ensure_ascii=False, indent=0))
         return len(missing)

@@ -26,6 +26,16 @@ SYMBOL_TO_ID: dict[str, int] = {s: i for i, s in enumerate(SYMBOLS)}
 _MAX_TOKEN_LEN = max(len(s) for s in SYMBOLS)
 
 
+# Symbols that say nothing on their own (the first ids of both inventories, graphemes and espeak-ng
+# phonemes): text that leaves only these after normalisation ("🎉 👍", "😀.") is as empty as "".
+SILENT = frozenset([PAD, " ", *PUNCTUATION])
+
+
+def says_something(ids: list[int], symbols: list[str] = SYMBOLS) -> bool:
+    """Whether `ids` hold at least one symbol that is spoken, not only pauses and punctuation."""
+    return any(symbols[i] not in SILENT for i in ids)
+
+
 class UnknownCharacterError(ValueError):
     """A character that is not in ``SYMBOLS`` (after normalisation). Names it and where."""
 

@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     samples = RUN_DIR / "samples"
     for i, sentence in enumerate(train_mod.load_config(str(CONFIG), train_mod.TrainConfig).test_sentences):
         rc = synthesize.main(["--checkpoint", str(RUN_DIR / "checkpoints" / "best.pt"), "--text", sentence,
-                              "--out", str(samples / f"demo_{i}.wav"), "--threads", str(torch.get_num_threads())])
+                              "--out", str(samples / f"demo_{i}.wav"), "--overwrite",
+                              "--threads", str(torch.get_num_threads())])
         if rc != 0:
             return rc
 

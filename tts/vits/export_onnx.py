@@ -34,8 +34,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from common.atomic_write import DiskFullError, atomic_output, write_text
 from common.checkpoint import CheckpointError
-from common.run_dir import check_output_file
+from common.run_dir import check_output_file, refuse_to_replace
 from tts.text.phonemes import Frontend
 from tts.text.symbols import PAD
 from tts.vits.config import TrainConfig
@@ -61,14 +62,13 @@ class OnnxVits(nn.Module):
 
 def export(model: VITS, out: str | Path, opset: int = 17) -> Path:
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     wrapper = OnnxVits(model).eval()
     x = text_to_input("salom dunyo", add_blank=True)
     args = (x, torch.tensor([x.size(1)]), torch.tensor([0.667, 1.0, 0.8]), torch.tensor([0]))
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), atomic_output(out) as tmp:  # never a partial .onnx (common.atomic_write)
         warnings.simplefilter("ignore")  # tracer warnings about Python values in the graph
         torch.onnx.export(
-            wrapper, args, str(out), dynamo=False, opset_version=opset,
+            wrapper, args, str(tmp), dynamo=False, opset_version=opset,
             input_names=["input", "input_lengths", "scales", "sid"], output_names=["output"],
             dynamic_axes={"input": {0: "batch", 1: "phonemes"}, "input_lengths": {0: "batch"},
                           "sid": {0: "batch"}, "output": {0: "batch", 2: "time"}})
@@ -134,20 +134,27 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--out", required=True, help="model.onnx (model.onnx.json is written beside it)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out and its .json if it exists")
     p.add_argument("--opset", type=int, default=17)
     p.add_argument("--tolerance", type=float, default=1e-3, help="max |ONNX - PyTorch| sample difference")
     p.add_argument("--no_check", action="store_true")
     args = p.parse_args(argv)
     try:
         check_output_file(args.out, "--out")
+        for existing in (args.out, args.out + ".json"):
+            refuse_to_replace(existing, args.overwrite, "--out")
         model, cfg, speakers = load_generator(args.checkpoint, "cpu", remove_wn=True)
     except (CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     t0 = time.time()
-    out = export(model, args.out, args.opset)
     meta = piper_config(cfg, speakers)
-    Path(str(out) + ".json").write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
+    try:
+        out = export(model, args.out, args.opset)
+        write_text(str(out) + ".json", json.dumps(meta, ensure_ascii=False, indent=1))
+    except DiskFullError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) and {out}.json (Piper voice config, phoneme_type "
           f"{meta['phoneme_type']}) in {time.time() - t0:.1f} s")
     if meta["phoneme_type"] == "text":

@@ -27,11 +27,12 @@ import numpy as np
 import soundfile as sf
 import torch
 
+from common.atomic_write import atomic_output
 from common.audio import to_int16
 from common.checkpoint import CheckpointError, load_checkpoint
 from common.config import ConfigError, load_config
-from common.run_dir import check_output_dir, check_output_file
-from tts.text import intersperse, normalize
+from common.run_dir import check_output_dir, check_output_file, refuse_to_replace
+from tts.text import intersperse, normalize, says_something
 from tts.text.phonemes import Frontend
 from tts.text.sentences import paragraphs, split_sentences
 from tts.vits.config import TrainConfig
@@ -73,8 +74,9 @@ def resolve_speaker(speaker: str | None, speakers: dict[str, int]) -> int:
 
 def text_to_input(text: str, add_blank: bool, frontend: Frontend | None = None) -> torch.Tensor:
     """Raw text → [1, T] ids as the model reads them (normalised, graphemes or phonemes, blanks)."""
-    ids = (frontend or Frontend()).ids(normalize(text), on_unknown="warn")
-    if not ids:
+    frontend = frontend or Frontend()
+    ids = frontend.ids(normalize(text), on_unknown="warn")
+    if not says_something(ids, frontend.symbols):  # empty, or only pauses and punctuation (emoji-only text)
         raise ValueError(f"nothing to say in {text!r} after normalisation")
     return torch.tensor([intersperse(ids) if add_blank else ids], dtype=torch.long)
 
@@ -107,17 +109,18 @@ def synthesize_long(model: VITS, cfg: TrainConfig, text: str, out: str | Path, s
                     sentence_pause: float = 0.3, paragraph_pause: float = 0.8, device: str | torch.device = "cpu",
                     on_sentence=None) -> dict:
     """Any amount of text → one 16-bit wav, streamed: each sentence is appended (and flushed) as soon
-    as it is synthesised, followed by its pause. ``on_sentence(i, normalised, seconds)`` is called
-    after each write. Sentences with nothing to say (only symbols) are skipped with a note.
-    Returns {"seconds", "sentences", "skipped", "elapsed"}."""
+    as it is synthesised, followed by its pause, into a temp file beside `out` that becomes `out` when
+    the text is done (`common.atomic_write`: a stop or a full disk never leaves a truncated wav).
+    ``on_sentence(i, normalised, seconds)`` is called after each write. Sentences with nothing to say
+    (only symbols) are skipped with a note. Returns {"seconds", "sentences", "skipped", "elapsed"}."""
     sr = cfg.audio.sample_rate
     pauses = {"sentence": sentence_pause, "paragraph": paragraph_pause, "end": 0.0}
     items = plan(text)
     if not items:
         raise ValueError("nothing to say: the text is empty")
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
     done, skipped, samples, t0 = 0, [], 0, time.perf_counter()
-    with sf.SoundFile(str(out), "w", samplerate=sr, channels=1, subtype="PCM_16", format="WAV") as f:
+    with atomic_output(out) as tmp, sf.SoundFile(str(tmp), "w", samplerate=sr, channels=1, subtype="PCM_16",
+                                                 format="WAV") as f:
         for sentence, after in items:
             try:
                 wav = synthesize(model, cfg, sentence, sid, noise_scale, length_scale, noise_scale_w, device)
@@ -133,10 +136,10 @@ def synthesize_long(model: VITS, cfg: TrainConfig, text: str, out: str | Path, s
             done += 1
             if on_sentence is not None:
                 on_sentence(done - 1, normalize(sentence), wav.numel() / sr)
+        if not done:  # inside the block: no file is left
+            raise ValueError(f"nothing to say in {text[:80]!r} after normalisation")
     if skipped:
         print(f"note: skipped {len(skipped)} sentence(s) with nothing to say: {skipped[:3]}")
-    if not done:
-        raise ValueError(f"nothing to say in {text[:80]!r} after normalisation")
     return {"seconds": samples / sr, "sentences": done, "skipped": len(skipped), "elapsed": time.perf_counter() - t0}
 
 
@@ -148,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--text_file", help="UTF-8 text file; paragraphs are separated by blank lines")
     p.add_argument("--out", default="out.wav", help="output wav (everything, streamed sentence by sentence)")
     p.add_argument("--out_dir", default=None, help="with --text_file: one wav per paragraph in this folder instead")
+    p.add_argument("--overwrite", action="store_true", help="replace the output wav(s) if it exists")
     p.add_argument("--speaker", default=None, help="speaker name or id (see --list_speakers)")
     p.add_argument("--list_speakers", action="store_true")
     p.add_argument("--noise_scale", type=float, default=0.667)
@@ -185,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
                 jobs = [(text, Path(args.out))]
             else:
                 jobs = [(para, Path(args.out_dir) / f"{i:04d}.wav") for i, para in enumerate(paragraphs(text))]
+        for _, out in jobs:  # before any synthesis: an earlier result is never replaced silently
+            refuse_to_replace(out, args.overwrite, "--out" if args.out_dir is None else "--out_dir: the file")
         synthesize(model, cfg, "salom", sid, device=args.device)  # warm-up (lazy inits), not timed
         torch.manual_seed(args.seed)
         for text, out in jobs:

@@ -1,0 +1,126 @@
+"""The one way the project writes a file: whole or not at all, and a full disk is one line (exit 2).
+
+Why: a kill or a full disk in the middle of a write used to leave a truncated wav, a partial .onnx or
+a half-written cache entry that a later run took for a finished one, and a full disk gave a
+traceback. Every output (checkpoints, prepared datasets, reports, manifests, wavs, images, ONNX files,
+feature caches) is therefore written to a temp file beside its destination (same folder, same
+filesystem) and renamed over it with `os.replace`, which is atomic. Whatever goes wrong, the temp file
+is removed and the destination keeps its previous content (or stays absent). ENOSPC / EDQUOT become
+`DiskFullError`, "disk full while writing FILE: N MiB free" — an `OutputPathError`, so every script
+and trainer exits 2 with that one line.
+
+Temp names: a file `.<name>.<random>.tmp` (what `common.run_dir.remove_stale_temp_files` cleans up),
+a folder `<name>.tmp<pid>` (the vocoder's prepared items; `remove_stale_temp_folders` cleans those).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from common.run_dir import OutputPathError, free_mib
+
+
+class DiskFullError(OutputPathError):
+    """The disk (or the user's quota) filled up while a file was written; no partial file is left."""
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """ENOSPC / EDQUOT as Python sees it anywhere in the exception chain, or as a C++ writer reports it
+    (torch's zip writer: "enforce fail ... unexpected pos"; "No space left on device")."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if isinstance(e, RuntimeError) and ("unexpected pos" in str(e) or "No space left" in str(e)):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def disk_full(path: str | Path, note: str = "") -> DiskFullError:
+    """The one message for a full disk: which file, how much room is left, `note` (e.g. what is intact)."""
+    path = Path(path)
+    return DiskFullError(f"disk full while writing {path}: {free_mib(path.parent):.0f} MiB free{note}")
+
+
+@contextmanager
+def atomic_output(path: str | Path, folder: bool = False, fsync: bool = False, note: str = "") -> Iterator[Path]:
+    """Yields a temp path beside `path` to write to; when the block ends without an error the temp
+    file (or, with `folder`, the temp folder) replaces `path`. On any error the temp is removed and
+    `path` keeps its previous content; a full disk raises `DiskFullError` (with `note` appended).
+    `fsync` flushes the file to the disk before the rename (checkpoints: a power cut keeps either
+    the old or the new file). A destination that exists but is no regular file (/dev/stdout, a pipe,
+    a device) is written directly: renaming over it would replace the device itself."""
+    path = Path(path)
+    tmp: Path | None = None
+    if not folder and path.exists() and not path.is_file() and not path.is_dir():
+        try:
+            yield path
+        except BaseException as exc:
+            if is_disk_full(exc):
+                raise disk_full(path, note) from None
+            raise
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if folder:
+            tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        else:
+            fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            os.close(fd)
+            tmp = Path(name)
+        yield tmp
+        if fsync and not folder:
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        if folder and path.is_dir():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        if tmp is not None:
+            if tmp.is_dir():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tmp.unlink(missing_ok=True)
+        if is_disk_full(exc):
+            raise disk_full(path, note) from None
+        raise
+
+
+def write_bytes(path: str | Path, data: bytes) -> Path:
+    """`data` into `path`, atomically (see `atomic_output`)."""
+    with atomic_output(path) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
+
+
+def write_text(path: str | Path, text: str, encoding: str = "utf-8") -> Path:
+    """`text` into `path`, atomically (see `atomic_output`)."""
+    return write_bytes(path, text.encode(encoding))
+
+
+def remove_stale_temp_folders(folder: str | Path, log=print) -> list[Path]:
+    """Removes `<name>.tmp<pid>` folders that `atomic_output(folder=True)` of a process no longer
+    running left in `folder` (a kill or a crash mid-write); those of live processes are kept."""
+    from common.run_lock import process_is_running
+
+    removed = []
+    d = Path(folder)
+    for p in sorted(d.glob("*.tmp[0-9]*")) if d.is_dir() else []:
+        pid = p.name.rsplit(".tmp", 1)[1]
+        if p.is_dir() and pid.isdigit() and (int(pid) == os.getpid() or not process_is_running(int(pid))):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    if removed:
+        log(f"removed {len(removed)} unfinished item folder(s) left by an interrupted run in {d}")
+    return removed
