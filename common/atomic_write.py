@@ -23,11 +23,25 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from common.run_dir import OutputPathError, free_mib
+from common.errors import OutputPathError
+
+MIB = 1024 * 1024
 
 
 class DiskFullError(OutputPathError):
     """The disk (or the user's quota) filled up while a file was written; no partial file is left."""
+
+
+def free_mib(path: str | Path) -> float:
+    """Free space on the filesystem holding `path` (or its nearest existing parent), in MiB."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free / MIB
+    except OSError:
+        return float("nan")
+
 
 
 def is_disk_full(exc: BaseException) -> bool:

@@ -18,11 +18,9 @@ from typing import Any, TypeVar
 
 import yaml
 
+from common.errors import ConfigError
+
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A config problem a user can fix: the message names the key, the source and a suggestion."""
 
 
 # ---------------------------------------------------------------------------------------------

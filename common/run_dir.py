@@ -24,14 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from common.config import ConfigError
+from common.atomic_write import MIB, free_mib
+from common.errors import OutputPathError
 from common.run_lock import LOCK_NAME, RunLock
-
-MIB = 1024 * 1024
-
-
-class OutputPathError(ConfigError):
-    """An output location that cannot be used, with the reason and what to do (exit 2)."""
 
 
 def add_run_args(p: argparse.ArgumentParser, run_aliases: tuple[str, ...] = (), resume_aliases: tuple[str, ...] = (),
@@ -45,17 +40,6 @@ def add_run_args(p: argparse.ArgumentParser, run_aliases: tuple[str, ...] = (), 
                    help="start a new run from these weights only (mismatched layers re-initialised and listed)")
     p.add_argument("--overwrite", action="store_true",
                    help="start over in a used run folder; its old files are moved into <run_dir>/overwritten-<time>/")
-
-
-def free_mib(path: str | Path) -> float:
-    """Free space on the filesystem holding `path` (or its nearest existing parent), in MiB."""
-    p = Path(path)
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    try:
-        return shutil.disk_usage(p).free / MIB
-    except OSError:
-        return float("nan")
 
 
 def _existing_parent(path: Path) -> Path:

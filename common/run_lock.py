@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from common.config import ConfigError
+from common.errors import ConfigError
 
 LOCK_NAME = "run.lock"
 
