@@ -110,7 +110,7 @@ def trained(corpus, vocoder_dir, tmp_path_factory) -> dict:
 def test_training_lowers_the_validation_mel_loss_and_logs_audio(trained):
     s = trained["summary"]
     hist = s["history"]
-    assert [h["step"] for h in hist] == [0, 16] and s["stop"] == "finished" and s["skipped_steps"] == 0
+    assert [h["step"] for h in hist] == [0, 16] and s["stopped"] is None and s["skipped_steps"] == 0
     assert hist[-1]["mel_l1"] < 0.8 * hist[0]["mel_l1"], hist
     run = trained["run"]
     assert (run / "best.pt").is_file() and (run / "config.yaml").is_file()
@@ -129,7 +129,7 @@ def test_resume_is_bitwise_exact(corpus, tmp_path):
              "--set", "val.at_start=false")
     straight = train(resolved(corpus, tmp_path / "a", *extra), progress=False, log=lambda *a: None)
     half = train(resolved(corpus, tmp_path / "b", *extra), progress=False, log=lambda *a: None, stop_at_step=3)
-    assert half["step"] == 3 and half["stop"] == "stop_at_step"
+    assert half["step"] == 3 and half["stopped"] == "stop_at_step"
     resumed = train(resolved(corpus, tmp_path / "b", *extra), resume="auto", progress=False, log=lambda *a: None)
     assert straight["step"] == resumed["step"] == 6
     a = load_checkpoint(CheckpointManager(tmp_path / "a", prefix="clone").latest())
@@ -195,7 +195,7 @@ def test_nonfinite_steps_are_skipped_and_counted(corpus, tmp_path, monkeypatch):
     s = train(resolved(corpus, tmp_path / "r", "--set", "train.max_updates=5", "--set", "train.val_check_interval=100",
                        "--set", "val.at_start=false"),
               progress=False, log=lambda *a: None)
-    assert s["stop"] == "finished" and s["step"] == 5 and s["skipped_steps"] == 2
+    assert s["stopped"] is None and s["step"] == 5 and s["skipped_steps"] == 2
     state = load_checkpoint(CheckpointManager(tmp_path / "r", prefix="clone").latest())
     assert all(torch.isfinite(v).all() for v in state["models"]["model"].values() if v.is_floating_point())
 
@@ -206,7 +206,7 @@ def test_repeated_nonfinite_steps_stop_with_the_last_good_checkpoint_intact(corp
     s = train(resolved(corpus, tmp_path / "r", "--set", "train.max_updates=20", "--set", "train.val_check_interval=100",
                        "--set", "train.save_interval=2", "--set", "train.max_nonfinite=3", "--set", "val.at_start=false"),
               progress=False, log=lines.append)
-    assert s["stop"] == "non-finite" and s["skipped_steps"] == 3 and s["step"] == 6
+    assert s["stopped"] == "non-finite" and s["skipped_steps"] == 3 and s["step"] == 6
     assert any("consecutive" in str(x) for x in lines)
     manager = CheckpointManager(tmp_path / "r", prefix="clone")
     # issue 9: nothing is written during a non-finite streak (it used to save step 6, after 2 skips)
@@ -294,5 +294,5 @@ def test_a_signal_on_another_rank_stops_this_one_at_the_same_step(corpus, tmp_pa
     monkeypatch.setattr(stopping, "any_rank", lambda flag: True)
     extra = ("--set", "train.max_updates=6", "--set", "train.val_check_interval=100", "--set", "val.at_start=false")
     summary = train(resolved(corpus, tmp_path / "r", *extra), progress=False, log=lambda *a: None)
-    assert summary["stop"] == "signal" and summary["step"] == 1
+    assert summary["stopped"] == "signal" and summary["step"] == 1
     assert CheckpointManager(tmp_path / "r", prefix="clone").latest() is not None

@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             argv_train += ["--set", f"vocoder.path={vocoder_path}"]
         res = resolve_config(build_parser().parse_args(argv_train))
         summary = train(res, progress=sys.stderr.isatty())
-        if summary["stop"] == "non-finite":
+        if summary["stopped"] == "non-finite":
             return 1
         summary_file.write_text(json.dumps(summary, indent=1))
     else:

@@ -275,7 +275,8 @@ class CloneTrainer:
     # ------------------------------------------------------------------ the loop
     def fit(self, progress: bool = True, stop_at_step: int | None = None) -> dict:
         """Runs training; returns a summary (validation history, skipped steps, throughput, why it stopped:
-        "finished", or `common.stopping`'s reason). A non-finite stop raises `NonFiniteError`."""
+        "stopped", None when the plan ran out, else `common.stopping`'s reason, as every trainer's `fit`).
+        A non-finite stop raises `NonFiniteError`."""
         cfg, t, info = self.cfg, self.cfg.train, self.info
         if info.is_main:
             save_config(cfg, self.run_dir)
@@ -301,9 +302,9 @@ class CloneTrainer:
         finally:
             bar.close()
             self.writer.close()
-        return self._summary(stop.reason or "finished", bar.data_wait_fraction)
+        return self._summary(stop.reason, bar.data_wait_fraction)
 
-    def _summary(self, stopped: str, data_wait_fraction: float | None = None) -> dict:
+    def _summary(self, stopped: str | None, data_wait_fraction: float | None = None) -> dict:
         history = self.history
         if history:
             self.log(f"validation mel L1: step {history[0]['step']} {history[0]['mel_l1']:.4f} -> step "
@@ -311,7 +312,7 @@ class CloneTrainer:
                      f"{self.guard.skipped_total}")
         return {
             "step": self.step, "history": history, "skipped_steps": self.guard.skipped_total,
-            "stop": stopped, "data_wait_fraction": data_wait_fraction, "train_s": self.train_time,
+            "stopped": stopped, "data_wait_fraction": data_wait_fraction, "train_s": self.train_time,
             "ckpt_dir": str(self.run_dir), "best": self.manager.best_metric, "n_params": self.n_params,
             "last_good": str(self.last_good) if self.last_good else None,
         }
@@ -355,7 +356,7 @@ class CloneTrainer:
 
 def train(res: Resolved, resume: str | None = None, log: Callable[..., None] = print, progress: bool = True,
           stop_at_step: int | None = None, init_from: str | None = None) -> dict:
-    """Builds the trainer and runs it; returns its summary (a non-finite stop: "stop" is "non-finite").
+    """Builds the trainer and runs it; returns its summary (a non-finite stop: "stopped" is "non-finite").
 
     `stop_at_step` ends the run (with a checkpoint) at that optimizer step as if interrupted: the
     schedule still follows the full run, so a later `resume` continues exactly (tests, benchmarks).
@@ -384,7 +385,7 @@ def run(args: argparse.Namespace) -> int:
     prepare_run_dir(res.cfg.train.checkpoint_dir, None, args.resume, args.overwrite, args.init_from,
                     keep=("features",), run_flag="--checkpoint-dir")
     trainer = CloneTrainer(res, args.resume, args.init_from)
-    return exit_code(trainer.fit(progress=sys.stderr.isatty())["stop"])
+    return exit_code(trainer.fit(progress=sys.stderr.isatty())["stopped"])
 
 
 if __name__ == "__main__":
