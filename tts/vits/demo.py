@@ -62,8 +62,9 @@ MAX_MCD = 3.5  # mean held-out MCD-DTW, dB: see MEASURED below
 # MEASURED (the demo's 22.05 kHz 80-bin mel, fmax 8 kHz) on the 24 corpus sentences of the demo's three
 # voices: the SAME voice reading a DIFFERENT sentence scores 4.88 dB on average (3.68-6.29); another
 # voice of the other sex reading the SAME sentence 5.8-5.9 (5.36-6.42), the two male voices 1.99
-# (1.79-2.15). A synthesis is plausible when it is closer to its recording than any other sentence
-# in that voice: <= 3.5 dB.
+# (1.79-2.15). The demo itself, six make demo runs over seeds and 1 / 2 threads (docs/DEMO.md): SPREAD.
+# A synthesis is plausible when it is closer to its recording than any other sentence in that voice:
+# <= 3.5 dB.
 
 
 def build_corpus(raw_dir: Path = RAW_DIR) -> Path:
