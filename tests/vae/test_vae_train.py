@@ -358,7 +358,7 @@ def test_export_carries_shift_factor_for_f8c16(image_dir, tmp_path, channels, z,
         assert folder_cfg["shift_factor"] is None
 
 
-# ----------------------------------------------------------------------------- issue 9
+# ----------------------------------------------------------------------------- stages and unusable images
 
 
 def test_resolution_stages_continue_counters_and_keep_every_stage_file(image_dir, tmp_path, capsys):
