@@ -1,5 +1,5 @@
 """Every schema key of every trainer is read by code: a key that is accepted but never read is a
-setting a user believes took effect when nothing changed (issue 12: `eval_batch_size` was one).
+setting a user believes took effect when nothing changed (`eval_batch_size` was one).
 
 How (static, so it covers all four trainers in well under a second): each trainer declares its
 schema as dataclasses in one config module. A key counts as read when the trainer's own source

@@ -1,4 +1,4 @@
-"""The failure contract every trainer keeps (issue 9), tested once over all four trainers:
+"""The failure contract every trainer keeps, tested once over all four trainers:
 
 - a non-finite stop exits 3; no checkpoint is written while the non-finite counter is above 0, so
   every checkpoint on disk is finite (module buffers such as BatchNorm statistics included: a

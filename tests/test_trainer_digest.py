@@ -1,7 +1,7 @@
 """A refactor keeps training bitwise: each of the four trainers trains a few steps from a fixed
 seed on one thread, through its command line, and the tensors of its last checkpoint (models,
 EMA, optimizers, schedulers) must hash to the digest recorded below from the code before the
-"one shape" refactor (issue 22).
+"one shape" refactor.
 
 The digest is a hash over the multiset of tensor contents (each tensor's dtype, shape and bytes,
 hashed alone, then the sorted hashes hashed together), so renaming a checkpoint key or a

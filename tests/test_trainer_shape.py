@@ -1,4 +1,4 @@
-"""The four trainers have one shape (issue 22): the same public methods, the same names for the same
+"""The four trainers have one shape: the same public methods, the same names for the same
 things, every attribute set in `__init__`, and no import cycle in the packages."""
 
 from __future__ import annotations

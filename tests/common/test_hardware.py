@@ -1,4 +1,5 @@
-"""Hardware report, presets, batch-size finder and OOM handling, all on the CPU."""
+"""Hardware report, presets, batch-size finders (find_batch_size, fit_batch_size) and OOM handling,
+all on the CPU."""
 
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from common.hardware import (
     arch_support,
     cuda_memory_stats,
     find_batch_size,
+    fit_batch_size,
     hardware_report,
     is_oom,
     oom_message,
@@ -140,3 +142,20 @@ def test_oom_message_without_accumulation():
     assert "--set batch_size=16   (half the batch)" in msg and "accumulate" not in msg
     assert "--set precision=bf16-mixed" in msg and "model_args.segment_frames=16" in msg
     assert msg.endswith("Then --resume auto continues from the last checkpoint.")
+
+
+def test_fit_batch_size_keeps_a_fitting_batch_and_lowers_one_that_does_not():
+    tried: list[int] = []
+    assert fit_batch_size(fake_trainer(64, tried), 24, 1, cuda_available=True)[:2] == (24, 1)
+    assert tried == [24]  # one trial step when the profile's batch fits
+    tried.clear()
+    batch, accum, line = fit_batch_size(fake_trainer(5, tried), 24, 1, cuda_available=True)
+    assert (batch, accum) == (4, 6) and tried == [24, 12, 8, 6, 4]  # divisors, largest first
+    assert "batch_size 24 does not fit: using batch_size 4 x accumulation_steps 6" in line and "24 images" in line
+    with pytest.raises(RuntimeError, match="even batch size 1"):
+        fit_batch_size(fake_trainer(0, []), 4, 2, cuda_available=True)
+    with pytest.raises(ValueError, match="not OOM"):
+        fit_batch_size(lambda b: (_ for _ in ()).throw(ValueError("not OOM")), 4, cuda_available=True)
+    tried.clear()
+    batch, accum, line = fit_batch_size(fake_trainer(0, tried), 16, 1, cuda_available=False)
+    assert (batch, accum) == (16, 1) and tried == [] and "cannot be measured" in line

@@ -209,7 +209,7 @@ def test_repeated_nonfinite_steps_stop_with_the_last_good_checkpoint_intact(corp
     assert s["stopped"] == "non-finite" and s["skipped_steps"] == 3 and s["step"] == 6
     assert any("consecutive" in str(x) for x in lines)
     manager = CheckpointManager(tmp_path / "r", prefix="clone")
-    # issue 9: nothing is written during a non-finite streak (it used to save step 6, after 2 skips)
+    # nothing is written during a non-finite streak: the last checkpoint is step 4, not step 6 after 2 skips
     assert [step for step, _ in manager.checkpoints()][-1] == 4
     assert s["last_good"] == str(manager.latest()) and any(f"last good checkpoint: {manager.latest()}" in str(x)
                                                              for x in lines)

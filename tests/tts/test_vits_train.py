@@ -1,6 +1,8 @@
 """tts/train.py end to end on a tiny synthetic corpus: steps, exact resume, non-finite handling,
 --init_from with another vocabulary / speaker count, synthesize CLI, ONNX export, the RTX 5090
-launcher script."""
+launcher script; the speed keys: compile (decoder and critics compiled in place, checkpoint keys
+unchanged, batches padded to a few bucket shapes), channels_last (the period critics' Conv2d; the
+1-D convs cannot), deterministic, and cudnn_benchmark on the CPU."""
 
 from __future__ import annotations
 
@@ -311,3 +313,53 @@ def test_a_signal_on_another_rank_stops_this_one_at_the_same_step(data_one, tmp_
     out = capsys.readouterr().out
     assert "stopped by signal at step 1" in out
     assert (run / "checkpoints" / "vits_00000001.pt").is_file()
+
+
+@pytest.fixture()
+def eager_compile(monkeypatch):
+    """torch.compile with dynamo's 'eager' backend: the graph capture of our modules is tested,
+    inductor's code generation (minutes on this CPU) is not."""
+    real = torch.nn.Module.compile
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: real(self, backend="eager"))
+
+
+def test_compile_channels_last_deterministic_one_run(data_one, tmp_path, eager_compile, capsys):
+    sets = [*FAST, "max_steps=1", "compile=true", "channels_last=true", "deterministic=true",
+            "data.num_buckets=2", "batch_size=1"]
+    cfg = load_config(None, TrainConfig, sets, extra={"data_dir": str(data_one), "run_dir": str(tmp_path / "run")})
+    try:
+        trainer = train_mod.VitsTrainer(cfg, setup_distributed("cpu"))
+        out = capsys.readouterr().out
+        assert torch.are_deterministic_algorithms_enabled()
+        assert "applied: deterministic algorithms on" in out
+        # channels_last: the period critics' 4-D weights; the 1-D convs are named as not applicable
+        assert "channels_last on the period critics' " in out and "1-D convs" in out
+        conv2d = next(m for m in trainer.discriminator.modules() if isinstance(m, torch.nn.Conv2d))
+        assert conv2d.parametrizations.weight.original1.is_contiguous(memory_format=torch.channels_last)
+        # compile: in place on the decoder and every critic
+        assert trainer.generator.dec._compiled_call_impl is not None
+        assert all(d._compiled_call_impl is not None for d in trainer.discriminator.discriminators)
+        # compile → bucket shapes: every batch of an epoch has one of the few allowed shapes
+        allowed = set(trainer.shapes.shapes())
+        assert 1 <= len(allowed) <= 2 and "bucket shapes" in out
+        trainer.sampler.set_epoch(0)
+        for batch in trainer.loader:
+            assert (batch["ids"].size(1), batch["spec"].size(2)) in allowed
+            assert int(batch["spec_len"].max()) <= batch["spec"].size(2)
+        trainer.fit()
+        assert trainer.step == 1
+    finally:
+        torch.use_deterministic_algorithms(False)
+    # checkpoint keys are the plain ones: a fresh, uncompiled model loads them strictly
+    ckpt = load_checkpoint(sorted((tmp_path / "run" / "checkpoints").glob("vits_*.pt"))[-1])
+    gen, disc = train_mod.build_models(cfg, 1)
+    gen.load_state_dict(ckpt["models"]["generator"])
+    disc.load_state_dict(ckpt["models"]["discriminator"])
+
+
+def test_without_compile_or_cuda_benchmark_batches_pad_to_the_longest(data_one, tmp_path):
+    cfg = load_config(None, TrainConfig, [*FAST, "cudnn_benchmark=true"],
+                      extra={"data_dir": str(data_one), "run_dir": str(tmp_path / "run")})
+    trainer = train_mod.VitsTrainer(cfg, setup_distributed("cpu"))
+    assert trainer.shapes is None  # cudnn.benchmark is a CUDA setting: on the CPU nothing to tune
+    assert any("cudnn_benchmark requested but this is not a CUDA device" in n for n in trainer.precision.notes)

@@ -1,5 +1,7 @@
-"""train_vae.py: the guide's flags and config paths, precision/layout flags, accumulation, clipping,
-non-finite handling, exact resume with rotation, multi-resolution stages, the RTX 5090 script."""
+"""train_vae.py: the guide's flags and config paths, the profiles' batch sizes and the start-up fit
+check, precision/layout flags (fp16 + loss scaling for --mixed_precision alone), TensorBoard under
+<output_dir>/logs, accumulation, clipping, non-finite handling, exact resume with rotation,
+multi-resolution stages, the RTX 5090 script."""
 
 from __future__ import annotations
 
@@ -13,12 +15,19 @@ import torch
 import yaml
 from helpers import REPO, TINY_CONFIG
 
+import vae.memory as memory
 import vae.train_vae as tv
 from common.checkpoint import load_checkpoint
+from common.config import load_config
+from common.hardware import fit_batch_size
 from common.log import RunLogger
+from tests.common.test_hardware import fake_trainer
 from vae.config import VAEConfig
 from vae.diffusers_io import export_final, load_diffusers
+from vae.flags import resolve_config
 from vae.losses import VAELoss
+
+GUIDE_BATCH = {"max_2048": 4, "high_1536": 8, "standard_1024": 16, "fast_768": 24, "large_channel_z32": 12}
 
 
 def run(data, out, *args) -> int:
@@ -105,6 +114,47 @@ def test_missing_lpips_backbone_is_a_clear_error(image_dir, tmp_path, monkeypatc
     assert "--perceptual_weights" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("profile", sorted(GUIDE_BATCH))
+def test_profiles_have_the_guides_batch_sizes(profile):
+    cfg = load_config(str(REPO / "vae" / "configs" / f"{profile}.yaml"), VAEConfig)
+    assert (cfg.batch_size, cfg.accumulation_steps, cfg.fit_batch_size) == (GUIDE_BATCH[profile], 1, True)
+    # disc_start scaled with the images per step: the GAN joins after the same ~400k images as 50001 x 8.
+    assert abs(cfg.disc_start * cfg.batch_size - 50001 * 8) <= 16
+
+def test_trainer_prints_the_fitted_batch_and_trains_with_it(image_dir, tmp_path, monkeypatch, capsys):
+    assert run(image_dir, tmp_path / "cpu", "--max_steps", "1", "--no-export_diffusers") == 0
+    assert "batch finder: batch_size 2 kept as configured: no CUDA device, so GPU memory cannot be measured" \
+        in capsys.readouterr().out
+    # The same start-up path as on a GPU whose memory takes only batch 1 (the step itself is simulated).
+    real = fit_batch_size
+    monkeypatch.setattr(memory, "fit_batch_size", lambda try_batch, b, a, cuda_available: real(
+        fake_trainer(1, []), b, a, cuda_available=True))
+    assert run(image_dir, tmp_path / "gpu", "--max_steps", "1", "--no-export_diffusers") == 0
+    assert "batch_size 2 does not fit: using batch_size 1 x accumulation_steps 2" in capsys.readouterr().out
+    saved = yaml.safe_load((tmp_path / "gpu" / "config.yaml").read_text())
+    assert (saved["batch_size"], saved["accumulation_steps"]) == (1, 2)
+
+@pytest.mark.parametrize("flags, expected", [
+    ([], "32-true"),                                        # neither switch: fp32
+    (["--mixed_precision"], "16-mixed"),                    # the guide: fp16 with loss scaling
+    (["--mixed_precision", "--use_bf16"], "bf16-mixed"),    # the guide's command
+])
+def test_guide_precision_flags(flags, expected):
+    cfg = resolve_config(tv.build_parser().parse_args(flags))
+    assert cfg.precision == expected
+    profile = resolve_config(tv.build_parser().parse_args(
+        ["--config", str(REPO / "vae" / "configs" / "standard_1024.yaml")]))
+    assert profile.precision == "bf16-mixed"  # both switches
+
+def test_tensorboard_files_under_output_dir_logs(image_dir, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    assert run(image_dir, out, "--max_steps", "2", "--no-export_diffusers") == 0
+    assert not (out / "tensorboard").exists()
+    assert len(EventAccumulator(str(out / "logs")).Reload().Scalars("train/total")) == 2
+
+
 # ----------------------------------------------------------------------------- the step
 
 
@@ -162,6 +212,31 @@ def test_gradient_clip_really_clips(monkeypatch):
     assert clipped.norm().item() == pytest.approx(1e-3, rel=1e-3)
     free, _ = _grads_of_one_step(tiny_cfg(disc_weight=0.0, gradient_clip=0.0), [x], monkeypatch)
     assert free.norm().item() == pytest.approx(logs["grad_norm"].item(), rel=1e-4)
+
+
+def test_fp16_step_on_cpu_really_scales_the_loss():
+    """--mixed_precision alone: fp16 autocast + GradScaler("cpu"): backward sees gradients x scale,
+    the optimizer sees them unscaled, and a non-finite step is skipped with the scale halved."""
+    base = yaml.safe_load(TINY_CONFIG.read_text())
+    cfg = VAEConfig(**{**base, "precision": "16-mixed", "disc_weight": 0.0, "gradient_clip": 0.0,
+                        "warmup_steps": 0, "lr_scheduler": "constant"})
+    t = tv.VAETrainer(cfg, torch.device("cpu"), total_steps=4, quiet=True)
+    assert t.precision.amp_dtype == torch.float16 and t.precision.scaler.is_enabled()
+    w = t.vae.decoder.conv_out.bias
+    seen = {}
+    w.register_hook(lambda g: seen.__setitem__("backward", g.detach().clone()))
+    t.g_opt.register_step_pre_hook(lambda opt, a, k: seen.__setitem__("step", w.grad.detach().clone()))
+    scale = t.precision.scaler.get_scale()
+    x = torch.rand(2, 3, 32, 32) * 2 - 1
+    before = w.detach().clone()
+    _, stepped = t.train_step([x], 0)
+    assert stepped and not torch.equal(before, w)
+    torch.testing.assert_close(seen["backward"], seen["step"] * scale, rtol=1e-3, atol=1e-6)
+    x_bad = x.clone()
+    x_bad[0, 0, 0, 0] = float("inf")
+    before = w.detach().clone()
+    _, stepped = t.train_step([x_bad], 1)
+    assert not stepped and torch.equal(before, w) and t.precision.scaler.get_scale() == scale / 2
 
 
 # ----------------------------------------------------------------------------- non-finite losses
@@ -283,7 +358,7 @@ def test_export_carries_shift_factor_for_f8c16(image_dir, tmp_path, channels, z,
         assert folder_cfg["shift_factor"] is None
 
 
-# ----------------------------------------------------------------------------- issue 9
+# ----------------------------------------------------------------------------- stages and unusable images
 
 
 def test_resolution_stages_continue_counters_and_keep_every_stage_file(image_dir, tmp_path, capsys):

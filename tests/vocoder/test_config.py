@@ -4,7 +4,7 @@ import yaml
 from common.config import ConfigError, load_config
 from vocoder.config import VocoderConfig, task_kind
 
-from .conftest import DEMO_YAML, GPU_YAML, RTX_YAML
+from .conftest import DEMO_YAML, GPU_YAML, RTX_YAML, tiny_config
 
 
 def test_base_hifi_gpu_table_values():
@@ -150,3 +150,8 @@ def test_singingvocoders_keys_without_equivalent_say_what_replaces_them(key):
         load_config(GPU_YAML, VocoderConfig, [key])
     msg = str(e.value)
     assert f"config key '{name}'" in msg and msg.endswith("remove it") and "unknown" not in msg
+
+
+def test_negative_discriminator_start_is_refused():
+    with pytest.raises(ValueError, match="discriminator_train_start_steps"):
+        tiny_config("discriminator_train_start_steps=-1")
