@@ -12,7 +12,7 @@ export PYTHONUNBUFFERED := 1
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-compile -r requirements.txt  # no byte-compiling all of torch up front (~25 s): imports compile what they use
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	@touch $@
 
