@@ -52,9 +52,10 @@ CONFIG = Path(__file__).resolve().parent / "configs" / "clone_demo.yaml"
 MAX_MCD = 4.2  # mean held-out MCD-DTW through the vocoder demo's export, dB: see MEASURED below
 # MEASURED (the demo's 22.05 kHz 80-bin mel, the VITS demo's corpus): the SAME voice reading a
 # DIFFERENT sentence scores 4.88 dB on average (3.68-6.29); another voice of the other sex reading the
-# same sentence 5.8-5.9. The demo itself, six make demo runs over seeds and 1 / 2 threads
-# (docs/DEMO.md): SPREAD. It vocodes through a vocoder trained mostly on human readers, which costs it
-# ~0.25 dB against the former espeak-ng-only vocoder (docs/demo_history.md): <= 4.2 dB.
+# same sentence 5.8-5.9. The demo itself, six fresh-clone make demo runs over seeds and 1 / 2 threads
+# (docs/DEMO.md): 3.47-3.80 dB. It vocodes through a vocoder trained mostly on human readers, which
+# costs it ~0.25 dB against the former espeak-ng-only vocoder (docs/demo_history.md): <= 4.2 dB, 0.40 dB
+# (10 %) beyond the worst run and 0.7 dB below the same voice reading another sentence.
 MARGIN = 0.2  # "clearly below": different-reference cosine at least this much under same-reference
 
 
