@@ -82,7 +82,7 @@ class VAEConfig:
 
     # ---- optimisation
     optimizer_cls: str = "AdamW"              # or torch.optim.Adam, common.muon.MuonAdamW, ...
-    learning_rate: PositiveFloat = 1e-4
+    learning_rate: NonNegativeFloat = 1e-4     # 0 freezes the weights (how the tests prove a carry-over)
     disc_learning_rate: NonNegativeFloat = 0.0  # 0: same as learning_rate
     adam_beta1: Fraction = 0.5                # latent-diffusion's GAN-friendly betas
     adam_beta2: Fraction = 0.9
