@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from common.atomic_write import atomic_output
+from common.ranges import NonNegativeFloat, PositiveFloat, PositiveInt
 
 F0_METHODS = ("parselmouth", "pyin")
 
@@ -218,13 +219,13 @@ class AudioSettings:
         "sampling_rate": "sample_rate", "filter_length": "n_fft", "num_mels": "n_mels",
         "n_mel_channels": "n_mels", "mel_fmin": "fmin", "mel_fmax": "fmax",
     }
-    sample_rate: int = 44100
-    n_fft: int = 2048
-    win_length: int = 2048
-    hop_length: int = 512
-    n_mels: int = 128
-    fmin: float = 40.0
-    fmax: float | None = 16000.0  # None = sample_rate / 2
+    sample_rate: PositiveInt = 44100
+    n_fft: PositiveInt = 2048
+    win_length: PositiveInt = 2048
+    hop_length: PositiveInt = 512
+    n_mels: PositiveInt = 128
+    fmin: NonNegativeFloat = 40.0
+    fmax: PositiveFloat | None = 16000.0  # None = sample_rate / 2
 
     @property
     def mel_kwargs(self) -> dict:

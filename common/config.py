@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import importlib
 import types
 import typing
@@ -19,6 +20,7 @@ from typing import Any, TypeVar
 import yaml
 
 from common.errors import ConfigError
+from common.ranges import RangeError, check_annotations
 
 T = TypeVar("T")
 
@@ -99,11 +101,18 @@ def _aliases(cls: type) -> dict[str, str]:
     return dict(getattr(cls, "ALIASES", {}) or {})
 
 
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    """A schema class's resolved field types, `Annotated` ranges kept. Cached: resolving the string
+    annotations costs milliseconds per class, and a load asks for them once per key."""
+    return typing.get_type_hints(cls, include_extras=True)
+
+
 def _field_schema(cls: Any, name: str) -> type | None:
     """The dataclass type of field `name` of `cls` (None when it is not a nested dataclass)."""
     if cls is None or not dataclasses.is_dataclass(cls):
         return None
-    hint = typing.get_type_hints(cls).get(name)
+    hint = _type_hints(cls).get(name)
     return hint if hint is not None and dataclasses.is_dataclass(hint) else None
 
 
@@ -191,6 +200,9 @@ _WORDS = {bool: "true/false", int: "an integer", float: "a number", str: "a stri
 def type_in_words(tp: Any) -> str:
     """`float | None` → "a number or null": what a user must write, not Python's spelling of it."""
     origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        rules = [r.words() for r in tp.__metadata__ if hasattr(r, "words")]
+        return " ".join([type_in_words(typing.get_args(tp)[0]), *rules])
     if origin in (typing.Union, types.UnionType):
         return " or ".join(type_in_words(a) for a in typing.get_args(tp))
     if origin is typing.Literal:
@@ -207,16 +219,25 @@ def _convert(value: Any, tp: Any, key: str, source: str, sources: dict[str, Any]
     args = typing.get_args(tp)
     if tp is Any:
         return value
+    if origin is typing.Annotated:  # a declared range (common.ranges): convert, then check
+        converted = _convert(value, args[0], key, source, sources)
+        check_annotations(converted, tp.__metadata__, key, source)
+        return converted
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
+        out_of_range = None
         for arg in args:
             if arg is type(None):
                 continue
             try:
                 return _convert(value, arg, key, source, sources)
+            except RangeError as exc:  # the right type, a wrong value: that is the message
+                out_of_range = exc
             except ConfigError:
                 pass
+        if out_of_range is not None:
+            raise out_of_range
         raise ConfigError(f"{key} ({source}): expected {type_in_words(tp)}, got {value!r}")
     if origin is typing.Literal:
         if value in args:
@@ -282,7 +303,7 @@ def _convert(value: Any, tp: Any, key: str, source: str, sources: dict[str, Any]
 
 
 def _build(cls: type[T], data: dict, prefix: str, sources: dict[str, Path], default_source: str) -> T:
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     aliases = _aliases(cls)
     kwargs: dict[str, Any] = {}
@@ -306,8 +327,16 @@ def _build(cls: type[T], data: dict, prefix: str, sources: dict[str, Path], defa
             raise ConfigError(f"missing required config key '{prefix}{name}' ({default_source})")
     try:
         return cls(**kwargs)
+    except ConfigError:  # a nested check (a free mapping built in __post_init__) already says where
+        raise
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{prefix or 'config'} ({default_source}): {exc}") from None
+
+
+def build_dataclass(cls: type[T], data: dict, prefix: str, source: str) -> T:
+    """`data` → `cls` with a loaded config's checks (unknown keys, types, ranges), for a block the
+    schema keeps as a free mapping and builds later (VITS' `model_args` over its preset)."""
+    return _build(cls, data, prefix, {}, source)
 
 
 def _set_dotted(d: dict, dotted: str, value: Any) -> None:

@@ -24,6 +24,17 @@ from typing import ClassVar
 from common.audio import AudioSettings
 from common.config import ConfigError, load_config  # noqa: F401 (re-exported for callers)
 from common.precision import precision_name
+from common.ranges import (
+    AnyFloat,
+    AnyInt,
+    Decay,
+    Fraction,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Probability,
+)
 
 TASKS = {
     "nsf_HiFigan_task.nsf_HiFigan": "standard",
@@ -58,24 +69,24 @@ def task_kind(task_cls: str) -> str:
 @dataclass
 class ModelArgs:
     mini_nsf: bool = False  # one sine injected once after the 2nd upsampling layer (needed by pc_aug)
-    noise_sigma: float = 0.0  # std of Gaussian noise added to the mel embedding while training
-    upsample_rates: list[int] = field(default_factory=lambda: [8, 8, 2, 2, 2])  # product == hop_size
-    upsample_kernel_sizes: list[int] = field(default_factory=lambda: [16, 16, 4, 4, 4])
-    upsample_initial_channel: int = 512
+    noise_sigma: NonNegativeFloat = 0.0  # std of Gaussian noise added to the mel embedding while training
+    upsample_rates: list[PositiveInt] = field(default_factory=lambda: [8, 8, 2, 2, 2])  # product == hop_size
+    upsample_kernel_sizes: list[PositiveInt] = field(default_factory=lambda: [16, 16, 4, 4, 4])
+    upsample_initial_channel: PositiveInt = 512
     resblock: str = "1"  # "1" = HiFi-GAN V1 block, "2" = the lighter V3 block
-    resblock_kernel_sizes: list[int] = field(default_factory=lambda: [3, 7, 11])
-    resblock_dilation_sizes: list[list[int]] = field(default_factory=lambda: [[1, 3, 5], [1, 3, 5], [1, 3, 5]])
-    harmonic_num: int = 8  # overtones of the full NSF source (ignored with mini_nsf)
+    resblock_kernel_sizes: list[PositiveInt] = field(default_factory=lambda: [3, 7, 11])
+    resblock_dilation_sizes: list[list[PositiveInt]] = field(default_factory=lambda: [[1, 3, 5], [1, 3, 5], [1, 3, 5]])
+    harmonic_num: NonNegativeInt = 8  # overtones of the full NSF source (ignored with mini_nsf)
     # Critics. None -> the task's default (standard: [mpd, msd]; fast: [fast_mpd, mrd]).
     discriminators: list[str] | None = None
-    discriminator_periods: list[int] = field(default_factory=lambda: [3, 5, 7, 11, 17, 23, 37])
-    fast_mpd_strides: list[int] = field(default_factory=lambda: [4, 4, 4])
-    fast_mpd_kernel_size: int = 11
-    fast_mpd_init_channel: int = 8
-    mrd_fft_sizes: list[int] = field(default_factory=lambda: [512, 1024, 2048])
-    mrd_hop_sizes: list[int] = field(default_factory=lambda: [64, 128, 256])
-    mrd_win_lengths: list[int] = field(default_factory=lambda: [512, 1024, 2048])
-    mrd_channels: int = 32  # width of each resolution critic's 2-D convs
+    discriminator_periods: list[PositiveInt] = field(default_factory=lambda: [3, 5, 7, 11, 17, 23, 37])
+    fast_mpd_strides: list[PositiveInt] = field(default_factory=lambda: [4, 4, 4])
+    fast_mpd_kernel_size: PositiveInt = 11
+    fast_mpd_init_channel: PositiveInt = 8
+    mrd_fft_sizes: list[PositiveInt] = field(default_factory=lambda: [512, 1024, 2048])
+    mrd_hop_sizes: list[PositiveInt] = field(default_factory=lambda: [64, 128, 256])
+    mrd_win_lengths: list[PositiveInt] = field(default_factory=lambda: [512, 1024, 2048])
+    mrd_channels: PositiveInt = 32  # width of each resolution critic's 2-D convs
 
 
 @dataclass
@@ -90,12 +101,12 @@ class OptimizerArgs:
     # torch.optim.AdamW / AdamW, or common.muon.MuonAdamW / Muon_AdamW (Muon on hidden weights,
     # AdamW - with beta1/beta2 below - on the rest).
     optimizer_cls: str = "torch.optim.AdamW"
-    lr: float = 1e-4
-    beta1: float = 0.8  # HiFi-GAN's betas; also the AdamW half of Muon_AdamW
-    beta2: float = 0.99
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    muon_weight_decay: float | None = None  # Muon_AdamW only; None = weight_decay
+    lr: PositiveFloat = 1e-4
+    beta1: Fraction = 0.8  # HiFi-GAN's betas; also the AdamW half of Muon_AdamW
+    beta2: Fraction = 0.99
+    eps: PositiveFloat = 1e-8
+    weight_decay: NonNegativeFloat = 0.0
+    muon_weight_decay: NonNegativeFloat | None = None  # Muon_AdamW only; None = weight_decay
 
     def __post_init__(self) -> None:
         # The seeds name their own copy of the optimizer; ours lives in common.muon.
@@ -112,9 +123,9 @@ class LRSchedulerArgs:
     # warmup (linear warmup, then constant; the seeds' lr_scheduler.scheduler.WarmupLR),
     # exponential (warmup, then gamma**step), cosine_with_warmup (to min_lr at max_updates), constant.
     scheduler_cls: str = "warmup"
-    warmup_steps: int = 5000
-    min_lr: float = 1e-5  # floor of cosine_with_warmup (as a fraction of each optimizer's lr)
-    gamma: float = 0.999996  # per-step decay of "exponential"
+    warmup_steps: NonNegativeInt = 5000
+    min_lr: Probability = 1e-5  # floor of cosine_with_warmup (as a fraction of each optimizer's lr)
+    gamma: Decay = 0.999996  # per-step decay of "exponential"
 
     def __post_init__(self) -> None:
         if self.scheduler_cls not in SCHEDULER_NAMES:
@@ -128,12 +139,12 @@ class LRSchedulerArgs:
 
 @dataclass
 class BinarizationArgs:
-    num_workers: int = 8  # processes for prepare_data.py (its --num_workers overrides)
+    num_workers: NonNegativeInt = 8  # processes for prepare_data.py (its --num_workers overrides)
     shuffle: bool = True  # shuffle files (seeded) before taking the val_num validation files
-    min_seconds: float = 0.5  # shorter files are skipped (reported)
-    max_seconds: float | None = None  # longer files are skipped (None = no limit)
-    silence_db: float = -60.0  # peak below this -> skipped as silent
-    max_clip_fraction: float = 0.01  # more samples than this at full scale -> skipped as clipped
+    min_seconds: NonNegativeFloat = 0.5  # shorter files are skipped (reported)
+    max_seconds: PositiveFloat | None = None  # longer files are skipped (None = no limit)
+    silence_db: AnyFloat = -60.0  # peak below this -> skipped as silent
+    max_clip_fraction: Probability = 0.01  # more samples than this at full scale -> skipped as clipped
 
 
 # SingingVocoders keys with no equivalent here, each with what does the job instead (a config
@@ -182,57 +193,57 @@ class VocoderConfig:
 
     # ---- task
     task_cls: str = "nsf_HiFigan_task.nsf_HiFigan"  # or nsf_HiFigan_fast_task.nsf_HiFigan (fast MPD + MRD)
-    seed: int = 114514
+    seed: AnyInt = 114514
 
     # ---- preprocessing (prepare_data.py)
     data_input_path: list[str] = field(default_factory=list)  # folders of raw audio
     binary_data_dir: str | None = None  # the prepared dataset (train.py --data_dir overrides)
-    val_num: int = 1  # files held out for validation (a seeded random pick; see test_prefixes)
+    val_num: PositiveInt = 1  # files held out for validation (a seeded random pick; see test_prefixes)
     # DiffSinger's key: files whose path below the input folder starts with one of these are the
     # validation set instead of a random val_num pick (hold out whole speakers: [spk_a/, spk_b/])
     test_prefixes: list[str] = field(default_factory=list)
     pe: str = "parselmouth"  # f0 extractor: parselmouth (fast, default) or pyin
-    f0_min: float = 65.0
-    f0_max: float = 1100.0
+    f0_min: PositiveFloat = 65.0
+    f0_max: PositiveFloat = 1100.0
     binarization_args: BinarizationArgs = field(default_factory=BinarizationArgs)
 
     # ---- audio / mel (the generator's input contract; exported with the model): sample_rate, n_fft,
     # win_length, hop_length, n_mels, fmin, fmax (44.1 kHz, 2048/2048/512, 128 mels, 40-16000 Hz)
     audio: AudioSettings = field(default_factory=AudioSettings)
-    fmax_for_loss: float | None = None  # mel loss upper frequency (None = Nyquist)
-    mel_vmin: float = -6.0  # colour range of logged mel plots
-    mel_vmax: float = 1.5
+    fmax_for_loss: PositiveFloat | None = None  # mel loss upper frequency (None = Nyquist)
+    mel_vmin: AnyFloat = -6.0  # colour range of logged mel plots
+    mel_vmax: AnyFloat = 1.5
 
     # ---- data loading and augmentation
-    crop_mel_frames: int = 48  # random training crop, in mel frames (x hop_size samples)
-    batch_size: int = 16
-    ds_workers: int = 4  # DataLoader worker processes
-    dataloader_prefetch_factor: int = 2  # batches each worker keeps ready
+    crop_mel_frames: PositiveInt = 48  # random training crop, in mel frames (x hop_size samples)
+    batch_size: PositiveInt = 16
+    ds_workers: NonNegativeInt = 4  # DataLoader worker processes
+    dataloader_prefetch_factor: PositiveInt = 2  # batches each worker keeps ready
     volume_aug: bool = True  # random gain (and the matching log-mel shift)
-    volume_aug_prob: float = 0.5
+    volume_aug_prob: Probability = 0.5
     key_aug: bool = False  # speed/key augmentation: resample the crop by aug_min..aug_max
-    key_aug_prob: float = 0.5
-    aug_min: float = 0.9
-    aug_max: float = 1.4
+    key_aug_prob: Probability = 0.5
+    aug_min: PositiveFloat = 0.9
+    aug_max: PositiveFloat = 1.4
     pc_aug: bool = False  # pitch-controllable NSF training (needs mini_nsf)
-    pc_aug_rate: float = 0.5  # fraction of each batch used for the pitch-shift cycle losses
-    pc_aug_key: float = 5.0  # max shift, semitones
+    pc_aug_rate: Probability = 0.5  # fraction of each batch used for the pitch-shift cycle losses
+    pc_aug_key: NonNegativeFloat = 5.0  # max shift, semitones
 
     # ---- losses
     use_stftloss: bool = False
-    loss_fft_sizes: list[int] = field(default_factory=lambda: [2048, 2048, 4096, 1024, 512, 256, 128, 1024])
-    loss_hop_sizes: list[int] = field(default_factory=lambda: [512, 240, 480, 100, 50, 25, 12, 120])
-    loss_win_lengths: list[int] = field(default_factory=lambda: [2048, 1200, 2400, 480, 240, 120, 60, 600])
-    lab_aux_melloss: float = 45.0
-    lab_aux_stftloss: float = 2.5
+    loss_fft_sizes: list[PositiveInt] = field(default_factory=lambda: [2048, 2048, 4096, 1024, 512, 256, 128, 1024])
+    loss_hop_sizes: list[PositiveInt] = field(default_factory=lambda: [512, 240, 480, 100, 50, 25, 12, 120])
+    loss_win_lengths: list[PositiveInt] = field(default_factory=lambda: [2048, 1200, 2400, 480, 240, 120, 60, 600])
+    lab_aux_melloss: NonNegativeFloat = 45.0
+    lab_aux_stftloss: NonNegativeFloat = 2.5
     # weight of the L1 of each frame's log power (vocoder/losses.frame_energy_loss) on the loss mel;
     # 0 = off (the references). Reconstruction losses leave a young generator too quiet; this asks
     # for the level alone
-    lab_aux_energyloss: float = 0.0
+    lab_aux_energyloss: NonNegativeFloat = 0.0
     # Steps before the critics switch on: until then no D update and no adversarial / feature-matching
     # term, the generator learns from the mel (+ MR-STFT) reconstruction loss alone (ParallelWaveGAN's
     # discriminator_train_start_steps). Such a step costs the generator's fwd+bwd only.
-    discriminator_train_start_steps: int = 0
+    discriminator_train_start_steps: NonNegativeInt = 0
 
     # ---- model
     model_args: ModelArgs = field(default_factory=ModelArgs)
@@ -241,22 +252,22 @@ class VocoderConfig:
     generator_optimizer_args: OptimizerArgs = field(default_factory=OptimizerArgs)
     discriminator_optimizer_args: OptimizerArgs = field(default_factory=OptimizerArgs)
     lr_scheduler_args: LRSchedulerArgs = field(default_factory=LRSchedulerArgs)
-    clip_grad_norm: float | None = None  # max grad norm per network (None = measure only)
-    max_nonfinite_steps: int = 20  # consecutive non-finite steps before the run stops
+    clip_grad_norm: PositiveFloat | None = None  # max grad norm per network (None = measure only)
+    max_nonfinite_steps: PositiveInt = 20  # consecutive non-finite steps before the run stops
     precision: str = "32-true"  # 32-true | 16-mixed | bf16-mixed | auto (the seed's pl_trainer_precision)
     tf32: bool = False  # CUDA only
     cudnn_benchmark: bool = True  # CUDA only; crops have a fixed shape
     compile: bool = False  # torch.compile the generator and critics (fixed-shape crops)
 
     # ---- loop, logging, checkpoints (all in steps = one D + one G update)
-    max_updates: int = 150000
-    log_interval: int = 100
-    val_check_interval: int = 2000  # validate + checkpoint every this many steps
-    num_sanity_val_steps: int = 1  # >0: validate that many files before the first step
-    num_valid_plots: int = 10  # validation files logged as audio + mel plots
-    valid_max_seconds: float = 20.0  # validation files are cut to this length
-    num_ckpt_keep: int = 5
-    save_best_after: int = 0  # best.pt (lowest held-out MR-STFT distance) only from this step on
+    max_updates: PositiveInt = 150000
+    log_interval: PositiveInt = 100
+    val_check_interval: PositiveInt = 2000  # validate + checkpoint every this many steps
+    num_sanity_val_steps: NonNegativeInt = 1  # >0: validate that many files before the first step
+    num_valid_plots: NonNegativeInt = 10  # validation files logged as audio + mel plots
+    valid_max_seconds: PositiveFloat = 20.0  # validation files are cut to this length
+    num_ckpt_keep: PositiveInt = 5
+    save_best_after: NonNegativeInt = 0  # best.pt (lowest held-out MR-STFT distance) only from this step on
 
     # ---- fine-tuning and freezing
     finetune_enabled: bool = False
@@ -269,8 +280,6 @@ class VocoderConfig:
     def __post_init__(self) -> None:
         task_kind(self.task_cls)
         self.precision = precision_name(self.precision)
-        if self.crop_mel_frames < 1 or self.batch_size < 1:
-            raise ValueError("crop_mel_frames and batch_size must be >= 1")
         a = self.audio
         if math.prod(self.model_args.upsample_rates) != a.hop_length:
             raise ValueError(
@@ -282,13 +291,8 @@ class VocoderConfig:
             raise ValueError(f"audio.win_length (win_size, {a.win_length}) must be <= audio.n_fft (fft_size, {a.n_fft})")
         if self.pc_aug and not self.model_args.mini_nsf:
             raise ValueError("pc_aug needs model_args.mini_nsf: true (the pitch-shift cycle uses the mini-NSF source)")
-        if not 0 < self.aug_min <= self.aug_max:
-            raise ValueError("need 0 < aug_min <= aug_max")
-        if self.discriminator_train_start_steps < 0:
-            raise ValueError(f"discriminator_train_start_steps must be >= 0 (0 = critics from the first step), "
-                             f"not {self.discriminator_train_start_steps}")
-        if self.val_check_interval < 1 or self.log_interval < 1:
-            raise ValueError("val_check_interval and log_interval must be >= 1")
+        if self.aug_min > self.aug_max:
+            raise ValueError(f"aug_min ({self.aug_min}) must be <= aug_max ({self.aug_max})")
 
     @property
     def task(self) -> str:

@@ -83,13 +83,20 @@ def test_aggressive_lr_doubles_the_lr_with_a_longer_warmup():
     (["--scheduler", "noam", "--set", "scheduler.gamma=0.999"], "gamma"),
     (["--scheduler", "exponential", "--set", "scheduler.min_ratio=0.1"], "min_ratio"),
     (["--num-workers", "0", "--set", "data.prefetch_factor=8"], "prefetch"),
-    (["--max-gpu-memory", "1.5"], "fraction"),
-    (["--batch-size", "0"], "--batch-size"),
     (["--scheduler", "noam", "--warmup-steps", "0"], "noam"),
     (["--epochs", "3", "--set", "train.max_updates=100"], "max_updates"),
 ])
 def test_options_the_effective_configuration_does_not_use_are_errors(argv, match):
     with pytest.raises(UsageError, match=match):
+        resolve(*argv)
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--max-gpu-memory", "1.5"], r"train\.max_gpu_memory \(--max-gpu-memory\): 1\.5 is out of range; it must be >= 0 and <= 1"),
+    (["--batch-size", "0"], r"train\.batch_size \(--batch-size\): 0 is out of range; it must be >= 1"),
+])
+def test_flag_values_outside_their_declared_range_name_the_flag(argv, match):
+    with pytest.raises(ConfigError, match=match):
         resolve(*argv)
 
 

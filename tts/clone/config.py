@@ -13,6 +13,17 @@ from typing import ClassVar, Literal
 
 from common.audio import AudioSettings
 from common.precision import precision_name
+from common.ranges import (
+    AnyFloat,
+    AnyInt,
+    Decay,
+    Fraction,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Probability,
+)
 
 # size -> (text dim, layers, heads), (audio/reference dim, layers, heads), (decoder dim, layers, heads)
 SIZES: dict[str, dict[str, tuple[int, int, int]]] = {
@@ -30,10 +41,10 @@ class ModelConfig:
     """Architecture. `size` picks the table above; the other fields are shared by all sizes."""
 
     size: Literal["tiny", "small", "normal"] = "normal"
-    ffn_mult: int = 2          # feed-forward width = ffn_mult * dim (conv kernel 3, then 1)
-    kernel_size: int = 3
-    dropout: float = 0.1
-    max_log_duration: float = 6.0  # clamp of the predicted log-duration at inference (e^6 ≈ 400 frames)
+    ffn_mult: PositiveInt = 2  # feed-forward width = ffn_mult * dim (conv kernel 3, then 1)
+    kernel_size: PositiveInt = 3
+    dropout: Fraction = 0.1
+    max_log_duration: PositiveFloat = 6.0  # clamp of the predicted log-duration at inference (e^6 ≈ 400 frames)
 
 
 @dataclass
@@ -41,8 +52,8 @@ class AudioConfig(AudioSettings):
     """The shared mel block (`common.audio.AudioSettings`: the vocoder's 44.1 kHz values, which these
     must equal; checked when the vocoder is loaded) plus the f0 the decoder predicts."""
 
-    f0_min: float = 60.0
-    f0_max: float = 800.0
+    f0_min: PositiveFloat = 60.0
+    f0_max: PositiveFloat = 800.0
     f0_method: str = "parselmouth"
 
 
@@ -53,71 +64,71 @@ class DataConfig:
     cache_dir: str = ""        # mel/f0 cache; default <checkpoint_dir>/features (input is never modified)
     # Limits of the one shared data check (tts.prepare_data.check_item, the VITS trainer's);
     # same defaults as the VITS DataConfig.
-    min_seconds: float = 0.5
-    max_seconds: float = 15.0
-    min_text_len: int = 2          # symbols of the normalised text
-    max_text_len: int = 400
-    min_chars_per_second: float = 4.0
-    max_chars_per_second: float = 30.0
-    silence_db: float = -50.0
-    max_clip_fraction: float = 0.01
-    ref_seconds: float = 3.0   # reference crop during training (fixed length: a static shape)
-    min_ref_seconds: float = 1.0  # a reference clip shorter than this is refused
-    num_buckets: int = 8       # length buckets: every batch is padded to its bucket's fixed lengths
-    frame_multiple: int = 16   # bucket frame lengths are rounded up to this
-    text_multiple: int = 8     # bucket text lengths are rounded up to this
-    prefetch_factor: int = 4   # only with num_workers > 0
+    min_seconds: NonNegativeFloat = 0.5
+    max_seconds: PositiveFloat = 15.0
+    min_text_len: NonNegativeInt = 2  # symbols of the normalised text
+    max_text_len: PositiveInt = 400
+    min_chars_per_second: NonNegativeFloat = 4.0
+    max_chars_per_second: PositiveFloat = 30.0
+    silence_db: AnyFloat = -50.0
+    max_clip_fraction: Probability = 0.01
+    ref_seconds: PositiveFloat = 3.0  # reference crop during training (fixed length: a static shape)
+    min_ref_seconds: PositiveFloat = 1.0  # a reference clip shorter than this is refused
+    num_buckets: PositiveInt = 8  # length buckets: every batch is padded to its bucket's fixed lengths
+    frame_multiple: PositiveInt = 16  # bucket frame lengths are rounded up to this
+    text_multiple: PositiveInt = 8  # bucket text lengths are rounded up to this
+    prefetch_factor: PositiveInt = 4  # only with num_workers > 0
     pin_memory: bool = True    # only on CUDA
-    stats_items: int = 256     # training items used for the mel mean/std at a fresh start
+    stats_items: PositiveInt = 256  # training items used for the mel mean/std at a fresh start
 
 
 @dataclass
 class OptimConfig:
     optimizer: Literal["adamw", "muon_adamw"] = "adamw"
-    lr: float = 2e-4
-    beta1: float = 0.9
-    beta2: float = 0.98
-    eps: float = 1e-9
-    weight_decay: float = 0.01
-    clip_grad_norm: float = 1.0  # 0 disables clipping (the norm is still logged)
+    lr: PositiveFloat = 2e-4
+    beta1: Fraction = 0.9
+    beta2: Fraction = 0.98
+    eps: PositiveFloat = 1e-9
+    weight_decay: NonNegativeFloat = 0.01
+    clip_grad_norm: NonNegativeFloat = 1.0  # 0 disables clipping (the norm is still logged)
 
 
 @dataclass
 class SchedulerConfig:
     name: Literal["noam", "cosine_with_warmup", "exponential", "constant"] = "cosine_with_warmup"
-    warmup_steps: int = 1000
-    min_ratio: float = 0.05    # cosine floor, as a fraction of the peak LR
-    gamma: float = 0.99995     # exponential decay per optimizer step
+    warmup_steps: NonNegativeInt = 1000
+    min_ratio: Probability = 0.05  # cosine floor, as a fraction of the peak LR
+    gamma: Decay = 0.99995     # exponential decay per optimizer step
 
 
 @dataclass
 class LossConfig:
-    mel: float = 1.0           # L1 on the decoder mel and on the post-net mel (normalised units)
-    duration: float = 1.0      # MSE on log-durations from MAS
-    prior: float = 1.0         # Gaussian prior under the MAS path (what teaches the aligner)
-    f0: float = 0.5            # L1 on normalised log-f0
-    voiced: float = 0.1        # BCE on the voiced flag
+    mel: NonNegativeFloat = 1.0  # L1 on the decoder mel and on the post-net mel (normalised units)
+    duration: NonNegativeFloat = 1.0  # MSE on log-durations from MAS
+    prior: NonNegativeFloat = 1.0  # Gaussian prior under the MAS path (what teaches the aligner)
+    f0: NonNegativeFloat = 0.5  # L1 on normalised log-f0
+    voiced: NonNegativeFloat = 0.1  # BCE on the voiced flag
 
 
 @dataclass
 class TrainConfig:
     checkpoint_dir: str = "runs/tts_clone"
-    epochs: int = 1000
-    max_updates: int = 0       # optimizer steps; 0 = run until --epochs
-    max_minutes: float = 0.0   # wall-clock budget of the training loop; 0 = none (then validate, save, stop)
-    batch_size: int = 32
-    grad_accum: int = 1
-    num_workers: int = 4
+    epochs: PositiveInt = 1000
+    max_updates: NonNegativeInt = 0  # optimizer steps; 0 = run until --epochs
+    max_minutes: NonNegativeFloat = 0.0  # wall-clock budget of the training loop; 0 = none (then validate, save, stop)
+    batch_size: PositiveInt = 32
+    grad_accum: PositiveInt = 1
+    num_workers: NonNegativeInt = 4
     precision: str = "auto"    # 32-true | 16-mixed | bf16-mixed | auto (bf16-mixed on a bf16 GPU, else 32-true)
     device: str = "auto"
-    seed: int = 1234
-    log_interval: int = 50     # optimizer steps
-    val_check_interval: int = 1000
-    save_interval: int = 1000  # also saved at every validation and at the end
-    save_n_checkpoints: int = 5
-    save_best_after: int = 0
-    max_gpu_memory: float = 0.0  # fraction of the GPU for this process; 0 = no cap
-    max_nonfinite: int = 20    # this many non-finite steps in a row stop the run
+    seed: AnyInt = 1234
+    log_interval: PositiveInt = 50  # optimizer steps
+    val_check_interval: PositiveInt = 1000
+    save_interval: PositiveInt = 1000  # also saved at every validation and at the end
+    save_n_checkpoints: PositiveInt = 5
+    save_best_after: NonNegativeInt = 0
+    max_gpu_memory: Probability = 0.0  # fraction of the GPU for this process; 0 = no cap
+    max_nonfinite: PositiveInt = 20  # this many non-finite steps in a row stop the run
     compile: bool = False      # torch.compile the model (bucketed shapes keep recompiles bounded)
     tf32: bool = True
     cudnn_benchmark: bool = True
@@ -129,15 +140,15 @@ class TrainConfig:
 @dataclass
 class ValConfig:
     at_start: bool = True      # validate the untrained model at step 0 (the "before" figure)
-    batch_size: int = 16
-    max_batches: int = 0       # 0 = the whole eval set
+    batch_size: PositiveInt = 16
+    max_batches: NonNegativeInt = 0  # 0 = the whole eval set
     sentences: list[str] = field(default_factory=lambda: [
         "Salom, bugun havo juda yaxshi.",
         "Men o'zbek tilida gapirishni yaxshi ko'raman.",
     ])
     reference: str = ""        # fixed reference voice (wav); "" = the first eval item's audio
-    plateau_patience: int = 5  # validations without improvement before the plateau notice
-    plateau_min_delta: float = 0.005  # relative improvement that counts
+    plateau_patience: PositiveInt = 5  # validations without improvement before the plateau notice
+    plateau_min_delta: NonNegativeFloat = 0.005  # relative improvement that counts
 
 
 @dataclass

@@ -174,20 +174,6 @@ def check_options(res: Resolved) -> None:
     if "data.prefetch_factor" in explicit and t.num_workers == 0:
         raise UsageError(f"data.prefetch_factor ({where('data.prefetch_factor')}) is not used with --num-workers 0 "
                          "(prefetching happens in worker processes): drop it or use workers")
-    for key, ok, what in (
-        ("train.batch_size", t.batch_size >= 1, ">= 1"), ("train.grad_accum", t.grad_accum >= 1, ">= 1"),
-        ("train.num_workers", t.num_workers >= 0, ">= 0"), ("optim.lr", cfg.optim.lr > 0, "> 0"),
-        ("train.epochs", t.epochs >= 1, ">= 1"), ("train.max_updates", t.max_updates >= 0, ">= 0"),
-        ("train.max_minutes", t.max_minutes >= 0, ">= 0 (0 = no time limit)"),
-        ("scheduler.warmup_steps", s.warmup_steps >= 0, ">= 0"),
-        ("train.max_gpu_memory", 0.0 <= t.max_gpu_memory <= 1.0, "a fraction in (0, 1] (0 = no cap)"),
-        ("train.val_check_interval", t.val_check_interval >= 1, ">= 1"),
-        ("train.log_interval", t.log_interval >= 1, ">= 1"), ("train.save_interval", t.save_interval >= 1, ">= 1"),
-        ("optim.clip_grad_norm", cfg.optim.clip_grad_norm >= 0, ">= 0 (0 = no clipping)"),
-        ("data.ref_seconds", cfg.data.ref_seconds > 0, "> 0"),
-    ):
-        if not ok:
-            raise UsageError(f"{KEY_FLAGS.get(key, key)} must be {what} (got {get_key(cfg, key)})")
     if t.precision not in PRECISIONS:
         raise UsageError(f"train.precision must be one of {', '.join(PRECISIONS)}, got {t.precision!r}")
 

@@ -12,51 +12,62 @@ naturally here.
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from common.audio import AudioSettings
-from common.config import ConfigError
+from common.config import ConfigError, build_dataclass
 from common.precision import MixedPrecisionSwitch, precision_name
+from common.ranges import (
+    AnyFloat,
+    AnyInt,
+    Decay,
+    Fraction,
+    Length,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Probability,
+)
 
 
 @dataclass
 class VitsArgs:
     """Architecture hyper-parameters (the paper's / jaywalnut310's names)."""
 
-    hidden_channels: int = 192
-    inter_channels: int = 192
-    filter_channels: int = 768
-    n_heads: int = 2
-    n_layers: int = 6
-    kernel_size: int = 3
-    p_dropout: float = 0.1
-    window_size: int = 4  # relative-position window of the text encoder's attention
+    hidden_channels: PositiveInt = 192
+    inter_channels: PositiveInt = 192
+    filter_channels: PositiveInt = 768
+    n_heads: PositiveInt = 2
+    n_layers: PositiveInt = 6
+    kernel_size: PositiveInt = 3
+    p_dropout: Fraction = 0.1
+    window_size: PositiveInt = 4  # relative-position window of the text encoder's attention
     # HiFi-GAN generator ("decoder")
     resblock: Literal["1", "2"] = "1"
-    resblock_kernel_sizes: list[int] = field(default_factory=lambda: [3, 7, 11])
-    resblock_dilation_sizes: list[list[int]] = field(default_factory=lambda: [[1, 3, 5]] * 3)
-    upsample_rates: list[int] = field(default_factory=lambda: [8, 8, 2, 2])
-    upsample_initial_channel: int = 512
-    upsample_kernel_sizes: list[int] = field(default_factory=lambda: [16, 16, 4, 4])
+    resblock_kernel_sizes: list[PositiveInt] = field(default_factory=lambda: [3, 7, 11])
+    resblock_dilation_sizes: list[list[PositiveInt]] = field(default_factory=lambda: [[1, 3, 5]] * 3)
+    upsample_rates: list[PositiveInt] = field(default_factory=lambda: [8, 8, 2, 2])
+    upsample_initial_channel: PositiveInt = 512
+    upsample_kernel_sizes: list[PositiveInt] = field(default_factory=lambda: [16, 16, 4, 4])
     # posterior encoder (WaveNet) and flow
-    posterior_kernel_size: int = 5
-    n_layers_q: int = 16
-    n_flows: int = 4
-    flow_n_layers: int = 4
-    flow_kernel_size: int = 5
+    posterior_kernel_size: PositiveInt = 5
+    n_layers_q: PositiveInt = 16
+    n_flows: PositiveInt = 4
+    flow_n_layers: PositiveInt = 4
+    flow_kernel_size: PositiveInt = 5
     # durations
     use_sdp: bool = True  # stochastic duration predictor (else the deterministic one)
-    dp_filter_channels: int = 256
+    dp_filter_channels: PositiveInt = 256
     # speakers
-    gin_channels: int = 256  # speaker embedding size (used when the data has > 1 speaker)
+    gin_channels: PositiveInt = 256  # speaker embedding size (used when the data has > 1 speaker)
     # training crop of the latent, in spectrogram frames (segment_size / hop in jaywalnut310)
-    segment_frames: int = 32
+    segment_frames: PositiveInt = 32
     # discriminator: periods of the MPD plus one scale discriminator (as VITS)
-    mpd_periods: list[int] = field(default_factory=lambda: [2, 3, 5, 7, 11])
-    disc_channel_scale: float = 1.0  # width multiplier of every discriminator layer
+    mpd_periods: list[PositiveInt] = field(default_factory=lambda: [2, 3, 5, 7, 11])
+    disc_channel_scale: PositiveFloat = 1.0  # width multiplier of every discriminator layer
     use_spectral_norm: bool = False
 
 
@@ -96,13 +107,7 @@ def model_args(preset: str, overrides: dict[str, Any] | None = None) -> VitsArgs
         raise ConfigError(f"unknown model preset '{preset}' (config key 'model'); valid: "
                           f"{', '.join(PRESETS)}{hint}")
     args = {**PRESETS[preset], **(overrides or {})}
-    names = {f.name for f in dataclasses.fields(VitsArgs)}
-    for key in args:
-        if key not in names:
-            close = difflib.get_close_matches(key, sorted(names), n=1, cutoff=0.5)
-            hint = f"; did you mean 'model_args.{close[0]}'?" if close else ""
-            raise ConfigError(f"unknown config key 'model_args.{key}'{hint}")
-    return VitsArgs(**args)
+    return build_dataclass(VitsArgs, args, "model_args.", f"model_args over preset '{preset}'")
 
 
 @dataclass
@@ -110,32 +115,32 @@ class AudioConfig(AudioSettings):
     """The shared mel block (`common.audio.AudioSettings`, its aliases included) with jaywalnut310's
     22.05 kHz ljs_base values as defaults."""
 
-    sample_rate: int = 22050
-    n_fft: int = 1024
-    win_length: int = 1024
-    hop_length: int = 256
-    n_mels: int = 80
-    fmin: float = 0.0
-    fmax: float | None = None
+    sample_rate: PositiveInt = 22050
+    n_fft: PositiveInt = 1024
+    win_length: PositiveInt = 1024
+    hop_length: PositiveInt = 256
+    n_mels: PositiveInt = 80
+    fmin: NonNegativeFloat = 0.0
+    fmax: PositiveFloat | None = None
 
 
 @dataclass
 class DataConfig:
     """What prepare_data.py keeps (filters) and how it splits; read again by the data loader."""
 
-    min_audio_len: float = 0.5  # seconds
-    max_audio_len: float = 15.0
-    min_text_len: int = 2  # tokens of the normalised text
-    max_text_len: int = 400
-    min_chars_per_second: float = 4.0  # normalised letters per second: catches wrong transcripts
-    max_chars_per_second: float = 30.0
-    silence_db: float = -50.0
-    max_clip_fraction: float = 0.01
-    eval_split_size: float = 0.02  # a fraction (< 1) or a count (>= 1) of utterances
-    eval_split_max_size: int = 64
-    split_seed: int = 1234
+    min_audio_len: NonNegativeFloat = 0.5  # seconds
+    max_audio_len: PositiveFloat = 15.0
+    min_text_len: NonNegativeInt = 2  # tokens of the normalised text
+    max_text_len: PositiveInt = 400
+    min_chars_per_second: NonNegativeFloat = 4.0  # normalised letters per second: catches wrong transcripts
+    max_chars_per_second: PositiveFloat = 30.0
+    silence_db: AnyFloat = -50.0
+    max_clip_fraction: Probability = 0.01
+    eval_split_size: PositiveFloat = 0.02  # a fraction (< 1) or a count (>= 1) of utterances
+    eval_split_max_size: PositiveInt = 64
+    split_seed: AnyInt = 1234
     add_blank: bool = True  # intersperse a blank token between symbols (VITS)
-    num_buckets: int = 8  # length buckets of the training batches
+    num_buckets: PositiveInt = 8  # length buckets of the training batches
 
 
 @dataclass
@@ -143,7 +148,7 @@ class TrainConfig:
     """Everything train.py reads. Defaults are the RTX 4090 recipe's (tts/vits/configs/uzbek_vits.yaml)."""
 
     run_name: str = "uzbek_vits_rtx4090"
-    seed: int = 1234
+    seed: AnyInt = 1234
     model: str = "vits_base"  # preset name, see PRESETS
     model_args: dict[str, Any] = field(default_factory=dict)
     audio: AudioConfig = field(default_factory=AudioConfig)
@@ -153,26 +158,26 @@ class TrainConfig:
     phoneme_type: Literal["text", "espeak"] = "text"
     espeak_voice: str = "uz"
     # batches and loading
-    batch_size: int = 64
-    eval_batch_size: int = 16
-    num_loader_workers: int = 6
-    num_eval_loader_workers: int = 2
+    batch_size: PositiveInt = 64
+    eval_batch_size: PositiveInt = 16
+    num_loader_workers: NonNegativeInt = 6
+    num_eval_loader_workers: NonNegativeInt = 2
     pin_memory: bool = True
-    prefetch_factor: int = 2
+    prefetch_factor: PositiveInt = 2
     persistent_workers: bool = True
     # optimisation (separate G and D optimizers and schedulers)
     optimizer_cls: str = "AdamW"
-    lr: float = 2e-4  # both networks unless lr_gen / lr_disc are set
-    lr_gen: float | None = None
-    lr_disc: float | None = None
-    betas: list[float] = field(default_factory=lambda: [0.8, 0.99])
-    eps: float = 1e-9
-    weight_decay: float = 0.01  # AdamW's; jaywalnut310 (torch's default) and Coqui both use 0.01
-    lr_gamma: float = 0.999875  # exponential decay factor ...
+    lr: PositiveFloat = 2e-4  # both networks unless lr_gen / lr_disc are set
+    lr_gen: PositiveFloat | None = None
+    lr_disc: PositiveFloat | None = None
+    betas: Annotated[list[Fraction], Length(2)] = field(default_factory=lambda: [0.8, 0.99])
+    eps: PositiveFloat = 1e-9
+    weight_decay: NonNegativeFloat = 0.01  # AdamW's; jaywalnut310 (torch's default) and Coqui both use 0.01
+    lr_gamma: Decay = 0.999875  # exponential decay factor ...
     # ... applied once per EPOCH as jaywalnut310 (scheduler.step() after each epoch) and Coqui
     # (scheduler_after_epoch) do; "step" applies it after every optimizer step (far faster decay)
     lr_scheduler_per: Literal["step", "epoch"] = "epoch"
-    grad_clip: float | None = 1.0  # max total gradient norm per network (None: measure only)
+    grad_clip: PositiveFloat | None = 1.0  # max total gradient norm per network (None: measure only)
     # 32-true | 16-mixed | bf16-mixed | auto; Coqui's `mixed_precision: true|false` + `amp_dtype: fp16|bf16`
     # are read as this key when the config loads (MULTI_KEY_ALIASES)
     precision: str = "bf16-mixed"
@@ -184,44 +189,44 @@ class TrainConfig:
     compile: bool = False  # torch.compile (in place) the HiFi-GAN decoder and every critic: fixed-shape crops
     channels_last: bool = False  # channels_last layout for the period critics' Conv2d (the only 4-D convs)
     deterministic: bool = False  # deterministic kernels + cudnn flags (common.precision.Precision)
-    max_nonfinite_steps: int = 20  # consecutive skipped steps before the run stops
+    max_nonfinite_steps: PositiveInt = 20  # consecutive skipped steps before the run stops
     # alignment: the beta-binomial diagonal prior added to what MAS sees (not to the loss), with
     # weight mas_prior_weight at step 0 falling linearly to 0 at mas_prior_steps (0 = off, as the paper)
-    mas_prior_steps: int = 0
-    mas_prior_weight: float = 1.0
+    mas_prior_steps: NonNegativeInt = 0
+    mas_prior_weight: NonNegativeFloat = 1.0
     # losses
-    c_mel: float = 45.0
-    c_kl: float = 1.0
+    c_mel: NonNegativeFloat = 45.0
+    c_kl: NonNegativeFloat = 1.0
     # multi-resolution STFT loss on the decoded segment (Parallel WaveGAN's, from vocoder/losses.py);
     # 0 = the paper's objective. Its spectral-convergence term is linear in magnitude, so it weighs
     # the harmonic peaks that carry the power, which the log-mel L1 leaves too quiet early on
-    c_stft: float = 0.0
+    c_stft: NonNegativeFloat = 0.0
     # L1 of each frame's log power on the decoded segment (vocoder/losses.frame_energy_loss); 0 = the
     # paper. Reconstruction losses leave a young decoder too quiet; this one asks for the level only
-    c_energy: float = 0.0
+    c_energy: NonNegativeFloat = 0.0
     # Steps before the critics join (as the vocoder's key of the same name): until then no D update and
     # no adversarial / feature-matching term, the decoder learns from mel (+ MR-STFT) reconstruction and
     # the prior from the KL alone, at the cost of the generator's fwd+bwd only. 0 = the paper (from step 0)
-    discriminator_train_start_steps: int = 0
+    discriminator_train_start_steps: NonNegativeInt = 0
     # schedule
-    epochs: int = 200
-    max_steps: int | None = None  # stop after this many steps (None: run the epochs)
-    max_minutes: float | None = None  # stop (and save) after this much wall time
-    print_step: int = 50
-    save_step: int = 500
-    save_n_checkpoints: int = 8
-    save_best_after: int = 5000
-    eval_interval: int = 500
-    test_delay_epochs: int = 3
+    epochs: PositiveInt = 200
+    max_steps: PositiveInt | None = None  # stop after this many steps (None: run the epochs)
+    max_minutes: PositiveFloat | None = None  # stop (and save) after this much wall time
+    print_step: PositiveInt = 50
+    save_step: PositiveInt = 500
+    save_n_checkpoints: PositiveInt = 8
+    save_best_after: NonNegativeInt = 5000
+    eval_interval: NonNegativeInt = 500  # 0 = no mid-epoch evaluation
+    test_delay_epochs: NonNegativeInt = 3
     run_eval: bool = True
     eval_at_start: bool = False  # evaluate the untrained model too (the demo's "step 0" figures)
     progress_bar: bool = True
-    eval_max_items: int = 32  # eval utterances used for MCD/alignment metrics
+    eval_max_items: PositiveInt = 32  # eval utterances used for MCD/alignment metrics
     test_sentences: list[str] = field(default_factory=list)
     test_speaker: str | None = None  # speaker name for test sentences (default: the first)
-    noise_scale: float = 0.667
-    noise_scale_w: float = 0.8
-    length_scale: float = 1.0
+    noise_scale: NonNegativeFloat = 0.667
+    noise_scale_w: NonNegativeFloat = 0.8
+    length_scale: PositiveFloat = 1.0
     # data location (usually from the command line)
     data_dir: str | None = None
     run_dir: str | None = None
@@ -242,6 +247,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.precision = precision_name(self.precision)
+        self.args()  # model_args is a free mapping: its keys, types and ranges are checked at load too
 
     def args(self) -> VitsArgs:
         return model_args(self.model, self.model_args)

@@ -123,12 +123,6 @@ class VitsTrainer:
         self.eval_set = VitsDataset(cfg.data_dir, "eval", cfg.audio, cfg.data.add_blank, Frontend.of(cfg))
         if len(self.train_set) == 0:
             raise DataError(f"{cfg.data_dir}/train.jsonl is empty")
-        if cfg.eval_batch_size < 1 or cfg.num_eval_loader_workers < 0:
-            raise ConfigError(f"eval_batch_size must be >= 1 and num_eval_loader_workers >= 0, got "
-                              f"{cfg.eval_batch_size} and {cfg.num_eval_loader_workers}")
-        if cfg.discriminator_train_start_steps < 0:
-            raise ConfigError(f"discriminator_train_start_steps must be >= 0 (0 = critics from the first step), "
-                              f"not {cfg.discriminator_train_start_steps}")
         batch = min(cfg.batch_size, len(self.train_set) // info.world_size)
         if batch < cfg.batch_size:
             self.log(f"note: batch_size {cfg.batch_size} > training items per rank; using {batch}")
