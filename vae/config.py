@@ -18,7 +18,6 @@ from common.ranges import (
     Fraction,
     NonNegativeFloat,
     NonNegativeInt,
-    PositiveFloat,
     PositiveInt,
     Probability,
 )
