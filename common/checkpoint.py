@@ -104,7 +104,7 @@ CHECKPOINT_KINDS = {
     "clone": ("a voice-cloning checkpoint (tts/train_main.py)",
               "tts/infer_clone.py, tts/export_clone_onnx.py, or --init_from of tts/train_main.py"),
     "vae": ("a VAE checkpoint (vae/train_vae.py)",
-            "vae/reconstruct.py, vae/check_compatibility.py, or --init_from of vae/train_vae.py"),
+            "vae/reconstruct.py, or --init_from of vae/train_vae.py"),
 }
 
 
