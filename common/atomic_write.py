@@ -123,6 +123,46 @@ def write_text(path: str | Path, text: str, encoding: str = "utf-8") -> Path:
     return write_bytes(path, text.encode(encoding))
 
 
+def save_png(image, path: str | Path, **options) -> Path:
+    """A PIL image (or an HxWx3 uint8 array) as a PNG at `path`, atomically (see `atomic_output`);
+    `options` go to PIL's PNG writer."""
+    from PIL import Image  # only the image writers need PIL
+
+    if not isinstance(image, Image.Image):
+        image = Image.fromarray(image)
+    with atomic_output(path) as tmp:
+        image.save(tmp, format="PNG", **options)
+    return Path(path)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """`os.write` until every byte is out (one place for tests to fill the disk)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def append_text(path: str | Path, text: str, encoding: str = "utf-8") -> Path:
+    """`text` appended to `path`: for a log that grows one line at a time and is never rewritten
+    (metrics.jsonl). An append cannot be a rename, so on a full disk the file is cut back to its size
+    before the append (no half line for a reader to choke on) and DiskFullError is raised."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        start = os.fstat(fd).st_size
+        try:
+            _write_all(fd, text.encode(encoding))
+        except OSError as exc:
+            if is_disk_full(exc):
+                os.ftruncate(fd, start)
+                raise disk_full(path) from None
+            raise
+    finally:
+        os.close(fd)
+    return path
+
+
 def remove_stale_temp_folders(folder: str | Path, log=print) -> list[Path]:
     """Removes `<name>.tmp<pid>` folders that `atomic_output(folder=True)` of a process no longer
     running left in `folder` (a kill or a crash mid-write); those of live processes are kept."""

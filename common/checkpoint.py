@@ -90,6 +90,65 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 
 
 # ---------------------------------------------------------------------------------------------
+# Which trainer made a checkpoint: for messages when a file is given to the wrong script
+# ---------------------------------------------------------------------------------------------
+# kind -> (what the file is, the scripts that use it). The layouts are the ones each trainer saves
+# (`make_state` with its network names and `extra`) and the exported / released files they read.
+CHECKPOINT_KINDS = {
+    "vocoder": ("a vocoder training checkpoint (vocoder/train.py)",
+                "vocoder/infer.py, vocoder/export.py, or --init_from of vocoder/train.py"),
+    "vocoder_export": ("an exported vocoder (vocoder/export.py, or a DiffSinger / SingingVocoders release)",
+                       "vocoder/infer.py, or --init_from of vocoder/train.py"),
+    "vits": ("a VITS checkpoint (tts/train.py)",
+             "tts/synthesize.py, tts/export_onnx.py, or --init_from of tts/train.py"),
+    "clone": ("a voice-cloning checkpoint (tts/train_main.py)",
+              "tts/infer_clone.py, tts/export_clone_onnx.py, or --init_from of tts/train_main.py"),
+    "vae": ("a VAE checkpoint (vae/train_vae.py)",
+            "vae/reconstruct.py, or --init_from of vae/train_vae.py"),
+}
+
+
+def checkpoint_kind(ckpt: dict) -> str | None:
+    """The key of `CHECKPOINT_KINDS` whose layout `ckpt` has, or None for a file none of them made."""
+    models, extra = ckpt.get("models"), ckpt.get("extra")
+    models = models if isinstance(models, dict) else {}
+    extra = extra if isinstance(extra, dict) else {}
+    config = ckpt.get("config") if isinstance(ckpt.get("config"), dict) else {}
+    if "model" in models:
+        return "clone"
+    if "vae" in models or "arch" in extra or ("state_dict" in ckpt and "arch" in ckpt):
+        return "vae"
+    if "generator" in models:
+        if "speakers" in extra or "symbols" in extra:
+            return "vits"
+        if "export" in extra or "task_cls" in config:
+            return "vocoder"
+    if isinstance(ckpt.get("generator"), dict):
+        return "vocoder_export"
+    state = ckpt.get("state_dict")
+    if isinstance(state, dict) and any(str(k).startswith("generator.") for k in state):
+        return "vocoder_export"
+    return None
+
+
+def _made_by_note(ckpt: dict) -> str:
+    """'; the file is <what made it>' for a file a trainer of this repo made, else ''."""
+    kind = checkpoint_kind(ckpt)
+    return f"; the file is {CHECKPOINT_KINDS[kind][0]}" if kind else ""
+
+
+def refuse_other_kind(path: str | Path, ckpt: dict, *accepted: str) -> None:
+    """CheckpointError when another trainer of this repo made `ckpt` than the `accepted` kinds (keys of
+    `CHECKPOINT_KINDS`, the first one named in the message): the message says which trainer made it and
+    which scripts use it, instead of a config or shape error deep inside the loader. A file none of the
+    trainers made is left to the caller's own layout checks."""
+    kind = checkpoint_kind(ckpt)
+    if kind is not None and kind not in accepted:
+        what, use = CHECKPOINT_KINDS[kind]
+        raise CheckpointError(f"{path} is {what}, not {CHECKPOINT_KINDS[accepted[0]][0]}: use it with {use}")
+
+
+# ---------------------------------------------------------------------------------------------
 # RNG state of python / numpy / torch / cuda
 # ---------------------------------------------------------------------------------------------
 def capture_rng() -> dict:
@@ -153,17 +212,32 @@ def restore_state(
     scaler: torch.amp.GradScaler | None = None,
     ema: dict[str, Any] | None = None,
     rank: int = 0,
+    source: str | Path = "the checkpoint",
 ) -> dict:
-    """Restores everything given plus this rank's RNG; returns the counters."""
+    """Restores everything given plus this rank's RNG; returns the counters. A checkpoint that does not
+    fit (another model width, another optimizer layout, another trainer's file) is CheckpointError
+    (exit 2) naming `source` and what differs, the same message for every trainer."""
+    found = ckpt.get("models", {})
     for name, model in models.items():
-        if name not in ckpt.get("models", {}):
-            raise CheckpointError(f"checkpoint has no weights for '{name}' (has: {list(ckpt.get('models', {}))})")
-        _unwrap(model).load_state_dict(ckpt["models"][name])
-    for group, objs in (("optimizers", optimizers), ("schedulers", schedulers), ("ema", ema)):
+        if name not in found:
+            raise CheckpointError(f"cannot resume from {source}: it has no weights for '{name}' (has: {list(found)})"
+                                  f"{_made_by_note(ckpt)}")
+        try:
+            _unwrap(model).load_state_dict(found[name])
+        except RuntimeError:
+            detail = fit_summary(_unwrap(model).state_dict(), found[name])
+            raise does_not_fit(source, f"its {name} weights do not fit", detail, ckpt) from None
+    for group, kind, objs in (("optimizers", "optimizer", optimizers), ("schedulers", "scheduler", schedulers),
+                              ("ema", "EMA", ema)):
         for name, obj in (objs or {}).items():
             if name not in ckpt.get(group, {}):
-                raise CheckpointError(f"checkpoint has no {group[:-1]} state for '{name}'; resume with --init_from to load weights only")
-            obj.load_state_dict(ckpt[group][name])
+                raise CheckpointError(f"cannot resume from {source}: it has no {kind} state for '{name}'; "
+                                      "start a new run from its weights with --init_from")
+            try:
+                obj.load_state_dict(ckpt[group][name])
+            except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+                raise does_not_fit(source, f"its {kind} state for '{name}' does not fit",
+                                   str(exc).strip().splitlines()[0][:300], ckpt) from None
     if scaler is not None and ckpt.get("scaler"):
         scaler.load_state_dict(ckpt["scaler"])
     rng = ckpt.get("rng", {})
@@ -350,26 +424,70 @@ class InitReport:
         return "\n".join(lines)
 
 
-def load_matching(model: nn.Module, state_dict: dict[str, torch.Tensor], ignore: tuple[str, ...] = (), strict_shapes: bool = False) -> InitReport:
-    """Loads every tensor whose name and shape match; lists the rest by name. With
-    `strict_shapes`, a shape mismatch is an error instead (fine-tuning that must match)."""
-    model = _unwrap(model)
-    own = model.state_dict()
+# Why a share: a start from weights is meant to keep what was learned. Real fine-tuning changes a few
+# layers (another vocabulary or speaker count, other mel bins, a wider feed-forward) and keeps most
+# tensors; a file of another trainer or another model family matches none, and another model width
+# almost none. Below half, the run would mostly train from scratch while its log said "init_from", so
+# it is refused (exit 2) and the user decides: the right file, or no --init_from at all.
+MIN_INIT_SHARE = 0.5  # of the trained network's tensors (by count) that --init_from must load
+
+
+def compare_state(own: dict[str, torch.Tensor], state: dict[str, torch.Tensor], ignore: tuple[str, ...] = ()
+                  ) -> InitReport:
+    """Which tensors of `state` fit a model whose state_dict is `own` (name and shape), and which do not."""
     report = InitReport()
-    to_load = {}
-    for name, tensor in state_dict.items():
+    for name, tensor in state.items():
         if any(pat and pat in name for pat in ignore):
             report.ignored.append(name)
         elif name not in own:
             report.unexpected.append(name)
-        elif own[name].shape != tensor.shape:
-            msg = f"{name}: checkpoint {tuple(tensor.shape)} vs model {tuple(own[name].shape)}"
-            if strict_shapes:
-                raise CheckpointError(f"shape mismatch with strict shapes: {msg}")
-            report.mismatched.append(msg)
+        elif own[name].shape != getattr(tensor, "shape", None):
+            report.mismatched.append(f"{name}: checkpoint {tuple(getattr(tensor, 'shape', ()))} "
+                                     f"vs model {tuple(own[name].shape)}")
         else:
-            to_load[name] = tensor
             report.loaded.append(name)
-    report.missing = [n for n in own if n not in state_dict and not any(p and p in n for p in ignore)]
-    model.load_state_dict(to_load, strict=False)
+    report.missing = [n for n in own if n not in state and not any(p and p in n for p in ignore)]
+    return report
+
+
+def fit_summary(own: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> str:
+    """One line on why `state` does not load into a model whose state_dict is `own`."""
+    r = compare_state(own, state)
+    parts = [f"{len(items)} {what}, e.g. {items[0]}" for items, what in (
+        (r.mismatched, "tensors differ in shape"), (r.missing, "of the model's tensors are not in it"),
+        (r.unexpected, "of its tensors are not in the model")) if items]
+    return "; ".join(parts) or "load_state_dict failed"
+
+
+def does_not_fit(source: str | Path, what: str, detail: str, ckpt: dict) -> CheckpointError:
+    """The one message every trainer gives when `--resume` meets a checkpoint its model or optimizers
+    cannot take (another model width, optimizer, critic set, or another trainer's file); `what` is
+    e.g. "its generator weights do not fit"."""
+    return CheckpointError(
+        f"cannot resume from {source}: {what} this configuration ({detail}){_made_by_note(ckpt)}. "
+        "Resume with the settings it was saved with (config.yaml in its run folder), or start a new run "
+        "from its weights with --init_from (layers that differ are re-initialised and listed)")
+
+
+def load_matching(model: nn.Module, state_dict: dict[str, torch.Tensor], ignore: tuple[str, ...] = (),
+                  strict_shapes: bool = False, *, source: str | Path | None = None,
+                  ckpt: dict | None = None) -> InitReport:
+    """Loads every tensor whose name and shape match; lists the rest by name. With `strict_shapes`, a
+    shape mismatch is an error instead (fine-tuning that must match). With `source` (the `--init_from`
+    file, given for the network a run trains: generator, cloning model, VAE; not for critics), a file
+    of which fewer than `MIN_INIT_SHARE` of the model's tensors load is CheckpointError (exit 2) before
+    anything is loaded; `ckpt` (the whole file) lets the message say which trainer made it."""
+    model = _unwrap(model)
+    own = model.state_dict()
+    report = compare_state(own, state_dict, ignore)
+    if strict_shapes and report.mismatched:
+        raise CheckpointError(f"shape mismatch with strict shapes: {report.mismatched[0]}")
+    considered = len(report.loaded) + len(report.mismatched) + len(report.missing)
+    if source is not None and considered and len(report.loaded) < MIN_INIT_SHARE * considered:
+        raise CheckpointError(
+            f"--init_from {source}: only {len(report.loaded)} of this model's {considered} tensors match it by name "
+            f"and shape ({len(report.loaded) / considered:.0%}; at least {MIN_INIT_SHARE:.0%} must, or the run would "
+            f"train mostly from scratch){_made_by_note(ckpt or {})}. Start from a checkpoint of this trainer with "
+            "the same model size, or leave out --init_from to train from scratch")
+    model.load_state_dict({name: state_dict[name] for name in report.loaded}, strict=False)
     return report

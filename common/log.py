@@ -20,6 +20,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
+from common.atomic_write import atomic_output, save_png
 from common.schedulers import sample_curve, schedule_preview
 
 ArrayLike = torch.Tensor | np.ndarray
@@ -197,8 +198,8 @@ def report_lr_plan(curves: dict[str, Callable[[int], float]], total_steps: int, 
         say(line)
     fig = plot_lr_schedule(curves, total_steps, title)
     if run_dir is not None:
-        Path(run_dir).mkdir(parents=True, exist_ok=True)
-        fig.savefig(Path(run_dir) / "lr_schedule.png")
+        with atomic_output(Path(run_dir) / "lr_schedule.png") as tmp:
+            fig.savefig(tmp, format="png")
     if logger is not None:
         logger.figure("lr_schedule", fig, 0)
         logger.text("lr_schedule", "\n\n".join(lines), 0)
@@ -244,14 +245,12 @@ def save_figure(fig: Figure, path: str | Path, colors: int = 64) -> Path:
     small enough to commit under docs/, with no visible loss at 64 colours."""
     from PIL import Image  # import only where it is used
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     canvas = FigureCanvasAgg(fig)
     canvas.draw()
     rgb = np.asarray(canvas.buffer_rgba())[..., :3]
-    Image.fromarray(rgb).quantize(colors=colors).save(path, format="PNG", optimize=True)
+    save_png(Image.fromarray(rgb).quantize(colors=colors), path, optimize=True)
     _close(fig)
-    return path
+    return Path(path)
 
 
 # ----------------------------------------------------------------------------- progress

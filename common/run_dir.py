@@ -29,11 +29,22 @@ from common.errors import OutputPathError
 from common.run_lock import LOCK_NAME, RunLock
 
 
+class _RunFolder(argparse.Action):
+    """Stores the run folder and, in `run_flag`, the spelling the user typed (--run_dir or an alias),
+    so that messages about the folder name the flag the user knows."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.run_flag = option_string
+
+
 def add_run_args(p: argparse.ArgumentParser, run_aliases: tuple[str, ...] = (), resume_aliases: tuple[str, ...] = (),
                  run_dest: str = "run_dir", run_help: str = "run folder: checkpoints, logs, config") -> None:
     """The one spelling of the run flags every trainer takes: --run_dir, --resume, --init_from,
-    --overwrite (plus the aliases a trainer's guide already uses, e.g. --output_dir)."""
-    p.add_argument("--run_dir", *run_aliases, dest=run_dest, default=None, help=run_help)
+    --overwrite (plus the aliases a trainer's guide already uses, e.g. --output_dir). `args.run_flag` is
+    the spelling of the run-folder flag the user typed (the guide's alias, or --run_dir, when none was)."""
+    p.add_argument("--run_dir", *run_aliases, dest=run_dest, default=None, help=run_help, action=_RunFolder)
+    p.set_defaults(run_flag=run_aliases[0] if run_aliases else "--run_dir")
     p.add_argument("--resume", *resume_aliases, dest="resume", default=None,
                    help="'auto' (the newest intact checkpoint of the run folder, if any) or a checkpoint path")
     p.add_argument("--init_from", default=None,

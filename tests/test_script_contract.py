@@ -146,7 +146,7 @@ def _cases(i: dict[str, Path], out: Path) -> dict[str, tuple[Callable, Callable[
     from tts.clone import export_onnx as clone_export
     from vae import prepare_data as vae_prepare
     from vae import reconstruct
-    from vocoder import infer
+    from vocoder import export, infer
     from vocoder import prepare_data as voc_prepare
 
     corpus = i["tts"].parent  # metadata.csv + audio/
@@ -170,6 +170,9 @@ def _cases(i: dict[str, Path], out: Path) -> dict[str, tuple[Callable, Callable[
                              lambda: infer.main(["--model", str(i["vocoder"]), "--input", str(i["wavs"]),
                                                  "--output", str(out), "--device", "cpu"]),
                              r"\S+\.wav"),
+        "vocoder/export.py": (lambda m: m.setattr(torch, "save", lambda obj, f, *a, **k: _partial_then_full(f)),
+                              lambda: export.main(["--ckpt", str(i["vocoder"]), "--out", str(out)]),
+                              r"model\.ckpt"),  # and no claim about checkpoints: an export is not one
         "tts/synthesize.py --out": (_patch_soundfile_object,
                                     lambda: synthesize.main(["--checkpoint", str(i["vits"]), "--text", "salom dunyo",
                                                              "--out", str(out / "s.wav")]),
@@ -191,7 +194,7 @@ def _cases(i: dict[str, Path], out: Path) -> dict[str, tuple[Callable, Callable[
 
 
 CASES = ["vocoder/prepare_data.py", "tts/prepare_data.py", "vae/prepare_data.py", "vocoder/infer.py",
-         "tts/synthesize.py --out", "tts/export_onnx.py", "tts/export_clone_onnx.py", "vae/reconstruct.py"]
+         "vocoder/export.py", "tts/synthesize.py --out", "tts/export_onnx.py", "tts/export_clone_onnx.py", "vae/reconstruct.py"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -347,3 +350,34 @@ def test_reconstruct_checks_the_output_extension_at_start(inputs, tmp_path, caps
                              "--output", str(tmp_path / "x.xyz")]) == 2
     assert _one_error(capsys) == (f"error: --output {tmp_path / 'x.xyz'}: not an image file name; end it in .png "
                                   "(lossless), .webp, .jpg or .tif")
+
+
+# ------------------------------------------------------------------------------ another trainer's checkpoint
+def test_a_checkpoint_of_another_trainer_is_named_with_the_scripts_that_use_it(inputs, tmp_path, capsys):
+    from tts import export_onnx, infer_clone, synthesize
+    from tts.clone import export_onnx as clone_export
+    from vae import reconstruct
+    from vocoder import export, infer
+
+    voc, vits, clone = str(inputs["vocoder"]), str(inputs["vits"]), str(inputs["clone"])
+    wav, image = str(sorted(inputs["wavs"].glob("*.wav"))[0]), str(sorted(inputs["images"].glob("*.png"))[0])
+    out = tmp_path / "out"
+    made = {voc: "a vocoder training checkpoint (vocoder/train.py)", vits: "a VITS checkpoint (tts/train.py)",
+            clone: "a voice-cloning checkpoint (tts/train_main.py)"}
+    for main, given, wanted, argv in (
+            (synthesize.main, voc, "a VITS checkpoint", ["--text", "salom", "--out", str(out / "s.wav")]),
+            (export_onnx.main, voc, "a VITS checkpoint", ["--out", str(out / "m.onnx"), "--no_check"]),
+            (infer_clone.main, vits, "a voice-cloning checkpoint",
+             ["--reference", wav, "--text", "salom", "--output", str(out / "c.wav"), "--device", "cpu"]),
+            (clone_export.main, voc, "a voice-cloning checkpoint", ["--out", str(out / "c.onnx"), "--no_check"]),
+            (reconstruct.main, clone, "a VAE checkpoint", ["--input", image, "--output", str(out / "r.png"),
+                                                           "--device", "cpu"]),
+            (infer.main, vits, "a vocoder training checkpoint", ["--input", wav, "--output", str(out), "--device", "cpu"]),
+            (export.main, clone, "a vocoder training checkpoint", ["--out", str(out)])):
+        flag = {infer.main: "--model", export.main: "--ckpt"}.get(main, "--checkpoint")
+        assert main([flag, given, *argv]) == 2, main.__module__
+        error = _one_error(capsys)
+        assert error.startswith(f"error: {given} is {made[given]}, not {wanted}") and "use it with " in error, error
+        assert "task_cls" not in error
+    assert not out.exists() or not any(out.iterdir())
+

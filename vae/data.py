@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -162,26 +163,43 @@ def default_min_size(size: int) -> int:
     return min(256, size) if size > 0 else 256
 
 
+SHOWN_SKIPPED = 50  # skipped files named one per line; the rest are counted (all of them in prepare's report)
+
+
+def skipped_lines(skipped: list[tuple[str, str]], more: str = "") -> list[str]:
+    """'  skipped FILE: REASON' per (file, reason), the one per-file report of prepare_data.py and of
+    training on a raw folder; past `SHOWN_SKIPPED`, one line with the count (and `more`: where the rest is)."""
+    lines = [f"  skipped {file}: {reason}" for file, reason in skipped[:SHOWN_SKIPPED]]
+    if len(skipped) > SHOWN_SKIPPED:
+        lines.append(f"  ... and {len(skipped) - SHOWN_SKIPPED} more{more}")
+    return lines
+
+
 def usable_images(files: list[Path], size: int, max_pixels: int = DEFAULT_MAX_PIXELS,
-                  where: str | Path = "") -> list[Path]:
+                  where: str | Path = "", log: Callable[[str], None] = print) -> list[Path]:
     """The files that pass prepare_data.py's filters at crop `size` (decoded once, JPEGs at draft
-    scale). None usable → ValueError with one line: how many were skipped and why."""
-    good, reasons = [], {}
+    scale). Each skipped file is named with its reason through `log`, as prepare_data.py names them;
+    none usable → ValueError with one line: how many were skipped and why."""
+    good, reasons, skipped = [], {}, []
     for path in files:
         try:
             open_image_rgb(path, max_pixels, default_min_size(size), draft_size=size)
             good.append(path)
         except BadImage as exc:
             reasons.setdefault(exc.kind, []).append(f"{Path(path).name}: {exc.reason}")
+            skipped.append((str(path), exc.reason))
     if reasons:
-        n_bad = sum(len(v) for v in reasons.values())
+        n_bad = len(skipped)
         summary = ", ".join(f"{len(v)} {kind.replace('_', ' ')}" for kind, v in sorted(reasons.items()))
-        example = next(iter(reasons.values()))[0]
-        line = f"{n_bad} files skipped: {summary}; e.g. {example}"
+        where = where or Path(files[0]).parent
+        log(f"{where}: {len(good)} of {len(files)} images usable, {n_bad} skipped ({summary}); "
+            "`python vae/prepare_data.py --mode preprocess` filters a folder once, with a report")
+        for line in skipped_lines(skipped):
+            log(line)
         if not good:
-            raise ValueError(f"no usable image in {where or Path(files[0]).parent} ({line}). Check the folder "
-                             "with `python vae/prepare_data.py --mode validate`")
-        warnings.warn(f"{where}: {line}", stacklevel=2)
+            example = next(iter(reasons.values()))[0]
+            raise ValueError(f"no usable image in {where} ({n_bad} files skipped: {summary}; e.g. {example}). "
+                             "Check the folder with `python vae/prepare_data.py --mode validate`")
     return good
 
 
@@ -219,13 +237,15 @@ def find_training_images(data_path: str | Path) -> list[Path]:
     return files
 
 
-def checked_images(folder: str | Path, image_size: int, max_pixels: int = DEFAULT_MAX_PIXELS) -> list[Path]:
+def checked_images(folder: str | Path, image_size: int, max_pixels: int = DEFAULT_MAX_PIXELS,
+                   log: Callable[[str], None] = print) -> list[Path]:
     """The images of `folder` for training: a prepared folder's manifest as is (prepare_data.py filtered
-    it), a raw folder through the same filters once, so an unusable file is never upscaled or counted."""
+    it), a raw folder through the same filters once, so an unusable file is never upscaled or counted
+    (each skipped one is named with its reason through `log`)."""
     files = find_training_images(folder)
     if read_manifest(Path(folder)) is not None:
         return files
-    return usable_images(files, image_size, max_pixels, folder)
+    return usable_images(files, image_size, max_pixels, folder, log)
 
 
 def split_train_val(files: list[Path], num_val: int, seed: int = 1234) -> tuple[list[Path], list[Path]]:
@@ -315,11 +335,12 @@ def eval_loader(files: list[Path], image_size: int, max_pixels: int = DEFAULT_MA
 # ----------------------------------------------------------------------------- a training run's data
 
 
-def training_images(cfg: VAEConfig) -> tuple[list[Path], list[Path]]:
-    """(train, validation) files: `val_data_path`, or a fixed held-out part of `data_path`."""
-    files = checked_images(cfg.data_path, cfg.image_size, cfg.max_pixels)
+def training_images(cfg: VAEConfig, log: Callable[[str], None] = print) -> tuple[list[Path], list[Path]]:
+    """(train, validation) files: `val_data_path`, or a fixed held-out part of `data_path`; skipped files
+    of a raw folder are reported through `log` (rank 0's print)."""
+    files = checked_images(cfg.data_path, cfg.image_size, cfg.max_pixels, log)
     if cfg.val_data_path:
-        return files, checked_images(cfg.val_data_path, cfg.image_size, cfg.max_pixels)
+        return files, checked_images(cfg.val_data_path, cfg.image_size, cfg.max_pixels, log)
     return split_train_val(files, cfg.num_val_images, seed=cfg.seed)
 
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
 from skimage.metrics import structural_similarity
 from torchvision.utils import make_grid
 
+from common.atomic_write import save_png
 from vae.data import tensor_to_uint8
 
 
@@ -73,10 +73,7 @@ def grid_image(inputs: torch.Tensor, recons: torch.Tensor) -> np.ndarray:
 
 
 def save_grid(inputs: torch.Tensor, recons: torch.Tensor, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(grid_image(inputs, recons)).save(path)
-    return path
+    return save_png(grid_image(inputs, recons), path)
 
 
 @torch.no_grad()

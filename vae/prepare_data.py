@@ -30,7 +30,14 @@ from tqdm import tqdm
 
 from common.atomic_write import DiskFullError, atomic_output, write_text
 from common.run_dir import OutputPathError, check_output_dir, check_output_file, check_prepared_settings
-from vae.data import DEFAULT_MAX_PIXELS, BadImage, default_min_size, list_images, open_image_rgb
+from vae.data import (
+    DEFAULT_MAX_PIXELS,
+    BadImage,
+    default_min_size,
+    list_images,
+    open_image_rgb,
+    skipped_lines,
+)
 
 SETTINGS_KEYS = ("target_size", "resize_mode", "format", "min_size", "background")
 
@@ -183,10 +190,9 @@ def preprocess(args: argparse.Namespace) -> int:
     c = report["counts"]
     print(f"written {c['written']}, already done {c['already_done']}, skipped {c['skipped']}, "
           f"upscaled {c['upscaled']} -> {out_root}")
-    for r in report["skipped"][:50]:
-        print(f"  skipped {r['file']}: {r['reason']}")
-    if len(skipped) > 50:
-        print(f"  ... and {len(skipped) - 50} more: see {out_root / 'preprocess_report.json'}")
+    for line in skipped_lines([(r["file"], r["reason"]) for r in report["skipped"]],
+                              f": see {out_root / 'preprocess_report.json'}"):
+        print(line)
     if c["upscaled"]:
         print(f"  note: {c['upscaled']} image(s) were smaller than --target_size and were upscaled")
     if not ok:

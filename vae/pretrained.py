@@ -21,7 +21,7 @@ from pathlib import Path
 from torch import nn
 
 from common.atomic_write import write_text
-from common.checkpoint import CheckpointError, load_checkpoint, load_matching
+from common.checkpoint import CheckpointError, load_checkpoint, load_matching, refuse_other_kind
 from vae.config import VAEConfig
 from vae.diffusers_io import INIT_RECORD, arch_from_config, from_diffusers, read_diffusers_folder
 from vae.model import AutoencoderKL
@@ -113,12 +113,16 @@ def init_from_diffusers(vae: AutoencoderKL, cfg: VAEConfig, folder: str | Path, 
 def init_from_checkpoint(models: dict[str, nn.Module], path: str | Path) -> list[str]:
     """Weights only from a train_vae.py checkpoint or vae_final.pt (mismatched layers re-initialised and listed)."""
     init = load_checkpoint(path)
+    refuse_other_kind(path, init, "vae")
     weights = init.get("models") or ({"vae": init["state_dict"]} if "state_dict" in init else {})
     if "vae" not in weights:
         raise CheckpointError(f"--init_from {path}: no VAE weights (a train_vae.py checkpoint, vae_final.pt "
                               "or a diffusers AutoencoderKL folder)")
-    lines = [f"init_from {name}: {load_matching(module, weights[name])}"
-             for name, module in models.items() if name in weights]
+    lines = []
+    for name, module in models.items():  # "vae" first: its share is checked before anything loads
+        if name in weights:
+            required = {"source": path, "ckpt": init} if name == "vae" else {}  # logvar, critic: only reported
+            lines.append(f"init_from {name}: {load_matching(module, weights[name], **required)}")
     return lines
 
 

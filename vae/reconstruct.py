@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from common.atomic_write import DiskFullError, atomic_output
+from common.checkpoint import CheckpointError
 from common.precision import Precision
 from common.run_dir import OutputPathError, check_output_dir, check_output_file
 from vae.data import BadImage, image_to_tensor, list_images, open_image_rgb, tensor_to_uint8
@@ -182,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         model, meta = load_vae_weights(args.checkpoint, use_ema=args.ema)
+    except CheckpointError as exc:  # names the file itself (and, for another trainer's, what it is)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except Exception as exc:  # noqa: BLE001 - shown to the user as one line
         print(f"error: --checkpoint {args.checkpoint}: {exc}", file=sys.stderr)
         return 2

@@ -132,7 +132,7 @@ def start_stage(ckpt: dict, path: Path, models: dict[str, nn.Module], ema: EMA |
     Returns (counters, stages)."""
     old = ckpt.get("counters", {})
     models = {k: m for k, m in models.items() if k in ckpt.get("models", {})}
-    restore_state(ckpt, models, ema={"vae": ema} if ema and ckpt.get("ema") else None, rank=rank)
+    restore_state(ckpt, models, ema={"vae": ema} if ema and ckpt.get("ema") else None, rank=rank, source=path)
     counters, stages = next_stage(old, ckpt.get("extra", {}), cfg.image_size)
     if is_main:
         kept = keep_stage_files(out_dir, int(old.get("stage", 1)), old.get("image_size"))
@@ -151,7 +151,8 @@ def continue_stage(ckpt: dict, path: Path, cfg: VAEConfig, data: TrainData, mode
     replaces the checkpoint's, and a changed batch size, GPU count or dataset restarts the data order
     at the beginning of the epoch. Returns the counters."""
     old = ckpt.get("counters", {})
-    c = restore_state(ckpt, models, optimizers, schedulers, scaler, {"vae": ema} if ema else None, rank=rank)
+    c = restore_state(ckpt, models, optimizers, schedulers, scaler, {"vae": ema} if ema else None, rank=rank,
+                      source=path)
     changed = apply_optimizer_overrides(optimizers, schedulers,
                                         optimizer_overrides(cfg, cfg.optimizer_spec("disc" in optimizers)))
     if changed:

@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 
 import torch
-from PIL import Image
 from torch import nn
 
 from common import distributed, exit_codes
+from common.atomic_write import append_text, save_png
 from common.checkpoint import (
     CheckpointError,
     CheckpointManager,
@@ -247,21 +247,17 @@ class VAETrainer:
         resolution stage (weights and EMA carry over; the optimizer and LR schedule are this run's,
         planned afresh; the counters continue: `vae.startup.start_stage`)."""
         cfg, data, info = self.cfg, self.data, self.info
-        ckpt = load_checkpoint(path, map_location="cpu")
-        try:
-            if ckpt.get("counters", {}).get("image_size") != cfg.image_size:
-                c, self.stages = start_stage(ckpt, path, self.models, self.ema, cfg, self.out_dir, data.total_steps,
-                                             info.rank, info.is_main)
-            else:
-                c = continue_stage(ckpt, path, cfg, data, self.models, self.optimizers, self.schedulers,
-                                   self.precision.scaler, self.ema, info.rank, self.log)
-                extra = ckpt.get("extra", {})
-                self.guard.load_state_dict(extra.get("guard", self.guard.state_dict()))
-                self.best_psnr = extra.get("best_psnr")
-                self.stages = list(extra.get("stages", self.stages))
-        except (RuntimeError, KeyError) as exc:
-            raise CheckpointError(f"{path}: cannot resume into this configuration (architecture changed?): "
-                                  f"{str(exc)[:400]}") from None
+        ckpt = load_checkpoint(path, map_location="cpu")  # restore_state: a checkpoint that does not fit -> exit 2
+        if ckpt.get("counters", {}).get("image_size") != cfg.image_size:
+            c, self.stages = start_stage(ckpt, path, self.models, self.ema, cfg, self.out_dir, data.total_steps,
+                                         info.rank, info.is_main)
+        else:
+            c = continue_stage(ckpt, path, cfg, data, self.models, self.optimizers, self.schedulers,
+                               self.precision.scaler, self.ema, info.rank, self.log)
+            extra = ckpt.get("extra", {})
+            self.guard.load_state_dict(extra.get("guard", self.guard.state_dict()))
+            self.best_psnr = extra.get("best_psnr")
+            self.stages = list(extra.get("stages", self.stages))
         self.step, self.epoch, self.batch_in_epoch = int(c["step"]), int(c["epoch"]), int(c["micro_in_epoch"])
         self.stage, self.steps_before_stage = int(c.get("stage", 1)), int(c.get("steps_before_stage", 0))
         self.last_good = path
@@ -276,15 +272,15 @@ class VAETrainer:
             self.writer.scalars(m, self.global_step, "val")
             self.last_psnr = m["psnr"]
             self.best_psnr = m["psnr"] if self.best_psnr is None else max(self.best_psnr, m["psnr"])
-            with open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-                f.write(json.dumps({"step": self.global_step, "image_size": self.cfg.image_size, **m}) + "\n")
+            append_text(self.out_dir / "metrics.jsonl",
+                        json.dumps({"step": self.global_step, "image_size": self.cfg.image_size, **m}) + "\n")
         self.last_val = (self.global_step, m)
         return m
 
     def _save_samples(self) -> None:
         """Inputs over their reconstructions, as `samples/step_N.png` and in TensorBoard."""
         grid = validation.sample_grid(self.eval_model, self.sample_x, self.eval_batch, self.precision, self.device)
-        Image.fromarray(grid).save(self.out_dir / "samples" / f"step_{self.global_step:07d}.png")
+        save_png(grid, self.out_dir / "samples" / f"step_{self.global_step:07d}.png")
         self.writer.image("samples/reconstruction (top: input)", grid, self.global_step)
 
     # ------------------------------------------------------------------ the loop
@@ -413,12 +409,13 @@ def new_step(cfg: VAEConfig, device: torch.device, perceptual: FrozenLPIPS | Non
     return VAETrainer(cfg, device, perceptual=perceptual, quiet=True).train_step
 
 
-def train(cfg: VAEConfig, overwrite: bool = False, init_from: str | None = None) -> int:
+def train(cfg: VAEConfig, overwrite: bool = False, init_from: str | None = None, run_flag: str = "--output_dir") -> int:
+    """A training run in `cfg.output_dir`; `run_flag` is how the user named that folder (for messages)."""
     out_dir = Path(cfg.output_dir)
-    prepare_run_dir(out_dir, None, cfg.resume_from, overwrite, init_from, run_flag="--output_dir")
+    prepare_run_dir(out_dir, None, cfg.resume_from, overwrite, init_from, run_flag=run_flag)
     info = distributed.setup_distributed(cfg.device or None)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank (DDP also broadcasts them)
-    train_files, val_files = training_images(cfg)
+    train_files, val_files = training_images(cfg, log=print if info.is_main else lambda line: None)
     perceptual = FrozenLPIPS(cfg.perceptual_net, cfg.perceptual_weights or None) if cfg.perceptual_weight > 0 else None
     choose_batch_size(new_step, cfg, info.device, perceptual, info.is_main)
     data = build_train_data(cfg, info.world_size, train_files, val_files)
@@ -442,7 +439,7 @@ def run(args: argparse.Namespace) -> int:
     apply_preset(cfg, args.preset, "vae")
     if args.profile_memory:
         return profile_memory(new_step, cfg, args.profile_resolutions, args.profile_batches)
-    return train(cfg, args.overwrite, args.init_from)
+    return train(cfg, args.overwrite, args.init_from, args.run_flag)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.checkpoint import CheckpointError, load_checkpoint
+from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind
 from vae.diffusers_io import load_diffusers
 from vae.model import AutoencoderKL, build_vae
 
@@ -21,6 +21,7 @@ def load_vae_weights(path: str | Path, use_ema: bool = True) -> tuple[Autoencode
         model, cfg = load_diffusers(path)
         return model, {"source": "diffusers", "scaling_factor": cfg.get("scaling_factor")}
     ckpt = load_checkpoint(path)
+    refuse_other_kind(path, ckpt, "vae")
     if "state_dict" in ckpt and "arch" in ckpt:  # vae_final.pt
         model = build_vae(ckpt["arch"])
         model.load_state_dict(ckpt["state_dict"])

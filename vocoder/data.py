@@ -9,6 +9,7 @@ the whole file (a 10-minute file costs the same as a 2-second one).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -19,7 +20,7 @@ from torch.utils.data import Dataset
 
 from common.data import sample_rng
 from vocoder.config import VocoderConfig
-from vocoder.prepare_data import FORMAT_VERSION, MANIFEST
+from vocoder.prepare_data import AUDIO_EXTENSIONS, FORMAT_VERSION, MANIFEST
 
 LOG_FLOOR = math.log(1e-5)  # common.audio.MelSpectrogram's log clamp
 
@@ -28,13 +29,27 @@ class DatasetError(RuntimeError):
     """The prepared folder is missing, stale or made with other audio settings."""
 
 
+def missing_manifest(data_dir: Path) -> str:
+    """What to do when `data_dir` has no manifest: a folder of raw audio is the input of prepare_data.py,
+    never its output (its files would be mixed with the items), so the command names a new folder."""
+    has_audio = data_dir.is_dir() and any(  # a look at the first 10 000 entries is enough to tell
+        p.suffix.lower() in AUDIO_EXTENSIONS for p in itertools.islice(data_dir.rglob("*"), 10_000))
+    if has_audio:
+        prepared = data_dir.parent / f"{data_dir.name}_prepared"
+        return (f"{data_dir} holds raw audio, not a dataset made by vocoder/prepare_data.py (no {MANIFEST}): "
+                f"prepare it first with `python vocoder/prepare_data.py --config <this run's config> --input "
+                f"{data_dir} --output {prepared}`, then train with --data_dir {prepared}")
+    return (f"{data_dir / MANIFEST} not found: --data_dir must be a folder made by vocoder/prepare_data.py; make it "
+            f"with `python vocoder/prepare_data.py --config <this run's config> --input <audio folders> "
+            f"--output {data_dir}`")
+
+
 def load_manifest(data_dir: str | Path, cfg: VocoderConfig) -> dict:
     """Read the manifest and check it was made with this config's audio/mel settings."""
     data_dir = Path(data_dir)
     path = data_dir / MANIFEST
     if not path.is_file():
-        raise DatasetError(f"{path} not found: run `python vocoder/prepare_data.py --config ... "
-                           f"--input <audio folders> --output {data_dir}` first")
+        raise DatasetError(missing_manifest(data_dir))
     manifest = json.loads(path.read_text())
     if manifest.get("format_version") != FORMAT_VERSION:
         raise DatasetError(f"{data_dir} was prepared by another version of prepare_data.py; run it again")

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from common.atomic_write import atomic_output, write_text
-from common.checkpoint import CheckpointError, load_checkpoint, save_atomic
+from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind, save_atomic
 from common.run_dir import OutputPathError, check_output_dir
 from vocoder.model import Generator, GeneratorArgs, remove_all_weight_norm
 
@@ -137,6 +137,7 @@ def split_checkpoint(obj: dict) -> tuple[dict, dict | None, dict | None]:
 def export(ckpt_path: str | Path, out_dir: str | Path, onnx: bool = False) -> Path:
     """Write model.ckpt + config.json (and optionally model.onnx + vocoder.yaml) into out_dir."""
     obj = load_checkpoint(ckpt_path)
+    refuse_other_kind(ckpt_path, obj, "vocoder")
     gen_state, _, info = split_checkpoint(obj)
     if info is None:
         raise CheckpointError(f"{ckpt_path}: not a training checkpoint of this repo (no model/mel settings in it)")

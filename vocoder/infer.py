@@ -32,7 +32,7 @@ import torch
 from common import exit_codes
 from common.atomic_write import DiskFullError
 from common.audio import MelSpectrogram, extract_f0, load_audio, save_wav
-from common.checkpoint import CheckpointError, load_checkpoint
+from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind
 from common.run_dir import OutputPathError, check_output_dir
 from vocoder.export import generator_args, split_checkpoint
 from vocoder.model import Generator, remove_all_weight_norm
@@ -118,6 +118,7 @@ def load_vocoder(path: str | Path, device: str | torch.device = "cpu") -> Vocode
             info = json.loads((path.parent / "config.json").read_text())
     else:
         raise CheckpointError(f"vocoder not found: {path} (give a checkpoint file or an exported folder)")
+    refuse_other_kind(path, obj, "vocoder", "vocoder_export")
     gen_state, _, ckpt_info = split_checkpoint(obj)
     info = info or ckpt_info
     if info is None:

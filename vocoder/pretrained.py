@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from common.checkpoint import load_checkpoint, load_matching
+from common.checkpoint import load_checkpoint, load_matching, refuse_other_kind
 from common.config import ConfigError
 from vocoder.config import VocoderConfig
 from vocoder.export import split_checkpoint
@@ -43,13 +43,16 @@ def load_pretrained(path: str | Path, generator: torch.nn.Module, discriminator:
     """Weights only (fine-tuning / --init_from) from any supported checkpoint layout; returns the
     report. ``ignore`` = name substrings not loaded (``finetune_ignored_params``; a
     ``generator.`` / ``discriminator.`` prefix is allowed)."""
-    gen_state, disc_state, _ = split_checkpoint(load_checkpoint(path))
+    ckpt = load_checkpoint(path)
+    refuse_other_kind(path, ckpt, "vocoder", "vocoder_export")
+    gen_state, disc_state, _ = split_checkpoint(ckpt)
 
     def strip(prefix: str) -> tuple[str, ...]:
         return tuple(i[len(prefix):] if i.startswith(prefix) else i for i in ignore
                      if not (i.startswith("generator.") or i.startswith("discriminator.")) or i.startswith(prefix))
 
-    lines = ["generator " + str(load_matching(generator, gen_state, strip("generator."), strict_shapes))]
+    lines = ["generator " + str(load_matching(generator, gen_state, strip("generator."), strict_shapes,
+                                              source=path, ckpt=ckpt))]
     if disc_state:
         lines.append("discriminator " + str(load_matching(discriminator, disc_state, strip("discriminator."),
                                                           strict_shapes=False)))

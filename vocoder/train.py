@@ -29,6 +29,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from common import distributed, exit_codes
+from common.atomic_write import write_text
 from common.audio import MelSpectrogram
 from common.checkpoint import (
     CheckpointError,
@@ -208,13 +209,9 @@ class VocoderTrainer:
     # ------------------------------------------------------------------ checkpoint
     def restore(self, path: Path) -> None:
         """Continue the run saved in `path` exactly (weights, optimizers, schedules, scaler, counters, RNG)."""
-        ckpt = load_checkpoint(path, map_location=self.device)
-        try:
-            counters = restore_state(ckpt, {"generator": self.generator, "discriminator": self.discriminator},
-                                     self.optimizers, self.schedulers, self.scaler, rank=self.info.rank)
-        except (RuntimeError, ValueError, KeyError) as e:
-            raise CheckpointError(f"cannot resume from {path}: it does not match this config's model/optimizers "
-                                  f"({str(e).splitlines()[0][:300]}). Use --init_from to load weights only.") from None
+        counters = restore_state(load_checkpoint(path, map_location=self.device),
+                                 {"generator": self.generator, "discriminator": self.discriminator},
+                                 self.optimizers, self.schedulers, self.scaler, rank=self.info.rank, source=path)
         self.step = int(counters["step"])
         self.epoch = int(counters["epoch"])
         self.batch_in_epoch = int(counters["batch_in_epoch"])
@@ -364,7 +361,7 @@ class VocoderTrainer:
                   "skipped_g": self.g_guard.skipped_total, "skipped_d": self.d_guard.skipped_total,
                   "data_wait_fraction": progress.data_wait_fraction, "latest": str(self.manager.latest())}
         if self.is_main:
-            (self.run_dir / "summary.json").write_text(json.dumps(result, indent=1))
+            write_text(self.run_dir / "summary.json", json.dumps(result, indent=1))
         return result
 
     def _run_epoch(self, progress: Progress, stop: RunStop) -> bool:

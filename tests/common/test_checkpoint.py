@@ -9,11 +9,14 @@ import torch
 from torch import nn
 
 from common.checkpoint import (
+    MIN_INIT_SHARE,
     CheckpointError,
     CheckpointManager,
+    checkpoint_kind,
     load_checkpoint,
     load_matching,
     resolve_resume,
+    restore_state,
     save_atomic,
 )
 
@@ -99,6 +102,36 @@ def test_load_matching_lists_mismatched_and_missing():
         load_matching(dst, src.state_dict(), strict_shapes=True)
     ignored = load_matching(dst, src.state_dict(), ignore=("1.",))
     assert "1.weight" in ignored.ignored
+
+
+def test_init_from_refuses_a_file_of_which_less_than_the_share_fits_and_loads_nothing():
+    src = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4))
+    wider = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 8), nn.Linear(8, 4), nn.Linear(4, 4))  # 3 of 8 fit
+    before = {k: v.clone() for k, v in wider.state_dict().items()}
+    ckpt = {"models": {"generator": src.state_dict(), "discriminator": {}}, "extra": {"speakers": {"a": 0}}}
+    with pytest.raises(CheckpointError, match=rf"^--init_from x\.pt: only 3 of this model's 8 tensors match it by name "
+                       rf"and shape \(38%; at least {MIN_INIT_SHARE:.0%} must.*; the file is a VITS checkpoint "):
+        load_matching(wider, src.state_dict(), source="x.pt", ckpt=ckpt)
+    assert all(torch.equal(v, before[k]) for k, v in wider.state_dict().items())  # nothing loaded
+    assert len(load_matching(wider, src.state_dict()).loaded) == 3  # without `source`: critics, benchmarks
+    half = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 8), nn.Linear(8, 4))  # 5 of 8 fit
+    assert len(load_matching(half, src.state_dict(), source="x.pt").loaded) == 5
+    assert torch.equal(half[0].weight, src[0].weight)
+    assert checkpoint_kind({}) is None and checkpoint_kind({"models": {"model": {}}}) == "clone"
+
+
+def test_resume_into_another_width_is_a_checkpoint_error_naming_what_differs():
+    src, wider = nn.Linear(4, 4), nn.Linear(4, 8)
+    ckpt = {"models": {"model": src.state_dict()}}
+    with pytest.raises(CheckpointError, match=r"^cannot resume from r\.pt: its model weights do not fit this "
+                       r"configuration \(2 tensors differ in shape, e\.g\. weight: checkpoint \(4, 4\) vs model "
+                       r"\(8, 4\)\); the file is a voice-cloning checkpoint .*--init_from"):
+        restore_state(ckpt, {"model": wider}, source="r.pt")
+    opt = torch.optim.AdamW(nn.Linear(4, 4).parameters())
+    ckpt["optimizers"] = {"optimizer": torch.optim.AdamW(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)).parameters())
+                          .state_dict()}
+    with pytest.raises(CheckpointError, match=r"its optimizer state for 'optimizer' does not fit this configuration \("):
+        restore_state(ckpt, {"model": nn.Linear(4, 4)}, {"optimizer": opt}, source="r.pt")
 
 
 # ------------------------------------------------------------------ bytes changed on disk (issue 28 item 8)

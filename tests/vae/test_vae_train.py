@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -419,6 +420,11 @@ def test_training_skips_what_prepare_skips_instead_of_upscaling(image_dir, tmp_p
     shutil.copytree(image_dir, mixed)
     Image.fromarray(textured(8, 2)).save(mixed / "eight.png")
     Image.fromarray(textured(1, 3)).save(mixed / "one.png")
-    with pytest.warns(UserWarning, match="2 files skipped: 2 too small"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # reported as lines, as prepare_data.py reports them: no UserWarning
         assert run(mixed, tmp_path / "out", "--max_steps", "1", "--no-export_diffusers") == 0
-    assert "8 training / 2 validation images" in capsys.readouterr().out  # the 10 good ones only
+    out = capsys.readouterr().out
+    assert "8 training / 2 validation images" in out  # the 10 good ones only
+    assert f"{mixed}: 10 of 12 images usable, 2 skipped (2 too small)" in out
+    for name, side in (("eight.png", 8), ("one.png", 1)):  # each file named with its reason
+        assert f"\n  skipped {mixed / name}: too small: {side}x{side}, shorter side < --min_size 32\n" in out, out

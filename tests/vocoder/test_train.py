@@ -22,7 +22,7 @@ from vocoder.losses import feature_matching_loss, generator_adv_loss
 from vocoder.train import VocoderTrainer, build_generator, build_optimizer_from_args
 from vocoder.train import main as train_main
 
-from .conftest import DEMO_YAML, TINY, tiny_config
+from .conftest import DEMO_YAML, TINY, tiny_config, write_tones
 
 QUIET = dict(device="cpu", log=lambda *a, **k: None)
 
@@ -393,3 +393,19 @@ def test_energy_loss_weight_adds_its_term_to_the_generator_loss(tiny_data, tmp_p
     assert float(weighted["loss_energy"]) > 0
     torch.testing.assert_close(weighted["loss_g"], weighted["loss_mel"] + weighted["loss_energy"]
                                + weighted.get("loss_stft", torch.zeros(())))
+
+
+def test_a_data_dir_without_a_manifest_gets_the_prepare_command_that_fits(tmp_path, capsys):
+    raw = tmp_path / "my_wavs"
+    write_tones(raw, 1, 22050, seconds=0.2)  # the folder of recordings itself, given as --data_dir
+    for data_dir, expected in (
+            (raw, f"error: {raw} holds raw audio, not a dataset made by vocoder/prepare_data.py (no manifest.json): "
+                  f"prepare it first with `python vocoder/prepare_data.py --config <this run's config> --input {raw} "
+                  f"--output {tmp_path / 'my_wavs_prepared'}`, then train with --data_dir {tmp_path / 'my_wavs_prepared'}"),
+            (tmp_path / "bin", f"error: {tmp_path / 'bin' / 'manifest.json'} not found: --data_dir must be a folder "
+                               "made by vocoder/prepare_data.py; make it with `python vocoder/prepare_data.py --config "
+                               f"<this run's config> --input <audio folders> --output {tmp_path / 'bin'}`")):
+        assert train_main(["--config", str(DEMO_YAML), "--data_dir", str(data_dir), "--run_dir", str(tmp_path / "run"),
+                           "--device", "cpu", *[a for o in TINY for a in ("--set", o)]]) == 2
+        err = capsys.readouterr().err
+        assert err.strip() == expected and "Traceback" not in err

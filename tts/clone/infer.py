@@ -22,7 +22,7 @@ import torch
 
 from common.atomic_write import DiskFullError
 from common.audio import save_wav
-from common.checkpoint import CheckpointError, load_checkpoint
+from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind
 from common.run_dir import OutputPathError, check_output_file, refuse_to_replace
 from tts.clone.config import AudioConfig, CloneConfig, config_from_dict
 from tts.clone.data import DataError, Reference, load_reference
@@ -37,6 +37,7 @@ class VocoderMismatchError(ValueError):
 def load_clone_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[VoiceCloneTTS, CloneConfig]:
     """A training checkpoint of tts/train_main.py → (model in eval mode, its config)."""
     ckpt = load_checkpoint(path, map_location="cpu")
+    refuse_other_kind(path, ckpt, "clone")
     if "models" not in ckpt or "model" not in ckpt["models"] or not ckpt.get("config"):
         raise CheckpointError(f"{path}: not a voice-cloning checkpoint of tts/train_main.py "
                               "(expected its 'models'/'config' entries)")

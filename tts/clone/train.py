@@ -34,6 +34,7 @@ from common.checkpoint import (
     load_checkpoint,
     load_matching,
     make_state,
+    refuse_other_kind,
     resolve_resume,
     restore_state,
 )
@@ -158,10 +159,12 @@ class CloneTrainer:
         else:
             self.model.set_stats(*feature_stats(self.data.train_items, cfg.data.stats_items))
             if init_from:  # weights only: a new run (fine-tuning), mismatched layers re-initialised and listed
-                weights = load_checkpoint(init_from).get("models", {}).get("model")
+                ckpt = load_checkpoint(init_from)
+                refuse_other_kind(init_from, ckpt, "clone")
+                weights = ckpt.get("models", {}).get("model")
                 if weights is None:
                     raise CheckpointError(f"--init_from {init_from}: no 'model' weights (not a tts/train_main.py checkpoint)")
-                self.log(str(load_matching(self.model, weights)))
+                self.log(str(load_matching(self.model, weights, source=init_from, ckpt=ckpt)))
         self.n_params = count_parameters(self.model)
         self.model_ddp = wrap_ddp(self.precision.prepare_model(self.model), self.info)
 
@@ -176,12 +179,8 @@ class CloneTrainer:
     def restore(self, path: Path) -> None:
         """Continue the run saved in `path` exactly (weights, optimizer, schedule, scaler, counters, RNG)."""
         ckpt = load_checkpoint(path)
-        try:
-            counters = restore_state(ckpt, {"model": self.model}, {"optimizer": self.optimizer},
-                                          {"scheduler": self.scheduler}, self.precision.scaler, rank=self.info.rank)
-        except (RuntimeError, ValueError, KeyError) as e:
-            raise CheckpointError(f"{path} does not fit this configuration (model size, optimizer or "
-                                  f"audio settings changed?): {str(e).splitlines()[0]}") from None
+        counters = restore_state(ckpt, {"model": self.model}, {"optimizer": self.optimizer}, {"scheduler": self.scheduler},
+                                 self.precision.scaler, rank=self.info.rank, source=path)
         extra = ckpt.get("extra", {})
         self.guard.load_state_dict(extra["guard"])
         self.plateau.load_state_dict(extra["plateau"])
@@ -383,7 +382,7 @@ def run(args: argparse.Namespace) -> int:
     res = resolve_config(args)
     apply_preset(res.cfg, args.preset, "tts_clone")
     prepare_run_dir(res.cfg.train.checkpoint_dir, None, args.resume, args.overwrite, args.init_from,
-                    keep=("features",), run_flag="--checkpoint-dir")
+                    keep=("features",), run_flag=args.run_flag)
     trainer = CloneTrainer(res, args.resume, args.init_from)
     return exit_code(trainer.fit(progress=sys.stderr.isatty())["stopped"])
 

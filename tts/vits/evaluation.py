@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.atomic_write import append_text
 from common.audio import MelSpectrogram, save_wav
 from common.data import make_loader
 from common.log import RunLogger, plot_alignment, plot_spectrogram
@@ -125,8 +126,7 @@ def record_metrics(metrics: dict, step: int, log: RunLogger, run_dir: Path, say:
     """Held-out metrics → TensorBoard ``eval/``, one line of ``run_dir/metrics.jsonl`` (the run's
     record that outlives TensorBoard) and the console."""
     log.scalars(metrics, step, prefix="eval")
-    with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps({"step": step, **metrics}) + "\n")
+    append_text(run_dir / "metrics.jsonl", json.dumps({"step": step, **metrics}) + "\n")
     say(f"eval @ step {step}: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
 
 

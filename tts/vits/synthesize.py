@@ -29,7 +29,7 @@ import torch
 
 from common.atomic_write import atomic_output
 from common.audio import to_int16
-from common.checkpoint import CheckpointError, load_checkpoint
+from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind
 from common.config import ConfigError, load_config
 from common.run_dir import check_output_dir, check_output_file, refuse_to_replace
 from tts.text import intersperse, normalize, says_something
@@ -43,6 +43,7 @@ def load_generator(path: str | Path, device: str | torch.device = "cpu", remove_
                    ) -> tuple[VITS, TrainConfig, dict[str, int]]:
     """Checkpoint → (generator in eval mode, its training config, speakers name → id)."""
     ckpt = load_checkpoint(path)
+    refuse_other_kind(path, ckpt, "vits")  # a vocoder's file: say so, not "unknown config key 'task_cls'"
     if "models" not in ckpt or "generator" not in ckpt["models"]:
         raise CheckpointError(f"{path}: not a VITS checkpoint from tts/train.py (no generator weights)")
     cfg = load_config(None, TrainConfig, extra=ckpt.get("config", {}))

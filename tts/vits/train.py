@@ -32,6 +32,7 @@ from common.checkpoint import (
     load_checkpoint,
     load_matching,
     make_state,
+    refuse_other_kind,
     resolve_resume,
     restore_state,
 )
@@ -197,7 +198,7 @@ class VitsTrainer:
 
     def restore(self, path: Path) -> None:
         """Continue the run saved in `path` exactly (weights, optimizers, schedules, scaler, counters, RNG)."""
-        counters = restore_state(load_checkpoint(path), *self._parts(), self.scaler, rank=self.info.rank)
+        counters = restore_state(load_checkpoint(path), *self._parts(), self.scaler, rank=self.info.rank, source=path)
         self.step, self.epoch = counters["step"], counters["epoch"]
         self.batch_in_epoch = counters["batch_in_epoch"]
         self.guard.load_state_dict(counters["guard"])
@@ -210,10 +211,12 @@ class VitsTrainer:
     def _init_from(self, init_from: str) -> None:
         """A new run from another checkpoint's weights (`--init_from`); mismatched layers are listed."""
         ckpt = load_checkpoint(init_from)
+        refuse_other_kind(init_from, ckpt, "vits")
         for name, model in (("generator", self.generator), ("discriminator", self.discriminator)):
             if name not in ckpt.get("models", {}):
                 raise ConfigError(f"--init_from {init_from}: no '{name}' weights in the checkpoint")
-            self.log(f"{name} {load_matching(model, ckpt['models'][name])}")
+            required = {"source": init_from, "ckpt": ckpt} if name == "generator" else {}  # critics: reported only
+            self.log(f"{name} {load_matching(model, ckpt['models'][name], **required)}")
 
     def _optimizer_spec(self) -> dict:
         """Each optimizer's hyper-parameters and the config keys that set them (a resume that gives
