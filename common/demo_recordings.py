@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
+from common.atomic_write import write_bytes, write_text
 from common.audio import resample, save_wav
 
 PACKAGE = "tuxpaint-stamps-default"
@@ -74,7 +75,7 @@ def _extract(deb: Path, readers: tuple[str, ...], dest: Path) -> dict[str, list[
                 out.parent.mkdir(parents=True, exist_ok=True)
                 src = tar.extractfile(member)
                 if src is not None:
-                    out.write_bytes(src.read())
+                    write_bytes(out, src.read())
                     found[reader].append(out)
     if proc.returncode != 0:
         raise RecordingsUnavailable(f"dpkg-deb could not read {deb.name} (exit {proc.returncode})")
@@ -138,7 +139,5 @@ def make_recordings_corpus(out_dir: str | Path, sample_rate: int, train_per_read
                 _write_wav(src, dst, sample_rate)
                 files.append(f"{reader}/{dst.name}")
     record["files"] = files
-    tmp_done = done.with_suffix(".tmp")
-    tmp_done.write_text(json.dumps(record, indent=1))
-    tmp_done.replace(done)
+    write_text(done, json.dumps(record, indent=1))
     return record

@@ -21,6 +21,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from common.atomic_write import write_text
 from common.audio import load_audio, save_wav
 
 ESPEAK = "espeak-ng"
@@ -225,7 +226,7 @@ def speak(
 def _make_one(job: tuple[Path, str, dict, int]) -> None:
     wav_path, text, spk, sample_rate = job
     speak(text, wav_path, voice=spk["voice"], speed=spk["speed"], pitch=spk["pitch"], sample_rate=sample_rate)
-    wav_path.with_suffix(".txt").write_text(text + "\n", encoding="utf-8")
+    write_text(wav_path.with_suffix(".txt"), text + "\n")
 
 
 def _is_done(wav_path: Path, text: str) -> bool:

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from common.atomic_write import save_png, write_text
 from common.jobs import demo_threads
 from common.plausibility import Figure, report
 from vae.data import image_to_tensor, list_images, open_image_rgb
@@ -107,17 +108,17 @@ def make_images(root: Path) -> tuple[int, int]:
         out.mkdir(parents=True, exist_ok=True)
         for top in range(0, im.height - CROP + 1, STRIDE):
             for left in range(0, im.width - CROP + 1, STRIDE):
-                im.crop((left, top, left + CROP, top + CROP)).save(out / f"{top:03d}_{left:03d}.png")
+                save_png(im.crop((left, top, left + CROP, top + CROP)), out / f"{top:03d}_{left:03d}.png")
                 n_train += split == "train"
                 n_val += split == "val"
     for i in range(400):  # many random colours: the photos alone teach a narrow palette
         split = "val" if i % 20 == 0 else "train"
         out = root / split / "procedural"
         out.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(procedural(i)).save(out / f"proc_{i:03d}.png")
+        save_png(procedural(i), out / f"proc_{i:03d}.png")
         n_train += split == "train"
         n_val += split == "val"
-    stamp.write_text("ok\n")
+    write_text(stamp, "ok\n")
     print(f"made {n_train} training and {n_val} held-out images from {len(sources)} package photos + procedural "
           f"images in {root}")
     return n_train, n_val

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.atomic_write import write_text
 from common.audio import MelSpectrogram, load_audio, save_wav
 from common.config import load_config
 from common.demo_recordings import HELD_OUT_READERS, LICENCE, RecordingsUnavailable, make_recordings_corpus
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                "plausibility": {f.name: {"value": f.value, "limit": f.limit, "ok": f.ok} for f in figures},
                "pictures": [str(p) for p in pictures],
                "checkpoint": str(ckpt), "export": str(run / "export"), "total_seconds": round(time.time() - t_start, 1)}
-    (run / "demo_summary.json").write_text(json.dumps(summary, indent=1))
+    write_text(run / "demo_summary.json", json.dumps(summary, indent=1))
     print()
     print(f"held-out MR-STFT distance: step 0 = {start['mrstft']:.3f}, step {end['step']} = {end['mrstft']:.3f} "
           f"({100 * (1 - drop):.0f} % lower)")

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.atomic_write import write_text
 from common.audio import MelSpectrogram, save_wav
 from common.demo_speech import espeak_available, espeak_or_explain
 from common.jobs import add_demo_overrides, demo_overrides, demo_threads
@@ -211,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = train(res, progress=sys.stderr.isatty())
         if summary["stopped"] == "non-finite":
             return 1
-        summary_file.write_text(json.dumps(summary, indent=1))
+        write_text(summary_file, json.dumps(summary, indent=1))
     else:
         summary = json.loads(summary_file.read_text())
         print(f"{RUN_DIR} already trained (use --retrain to train again)")
@@ -221,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     vocoder = load_matching_vocoder(vocoder_path, cfg.audio, "cpu") if vocoder_path else None
     samples = RUN_DIR / "samples"
     check = speaker_check(model, cfg, prepared, vocoder, samples)
-    (RUN_DIR / "speaker_check.json").write_text(json.dumps(check, indent=1, ensure_ascii=False))
+    write_text(RUN_DIR / "speaker_check.json", json.dumps(check, indent=1, ensure_ascii=False))
     figures, pictures = held_out_check(model, cfg, prepared, vocoder, samples)
 
     first, last = summary["history"][0], summary["history"][-1]

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from common.atomic_write import write_text
 from common.audio import load_audio, save_wav
 from common.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, espeak_or_explain, make_corpus
 from common.jobs import add_demo_overrides, demo_overrides, demo_threads
@@ -80,7 +81,7 @@ def build_corpus(raw_dir: Path = RAW_DIR) -> Path:
     meta = raw_dir / "metadata.csv"
     text = "\n".join(lines) + "\n"
     if not meta.is_file() or meta.read_text(encoding="utf-8") != text:
-        meta.write_text(text, encoding="utf-8")
+        write_text(meta, text)
     return meta
 
 
