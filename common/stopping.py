@@ -34,7 +34,9 @@ SIGNAL, TIME_LIMIT, STOP_AT_STEP = "signal", "time limit", "stop_at_step"
 
 class GracefulExit:
     """While active, SIGINT/SIGTERM set `.requested` instead of killing the process, so the loop
-    can finish the step, save a checkpoint and exit. A second signal exits immediately."""
+    can finish the step, save a checkpoint and exit. A second signal is ignored, with one line: it
+    used to raise KeyboardInterrupt in the middle of the stop save (a traceback, and no checkpoint);
+    the save takes seconds, and `kill -9` still stops at once for whoever really means it."""
 
     def __init__(self) -> None:
         self.requested = False
@@ -42,12 +44,14 @@ class GracefulExit:
         self._old: dict[int, Any] = {}
 
     def _handler(self, signum: int, frame: Any) -> None:  # noqa: ARG002
+        name = signal.Signals(signum).name
         if self.requested:
-            raise KeyboardInterrupt
+            print(f"\n{name} received again: ignored while the checkpoint is saved; exiting after it", flush=True)
+            return
         self.requested = True
-        self.signal_name = signal.Signals(signum).name
-        print(f"\n{self.signal_name} received: saving a checkpoint after this step, then exiting "
-              "(send again to stop at once)", flush=True)
+        self.signal_name = name
+        print(f"\n{name} received: saving a checkpoint after this step, then exiting "
+              "(a second signal is ignored until it is saved)", flush=True)
 
     def __enter__(self) -> GracefulExit:
         for sig in (signal.SIGINT, signal.SIGTERM):
