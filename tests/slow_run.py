@@ -5,7 +5,7 @@
   signal") and takes 1.5 s longer, so a second signal lands during that save;
 - `python tests/slow_run.py --slow MODULE:FUNCTION ARGS...` runs `MODULE.main(ARGS)` with every call of
   FUNCTION (a prepare script's per-file job, also in its forked worker processes) announced ("calling
-  FUNCTION") and delayed by 0.5 s, so a Ctrl-C lands while some files are done and others are not.
+  FUNCTION") and delayed by 0.3 s, so a Ctrl-C lands while some files are done and others are not.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import runpy
 import signal
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -44,13 +45,14 @@ def _slow_down(target: str):
     @functools.wraps(real)  # same module and name: a pool pickles it by reference, and finds it
     def slowed(*args, **kwargs):
         print(f"calling {name}", flush=True)
-        time.sleep(0.5)
+        time.sleep(0.3)
         return real(*args, **kwargs)
     setattr(module, name, slowed)
     return module
 
 
 if __name__ == "__main__":
+    sys.path[0] = str(Path(__file__).resolve().parents[1])  # import from the repository, as `python SCRIPT` does
     args = sys.argv[1:]
     if args[0] == "--slow":
         sys.exit(_slow_down(args[1]).main(args[2:]))

@@ -75,7 +75,11 @@ class Vocoder:
 
         return main([*self.args, *_sets(f"max_updates={steps}"), *extra])
 
-    huge_lr = _sets("generator_optimizer_args.lr=1e30", "discriminator_optimizer_args.lr=1e30")
+    # with the critics off, the saturated generator's loss stays finite at lr 1e30: the run that used to
+    # train on with weights near 1e29 and exit 0
+    huge_lr = _sets("generator_optimizer_args.lr=1e30", "discriminator_optimizer_args.lr=1e30",
+                    "discriminator_train_start_steps=1000")
+    stays_finite = True
     resume_flag = "--resume"
 
     def resume_low_lr(self) -> int:
@@ -287,51 +291,49 @@ def _newest(t) -> Path:
 
 
 @pytest.mark.parametrize("which", list(TRAINERS))
-def test_a_run_that_ends_inside_a_short_nonfinite_streak_exits_3(which, request, tmp_path, monkeypatch, capsys):
+def test_ending_inside_a_streak_and_finite_divergence_exit_3_and_diverged_weights_are_refused(
+        which, request, tmp_path, monkeypatch, capsys):
     cls, fixture = TRAINERS[which]
     t = cls(request.getfixturevalue(fixture), tmp_path / "run")
+
+    # 1. The plan ends inside a non-finite streak shorter than the limit (the last step, 1 < 2): exit 3,
+    #    nothing saved from the streak, the last good checkpoint named.
     with monkeypatch.context() as m:
         t.poison(m)
-        m.setattr(sys.modules[__name__], "_bad", lambda step: step == 6)  # the last step, once: 1 < max 2
+        m.setattr(sys.modules[__name__], "_bad", lambda step: step == 6)
         assert t.train(steps=6) == 3
     printed = "".join(capsys.readouterr())
     assert "the run ended inside a streak of 1 non-finite step(s)" in printed, printed[-2000:]
-    newest = _newest(t)
-    assert load_checkpoint(newest)["counters"]["step"] == 5  # nothing saved from the streak
-    assert f"last good checkpoint: {newest}" in printed
-
-
-@pytest.mark.parametrize("which", list(TRAINERS))
-def test_finite_divergence_stops_with_exit_3_before_its_checkpoints_and_such_weights_are_refused(
-        which, request, tmp_path, capsys):
-    cls, fixture = TRAINERS[which]
-    t = cls(request.getfixturevalue(fixture), tmp_path / "run")
-    assert t.train(steps=2) == 0
     good = _newest(t)
-    assert load_checkpoint(good)["counters"]["step"] == 2
-    capsys.readouterr()
-    assert t.train(t.resume_flag, "auto", *t.huge_lr, steps=10) == 3  # weights near 1e29 after one step
+    assert load_checkpoint(good)["counters"]["step"] == 5
+    assert f"last good checkpoint: {good}" in printed
+
+    # 2. Resumed at a learning rate of 1e30: weights near 1e29 after one step, every value finite. Exit 3,
+    #    and the checkpoint named is still the one from before the blow-up: nothing was saved after it.
+    assert t.train(t.resume_flag, "auto", *t.huge_lr, steps=20) == 3
     printed = "".join(capsys.readouterr())
     assert f"last good checkpoint: {good}" in printed, printed[-2000:]
-    assert _newest(t) == good and load_checkpoint(good)["counters"]["step"] == 2
+    if getattr(t, "stays_finite", False):
+        assert "2 consecutive steps diverged while staying finite (the weight norm" in printed, printed[-2000:]
+    assert _newest(t) == good and load_checkpoint(good)["counters"]["step"] == 5
     assert all(diverged(load_checkpoint(p)) is None for p in t.checkpoints())
 
-    # a checkpoint a diverged run saved before the guard existed: refused in one line, exit 2
+    # 3. A checkpoint a diverged run saved before the guard existed: refused in one line, exit 2, by resume
+    #    (and, for the cloning model, by inference), instead of crashing on its weights.
     ckpt = load_checkpoint(good)
     for weights in ckpt["models"].values():
         for v in weights.values():
             if v.is_floating_point():
                 v.mul_(MAX_WEIGHT * 1e21)
     bad = save_atomic(ckpt, good.with_name("diverged.pt"))
-    refusal = f"{bad}: its weights are not a trained model"
-    capsys.readouterr()
-    assert t.train(t.resume_flag, str(bad), steps=3) == 2
+    refusal = f"error: {bad}: its weights are not a trained model"
+    assert t.train(t.resume_flag, str(bad), steps=8) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"error: {refusal}") and len(err.splitlines()) == 1, err
+    assert err.startswith(refusal) and len(err.splitlines()) == 1, err
     if which == "train_main":
         from tts.clone.infer import main as infer_clone
 
         assert infer_clone(["--checkpoint", str(bad), "--reference", str(tmp_path / "none.wav"), "--text", "salom",
                             "--output", str(tmp_path / "out.wav")]) == 2
         err = capsys.readouterr().err.strip()
-        assert err.startswith(f"error: {refusal}") and len(err.splitlines()) == 1, err
+        assert err.startswith(refusal) and len(err.splitlines()) == 1, err

@@ -14,6 +14,7 @@ import importlib
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -267,29 +268,42 @@ def test_resume_auto_with_every_checkpoint_damaged_is_exit_2_not_a_fresh_start(d
 
 
 # ----------------------------------------------------------------------------- Ctrl-C in a prepare
-# per prepare script: its per-file job (slowed down by tests/slow_run.py), its argv from (data, output folder),
-# and the files it writes per input
-PREPARES = {
-    "vocoder": ("vocoder.prepare_data:process_file", lambda d, out: [
-        "--config", str(DEMO_YAML), "--set", "val_num=1", "--input", str(d["vocoder"].parent / "wavs"),
-        "--output", str(out), "--num_workers", "0"], "items/*/*"),
-    "tts": ("tts.prepare_data:process_item", lambda d, out: [
-        "--metadata", str(d["tts"].parent / "metadata.csv"), "--audio_dir", str(d["tts"].parent / "audio"),
-        "--output_dir", str(out), "--speaker_from_path", "--set", "data.eval_split_size=1", "--num_workers", "2"],
-        "wavs/*.wav"),
-    "vae": ("vae.prepare_data:process_one", lambda d, out: [
-        "--mode", "preprocess", "--input_dir", str(d["vae"]), "--output_dir", str(out), "--target_size", "32",
-        "--num_workers", "2"], "images/*.png"),
-}
+def _prepare_inputs(name: str, data: dict[str, Path], tmp: Path) -> list[str]:
+    """Enough input files that a Ctrl-C after the third file leaves some undone, also with two workers
+    (a process pool already holds the next few jobs when the signal comes, and those still run)."""
+    if name == "vocoder":  # one worker (the vocoder's pool spawns, so it would not be slowed down)
+        return ["--config", str(DEMO_YAML), "--set", "val_num=1", "--input", str(data["vocoder"].parent / "wavs"),
+                "--num_workers", "0"]
+    if name == "tts":
+        raw, audio = data["tts"].parent, tmp / "audio"
+        lines = []
+        for copy in range(3):
+            for line in (raw / "metadata.csv").read_text(encoding="utf-8").splitlines():
+                stem, text = line.split("|")
+                (audio / f"{stem}_{copy}.wav").parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(raw / "audio" / f"{stem}.wav", audio / f"{stem}_{copy}.wav")
+                lines.append(f"{stem}_{copy}|{text}")
+        (tmp / "metadata.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return ["--metadata", str(tmp / "metadata.csv"), "--audio_dir", str(audio), "--speaker_from_path",
+                "--set", "data.eval_split_size=1", "--num_workers", "2"]
+    write_images(tmp / "images", 32, size=40)
+    return ["--mode", "preprocess", "--input_dir", str(tmp / "images"), "--target_size", "32", "--num_workers", "2"]
+
+
+# per prepare script: its per-file job (slowed down by tests/slow_run.py), its output flag, the files it writes
+PREPARES = {"vocoder": ("vocoder.prepare_data:process_file", "--output", "items/*/*"),
+            "tts": ("tts.prepare_data:process_item", "--output_dir", "wavs/*.wav"),
+            "vae": ("vae.prepare_data:process_one", "--output_dir", "images/*.png")}
 
 
 @pytest.mark.parametrize("name", list(PREPARES))
 def test_ctrl_c_in_a_prepare_is_one_line_and_exit_130_then_the_same_command_continues(name, data, tmp_path):
     """Ctrl-C (SIGINT to the whole process group, workers included) once some files are done: one line,
     exit 130, no traceback; the same command again keeps every finished file and does the rest."""
-    target, argv, outputs = PREPARES[name]
+    target, out_flag, outputs = PREPARES[name]
     out = tmp_path / "prepared"
-    run = _Process([str(REPO / "tests" / "slow_run.py"), "--slow", target, *argv(data, out)], new_session=True)
+    argv = [*_prepare_inputs(name, data, tmp_path), out_flag, str(out)]
+    run = _Process([str(REPO / "tests" / "slow_run.py"), "--slow", target, *argv], new_session=True)
     assert run.wait_for(lambda text: text.count(f"calling {target.split(':')[1]}") >= 3, time.time() + 120), run.text
     run.ctrl_c()
     rc, text = run.finish(timeout=60)
@@ -299,7 +313,7 @@ def test_ctrl_c_in_a_prepare_is_one_line_and_exit_130_then_the_same_command_cont
     assert done, text
 
     main = importlib.import_module(target.split(":")[0]).main
-    assert main(argv(data, out)) == exit_codes.OK
+    assert main(argv) == exit_codes.OK
     assert all(p.stat().st_mtime_ns == t for p, t in done.items())  # kept, not made again
     assert len(list(out.glob(outputs))) > len(done)
 

@@ -240,7 +240,7 @@ class VAETrainer:
         """`checkpoint_last.pt` (outside rotation); False while the newest steps are non-finite."""
         if saving_blocked(self.guard, self.divergence):
             self.log(f"not saving checkpoint_last.pt at step {self.step} ({reason}): the newest steps were "
-                     f"non-finite; the last good checkpoint is {self.last_good or 'none'}")
+                     f"non-finite or diverging; the last good checkpoint is {self.last_good or 'none'}")
             return False
         s = self._state()  # on every rank: it gathers every rank's RNG state
         if self.info.is_main:

@@ -234,7 +234,7 @@ class VocoderTrainer:
 
     def save(self, metric: float | None = None) -> Path | None:
         if saving_blocked(self.g_guard, self.d_guard, self.divergence):
-            self.log(f"step {self.step}: no checkpoint while steps are non-finite (last good: {self.last_good or 'none'})")
+            self.log(f"step {self.step}: no checkpoint while steps are non-finite or diverging (last good: {self.last_good or 'none'})")
             return None
         counters = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                     "g_guard": self.g_guard.state_dict(), "d_guard": self.d_guard.state_dict(),

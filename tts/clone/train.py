@@ -203,7 +203,7 @@ class CloneTrainer:
 
     def save(self, metric: float | None = None) -> None:
         if saving_blocked(self.guard, self.divergence):
-            self.log(f"step {self.step}: no checkpoint while steps are non-finite (last good: {self.last_good or 'none'})")
+            self.log(f"step {self.step}: no checkpoint while steps are non-finite or diverging (last good: {self.last_good or 'none'})")
             return
         counters = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                     "train_s": self.train_time}

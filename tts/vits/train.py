@@ -237,7 +237,7 @@ class VitsTrainer:
 
     def save(self, metric: float | None = None) -> Path | None:
         if saving_blocked(self.guard, self.divergence):
-            self.log(f"step {self.step}: no checkpoint while steps are non-finite (last good: {self.last_good or 'none'})")
+            self.log(f"step {self.step}: no checkpoint while steps are non-finite or diverging (last good: {self.last_good or 'none'})")
             return None
         counters = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                     "guard": self.guard.state_dict(), "divergence": self.divergence.state_dict()}
