@@ -1,8 +1,8 @@
 """How a training run stops, written once for the four trainers.
 
 A run stops at the end of its plan, or early: on SIGINT/SIGTERM, at a time limit, at `stop_at_step`
-(tests, benchmarks), after too many non-finite steps in a row, or when CUDA runs out of memory.
-Every trainer wraps its loop in one `RunStop` and asks `stop.check(step)` after each optimizer step:
+(tests, benchmarks), after too many non-finite or diverging steps in a row, or when CUDA runs out of
+memory. Every trainer wraps its loop in one `RunStop` and asks `stop.check(step)` after each optimizer step:
 
     with RunStop(time_limit_minutes, stop_at_step, last_good=lambda: self.last_good, lr_hint=...,
                  oom=("the vocoder training step", batch_size, hints)) as stop:
@@ -10,6 +10,10 @@ Every trainer wraps its loop in one `RunStop` and asks `stop.check(step)` after 
             ...train one step, log, validate, checkpoint...
             if stop.check(self.step):
                 ...save, then leave the loop...
+        ...the final save, still inside the block...
+
+The final save belongs inside the block: while it is active a second signal is ignored with one line,
+so nothing can interrupt the stop save (outside it, SIGINT would raise KeyboardInterrupt mid-save).
 
 Why one place: under torchrun a signal or a clock that reached one rank must stop every rank at the
 same step (or the others hang in the next collective), the exit codes must mean the same thing for

@@ -94,9 +94,10 @@ class DivergenceGuard:
     good checkpoint), and a run that ends inside the streak fails (`check_run_ended_good`).
 
     `observe(loss)` once per optimizer step, just before the update: it records the norm of the
-    weights that produced `loss`, and the loss, on the device. Values are judged one step later (the
-    device has long finished them, so the check costs no host sync) or at `settle()`, which every save
-    runs through `saving_blocked` and which also judges the weights as they are after the last update.
+    weights that produced `loss`, and the loss, and copies them to the host behind the step's work.
+    They are judged at the next `observe`, when that copy is long done (so the check adds no host
+    sync to the step), or at `settle()`, which every save runs through `saving_blocked` and which also
+    judges the weights as they are after the last update.
     A non-finite loss is left to `NonFiniteGuard` (that step is skipped); a non-finite weight norm is
     divergence (finite weights near 1e20 already overflow a float32 norm). `loss` must be positive (a
     reconstruction loss, or a sum of positive terms), so that "1000x its median" means a blow-up.
@@ -109,7 +110,7 @@ class DivergenceGuard:
         self.across_ranks = across_ranks  # False: a step run on one rank alone (the VAE's batch-size probe)
         self.consecutive = 0
         self.recent: dict[str, list[float]] = {"weight norm": [], "loss": []}
-        self.pending: torch.Tensor | None = None
+        self.pending: tuple[torch.Tensor, torch.cuda.Event | None] | None = None  # (values on the host, copy done)
         self.reason = ""
 
     @torch.no_grad()
@@ -123,8 +124,13 @@ class DivergenceGuard:
         # every rank stops at the same step; with NCCL the all-reduce is queued on the device, no host sync
         values = torch.stack([self.weight_norm(), loss.detach().float().reshape(())])
         values = all_reduce_mean(values) if self.across_ranks else values
+        event = None
+        if values.is_cuda:  # copied to pinned host memory behind the step's work; read once the copy is done
+            values = torch.empty(values.shape, dtype=values.dtype, pin_memory=True).copy_(values, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
         self._judge_pending()
-        self.pending = values
+        self.pending = values, event
 
     def settle(self) -> bool:
         """Judges the pending step and the weights as they are now (one host sync: before a save or at
@@ -155,7 +161,10 @@ class DivergenceGuard:
     def _judge_pending(self) -> None:
         if self.pending is None:
             return
-        values, self.pending = self.pending.tolist(), None
+        (values, event), self.pending = self.pending, None
+        if event is not None:
+            event.synchronize()  # long done by now: it waits for that copy, not for the step queued since
+        values = values.tolist()
         reasons = [r for name, v in zip(self.recent, values) if (r := self._why_bad(name, v))]
         if reasons:
             self.consecutive += 1
