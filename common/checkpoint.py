@@ -15,6 +15,7 @@ Why these rules:
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
@@ -86,7 +87,36 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({type(exc).__name__}: {text[:200]})") from None
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path}: expected a dict checkpoint, got {type(obj).__name__}")
+    problem = diverged(obj)
+    if problem is not None:
+        raise CheckpointError(f"{path}: its weights are not a trained model ({problem}): the run had diverged when "
+                              "it was saved; use an earlier checkpoint of the run")
     return obj
+
+
+# A stored weight or buffer beyond this is a diverged run, not a model: the largest |value| in the demo runs'
+# checkpoints of the four trainers is 7.4 (the cloning model's mel mean; weights stay below 3), a diverged
+# run (learning rate 1e30) stores values near 1e29, and such weights crash inference (durations, lengths,
+# spectrograms overflow) instead of saying what is wrong.
+MAX_WEIGHT = 1e8
+
+
+def diverged(ckpt: dict) -> str | None:
+    """Why the weights of a checkpoint in our layout ("models", "ema") are not a usable model, or None:
+    a non-finite value, or one beyond `MAX_WEIGHT`. Other layouts (published checkpoints) pass."""
+    stack = [(group, ckpt.get(group)) for group in ("models", "ema")]
+    while stack:
+        name, obj = stack.pop()
+        if isinstance(obj, dict):
+            stack.extend((f"{name}.{k}", v) for k, v in obj.items())
+        elif isinstance(obj, torch.Tensor) and obj.is_floating_point() and obj.numel():
+            lo, hi = (float(v) for v in torch.aminmax(obj))  # one pass, no copy; a NaN comes out as NaN
+            largest = max(-lo, hi)
+            if not math.isfinite(lo + hi):
+                return f"{name} has non-finite values"
+            if largest > MAX_WEIGHT:
+                return f"{name} holds values up to {largest:.3g}"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

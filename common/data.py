@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
+from common.workers import ignore_stop_signals
+
 SampleKey = tuple[int, int, int]  # (index, seed, epoch)
 
 
@@ -195,7 +197,8 @@ def make_loader(
 ) -> DataLoader:
     """A DataLoader with the config's settings applied honestly: prefetch and persistent workers
     only exist with workers, pin_memory only helps with CUDA, and an explicit generator keeps the
-    global RNG untouched (a DataLoader without one draws from it at every `iter()`)."""
+    global RNG untouched (a DataLoader without one draws from it at every `iter()`). Its workers
+    leave SIGINT/SIGTERM to the trainer, which saves first (`common.workers`)."""
     kwargs: dict[str, Any] = {
         "num_workers": num_workers,
         "pin_memory": bool(pin_memory and torch.cuda.is_available()),
@@ -203,6 +206,7 @@ def make_loader(
         "generator": torch.Generator().manual_seed(seed),
     }
     if num_workers > 0:
+        kwargs["worker_init_fn"] = ignore_stop_signals
         kwargs["prefetch_factor"] = prefetch_factor
         kwargs["persistent_workers"] = persistent_workers
     if batch_sampler is not None:

@@ -17,13 +17,24 @@ NON_FINITE = 3  # stopped on a streak of non-finite losses/gradients; the last g
 OUT_OF_MEMORY = 4  # CUDA out of memory; the message says which settings to lower
 INTERRUPTED = 130  # SIGINT/SIGTERM: a checkpoint was saved first, `--resume auto` continues
 
+INTERRUPTED_LINE = "interrupted; run again to continue"
+
+
+def interrupted() -> int:
+    """Ctrl-C outside a training loop (a prepare script, a trainer's start-up): one line, no traceback,
+    exit INTERRUPTED. Nothing is half-written (every file goes through `common.atomic_write`), so
+    running the same command again continues: a prepare skips the files it finished."""
+    print(INTERRUPTED_LINE, file=sys.stderr)
+    return INTERRUPTED
+
 
 def run_main(body: Callable[[], int], bad_input: tuple[type[BaseException], ...],
              cleanup: Callable[[], None] | None = None) -> int:
     """Run a trainer's `main` body and return its exit code. A failure the README documents prints one
     `error: <message>` to stderr and becomes its code: any of `bad_input` -> BAD_INPUT,
     `common.training.NonFiniteError` -> NON_FINITE, `common.hardware.OutOfMemory` -> OUT_OF_MEMORY
-    (the trainer raises these two with the whole advice in the message). Anything else propagates
+    (the trainer raises these two with the whole advice in the message), Ctrl-C outside the training loop
+    (whose own handler saves and exits 130) -> `interrupted()`. Anything else propagates
     with its traceback: it is a bug, not a user error. `cleanup` runs in every case, then the run
     folder's lock (`common.run_lock`) is released."""
     try:
@@ -37,6 +48,8 @@ def run_main(body: Callable[[], int], bad_input: tuple[type[BaseException], ...]
     except OutOfMemory as e:
         print(f"error: {e}", file=sys.stderr)
         return OUT_OF_MEMORY
+    except KeyboardInterrupt:
+        return interrupted()
     finally:
         try:
             if cleanup is not None:

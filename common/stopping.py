@@ -1,8 +1,8 @@
 """How a training run stops, written once for the four trainers.
 
 A run stops at the end of its plan, or early: on SIGINT/SIGTERM, at a time limit, at `stop_at_step`
-(tests, benchmarks), after too many non-finite steps in a row, or when CUDA runs out of memory.
-Every trainer wraps its loop in one `RunStop` and asks `stop.check(step)` after each optimizer step:
+(tests, benchmarks), after too many non-finite or diverging steps in a row, or when CUDA runs out of
+memory. Every trainer wraps its loop in one `RunStop` and asks `stop.check(step)` after each optimizer step:
 
     with RunStop(time_limit_minutes, stop_at_step, last_good=lambda: self.last_good, lr_hint=...,
                  oom=("the vocoder training step", batch_size, hints)) as stop:
@@ -10,6 +10,10 @@ Every trainer wraps its loop in one `RunStop` and asks `stop.check(step)` after 
             ...train one step, log, validate, checkpoint...
             if stop.check(self.step):
                 ...save, then leave the loop...
+        ...the final save, still inside the block...
+
+The final save belongs inside the block: while it is active a second signal is ignored with one line,
+so nothing can interrupt the stop save (outside it, SIGINT would raise KeyboardInterrupt mid-save).
 
 Why one place: under torchrun a signal or a clock that reached one rank must stop every rank at the
 same step (or the others hang in the next collective), the exit codes must mean the same thing for
@@ -34,7 +38,9 @@ SIGNAL, TIME_LIMIT, STOP_AT_STEP = "signal", "time limit", "stop_at_step"
 
 class GracefulExit:
     """While active, SIGINT/SIGTERM set `.requested` instead of killing the process, so the loop
-    can finish the step, save a checkpoint and exit. A second signal exits immediately."""
+    can finish the step, save a checkpoint and exit. A second signal is ignored, with one line: it
+    used to raise KeyboardInterrupt in the middle of the stop save (a traceback, and no checkpoint);
+    the save takes seconds, and `kill -9` still stops at once for whoever really means it."""
 
     def __init__(self) -> None:
         self.requested = False
@@ -42,12 +48,14 @@ class GracefulExit:
         self._old: dict[int, Any] = {}
 
     def _handler(self, signum: int, frame: Any) -> None:  # noqa: ARG002
+        name = signal.Signals(signum).name
         if self.requested:
-            raise KeyboardInterrupt
+            print(f"\n{name} received again: ignored while the checkpoint is saved; exiting after it", flush=True)
+            return
         self.requested = True
-        self.signal_name = signal.Signals(signum).name
-        print(f"\n{self.signal_name} received: saving a checkpoint after this step, then exiting "
-              "(send again to stop at once)", flush=True)
+        self.signal_name = name
+        print(f"\n{name} received: saving a checkpoint after this step, then exiting "
+              "(a second signal is ignored until it is saved)", flush=True)
 
     def __enter__(self) -> GracefulExit:
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -6,7 +6,12 @@
   final message;
 - an optimizer hyper-parameter given explicitly on resume (the lowered LR the message recommends)
   replaces the checkpoint's in every param group and the scheduler's base, with one log line;
-  without one the checkpoint's state stands (the trainers' bitwise resume tests cover that).
+  without one the checkpoint's state stands (the trainers' bitwise resume tests cover that);
+- a run that ends inside a non-finite streak shorter than the limit also exits 3, naming the last
+  good checkpoint, and saves nothing after it;
+- divergence that stays finite (a learning rate of 1e30) stops the same way, exit 3, with the last
+  good checkpoint from before the blow-up; a checkpoint holding such weights is refused by resume and
+  by inference with one line, exit 2.
 
 Each trainer runs tiny on CPU: steps 1, 2 good, step 3 non-finite (isolated), step 4 good, then
 non-finite from step 5 with max 2 in a row, so the run stops in step 6 with step 4 newest.
@@ -15,12 +20,13 @@ non-finite from step 5 with max 2 in a row, so the run stops in step 6 with step
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from common.checkpoint import load_checkpoint
+from common.checkpoint import MAX_WEIGHT, diverged, load_checkpoint, save_atomic
 from common.training import apply_optimizer_overrides
 from tests.tts.test_clone_train import AUDIO, corpus  # noqa: F401 - module fixture (espeak-ng corpus)
 from tests.tts.test_vits_train import FAST, data_one  # noqa: F401 - module fixture (VITS corpus)
@@ -64,10 +70,17 @@ class Vocoder:
             return item
         monkeypatch.setattr(VocoderDataset, "__getitem__", getitem)
 
-    def train(self, *extra: str) -> int:
+    def train(self, *extra: str, steps: int = 10) -> int:
         from vocoder.train import main
 
-        return main([*self.args, *_sets("max_updates=10"), *extra])
+        return main([*self.args, *_sets(f"max_updates={steps}"), *extra])
+
+    # with the critics off, the saturated generator's loss stays finite at lr 1e30: the run that used to
+    # train on with weights near 1e29 and exit 0
+    huge_lr = _sets("generator_optimizer_args.lr=1e30", "discriminator_optimizer_args.lr=1e30",
+                    "discriminator_train_start_steps=1000")
+    stays_finite = True
+    resume_flag = "--resume"
 
     def resume_low_lr(self) -> int:
         from vocoder.train import main
@@ -101,10 +114,13 @@ class Vits:
             return out
         monkeypatch.setattr(train_mod.VitsTrainer, "_generator_losses", losses)
 
-    def train(self) -> int:
+    def train(self, *extra: str, steps: int = 10) -> int:
         from tts.vits.train import main
 
-        return main([*self.args, *_sets("max_steps=10")])
+        return main([*self.args, *_sets(f"max_steps={steps}"), *extra])
+
+    huge_lr = _sets("lr=1e30")
+    resume_flag = "--resume"
 
     def resume_low_lr(self) -> int:
         from tts.vits.train import main
@@ -143,10 +159,13 @@ class Clone:
             return result
         monkeypatch.setattr(VoiceCloneTTS, "losses", losses)
 
-    def train(self) -> int:
+    def train(self, *extra: str, steps: int = 10) -> int:
         from tts.clone.train import main
 
-        return main([*self.args, *_sets("train.max_updates=10")])
+        return main([*self.args, *_sets(f"train.max_updates={steps}"), *extra])
+
+    huge_lr = ["--lr", "1e30"]
+    resume_flag = "--resume"
 
     def resume_low_lr(self) -> int:
         from tts.clone.train import main
@@ -180,10 +199,13 @@ class Vae:
             return x
         monkeypatch.setattr(ImageDataset, "__getitem__", getitem)
 
-    def train(self) -> int:
+    def train(self, *extra: str, steps: int | None = None) -> int:
         from vae.train_vae import main
 
-        return main(self.args)
+        return main([*self.args, *(["--max_steps", str(steps)] if steps else []), *extra])
+
+    huge_lr = ["--learning_rate", "1e30"]
+    resume_flag = "--resume_from"
 
     def resume_low_lr(self) -> int:
         from vae.train_vae import main
@@ -262,3 +284,56 @@ def test_apply_optimizer_overrides_keeps_the_schedule_position():
     assert opt.param_groups[1]["betas"] == (0.5, 0.9) and "betas" not in opt.param_groups[0]
     sched.step()  # the schedule continues from the new base
     assert opt.param_groups[1]["lr"] == pytest.approx(2e-4 * sched.lr_lambdas[1](5))
+
+
+def _newest(t) -> Path:
+    return max(t.checkpoints(), key=lambda p: (load_checkpoint(p)["counters"]["step"], p.stat().st_mtime))
+
+
+@pytest.mark.parametrize("which", list(TRAINERS))
+def test_ending_inside_a_streak_and_finite_divergence_exit_3_and_diverged_weights_are_refused(
+        which, request, tmp_path, monkeypatch, capsys):
+    cls, fixture = TRAINERS[which]
+    t = cls(request.getfixturevalue(fixture), tmp_path / "run")
+
+    # 1. The plan ends inside a non-finite streak shorter than the limit (the last step, 1 < 2): exit 3,
+    #    nothing saved from the streak, the last good checkpoint named.
+    with monkeypatch.context() as m:
+        t.poison(m)
+        m.setattr(sys.modules[__name__], "_bad", lambda step: step == 6)
+        assert t.train(steps=6) == 3
+    printed = "".join(capsys.readouterr())
+    assert "the run ended inside a streak of 1 non-finite step(s)" in printed, printed[-2000:]
+    good = _newest(t)
+    assert load_checkpoint(good)["counters"]["step"] == 5
+    assert f"last good checkpoint: {good}" in printed
+
+    # 2. Resumed at a learning rate of 1e30: weights near 1e29 after one step, every value finite. Exit 3,
+    #    and the checkpoint named is still the one from before the blow-up: nothing was saved after it.
+    assert t.train(t.resume_flag, "auto", *t.huge_lr, steps=20) == 3
+    printed = "".join(capsys.readouterr())
+    assert f"last good checkpoint: {good}" in printed, printed[-2000:]
+    if getattr(t, "stays_finite", False):
+        assert "2 consecutive steps diverged while staying finite (the weight norm" in printed, printed[-2000:]
+    assert _newest(t) == good and load_checkpoint(good)["counters"]["step"] == 5
+    assert all(diverged(load_checkpoint(p)) is None for p in t.checkpoints())
+
+    # 3. A checkpoint a diverged run saved before the guard existed: refused in one line, exit 2, by resume
+    #    (and, for the cloning model, by inference), instead of crashing on its weights.
+    ckpt = load_checkpoint(good)
+    for weights in ckpt["models"].values():
+        for v in weights.values():
+            if v.is_floating_point():
+                v.mul_(MAX_WEIGHT * 1e21)
+    bad = save_atomic(ckpt, good.with_name("diverged.pt"))
+    refusal = f"error: {bad}: its weights are not a trained model"
+    assert t.train(t.resume_flag, str(bad), steps=8) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(refusal) and len(err.splitlines()) == 1, err
+    if which == "train_main":
+        from tts.clone.infer import main as infer_clone
+
+        assert infer_clone(["--checkpoint", str(bad), "--reference", str(tmp_path / "none.wav"), "--text", "salom",
+                            "--output", str(tmp_path / "out.wav")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(refusal) and len(err.splitlines()) == 1, err

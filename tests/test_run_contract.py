@@ -2,16 +2,19 @@
 checked the same way for the four trainers, plus the output check of every other script.
 
 Per trainer, one tiny run folder goes through: a second run while the first trains → exit 2 naming
-the first (the run folder's lock); SIGTERM during training → exit 130 with a checkpoint, lock released;
+the first (the run folder's lock); SIGTERM during training, then SIGINT during the stop save → the
+second signal ignored with one line, exit 130 with a checkpoint, no traceback, lock released;
 a plain re-run → exit 2 naming --resume auto and --overwrite; a truncated newest checkpoint and a
 stale temp file → `--resume auto` skips (renames `*.corrupt`) and resumes from the intact one, the
 temp file is gone; `--overwrite` → a new run, every old file kept under `overwritten-*/`."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -113,38 +116,66 @@ def data(tmp_path_factory) -> dict[str, Path]:
     return {"vocoder": root / "vocoder_bin", "tts": _corpus(root / "tts", ["anna"]), "vae": root / "images"}
 
 
+class _Process:
+    """A script run as its own process (as a user runs it), its stdout and stderr collected as they come;
+    with `new_session`, in its own process group, which `ctrl_c()` signals whole, as a terminal does."""
+
+    def __init__(self, argv: list[str], new_session: bool = False) -> None:
+        # The progress bar redraws every 30 s off a terminal: ask for a redraw every 0.1 s here.
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "TQDM_MININTERVAL": "0.1"}
+        self.proc = subprocess.Popen([sys.executable, *argv], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, start_new_session=new_session)
+        self.chunks: list[bytes] = []
+        self.reader = threading.Thread(
+            target=lambda: [self.chunks.append(c) for c in iter(lambda: self.proc.stdout.read1(4096), b"")],
+            daemon=True)
+        self.reader.start()
+
+    @property
+    def text(self) -> str:
+        return b"".join(self.chunks).decode(errors="replace")
+
+    def wait_for(self, seen: Callable[[str], object], deadline: float) -> bool:
+        """Waits until `seen(output so far)` is true (True), or the process ended or time ran out (False)."""
+        while time.time() < deadline and self.proc.poll() is None:
+            if seen(self.text):
+                return True
+            time.sleep(0.05)
+        return False
+
+    def ctrl_c(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGINT)
+
+    def finish(self, timeout: float) -> tuple[int, str]:
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        self.reader.join(timeout=5)
+        return rc, self.text
+
+
 def _run_until_first_step_then_sigterm(argv: list[str], steps: int, timeout: float = 180,
-                                       while_running: Callable[[int], None] | None = None) -> tuple[int, str]:
+                                       while_running: Callable[[int], None] | None = None,
+                                       during_save: signal.Signals | None = None) -> tuple[int, str]:
     """Starts the trainer as a process, sends SIGTERM once it has logged a training step (first calling
-    `while_running(pid)`, while it trains)."""
-    # The progress bar redraws every 30 s off a terminal: ask for a redraw every 0.1 s here.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "TQDM_MININTERVAL": "0.1"}
-    proc = subprocess.Popen([sys.executable, *argv], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
-    chunks: list[bytes] = []
-    reader = threading.Thread(target=lambda: [chunks.append(c) for c in iter(lambda: proc.stdout.read1(4096), b"")],
-                              daemon=True)
-    reader.start()
+    `while_running(pid)`, while it trains); with `during_save`, runs it through `tests/slow_run.py`
+    and sends that second signal while the stop save is in progress."""
+    run = _Process([str(REPO / "tests" / "slow_run.py"), *argv] if during_save is not None else argv)
     # a progress bar "N/steps" or a log line that starts with "step N" (not start-up text that
     # mentions a step, such as the VAE's GAN-phase report)
     started = re.compile(rf"(\b[1-9]\d*/{steps}\b)|(^step [1-9]\d*[: ])", re.M)
     deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        if started.search(b"".join(chunks).decode(errors="replace")):
-            try:
-                if while_running is not None:
-                    while_running(proc.pid)
-            finally:
-                proc.send_signal(signal.SIGTERM)
-            break
-        time.sleep(0.05)
-    try:
-        rc = proc.wait(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    reader.join(timeout=5)
-    return rc, b"".join(chunks).decode(errors="replace")
+    if run.wait_for(started.search, deadline):
+        try:
+            if while_running is not None:
+                while_running(run.proc.pid)
+        finally:
+            run.proc.send_signal(signal.SIGTERM)
+    if during_save is not None and run.wait_for(lambda out: "saving after the stop signal" in out, deadline):
+        run.proc.send_signal(during_save)
+    return run.finish(timeout)
 
 
 @pytest.mark.parametrize("name", list(TRAINERS))
@@ -164,10 +195,12 @@ def test_run_folder_contract(name, data, tmp_path, capsys):
         second["pid"] = pid
 
     rc, out = _run_until_first_step_then_sigterm([t.script, *t.argv(data, run, 500)], steps=500,
-                                                 while_running=start_a_second_run)
+                                                 while_running=start_a_second_run, during_save=signal.SIGINT)
     assert second["rc"] == exit_codes.BAD_INPUT, second
     assert re.fullmatch(rf"error: \S+ is in use by another run \(pid {second['pid']} on .*", second["err"]), second
     assert rc == exit_codes.INTERRUPTED, out[-3000:]
+    assert out.count("SIGINT received again: ignored while the checkpoint is saved; exiting after it") == 1, out[-3000:]
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
     assert not (run / "run.lock").exists()
     saved = sorted(p for p in ckpts.glob("*.pt") if p.name not in ("best.pt", "vae_final.pt"))
     assert saved, out[-3000:]
@@ -232,6 +265,57 @@ def test_resume_auto_with_every_checkpoint_damaged_is_exit_2_not_a_fresh_start(d
         err = capsys.readouterr().err
         assert re.search(rf"error: --resume auto: no intact checkpoint in \S+, found (only )?{only.name}", err), err
         assert "--overwrite" in err and not list(t.ckpt_dir(run).glob("model_*.pt"))
+
+
+# ----------------------------------------------------------------------------- Ctrl-C in a prepare
+def _prepare_inputs(name: str, data: dict[str, Path], tmp: Path) -> list[str]:
+    """Enough input files that a Ctrl-C after the third file leaves some undone, also with two workers
+    (a process pool already holds the next few jobs when the signal comes, and those still run)."""
+    if name == "vocoder":  # one worker (the vocoder's pool spawns, so it would not be slowed down)
+        return ["--config", str(DEMO_YAML), "--set", "val_num=1", "--input", str(data["vocoder"].parent / "wavs"),
+                "--num_workers", "0"]
+    if name == "tts":
+        raw, audio = data["tts"].parent, tmp / "audio"
+        lines = []
+        for copy in range(3):
+            for line in (raw / "metadata.csv").read_text(encoding="utf-8").splitlines():
+                stem, text = line.split("|")
+                (audio / f"{stem}_{copy}.wav").parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(raw / "audio" / f"{stem}.wav", audio / f"{stem}_{copy}.wav")
+                lines.append(f"{stem}_{copy}|{text}")
+        (tmp / "metadata.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return ["--metadata", str(tmp / "metadata.csv"), "--audio_dir", str(audio), "--speaker_from_path",
+                "--set", "data.eval_split_size=1", "--num_workers", "2"]
+    write_images(tmp / "images", 32, size=40)
+    return ["--mode", "preprocess", "--input_dir", str(tmp / "images"), "--target_size", "32", "--num_workers", "2"]
+
+
+# per prepare script: its per-file job (slowed down by tests/slow_run.py), its output flag, the files it writes
+PREPARES = {"vocoder": ("vocoder.prepare_data:process_file", "--output", "items/*/*"),
+            "tts": ("tts.prepare_data:process_item", "--output_dir", "wavs/*.wav"),
+            "vae": ("vae.prepare_data:process_one", "--output_dir", "images/*.png")}
+
+
+@pytest.mark.parametrize("name", list(PREPARES))
+def test_ctrl_c_in_a_prepare_is_one_line_and_exit_130_then_the_same_command_continues(name, data, tmp_path):
+    """Ctrl-C (SIGINT to the whole process group, workers included) once some files are done: one line,
+    exit 130, no traceback; the same command again keeps every finished file and does the rest."""
+    target, out_flag, outputs = PREPARES[name]
+    out = tmp_path / "prepared"
+    argv = [*_prepare_inputs(name, data, tmp_path), out_flag, str(out)]
+    run = _Process([str(REPO / "tests" / "slow_run.py"), "--slow", target, *argv], new_session=True)
+    assert run.wait_for(lambda text: text.count(f"calling {target.split(':')[1]}") >= 3, time.time() + 120), run.text
+    run.ctrl_c()
+    rc, text = run.finish(timeout=60)
+    assert rc == exit_codes.INTERRUPTED, text
+    assert text.count(exit_codes.INTERRUPTED_LINE) == 1 and "Traceback" not in text, text
+    done = {p: p.stat().st_mtime_ns for p in out.glob(outputs)}
+    assert done, text
+
+    main = importlib.import_module(target.split(":")[0]).main
+    assert main(argv) == exit_codes.OK
+    assert all(p.stat().st_mtime_ns == t for p, t in done.items())  # kept, not made again
+    assert len(list(out.glob(outputs))) > len(done)
 
 
 # ----------------------------------------------------------------------------- bad output locations

@@ -32,7 +32,6 @@ import os
 import re
 import sys
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -45,6 +44,7 @@ from common.atomic_write import atomic_output, write_text
 from common.audio import AudioError, MelSpectrogram, check_audio, load_audio, save_wav, to_float32, to_int16
 from common.config import ConfigError, load_config
 from common.run_dir import check_output_dir, check_prepared_settings
+from common.workers import process_pool
 from tts.text import SYMBOLS, find_unknown, normalize, text_to_ids
 from tts.text.phonemes import PhonemeCache
 from tts.text.symbols import PUNCTUATION, describe_char
@@ -418,7 +418,7 @@ def prepare(metadata: str | Path, audio_dir: str | Path, output_dir: str | Path,
         jobs.append(Job(row, str(audio_path), out_id, str(out), cfg.audio, cfg.data, reuse))
 
     if num_workers > 1 and len(jobs) > 1:
-        with ProcessPoolExecutor(max_workers=num_workers, initializer=_init_worker) as pool:
+        with process_pool(num_workers, initializer=_init_worker) as pool:
             results = list(pool.map(process_item, jobs, chunksize=max(1, len(jobs) // (8 * num_workers))))
     else:
         results = [process_item(j) for j in jobs]
@@ -505,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
     except (PrepareError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return exit_codes.BAD_INPUT
+    except KeyboardInterrupt:
+        return exit_codes.interrupted()
     return exit_codes.OK
 
 

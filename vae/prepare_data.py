@@ -22,14 +22,15 @@ import json
 import os
 import sys
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from PIL import Image
 from tqdm import tqdm
 
+from common import exit_codes
 from common.atomic_write import DiskFullError, atomic_output, write_text
 from common.run_dir import OutputPathError, check_output_dir, check_output_file, check_prepared_settings
+from common.workers import process_pool
 from vae.data import (
     DEFAULT_MAX_PIXELS,
     BadImage,
@@ -107,7 +108,7 @@ def process_one(task: tuple[str, str, dict]) -> dict:
 def _run_parallel(fn, tasks: list, num_workers: int, desc: str) -> list:
     if num_workers <= 1 or len(tasks) < 2:
         return [fn(t) for t in tqdm(tasks, desc=desc, disable=not tasks, mininterval=1.0)]
-    with ProcessPoolExecutor(max_workers=num_workers) as pool:
+    with process_pool(num_workers) as pool:
         return list(tqdm(pool.map(fn, tasks, chunksize=4), total=len(tasks), desc=desc, mininterval=1.0))
 
 
@@ -327,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     except OutputPathError as exc:  # also a full disk while writing (common.atomic_write.DiskFullError)
         print(f"error: {exc}")
         return 2
+    except KeyboardInterrupt:
+        return exit_codes.interrupted()
 
 
 if __name__ == "__main__":

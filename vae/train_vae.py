@@ -49,8 +49,10 @@ from common.stopping import SIGNAL, TIME_LIMIT, RunStop, exit_code
 from common.training import (
     EMA,
     BufferSnapshot,
+    DivergenceGuard,
     NonFiniteGuard,
     backward,
+    check_run_ended_good,
     count_parameters,
     saving_blocked,
     step_optimizer,
@@ -122,6 +124,8 @@ class VAETrainer:
         self.schedulers = build_lr_schedules(cfg, self.optimizers, self.total_steps)
         self.ema = EMA(self.vae, cfg.ema_decay) if cfg.ema_decay > 0 else None
         self.guard = NonFiniteGuard(cfg.max_nonfinite)
+        self.divergence = DivergenceGuard([*self.g_params, *(self.disc.parameters() if self.disc else ())],
+                                          cfg.max_nonfinite, across_ranks=self.info.enabled)
         self.buffers = BufferSnapshot(self.vae, self.disc)  # the discriminator's BatchNorm stats
         self.models = {"vae": self.vae, "logvar": self.loss.logvar}  # by name, as the checkpoint holds them
         self.models.update({"disc": self.disc} if self.disc is not None else {})
@@ -188,6 +192,7 @@ class VAETrainer:
         if self.info.enabled and logvar.requires_grad and logvar.grad is not None:
             logvar.grad.copy_(all_reduce_mean(logvar.grad))  # not inside the DDP module: average by hand
         clip = cfg.gradient_clip or None
+        self.divergence.observe(logs[f"rec_{cfg.rec_loss}"])  # the weights that made this loss, before the update
         g_norm, stepped = step_optimizer(None, self.g_opt, self.g_params, scaler, clip, self.guard)
         logs["grad_norm"] = g_norm
         d_finite = True
@@ -228,13 +233,14 @@ class VAETrainer:
         return make_state(self.models, self.optimizers, self.schedulers, self.precision.scaler,
                           {"vae": self.ema} if self.ema else None, c, config_to_dict(self.cfg),
                           extra={"arch": self.vae.arch(), "guard": self.guard.state_dict(),
+                                 "divergence": self.divergence.state_dict(),
                                  "best_psnr": self.best_psnr, "stages": self.stages})
 
     def save(self, reason: str = "") -> bool:
         """`checkpoint_last.pt` (outside rotation); False while the newest steps are non-finite."""
-        if saving_blocked(self.guard):
+        if saving_blocked(self.guard, self.divergence):
             self.log(f"not saving checkpoint_last.pt at step {self.step} ({reason}): the newest steps were "
-                     f"non-finite; the last good checkpoint is {self.last_good or 'none'}")
+                     f"non-finite or diverging; the last good checkpoint is {self.last_good or 'none'}")
             return False
         s = self._state()  # on every rank: it gathers every rank's RNG state
         if self.info.is_main:
@@ -256,6 +262,7 @@ class VAETrainer:
                                self.precision.scaler, self.ema, info.rank, self.log)
             extra = ckpt.get("extra", {})
             self.guard.load_state_dict(extra.get("guard", self.guard.state_dict()))
+            self.divergence.load_state_dict(extra.get("divergence"))
             self.best_psnr = extra.get("best_psnr")
             self.stages = list(extra.get("stages", self.stages))
         self.step, self.epoch, self.batch_in_epoch = int(c["step"]), int(c["epoch"]), int(c["micro_in_epoch"])
@@ -302,18 +309,19 @@ class VAETrainer:
                        last_good=lambda: self.last_good, resume_hint="--resume_from auto",
                        oom=oom_advice(cfg, self.precision.precision))
         try:
-            with stop:
-                while self.step < data.total_steps:
-                    epoch = self.epoch
-                    if self._run_epoch(progress, stop) or self.epoch == epoch:
-                        break  # a stop, or left mid-epoch at the planned last step
+            with stop:  # the final save too: a second signal during it is ignored (`common.stopping.GracefulExit`)
+                try:
+                    while self.step < data.total_steps:
+                        epoch = self.epoch
+                        if self._run_epoch(progress, stop) or self.epoch == epoch:
+                            break  # a stop, or left mid-epoch at the planned last step
+                finally:
+                    self.log.bar = None
+                    progress.close()
+                return self._finish(stop)
         except BaseException:
             self.writer.close()
             raise
-        finally:
-            self.log.bar = None
-            progress.close()
-        return self._finish(stop)
 
     def _run_epoch(self, progress: Progress, stop: RunStop) -> bool:
         """One (possibly resumed) pass over the data; True when the run stops early."""
@@ -352,7 +360,7 @@ class VAETrainer:
         if self.batch_in_epoch // accum < data.steps_per_epoch:
             return stopped  # left mid-epoch: the epoch counter stays
         self.epoch, self.batch_in_epoch = epoch + 1, 0
-        if (epoch + 1) % cfg.checkpoint_freq == 0 and not saving_blocked(self.guard):
+        if (epoch + 1) % cfg.checkpoint_freq == 0 and not saving_blocked(self.guard, self.divergence):
             s = self._state()
             if main:
                 self.last_good = self.manager.save(s, epoch + 1, metric=self.last_psnr)
@@ -373,6 +381,7 @@ class VAETrainer:
     def _finish(self, stop: RunStop) -> dict:
         """The last checkpoint, validation and samples; a finished (or time-boxed) run is exported."""
         reason, why = stop.reason, stop.signal_name if stop.reason == SIGNAL else stop.reason
+        check_run_ended_good(self.guard, self.divergence)  # inside a streak: exit 3, nothing to save
         saved = self.save(why or "end of training")
         if self.info.is_main:
             m = self.validate() if self.val_batches else {}

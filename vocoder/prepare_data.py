@@ -31,15 +31,16 @@ import hashlib
 import json
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from common import exit_codes
 from common.atomic_write import DiskFullError, atomic_output, remove_stale_temp_folders, write_text
 from common.config import ConfigError, add_config_args, load_config
 from common.run_dir import check_output_dir, check_prepared_settings
+from common.workers import process_pool
 from vocoder.config import VocoderConfig
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".mp3", ".aif", ".aiff", ".opus")
@@ -275,7 +276,7 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
     else:
         import multiprocessing as mp
 
-        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+        with process_pool(workers, mp_context=mp.get_context("spawn")) as pool:
             for job, res in zip(jobs, pool.map(_job, jobs, chunksize=1)):
                 results[Path(job[1]).name] = res
     good = sorted(i for i, r in results.items() if r["ok"])
@@ -345,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     except (PrepareError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return exit_codes.interrupted()
     return 0
 
 

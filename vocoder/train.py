@@ -56,8 +56,10 @@ from common.run_dir import add_run_args, prepare_run_dir, tensorboard_dir
 from common.schedulers import lr_curve, lr_lambda
 from common.stopping import RunStop, exit_code
 from common.training import (
+    DivergenceGuard,
     NonFiniteGuard,
     apply_optimizer_overrides,
+    check_run_ended_good,
     count_parameters,
     critic_outputs_for_generator,
     optimizer_overrides,
@@ -182,6 +184,8 @@ class VocoderTrainer:
         self.schedulers = {k: v for k, v in (("generator", self.g_sched), ("discriminator", self.d_sched)) if v is not None}
         self.g_guard = NonFiniteGuard(cfg.max_nonfinite_steps)
         self.d_guard = NonFiniteGuard(cfg.max_nonfinite_steps)
+        self.divergence = DivergenceGuard([*self.generator.parameters(), *self.discriminator.parameters()],
+                                          cfg.max_nonfinite_steps)
 
         # ---- losses (fp32 inside)
         loss_mel = dict(cfg.audio.mel_kwargs, fmax=cfg.fmax_for_loss)
@@ -217,6 +221,7 @@ class VocoderTrainer:
         self.batch_in_epoch = int(counters["batch_in_epoch"])
         self.g_guard.load_state_dict(counters["g_guard"])
         self.d_guard.load_state_dict(counters["d_guard"])
+        self.divergence.load_state_dict(counters.get("divergence"))
         self.history = json.loads(counters.get("history", "{}"))
         self.log(f"resumed from {path} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
         changed = apply_optimizer_overrides(self.optimizers, self.schedulers,
@@ -225,12 +230,12 @@ class VocoderTrainer:
             self.log(changed)
 
     def save(self, metric: float | None = None) -> Path | None:
-        if saving_blocked(self.g_guard, self.d_guard):
-            self.log(f"step {self.step}: no checkpoint while steps are non-finite (last good: {self.last_good or 'none'})")
+        if saving_blocked(self.g_guard, self.d_guard, self.divergence):
+            self.log(f"step {self.step}: no checkpoint while steps are non-finite or diverging (last good: {self.last_good or 'none'})")
             return None
         counters = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                     "g_guard": self.g_guard.state_dict(), "d_guard": self.d_guard.state_dict(),
-                    "history": json.dumps(self.history)}
+                    "divergence": self.divergence.state_dict(), "history": json.dumps(self.history)}
         state = make_state({"generator": self.generator, "discriminator": self.discriminator},
                            self.optimizers, self.schedulers, self.scaler, counters=counters,
                            config=config_to_dict(self.cfg), extra={"export": export_info(self.cfg)})
@@ -304,6 +309,7 @@ class VocoderTrainer:
                 pc, pc_mel, pc_logs = pitch_cycle.losses(extras, self.mel_loss, cfg.lab_aux_melloss)
                 loss_g = loss_g + pc + pc_mel
                 logs.update(pc_logs)
+            self.divergence.observe(mel_l)  # the weights that made this loss, before G's update
             g_norm, _ = step_optimizer(loss_g, self.g_opt, self.generator.parameters(), self.scaler,
                                        cfg.clip_grad_norm, self.g_guard)
         finally:
@@ -391,11 +397,15 @@ class VocoderTrainer:
                 self.writer.scalars(logs, self.step, prefix="train")
                 shown = {"loss_g": float(logs["loss_g"]), "mel": float(logs["loss_mel"])}
             progress.update(self.step, t1 - t0, t2 - t1, **shown)
-            saved = self.step % cfg.val_check_interval == 0 or self.step >= cfg.max_updates
+            last = self.step >= cfg.max_updates
+            stopping = stop.check(self.step)
+            if last or stopping:  # inside a non-finite/diverging streak: exit 3, nothing to save
+                check_run_ended_good(self.g_guard, self.d_guard, self.divergence)
+            saved = self.step % cfg.val_check_interval == 0 or last
             if saved:
                 result = self.validate()
                 self.save(result["mrstft"] if result else None)
-            if stop.check(self.step):
+            if stopping:
                 if not saved:
                     self.save()
                 self.log(stop.message(self.step))

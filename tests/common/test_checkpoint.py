@@ -90,6 +90,22 @@ def test_malicious_pickle_is_refused(tmp_path):
         load_checkpoint(tmp_path / "text.pt")
 
 
+@pytest.mark.parametrize("value, why", [(float("nan"), "non-finite values"), (3e29, "values up to 3e\\+29")])
+def test_diverged_weights_are_refused_by_every_load(tmp_path, value, why):
+    """What a diverged run saved before the divergence guard existed (or a NaN model from elsewhere): it
+    would crash inference and a resumed run, so every load says what is wrong instead."""
+    weights = {"w": torch.ones(4), "steps": torch.tensor(7)}
+    save_atomic({"models": {"generator": weights}, "ema": {"generator": {"shadow": dict(weights)}}}, tmp_path / "ok.pt")
+    assert load_checkpoint(tmp_path / "ok.pt")["models"]["generator"]["steps"] == 7
+    bad = {"w": torch.tensor([1.0, value])}
+    save_atomic({"models": {"generator": weights}, "ema": {"generator": {"shadow": bad}}}, tmp_path / "bad.pt")
+    with pytest.raises(CheckpointError, match=rf"bad\.pt: its weights are not a trained model \(ema\.generator\.shadow\.w "
+                                              rf"(has|holds) {why}\): the run had diverged"):
+        load_checkpoint(tmp_path / "bad.pt")
+    save_atomic({"generator": bad}, tmp_path / "published.pt")  # another layout: not ours to judge
+    assert load_checkpoint(tmp_path / "published.pt")
+
+
 def test_load_matching_lists_mismatched_and_missing():
     src = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 4))
     dst = nn.Sequential(nn.Embedding(12, 4), nn.Linear(4, 4), nn.Linear(4, 2))

@@ -46,6 +46,24 @@ def test_sample_rng_is_per_key_and_loader_with_workers_is_reproducible():
     assert torch.equal(state, torch.get_rng_state())  # the loader did not consume the global RNG
 
 
+class SignalDispositions(Dataset):
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, key):
+        import signal
+
+        return torch.tensor([signal.getsignal(signal.SIGINT) is signal.SIG_IGN,
+                             signal.getsignal(signal.SIGTERM) is signal.SIG_IGN])
+
+
+def test_loader_workers_leave_ctrl_c_and_sigterm_to_the_trainer():
+    """A terminal's Ctrl-C reaches every process of the group: a worker must not die under the trainer
+    (or run its handler) while the trainer finishes the step and saves."""
+    (batch,) = make_loader(SignalDispositions(), batch_size=2, num_workers=1)
+    assert batch.all()
+
+
 def test_bucket_sampler_groups_lengths_and_resumes():
     lengths = np.random.default_rng(0).integers(10, 500, size=101)
     s = BucketBatchSampler(lengths, batch_size=8, num_buckets=5, seed=2, num_replicas=2, rank=0)

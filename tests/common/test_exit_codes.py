@@ -30,6 +30,12 @@ def test_run_main_prints_one_error_and_returns_the_documented_code(exc, code, ca
     assert capsys.readouterr().err == f"error: {exc}\n"
 
 
+def test_ctrl_c_outside_a_training_loop_is_one_line_and_exit_130(capsys):
+    cleaned = []
+    assert exit_codes.run_main(_raises(KeyboardInterrupt()), (ConfigError,), lambda: cleaned.append(1)) == 130
+    assert cleaned == [1] and capsys.readouterr().err == "interrupted; run again to continue\n"
+
+
 def test_run_main_returns_the_body_code_and_lets_bugs_through(capsys):
     assert exit_codes.run_main(lambda: exit_codes.INTERRUPTED, (ConfigError,)) == exit_codes.INTERRUPTED
     cleaned = []

@@ -20,6 +20,17 @@ def test_graceful_exit_flags_sigterm():
         assert stop.requested and stop.signal_name == "SIGTERM"
 
 
+def test_a_second_signal_is_ignored_with_one_line(capsys):
+    """It used to raise KeyboardInterrupt inside the stop save (tests/test_run_contract.py sends it for real)."""
+    with GracefulExit() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)  # no KeyboardInterrupt
+        assert stop.requested and stop.signal_name == "SIGTERM"
+    out = capsys.readouterr().out
+    assert "SIGTERM received: saving a checkpoint after this step, then exiting" in out
+    assert out.strip().splitlines()[-1] == "SIGINT received again: ignored while the checkpoint is saved; exiting after it"
+
+
 def test_a_signal_stops_at_this_step_with_the_interrupted_exit_code():
     with RunStop(stop_at_step=10) as stop:
         assert stop.check(1) is None

@@ -1,5 +1,5 @@
-"""common.training: clipping, the non-finite guard, EMA, clip statistics, parameter counts, the
-generator's critic call on real and fake apart (critic_outputs_for_generator)."""
+"""common.training: clipping, the non-finite and divergence guards, EMA, clip statistics, parameter
+counts, the generator's critic call on real and fake apart (critic_outputs_for_generator)."""
 
 import pytest
 import torch
@@ -8,10 +8,13 @@ from torch import nn
 from common.training import (
     EMA,
     ClipStats,
+    DivergenceGuard,
     NonFiniteError,
     NonFiniteGuard,
+    check_run_ended_good,
     count_parameters,
     critic_outputs_for_generator,
+    saving_blocked,
     step_optimizer,
 )
 from tts.vits.discriminator import MultiPeriodDiscriminator
@@ -59,6 +62,37 @@ def test_guard_does_not_count_fp16_scale_backoff_as_divergence():
     assert not guard.check_step(False, exhausted)
     with pytest.raises(NonFiniteError):
         guard.check_step(False, exhausted)
+
+
+def test_divergence_guard_counts_a_finite_blow_up_like_a_nonfinite_step():
+    model = nn.Linear(8, 8)
+    guard = DivergenceGuard(model.parameters(), max_consecutive=2)
+    for loss in (1.0, 0.9, 1.2, float("nan"), 0.8):  # normal steps (a NaN loss is NonFiniteGuard's business)
+        guard.observe(torch.tensor(loss))
+        assert not saving_blocked(guard)
+    check_run_ended_good(guard)
+    state = guard.state_dict()
+    assert state["consecutive"] == 0 and len(state["recent"]["weight norm"]) == 5
+    assert state["recent"]["loss"] == pytest.approx([1.0, 0.9, 1.2, 0.8])
+
+    with torch.no_grad():
+        model.weight.mul_(1e29)  # what one step at lr 1e30 does: finite, ruined
+    assert saving_blocked(guard)  # the weights as they are now, before the next step judged them
+    with pytest.raises(NonFiniteError, match=r"after the last update the weight norm overflowed"):
+        check_run_ended_good(guard)
+    guard.observe(torch.tensor(1.0))  # the same ruined weights made this step's loss
+    guard.observe(torch.tensor(1.0))  # judges the step before: diverging (1 of 2)
+    assert guard.consecutive == 1
+    with pytest.raises(NonFiniteError, match=r"2 consecutive steps diverged while staying finite \(the weight norm"):
+        guard.observe(torch.tensor(1.0))
+
+    fresh = DivergenceGuard(nn.Linear(8, 8).parameters(), max_consecutive=5)
+    fresh.load_state_dict(state)
+    for _ in range(2):
+        fresh.observe(torch.tensor(5e3))  # a loss 5000x its median: diverging too
+    assert fresh.consecutive == 1 and "the loss rose to 5e+03" in fresh.reason
+    fresh.load_state_dict(None)  # a checkpoint from before the guard: its state is simply not there
+    assert fresh.consecutive == 1
 
 
 def test_clip_stats_counts_clipped_steps_per_window():

@@ -296,7 +296,7 @@ def test_worker_counts_reach_the_pools(tiny_data, tmp_path, monkeypatch):
         def map(self, fn, jobs, chunksize=1):
             return map(fn, jobs)
 
-    monkeypatch.setattr(prep, "ProcessPoolExecutor", Recorder)
+    monkeypatch.setattr(prep, "process_pool", Recorder)
     from .conftest import write_tones
 
     write_tones(tmp_path / "w", 2, 22050, seconds=0.6)

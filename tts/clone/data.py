@@ -25,7 +25,6 @@ import math
 import os
 from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from torch.utils.data import DataLoader, Dataset
 from common.atomic_write import write_bytes
 from common.audio import AudioError, MelSpectrogram, check_audio, extract_f0, load_audio
 from common.data import BucketBatchSampler, BucketShapes, make_loader, sample_rng
+from common.workers import process_pool
 from tts.clone.config import AudioConfig, CloneConfig, DataConfig
 from tts.prepare_data import DataConfig as SharedCheckConfig  # the shared data check's limits
 from tts.prepare_data import check_item
@@ -178,7 +178,7 @@ def build_features(manifest: Path, audio: AudioConfig, data: DataConfig, cache_r
     cache_dir.mkdir(parents=True, exist_ok=True)
     jobs = [(row, audio, data, str(cache_dir)) for row in rows]
     if num_workers > 1 and len(jobs) > 1:
-        with ProcessPoolExecutor(max_workers=num_workers, initializer=_init_worker) as pool:
+        with process_pool(num_workers, initializer=_init_worker) as pool:
             results = list(pool.map(_feature_job, jobs, chunksize=max(1, len(jobs) // (8 * num_workers))))
     else:
         results = [_feature_job(j) for j in jobs]

@@ -48,10 +48,12 @@ from common.run_dir import prepare_run_dir, tensorboard_dir
 from common.schedulers import build_scheduler, lr_curve
 from common.stopping import SIGNAL, STOP_AT_STEP, TIME_LIMIT, RunStop, exit_code
 from common.training import (
+    DivergenceGuard,
     NonFiniteError,
     NonFiniteGuard,
     apply_optimizer_overrides,
     backward,
+    check_run_ended_good,
     count_parameters,
     optimizer_overrides,
     saving_blocked,
@@ -144,6 +146,7 @@ class CloneTrainer:
         self.optimizer = build_clone_optimizer(cfg, self.model)
         self.scheduler = build_clone_scheduler(self.optimizer, cfg.scheduler, self.total_steps)
         self.guard = NonFiniteGuard(t.max_nonfinite)
+        self.divergence = DivergenceGuard(self.model.parameters(), t.max_nonfinite)
         self.plateau = PlateauDetector(cfg.val.plateau_patience, cfg.val.plateau_min_delta)
         self.manager = CheckpointManager(self.run_dir, keep_last=t.save_n_checkpoints,
                                          save_best_after=t.save_best_after, mode="min", prefix="clone")
@@ -183,6 +186,7 @@ class CloneTrainer:
                                  self.precision.scaler, rank=self.info.rank, source=path)
         extra = ckpt.get("extra", {})
         self.guard.load_state_dict(extra["guard"])
+        self.divergence.load_state_dict(extra.get("divergence"))
         self.plateau.load_state_dict(extra["plateau"])
         self.history = list(extra["history"])
         self.step, self.epoch, self.batch_in_epoch = counters["step"], counters["epoch"], counters["batch_in_epoch"]
@@ -197,14 +201,15 @@ class CloneTrainer:
             self.log(changed)
 
     def save(self, metric: float | None = None) -> None:
-        if saving_blocked(self.guard):
-            self.log(f"step {self.step}: no checkpoint while steps are non-finite (last good: {self.last_good or 'none'})")
+        if saving_blocked(self.guard, self.divergence):
+            self.log(f"step {self.step}: no checkpoint while steps are non-finite or diverging (last good: {self.last_good or 'none'})")
             return
         counters = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                     "train_s": self.train_time}
         state = make_state({"model": self.model}, {"optimizer": self.optimizer}, {"scheduler": self.scheduler},
                            self.precision.scaler, counters=counters, config=config_to_dict(self.cfg),
-                           extra={"guard": self.guard.state_dict(), "plateau": self.plateau.state_dict(),
+                           extra={"guard": self.guard.state_dict(), "divergence": self.divergence.state_dict(),
+                                  "plateau": self.plateau.state_dict(),
                                   "history": self.history})
         if self.info.is_main:
             self.last_good = self.manager.save(state, self.step, metric)
@@ -216,7 +221,7 @@ class CloneTrainer:
         the losses add up for the next log point. Returns (grad norm before clipping, whether the
         optimizer stepped, seconds spent waiting for data)."""
         cfg, accum = self.cfg, self.cfg.train.grad_accum
-        data_s = 0.0
+        data_s, step_loss = 0.0, 0.0
         for micro in range(accum):
             td = time.perf_counter()
             batch = to_device(next(it), self.device)
@@ -227,8 +232,10 @@ class CloneTrainer:
                                    batch["ref_mel"], batch["ref_mask"])
                 losses = self.model.losses(out, batch, cfg.loss)
                 backward(losses["loss"] / accum, self.precision.scaler)
+            step_loss = step_loss + losses["loss"].detach() / accum
             for k, v in losses.items():
                 self._acc[k] = self._acc.get(k, 0.0) + v.detach() / accum
+        self.divergence.observe(step_loss)  # the weights that made this loss, before the update
         grad_norm, stepped = step_optimizer(None, self.optimizer, self.model.parameters(), self.precision.scaler,
                                             cfg.optim.clip_grad_norm or None, self.guard)
         self.precision.scaler.update()
@@ -331,6 +338,8 @@ class CloneTrainer:
             bar.update(self.step, data_s, now - t0 - data_s)
             reason = stop.check(self.step)
             last = self.step >= self.total_steps or reason == TIME_LIMIT
+            if last or reason:  # inside a non-finite/diverging streak: exit 3, nothing to save
+                check_run_ended_good(self.guard, self.divergence)
             if self.step % t.log_interval == 0 or last:
                 self._log_train(grad_norm, bar, print_line=not progress)
             if not stepped:

@@ -55,8 +55,10 @@ from common.schedulers import build_scheduler, lr_curve
 from common.stopping import SIGNAL, RunStop, exit_code
 from common.training import (
     ClipStats,
+    DivergenceGuard,
     NonFiniteGuard,
     apply_optimizer_overrides,
+    check_run_ended_good,
     count_parameters,
     critic_outputs_for_generator,
     optimizer_overrides,
@@ -162,6 +164,8 @@ class VitsTrainer:
         self.g_sched = build_scheduler(self.g_opt, "exponential", **sched_kw)
         self.d_sched = build_scheduler(self.d_opt, "exponential", **sched_kw)
         self.guard = NonFiniteGuard(cfg.max_nonfinite_steps)
+        self.divergence = DivergenceGuard([*self.generator.parameters(), *self.discriminator.parameters()],
+                                          cfg.max_nonfinite_steps)
         self.clip_stats = ClipStats(cfg.grad_clip)
         self.manager = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.save_n_checkpoints,
                                          save_best_after=cfg.save_best_after, mode="min", prefix="vits")
@@ -202,6 +206,7 @@ class VitsTrainer:
         self.step, self.epoch = counters["step"], counters["epoch"]
         self.batch_in_epoch = counters["batch_in_epoch"]
         self.guard.load_state_dict(counters["guard"])
+        self.divergence.load_state_dict(counters.get("divergence"))
         self.last_good = path
         self.log(f"resumed from {path} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
         changed = apply_optimizer_overrides(*self._parts()[1:], optimizer_overrides(self.cfg, self._optimizer_spec()))
@@ -228,11 +233,11 @@ class VitsTrainer:
                 for name, own in (("generator", "lr_gen"), ("discriminator", "lr_disc"))}
 
     def save(self, metric: float | None = None) -> Path | None:
-        if saving_blocked(self.guard):
-            self.log(f"step {self.step}: no checkpoint while steps are non-finite (last good: {self.last_good or 'none'})")
+        if saving_blocked(self.guard, self.divergence):
+            self.log(f"step {self.step}: no checkpoint while steps are non-finite or diverging (last good: {self.last_good or 'none'})")
             return None
         counters = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
-                    "guard": self.guard.state_dict()}
+                    "guard": self.guard.state_dict(), "divergence": self.divergence.state_dict()}
         state = make_state(*self._parts(), self.scaler, counters=counters, config=config_to_dict(self.cfg),
                            extra={"speakers": self.speakers, **Frontend.of(self.cfg).to_checkpoint()})
         path = self.manager.save(state, self.step, metric) if self.info.is_main else None
@@ -292,6 +297,7 @@ class VitsTrainer:
                 (_, fmap_r), (y_d_g, fmap_g) = critic_outputs_for_generator(self.discriminator.score, y, y_hat)
         with self.precision.no_autocast():
             losses = self._generator_losses(out, y_d_g, fmap_r, fmap_g, mel_y, mel_hat, y, y_hat)
+        self.divergence.observe(losses["mel"])  # the weights that made this loss, before G's update
         gn_g, ok_g = step_optimizer(losses["total"], self.g_opt, self.generator.parameters(), self.scaler,
                                     self.cfg.grad_clip)
         self.clip_stats.update("g", gn_g)
@@ -365,8 +371,8 @@ class VitsTrainer:
             "VITS training", cfg.batch_size, {
                 "accum_key": None, "precision": cfg.precision, "crop_key": "model_args.segment_frames",
                 "crop": cfg.args().segment_frames, "resume": "--resume auto"}))
-        try:
-            with stop:
+        with stop:  # the final save too: a second signal during it is ignored (`common.stopping.GracefulExit`)
+            try:
                 while not done:
                     self.sampler.set_epoch(self.epoch)
                     self.sampler.skip_batches(self.batch_in_epoch)
@@ -395,15 +401,16 @@ class VitsTrainer:
                     else:
                         self.epoch += 1
                         self.batch_in_epoch = 0
-        finally:
-            self.log.bar = None
-            progress.close()
-        final_eval = None
-        if cfg.run_eval and last_eval != self.step and stop.reason != SIGNAL:
-            final_eval = self.validate()
-            last_metrics = final_eval or last_metrics
-        if last_saved != self.step or final_eval:
-            self.save(final_eval["score"] if final_eval else None)
+            finally:
+                self.log.bar = None
+                progress.close()
+            check_run_ended_good(self.guard, self.divergence)  # inside a streak: exit 3, nothing to save
+            final_eval = None
+            if cfg.run_eval and last_eval != self.step and stop.reason != SIGNAL:
+                final_eval = self.validate()
+                last_metrics = final_eval or last_metrics
+            if last_saved != self.step or final_eval:
+                self.save(final_eval["score"] if final_eval else None)
         self.log(stop.message(self.step, str(self.manager.dir)) if stop.reason
                  else f"done at step {self.step}; checkpoints in {self.manager.dir}")
         self.writer.close()
