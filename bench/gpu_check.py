@@ -561,8 +561,8 @@ def section_inference(chk: Check, sec: Section) -> None:
         sec.check_time("VAE tiled reconstruction")
         vae = vae_tiled(chk, 128 if chk.dry else 2048)
         sec.data["vae_tiled"] = vae
-        sec.markdown += ["", f"{vae['what']}: fp32 {vae['fp32_s']:.3f} s (peak {_fmt(vae['fp32_peak_gib'], '.2f')} GiB), "
-                             f"bf16 {vae['bf16_s']:.3f} s (peak {_fmt(vae['bf16_peak_gib'], '.2f')} GiB)"]
+        sec.markdown += ["", f"{vae['what']}: fp32 {vae['fp32_s']:.3f} s (peak GiB: {_fmt(vae['fp32_peak_gib'], '.2f')}), "
+                             f"bf16 {vae['bf16_s']:.3f} s (peak GiB: {_fmt(vae['bf16_peak_gib'], '.2f')})"]
     except OverBudget as e:
         sec.partial(str(e))
     except Exception:

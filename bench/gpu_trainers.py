@@ -59,9 +59,9 @@ class TrainerSpec:
               preset: str | None) -> Stepper:
         raise NotImplementedError
 
-    def main_argv(self, config: Path, overrides: list[str], data: Path, run: Path,
-                  device: torch.device, preset: str | None) -> tuple[Callable[[list[str]], int], list[str]]:
-        """The trainer's CLI `main` and argv for a 3-step run of `config` (exit codes: common.exit_codes)."""
+    def main_argv(self, config: Path, overrides: list[str], data: Path, run: Path, device: torch.device,
+                  preset: str | None, steps: int) -> tuple[Callable[[list[str]], int], list[str]]:
+        """The trainer's CLI `main` and argv for a `steps`-step run of `config` (exit codes: common.exit_codes)."""
         raise NotImplementedError
 
     def step_class(self) -> type:
@@ -121,11 +121,11 @@ class Vocoder(TrainerSpec):
         return Stepper(tr, tr.train_step, lambda: _cycle(tr.loader, tr.sampler), cfg.batch_size, cfg.batch_size,
                        cfg.precision, cfg.compile)
 
-    def main_argv(self, config, overrides, data, run, device, preset):
+    def main_argv(self, config, overrides, data, run, device, preset, steps):
         from vocoder.train import main
 
         return main, ["--config", str(config), "--data_dir", str(data), "--run_dir", str(run), "--device", device.type,
-                      *_sets([*overrides, "num_sanity_val_steps=0", "max_updates=3"])]
+                      *_sets(["num_sanity_val_steps=0", f"max_updates={steps}", *overrides])]
 
     def step_class(self) -> type:
         from vocoder.train import VocoderTrainer
@@ -171,12 +171,12 @@ class Vits(TrainerSpec):
         return Stepper(tr, tr.train_step, lambda: _cycle(tr.loader, tr.sampler), tr.batch_size, tr.batch_size,
                        cfg.precision, cfg.compile)
 
-    def main_argv(self, config, overrides, data, run, device, preset):
+    def main_argv(self, config, overrides, data, run, device, preset, steps):
         from tts.vits.train import main
 
         return main, ["--config", str(config), "--data_dir", str(data), "--run_dir", str(run), "--device", device.type,
                       *_sets(["run_eval=false", "eval_at_start=false", "test_sentences=[]", "progress_bar=false",
-                              *overrides, "max_steps=3"])]
+                              f"max_steps={steps}", *overrides])]
 
     def step_class(self) -> type:
         from tts.vits.train import VitsTrainer
@@ -232,11 +232,11 @@ class Clone(TrainerSpec):
         return Stepper(tr, lambda batch: tr.train_step(itertools.repeat(batch)), batches, t.batch_size,
                        t.batch_size * t.grad_accum, tr.precision.precision, t.compile)
 
-    def main_argv(self, config, overrides, data, run, device, preset):
+    def main_argv(self, config, overrides, data, run, device, preset, steps):
         from tts.clone.train import main
 
-        return main, [*self._argv(config, [*overrides, "train.max_updates=3"], data, run, device),
-                      *(["--preset", preset] if preset else [])]
+        sets = [f"train.max_updates={steps}", "scheduler.warmup_steps=1", *overrides]
+        return main, [*self._argv(config, sets, data, run, device), *(["--preset", preset] if preset else [])]
 
     def step_class(self) -> type:
         from tts.clone.train import CloneTrainer
@@ -309,13 +309,13 @@ class Vae(TrainerSpec):
         return Stepper(tr, lambda x: tr.train_step([x] * accum, next(counter)), lambda: _cycle(loader, sampler),
                        int(cfg.batch_size), int(cfg.batch_size) * accum, tr.precision.precision, cfg.use_torch_compile)
 
-    def main_argv(self, config, overrides, data, run, device, preset):
+    def main_argv(self, config, overrides, data, run, device, preset, steps):
         from vae.train_vae import main
 
         return main, ["--config", str(config), "--data_path", str(data), "--output_dir", str(run),
-                      "--no-export_diffusers", "--stop_at_step", "3",
-                      *_sets([*overrides, f"device={device.type}", "fit_batch_size=false", "val_freq=0",
-                              "save_samples_freq=0"])]
+                      "--no-export_diffusers", "--stop_at_step", str(steps),
+                      *_sets([f"device={device.type}", "fit_batch_size=false", "val_freq=0", "save_samples_freq=0",
+                              *overrides])]
 
     def step_class(self) -> type:
         from vae.train_vae import VAETrainer
@@ -345,10 +345,10 @@ def build(spec: TrainerSpec, which: str, overrides: list[str], data: Path, run: 
 
 
 def cli(spec: TrainerSpec, which: str, overrides: list[str], data: Path, run: Path, device: torch.device,
-        dry: bool) -> tuple[Callable[[list[str]], int], list[str]]:
-    """The trainer's CLI `main` and the argv of a 3-step run of config `which` (as `build`)."""
+        dry: bool, steps: int = 3) -> tuple[Callable[[list[str]], int], list[str]]:
+    """The trainer's CLI `main` and the argv of a `steps`-step run of config `which` (as `build`)."""
     config, sets, preset = _plan(spec, which, overrides, dry)
-    return spec.main_argv(config, sets, data, run, device, preset)
+    return spec.main_argv(config, sets, data, run, device, preset, steps)
 
 
 def tile_batch(batch, size: int):
