@@ -116,8 +116,8 @@ class Check:
             torch.cuda.synchronize(self.device)
 
     def reset_memory(self) -> None:
-        gc.collect()
-        if self.device.type == "cuda":
+        if self.device.type == "cuda":  # (a full gc.collect costs ~0.25 s a call on the CPU: only where it frees)
+            gc.collect()
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)
 
@@ -176,7 +176,7 @@ PYTEST_COUNTS = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfa
 
 def section_pytest(chk: Check, sec: Section) -> None:
     """The CUDA-only tests (tests/cuda, marker `cuda`) in a child process, killed at the budget."""
-    cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "tests/cuda", "-q", "-rs", "-p", "no:cacheprovider"]
+    cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "tests/cuda", "-rs"]  # pyproject adds -q
     log = chk.out / "pytest_cuda.log"
     env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=os.environ.get("CUBLAS_WORKSPACE_CONFIG", ":4096:8"))
     try:
@@ -188,7 +188,7 @@ def section_pytest(chk: Check, sec: Section) -> None:
         text, rc = text + f"\n[gpu_check] killed at the section's budget ({sec.budget_s:.0f} s)\n", None
         sec.partial(f"pytest killed at the section's {sec.budget_s:.0f} s budget: counts are partial")
     log.write_text(text)
-    tail = text.strip().splitlines()[-1] if text.strip() else ""
+    tail = next((ln for ln in reversed(text.splitlines()) if PYTEST_COUNTS.search(ln) and " in " in ln), "")
     counts = {k.rstrip("s") if k.startswith("error") else k: int(n) for n, k in PYTEST_COUNTS.findall(tail)}
     reasons = sorted({m.strip() for m in re.findall(r"SKIPPED \[\d+\] [^:]+:\d+: (.*)", text)})
     sec.data = {"command": " ".join(cmd[2:]), "exit_code": rc, "counts": counts, "skip_reasons": reasons}
@@ -204,18 +204,20 @@ def section_pytest(chk: Check, sec: Section) -> None:
 
 
 # ---------------------------------------------------------------------------------------- 3 step tables
-def measure_steps(chk: Check, spec: TrainerSpec, which: str, overrides: list[str], steps: int, warmup: int) -> dict:
-    """Step time, samples/s, data-wait fraction (time blocked on the trainer's own loader), peak memory
-    and FLOPs (counted on the first, untimed step; compiled rows reuse the eager row's count)."""
+def measure_steps(chk: Check, spec: TrainerSpec, which: str, overrides: list[str], steps: int, warmup: int,
+                  count: bool) -> dict:
+    """Step time, samples/s, data-wait fraction (time blocked on the trainer's own loader), peak memory,
+    and with `count` FLOPs, counted on the first, untimed step (rows of the same config and batch do the
+    same math whatever the precision or layout, so they reuse that count)."""
     data = chk.data(spec)
     st = build(spec, which, overrides, data, chk.run_dir(f"{spec.name}_{which}"), chk.device, chk.dry)
     it = st.batches()
     first = next(it)
     flops = None
-    if st.compiled:
-        st.step(first)
-    else:
+    if count and not st.compiled:
         flops = count_flops(lambda: st.step(first))
+    else:
+        st.step(first)
     for _ in range(warmup - 1):
         st.step(next(it))
     chk.sync()
@@ -280,10 +282,11 @@ def section_step_tables(chk: Check, sec: Section) -> None:
                 continue
             try:
                 sec.check_time(f"{name} / {label}")
-                row = measure_steps(chk, spec, which, change, steps, warmup)
-                chk.reset_memory()  # the trainer is gone with measure_steps' frame
                 key = which if label.endswith("(as shipped)") else "plain"
-                flops_by_config.setdefault(key, row["flops_per_step"])
+                row = measure_steps(chk, spec, which, change, steps, warmup, count=not flops_by_config.get(key))
+                chk.reset_memory()  # the trainer is gone with measure_steps' frame
+                if row["flops_per_step"]:
+                    flops_by_config[key] = row["flops_per_step"]
                 _flop_columns(chk, row, row["flops_per_step"] or flops_by_config.get(key))
                 table[label] = row
             except OverBudget as e:
@@ -329,30 +332,38 @@ def _choose_vae_batch(spec: gpu_trainers.Vae, chk: Check) -> int:
 
 def forced_oom(chk: Check, spec: TrainerSpec) -> dict:
     """The trainer's CLI `main` on its 5090 config with a step that runs out of memory: exit code 4 and
-    the advice on stderr. CUDA: a real OOM (this process capped at 1 GiB, far below what the 5090 batch
-    needs). CPU: torch.cuda.OutOfMemoryError raised from the trainer's patched train_step."""
+    the advice on stderr, through the trainer's own stop handling and `common.exit_codes.run_main`.
+
+    CUDA: a real OOM inside the trainer's own step: when the step is first called, this process's CUDA
+    memory is capped just above what the models and optimizers already hold, so no batch fits (what a
+    far-too-large batch does, without synthesising a dataset that large). CPU (dry run):
+    torch.cuda.OutOfMemoryError raised from the trainer's train_step instead."""
     main, argv = gpu_trainers.cli(spec, "rtx5090", [], chk.data(spec), chk.run_dir(f"{spec.name}_oom"),
                                   chk.device, chk.dry)
-    err = io.StringIO()
+    real_step = spec.step_class().train_step
     if chk.device.type == "cuda":
+        how = "real CUDA OOM in the trainer's step (memory capped above the weights at its first call)"
         total = torch.cuda.get_device_properties(chk.device).total_memory
-        how = "real CUDA OOM: process capped at 1 GiB with torch.cuda.set_per_process_memory_fraction"
-        chk.reset_memory()
-        torch.cuda.set_per_process_memory_fraction(min(1.0, 2**30 / total), chk.device)
-        try:
-            with contextlib.redirect_stderr(err):
-                rc = main(argv)
-        finally:
-            torch.cuda.set_per_process_memory_fraction(1.0, chk.device)
-            chk.reset_memory()
+
+        def step(*a, **k):
+            cap = torch.cuda.memory_reserved(chk.device) + 64 * 2**20
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), chk.device)
+            return real_step(*a, **k)
     else:
         how = "simulated: torch.cuda.OutOfMemoryError raised from the trainer's train_step"
 
-        def no_memory(*_a, **_k):
+        def step(*_a, **_k):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB (gpu_check --dry-run)")
 
-        with mock.patch.object(spec.step_class(), "train_step", no_memory), contextlib.redirect_stderr(err):
+    err = io.StringIO()
+    chk.reset_memory()
+    try:
+        with mock.patch.object(spec.step_class(), "train_step", step), contextlib.redirect_stderr(err):
             rc = main(argv)
+    finally:
+        if chk.device.type == "cuda":
+            torch.cuda.set_per_process_memory_fraction(1.0, chk.device)
+        chk.reset_memory()
     text = err.getvalue()
     print(text, flush=True)
     ok = rc == 4 and "out of memory" in text.lower() and OOM_ADVICE in text
