@@ -377,6 +377,10 @@ def finder_and_steps(chk: Check, sec: Section, spec: TrainerSpec, steps: int) ->
     from common.hardware import find_batch_size
 
     log = io.StringIO()
+    if isinstance(spec, gpu_trainers.Vae):  # its finder builds a fresh model per trial: nothing else in memory
+        with contextlib.redirect_stdout(log):
+            picked = _choose_vae_batch(spec, chk)
+        chk.reset_memory()
     st = build(spec, "rtx5090", [], chk.data(spec), chk.run_dir(f"{spec.name}_finder"), chk.device, chk.dry)
     one = next(st.batches())
 
@@ -385,10 +389,8 @@ def finder_and_steps(chk: Check, sec: Section, spec: TrainerSpec, steps: int) ->
         st.step(tile_batch(one, b))
         chk.sync()
 
-    with contextlib.redirect_stdout(log):
-        if isinstance(spec, gpu_trainers.Vae):
-            picked = _choose_vae_batch(spec, chk)
-        else:
+    if not isinstance(spec, gpu_trainers.Vae):  # the trainer's models and optimizer states stay in memory
+        with contextlib.redirect_stdout(log):
             picked = find_batch_size(try_batch, start=1, limit=4096)
     print(log.getvalue(), flush=True)
     chk.reset_memory()
