@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 SYSDEPS := $(VENV)/.sysdeps
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup test lint demo bench bench-learning check clean-demo
+.PHONY: setup test lint demo bench bench-learning check clean-demo gpu-check
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -34,6 +34,10 @@ check: setup
 
 bench: setup
 	$(PY) -m bench.run_all
+
+# Everything about CUDA in one run on a GPU (<= 25 min): README "Validating on a GPU", bench/README.md.
+gpu-check: setup
+	$(PY) -m bench.gpu_check --out runs/gpu_check
 
 # Per-step learning of each trainer, two settings side by side (TRAINER=vocoder|vits|vae, ARGS=...).
 bench-learning: setup

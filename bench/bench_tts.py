@@ -119,6 +119,27 @@ def inference_rtf(preset: str, device: torch.device, repeats: int = 2):
     return rtf_pt, rtf_ort, secs
 
 
+def synthetic_corpus(root: Path, n: int, seconds: float = 2.0) -> Path:
+    """`n` sine-tone utterances (one text, one speaker, 22.05 kHz) prepared by tts/prepare_data.py into
+    `root/p` (1 held out): a corpus for timing the VITS and cloning loops, not for learning anything."""
+    import soundfile as sf
+
+    from tts.prepare_data import prepare
+
+    (root / "a").mkdir(parents=True)
+    t = np.arange(int(seconds * 22050)) / 22050
+    lines = []
+    for i in range(n):
+        sf.write(root / "a" / f"{i}.wav", (0.3 * np.sin(2 * np.pi * (100 + 5 * (i % 40)) * t)).astype(np.float32),
+                 22050)
+        lines.append(f"{i}|bugun havo juda yaxshi edi")
+    (root / "m.csv").write_text("\n".join(lines) + "\n")
+    cfg = TrainConfig()
+    cfg.data.eval_split_size = 1
+    prepare(root / "m.csv", root / "a", root / "p", cfg, quiet=True)
+    return root / "p"
+
+
 def data_wait_fraction(steps: int = 12) -> tuple[float, str]:
     """Fraction of a tiny-preset training loop spent waiting for batches (num_loader_workers 0),
     over the demo's prepared data (made if missing: a small synthetic set)."""
@@ -129,23 +150,8 @@ def data_wait_fraction(steps: int = 12) -> tuple[float, str]:
     data = Path("data/demo/tts_prepared")
     tmp = None
     if not (data / "train.jsonl").is_file():
-        import soundfile as sf
-
-        from tts.prepare_data import prepare
-
         tmp = tempfile.TemporaryDirectory()
-        root = Path(tmp.name)
-        (root / "a").mkdir()
-        t = np.arange(2 * 22050) / 22050
-        lines = []
-        for i in range(16):
-            sf.write(root / "a" / f"{i}.wav", (0.3 * np.sin(2 * np.pi * (100 + 5 * i) * t)).astype(np.float32), 22050)
-            lines.append(f"{i}|bugun havo juda yaxshi edi")
-        (root / "m.csv").write_text("\n".join(lines) + "\n")
-        cfg0 = TrainConfig()
-        cfg0.data.eval_split_size = 1
-        prepare(root / "m.csv", root / "a", root / "p", cfg0, quiet=True)
-        data = root / "p"
+        data = synthetic_corpus(Path(tmp.name), 16)
     sets = ["model=tiny", "batch_size=8", "num_loader_workers=0", "persistent_workers=false", "pin_memory=false",
             "precision=32-true", "run_eval=false", "test_sentences=[]", f"max_steps={steps}",
             "progress_bar=false", "save_step=100000", "print_step=100000", "max_minutes=null"]

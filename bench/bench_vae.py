@@ -80,6 +80,15 @@ def measure_step(cfg: VAEConfig, device: torch.device, steps: int, perceptual, w
     return out
 
 
+def write_noise_pngs(folder: Path, n: int, side: int) -> list[Path]:
+    """`n` random RGB PNGs of `side` px: real decode and crop work for the data loop, nothing to learn."""
+    rng = np.random.default_rng(0)
+    paths = [folder / f"{i:04d}.png" for i in range(n)]
+    for p in paths:
+        Image.fromarray(rng.integers(0, 255, (side, side, 3), dtype=np.uint8)).save(p)
+    return paths
+
+
 def measure_loader(cfg: VAEConfig, device: torch.device, steps: int, workers: int, folder: Path, perceptual) -> dict:
     """images/s of the real loop (PNG decode + random crop + step) with `workers` DataLoader workers."""
     torch.manual_seed(0)
@@ -196,10 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {label:28s} {_fmt_ips(flag_results[label])}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        rng = np.random.default_rng(0)
-        side = base.image_size * 2  # decode + crop work like real prepared data (crop < image)
-        for i in range(max(32, 4 * steps * int(base.batch_size))):
-            Image.fromarray(rng.integers(0, 255, (side, side, 3), dtype=np.uint8)).save(folder / f"{i:04d}.png")
+        # decode + crop work like real prepared data (crop < image)
+        write_noise_pngs(folder, max(32, 4 * steps * int(base.batch_size)), base.image_size * 2)
         loop0 = measure_loader(base, device, steps * 2, 0, folder, perceptual)
         loopn = measure_loader(base, device, steps * 2, workers, folder, perceptual)
     flag_results["loop, 0 workers"] = loop0

@@ -1,0 +1,253 @@
+"""`make gpu-check`: everything this repository claims about CUDA, checked in one run on one GPU.
+
+    python -m bench.gpu_check --out runs/gpu_check [--budget-minutes 25]
+    python -m bench.gpu_check --out /tmp/gc --dry-run        # the same run on the CPU, tiny sizes
+
+Six sections, each with its own share of the time budget: 1 environment, 2 `pytest -m cuda`
+(tests/cuda), 3 step tables per trainer (base and RTX 5090 configs, each speed key alone, fraction of
+the card's peak FLOP/s), 4 batch size (the finder, 20 steps at its pick, a forced OOM through the
+trainer's own exit path: exit code 4 and the advice), 5 inference speed (vocoder, VITS, tiled VAE
+reconstruction at 2048 px), 6 the VAE's `--profile_memory` table. A section that runs past its budget
+stops between measurements and says what it skipped; an exception is written to errors.log and the
+next section runs. Out: report.md, report.json, gpu_check.log (everything the trainers printed),
+pytest_cuda.log, errors.log (only when something failed): at most 8 files.
+
+`--dry-run` runs every section on the CPU at the tests' tiny sizes through the same code (the trainers'
+own steps, loaders, finder, exit path), marks what a CPU cannot measure as "n/a on CPU" with the reason,
+and simulates the OOM by raising torch.cuda.OutOfMemoryError from the trainer's step.
+tests/bench/test_gpu_check.py runs it in `make test`, so the harness cannot rot while no GPU is lent.
+
+Files: this one (the run, the report, sections 1, 2, 6), gpu_check_training.py (3, 4),
+gpu_check_inference.py (5), gpu_check_base.py (budgets, the run's state), gpu_trainers.py (the four
+trainers: configs, tiny sizes, synthetic data, their real step and loader), peak_flops.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from bench.gpu_check_base import Check, OverBudget, Section
+from bench.gpu_check_inference import section_inference
+from bench.gpu_check_training import section_batch_size, section_step_tables
+from bench.gpu_trainers import TRAINERS
+
+REPO = Path(__file__).resolve().parents[1]
+# minutes of the default 25 per section (scaled to --budget-minutes)
+BUDGET_MINUTES = {"environment": 1.0, "pytest_cuda": 6.0, "step_tables": 8.0, "batch_size": 4.0,
+                  "inference": 3.0, "profile_memory": 3.0}
+MAX_FILES = 8
+
+
+# ---------------------------------------------------------------------------------------- 1 environment
+def _driver() -> str:
+    if shutil.which("nvidia-smi") is None:
+        return "n/a (no nvidia-smi)"
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def section_environment(chk: Check, sec: Section) -> None:
+    from common.hardware import _cudnn_version
+    from vae.check_compatibility import report
+
+    env = {"python": platform.python_version(), "torch": torch.__version__, "cuda_build": torch.version.cuda,
+           "cudnn": _cudnn_version(), "device": chk.card, "dry_run": chk.dry}
+    if chk.device.type == "cuda":
+        p = torch.cuda.get_device_properties(chk.device)
+        env.update(memory_gib=round(p.total_memory / 2**30, 1), capability=f"sm_{p.major}{p.minor}",
+                   driver=_driver(), bf16=torch.cuda.is_bf16_supported())
+    else:
+        env.update(memory_gib=None, capability=None, driver=None,
+                   cpu=f"{os.cpu_count()} logical CPUs, {torch.get_num_threads()} torch threads")
+    lines, ok = report()
+    env["check_compatibility"] = "ready" if ok else "NOT ready"
+    sec.data = env
+    sec.markdown += [f"- {k}: {v}" for k, v in env.items()]
+    sec.markdown += ["", "`vae/check_compatibility.py` (which includes `common.hardware.hardware_report`):", "",
+                     "```", *lines, "```"]
+    if not ok:
+        sec.partial("check_compatibility says NOT ready: read its lines above")
+
+
+# ---------------------------------------------------------------------------------------- 2 pytest -m cuda
+PYTEST_COUNTS = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)")
+
+
+def section_pytest(chk: Check, sec: Section) -> None:
+    """The CUDA-only tests (tests/cuda, marker `cuda`) in a child process, killed at the budget."""
+    cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "tests/cuda", "-rs"]  # pyproject adds -q
+    log = chk.out / "pytest_cuda.log"
+    env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=os.environ.get("CUBLAS_WORKSPACE_CONFIG", ":4096:8"))
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env,
+                              timeout=max(10.0, sec.deadline - time.monotonic()))
+        text, rc = proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as e:
+        text = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        text, rc = text + f"\n[gpu_check] killed at the section's budget ({sec.budget_s:.0f} s)\n", None
+        sec.partial(f"pytest killed at the section's {sec.budget_s:.0f} s budget: counts are partial")
+    log.write_text(text)
+    tail = next((ln for ln in reversed(text.splitlines()) if PYTEST_COUNTS.search(ln) and " in " in ln), "")
+    counts = {k.rstrip("s") if k.startswith("error") else k: int(n) for n, k in PYTEST_COUNTS.findall(tail)}
+    reasons = sorted({m.strip() for m in re.findall(r"SKIPPED \[\d+\] [^:]+:\d+: (.*)", text)})
+    sec.data = {"command": " ".join(cmd[2:]), "exit_code": rc, "counts": counts, "skip_reasons": reasons}
+    sec.markdown += [f"`python {' '.join(cmd[1:])}` → exit code {rc}: "
+                     + (", ".join(f"{n} {k}" for k, n in counts.items()) or "no summary line") + " (pytest_cuda.log)"]
+    sec.markdown += [f"- skipped because: {r}" for r in reasons]
+    if counts.get("failed") or counts.get("error"):
+        sec.partial(f"{counts.get('failed', 0)} failed, {counts.get('error', 0)} errors: read pytest_cuda.log")
+    if chk.device.type == "cuda" and counts.get("skipped"):
+        sec.partial(f"{counts['skipped']} CUDA tests skipped on a CUDA machine: read the reasons")
+    if not counts:
+        sec.partial("no pytest summary line: read pytest_cuda.log")
+
+
+# ---------------------------------------------------------------------------------------- 6 --profile_memory
+def section_profile_memory(chk: Check, sec: Section) -> None:
+    """`vae/train_vae.py --profile_memory` (vae.memory.profile_memory with the trainer's own step)."""
+    from vae.memory import profile_memory
+    from vae.train_vae import new_step
+
+    spec = TRAINERS["vae"]
+    cfg = spec.config(spec.rtx, spec.tiny() if chk.dry else [])
+    cfg.output_dir = str(chk.tmp / "profile_memory")
+    resolutions, batches = ([32, 64], [1, 2]) if chk.dry else ([256, 512, 1024, 2048], [1, 2, 4, 8, 16])
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):
+        rc = profile_memory(new_step, cfg, resolutions, batches)
+    said = log.getvalue().strip()
+    print(said, flush=True)
+    table = Path(cfg.output_dir) / "memory_profile.json"
+    sec.data = {"exit_code": rc, "resolutions": resolutions, "batches": batches, "printed": said.splitlines()}
+    if table.is_file():
+        sec.data["rows"] = json.loads(table.read_text())["rows"]
+        sec.markdown += (Path(cfg.output_dir) / "memory_profile.md").read_text().splitlines()
+    else:
+        sec.data["rows"] = []
+        sec.markdown += [f"`profile_memory` returned {rc} and printed: {said}"]
+        if chk.device.type == "cuda":
+            sec.partial("no memory table was written on a CUDA machine")
+        else:
+            sec.notes.append("n/a on CPU: peak GPU memory cannot be measured without CUDA (the CPU path ran and said so)")
+
+
+SECTIONS: dict[str, tuple[str, Callable[[Check, Section], None]]] = {
+    "environment": ("1. Environment", section_environment),
+    "pytest_cuda": ("2. pytest -m cuda", section_pytest),
+    "step_tables": ("3. Training step tables", section_step_tables),
+    "batch_size": ("4. Batch size: finder, 20 steps, forced OOM", section_batch_size),
+    "inference": ("5. Inference speed", section_inference),
+    "profile_memory": ("6. VAE --profile_memory", section_profile_memory),
+}
+
+
+# ---------------------------------------------------------------------------------------- the run
+def run(out: Path, dry: bool, budget_minutes: float, only: list[str] | None = None) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    cuda = torch.cuda.is_available() and not dry
+    device = torch.device("cuda" if cuda else "cpu")
+    if dry:
+        torch.set_num_threads(1)  # tiny shapes gain nothing from more, and a shared CPU stalls OpenMP
+    scale = budget_minutes / sum(BUDGET_MINUTES.values())
+    started, t_all = time.strftime("%Y-%m-%d %H:%M:%S %Z"), time.monotonic()
+    end_all = t_all + 60 * budget_minutes
+    sections: list[Section] = []
+    with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp, open(out / "gpu_check.log", "w") as log:
+        chk = Check(out, dry, device, Path(tmp))
+        for key, (title, fn) in SECTIONS.items():
+            sec = Section(key, title, 60 * BUDGET_MINUTES[key] * scale)
+            sections.append(sec)
+            if only and key not in only:
+                sec.status, sec.notes = "skipped", ["not selected (--sections)"]
+                continue
+            if time.monotonic() > end_all:
+                sec.status, sec.notes = "skipped", [f"skipped: the run's {budget_minutes:g} min budget is used up"]
+                continue
+            print(f"[gpu_check] {title} (budget {sec.budget_s:.0f} s)", flush=True)
+            t0 = time.monotonic()
+            sec.deadline = min(t0 + sec.budget_s, end_all)
+            log.write(f"\n===== {title} =====\n")
+            log.flush()
+            try:
+                with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+                    fn(chk, sec)
+            except OverBudget as e:
+                sec.partial(str(e))
+            except Exception:
+                sec.status = "failed"
+                sec.notes.append(chk.error(f"section {key}"))
+            sec.seconds = time.monotonic() - t0
+            print(f"[gpu_check]   {sec.status} in {sec.seconds:.1f} s" + (f": {sec.notes[0]}" if sec.notes else ""),
+                  flush=True)
+    if chk.errors:
+        (out / "errors.log").write_text("\n\n".join(chk.errors))
+    report = {"version": 1, "dry_run": dry, "device": "CPU" if not cuda else torch.cuda.get_device_name(0),
+              "started": started, "total_s": time.monotonic() - t_all, "budget_s": 60 * budget_minutes,
+              "command": " ".join(sys.argv), "sections": {s.name: _section_json(s) for s in sections}}
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    (out / "report.md").write_text(render_markdown(report, sections))
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) <= MAX_FILES, f"gpu_check wrote {len(files)} files into {out}, more than {MAX_FILES}: {files}"
+    return report
+
+
+def _section_json(s: Section) -> dict:
+    d = asdict(s)
+    d.pop("markdown")
+    d.pop("deadline")
+    return d
+
+
+def render_markdown(report: dict, sections: list[Section]) -> str:
+    lines = [f"# gpu_check report{' (DRY RUN on the CPU: tiny sizes)' if report['dry_run'] else ''}", "",
+             f"{report['device']}, started {report['started']}, {report['total_s']:.0f} s of a "
+             f"{report['budget_s'] / 60:g} min budget. `{report['command']}`", "",
+             "| section | status | seconds | budget s | notes |", "|---|---|---|---|---|"]
+    for s in sections:
+        lines.append(f"| {s.title} | {s.status} | {s.seconds:.0f} | {s.budget_s:.0f} | {'; '.join(s.notes)[:300]} |")
+    for s in sections:
+        lines += ["", f"## {s.title}", "", f"status **{s.status}**" + (": " + "; ".join(s.notes) if s.notes else ""),
+                  "", *s.markdown]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="folder for report.md, report.json and the logs (at most 8 files)")
+    p.add_argument("--dry-run", action="store_true", help="every section on the CPU at tiny sizes")
+    p.add_argument("--budget-minutes", type=float, default=25.0, help="the whole run's time; sections get shares")
+    p.add_argument("--sections", default="", help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)")
+    args = p.parse_args(argv)
+    if not args.dry_run and not torch.cuda.is_available():
+        print("no CUDA GPU here: `python -m bench.gpu_check --dry-run --out DIR` runs the same sections on the CPU",
+              file=sys.stderr)
+        return 2
+    only = [s for s in args.sections.split(",") if s] or None
+    report = run(Path(args.out), args.dry_run, args.budget_minutes, only)
+    bad = [k for k, s in report["sections"].items() if s["status"] == "failed"]
+    print(f"[gpu_check] wrote {args.out}/report.md and report.json" + (f"; failed: {', '.join(bad)}" if bad else ""))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,253 @@
+"""`make gpu-check` sections 3 and 4: each trainer's step table (base and RTX 5090 configs, each speed
+key alone, fraction of the card's peak FLOP/s) and its batch size (the finder, steps at its pick, a
+forced out-of-memory through the trainer's own exit path). bench/gpu_check.py runs them."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import time
+from unittest import mock
+
+import torch
+
+from bench import gpu_trainers
+from bench.gpu_check_base import NA_CPU, Check, OverBudget, Section, fmt
+from bench.gpu_trainers import TRAINERS, TrainerSpec, build, tile_batch
+from bench.peak_flops import count_flops, math_mode, peak_tflops
+from bench.timing import seconds_per_step
+
+
+def measure_steps(chk: Check, spec: TrainerSpec, which: str, overrides: list[str], steps: int, warmup: int,
+                  count: bool) -> dict:
+    """Step time, samples/s, data-wait fraction (time blocked on the trainer's own loader), peak memory,
+    and with `count` FLOPs, counted on the first, untimed step (rows of the same config and batch do the
+    same math whatever the precision or layout, so they reuse that count)."""
+    data = chk.data(spec)
+    st = build(spec, which, overrides, data, chk.run_dir(f"{spec.name}_{which}"), chk.device, chk.dry)
+    it = st.batches()
+    first = next(it)
+    flops = None
+    if count and not st.compiled:
+        flops = count_flops(lambda: st.step(first))
+    else:
+        st.step(first)
+    for _ in range(warmup - 1):
+        st.step(next(it))
+    chk.sync()
+    chk.reset_memory()
+    wait = busy = 0.0
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        batch = next(it)
+        t1 = time.perf_counter()
+        st.step(batch)
+        chk.sync()
+        wait, busy = wait + t1 - t0, busy + time.perf_counter() - t1
+    step_s = (wait + busy) / steps
+    tf32 = chk.device.type == "cuda" and torch.backends.cuda.matmul.fp32_precision == "tf32"
+    row = {"batch": st.batch_size, "samples_per_step": st.samples, "precision": st.precision, "step_s": step_s,
+           "samples_per_s": st.samples / step_s, "data_wait": wait / (wait + busy), "peak_gib": chk.peak_gib(),
+           "flops_per_step": flops, "math": math_mode(st.precision, tf32)}
+    return row
+
+
+def _flop_columns(chk: Check, row: dict, flops: int | None) -> None:
+    if flops is None:
+        return
+    row["achieved_tflops"] = flops / row["step_s"] / 1e12
+    if chk.device.type == "cuda":
+        peak, row["peak_note"] = peak_tflops(chk.card, row["math"])
+        row["fraction_of_peak"] = row["achieved_tflops"] / peak if peak else None
+    else:
+        row["fraction_of_peak"], row["peak_note"] = None, "n/a on CPU: no card peak to compare with"
+
+
+def step_rows(spec: TrainerSpec, cuda: bool) -> list[tuple[str, str, list[str] | str]]:
+    """(label, config, overrides or the reason it is not measured) for one trainer's table."""
+    compile_off = [o.replace("=true", "=false") for o in spec.options["torch.compile"]]
+    shipped = [] if cuda else compile_off  # a shipped config that compiles is not compiled on the CPU
+    rows: list[tuple[str, str, list[str] | str]] = [
+        ("base config (as shipped)", "base", shipped), ("RTX 5090 config (as shipped)", "rtx5090", shipped),
+        ("plain: base with every speed key off", "base", spec.plain)]
+    for label, change in spec.options.items():
+        if isinstance(change, str):
+            rows.append((f"plain + {label}", "base", f"n/a: {change}"))
+        elif not cuda and label in NA_CPU:
+            rows.append((f"plain + {label}", "base", NA_CPU[label]))
+        else:
+            rows.append((f"plain + {label}", "base", [*spec.plain, *change]))
+    return rows
+
+
+def section_step_tables(chk: Check, sec: Section) -> None:
+    steps, warmup = (1, 1) if chk.dry else (20, 3)
+    sec.markdown += [f"{steps} timed steps after {warmup} untimed (the first counts FLOPs) per row; synthetic data "
+                     f"through each trainer's own DataLoader; × plain = plain step time / row step time. "
+                     + ("DRY RUN: the tests' tiny sizes on the CPU; the times say nothing about a GPU." if chk.dry
+                        else "Real config sizes."), ""]
+    for name, spec in TRAINERS.items():
+        table: dict[str, dict] = {}
+        sec.data[name] = table
+        flops_by_config: dict[str, int] = {}
+        for label, which, change in step_rows(spec, chk.device.type == "cuda"):
+            if isinstance(change, str):
+                table[label] = {"skipped": change}
+                continue
+            try:
+                sec.check_time(f"{name} / {label}")
+                key = which if label.endswith("(as shipped)") else "plain"
+                row = measure_steps(chk, spec, which, change, steps, warmup, count=not flops_by_config.get(key))
+                chk.reset_memory()  # the trainer is gone with measure_steps' frame
+                if row["flops_per_step"]:
+                    flops_by_config[key] = row["flops_per_step"]
+                _flop_columns(chk, row, row["flops_per_step"] or flops_by_config.get(key))
+                table[label] = row
+            except OverBudget as e:
+                table[label] = {"skipped": str(e)}
+                sec.partial(str(e))
+            except Exception:
+                table[label] = {"skipped": "failed: " + chk.error(f"step table {name} / {label}")}
+                sec.partial(table[label]["skipped"])
+            print(f"[step_tables] {name} / {label}: {table[label]}", flush=True)
+        plain = table.get("plain: base with every speed key off", {}).get("step_s")
+        sec.markdown += [f"### {name}", "", "| row | batch | precision | step s | samples/s | × plain | data wait "
+                         "| peak GiB | GFLOP/step | TFLOP/s | % of peak |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        notes = set()
+        for label, r in table.items():
+            if "skipped" in r:
+                sec.markdown.append(f"| {label} | {r['skipped']} |||||||||| ")
+                continue
+            ratio = f"{plain / r['step_s']:.2f}" if plain else "-"
+            frac = r.get("fraction_of_peak")
+            gflop = r.get("achieved_tflops", 0) * r["step_s"] * 1e3 if r.get("achieved_tflops") else None
+            sec.markdown.append(
+                f"| {label} | {r['batch']} | {r['precision']} | {r['step_s']:.4f} | {r['samples_per_s']:.2f} | {ratio} "
+                f"| {100 * r['data_wait']:.1f} % | {fmt(r['peak_gib'], '.2f')} | {fmt(gflop, '.2f')} "
+                f"| {fmt(r.get('achieved_tflops'), '.4f')} | {'-' if frac is None else f'{100 * frac:.1f} %'} |")
+            notes.add(r.get("peak_note", ""))
+        sec.markdown += ["", *[f"- peak used: {n}" for n in sorted(notes) if n], ""]
+
+
+# ---------------------------------------------------------------------------------------- 4 batch size
+OOM_ADVICE = "Try, in this order"
+
+
+def _choose_vae_batch(spec: gpu_trainers.Vae, chk: Check) -> int:
+    """The VAE's own finder (`--batch_size auto`: vae.memory.choose_batch_size) on its 5090 profile."""
+    from vae.memory import choose_batch_size
+    from vae.train_vae import new_step
+
+    cfg = spec.config(spec.rtx, spec.tiny() if chk.dry else [])
+    cfg.batch_size = "auto"
+    choose_batch_size(new_step, cfg, chk.device, spec.perceptual(cfg), main=True)
+    return int(cfg.batch_size)
+
+
+def forced_oom(chk: Check, spec: TrainerSpec) -> dict:
+    """The trainer's CLI `main` on its 5090 config with a step that runs out of memory: exit code 4 and
+    the advice on stderr, through the trainer's own stop handling and `common.exit_codes.run_main`.
+
+    CUDA: a real OOM inside the trainer's own step: when the step is first called, this process's CUDA
+    memory is capped just above what the models and optimizers already hold, so no batch fits (what a
+    far-too-large batch does, without synthesising a dataset that large). CPU (dry run):
+    torch.cuda.OutOfMemoryError raised from the trainer's train_step instead."""
+    main, argv = gpu_trainers.cli(spec, "rtx5090", [], chk.data(spec), chk.run_dir(f"{spec.name}_oom"),
+                                  chk.device, chk.dry)
+    real_step = spec.step_class().train_step
+    if chk.device.type == "cuda":
+        how = "real CUDA OOM in the trainer's step (memory capped above the weights at its first call)"
+        total = torch.cuda.get_device_properties(chk.device).total_memory
+
+        def step(*a, **k):
+            cap = torch.cuda.memory_reserved(chk.device) + 64 * 2**20
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), chk.device)
+            return real_step(*a, **k)
+    else:
+        how = "simulated: torch.cuda.OutOfMemoryError raised from the trainer's train_step"
+
+        def step(*_a, **_k):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB (gpu_check --dry-run)")
+
+    err = io.StringIO()
+    chk.reset_memory()
+    try:
+        with mock.patch.object(spec.step_class(), "train_step", step), contextlib.redirect_stderr(err):
+            rc = main(argv)
+    finally:
+        if chk.device.type == "cuda":
+            torch.cuda.set_per_process_memory_fraction(1.0, chk.device)
+        chk.reset_memory()
+    text = err.getvalue()
+    print(text, flush=True)
+    ok = rc == 4 and "out of memory" in text.lower() and OOM_ADVICE in text
+    return {"how": how, "exit_code": rc, "advice_printed": OOM_ADVICE in text, "ok": ok,
+            "message": next((ln for ln in text.splitlines() if ln.startswith("error:")), text.strip()[:200])}
+
+
+def finder_and_steps(chk: Check, sec: Section, spec: TrainerSpec, steps: int) -> dict:
+    """What the batch-size finder picks for the 5090 config here, then `steps` steps at that batch (one
+    real batch of the trainer's loader, repeated to the size: `tile_batch`)."""
+    from common.hardware import find_batch_size
+
+    log = io.StringIO()
+    if isinstance(spec, gpu_trainers.Vae):  # its finder builds a fresh model per trial: nothing else in memory
+        with contextlib.redirect_stdout(log):
+            picked = _choose_vae_batch(spec, chk)
+        chk.reset_memory()
+    st = build(spec, "rtx5090", [], chk.data(spec), chk.run_dir(f"{spec.name}_finder"), chk.device, chk.dry)
+    one = next(st.batches())
+
+    def try_batch(b: int) -> None:
+        sec.check_time(f"{spec.name} batch finder at {b}")
+        st.step(tile_batch(one, b))
+        chk.sync()
+
+    if not isinstance(spec, gpu_trainers.Vae):  # the trainer's models and optimizer states stay in memory
+        with contextlib.redirect_stdout(log):
+            picked = find_batch_size(try_batch, start=1, limit=4096)
+    print(log.getvalue(), flush=True)
+    chk.reset_memory()
+    batch = tile_batch(one, picked)
+    step_s = seconds_per_step(lambda: st.step(batch), steps, chk.device, warmup=1)
+    return {"finder": log.getvalue().strip().splitlines()[-1] if log.getvalue().strip() else "", "picked": picked,
+            "step_s": step_s, "steps": steps, "peak_gib": chk.peak_gib()}
+
+
+def section_batch_size(chk: Check, sec: Section) -> None:
+    steps = 2 if chk.dry else 20
+    sec.markdown += ["| trainer | finder says | picked | steps at it | step s | peak GiB | forced OOM | exit code |",
+                     "|---|---|---|---|---|---|---|---|"]
+    for name, spec in TRAINERS.items():
+        res: dict = {}
+        sec.data[name] = res
+        try:
+            sec.check_time(f"{name} batch size")
+            res.update(finder_and_steps(chk, sec, spec, steps))
+            chk.reset_memory()
+        except OverBudget as e:
+            res["skipped"] = str(e)
+            sec.partial(str(e))
+        except Exception:
+            res["skipped"] = "failed: " + chk.error(f"batch size {name}")
+            sec.partial(res["skipped"])
+        try:
+            sec.check_time(f"{name} forced OOM")
+            res["oom"] = forced_oom(chk, spec)
+            if not res["oom"]["ok"]:
+                sec.partial(f"{name}: forced OOM gave exit code {res['oom']['exit_code']}, advice printed: "
+                            f"{res['oom']['advice_printed']}")
+        except OverBudget as e:
+            res["oom"] = {"skipped": str(e)}
+            sec.partial(str(e))
+        except Exception:
+            res["oom"] = {"skipped": "failed: " + chk.error(f"forced OOM {name}")}
+            sec.partial(res["oom"]["skipped"])
+        oom = res["oom"]
+        sec.markdown.append(
+            f"| {name} | {res.get('finder', res.get('skipped', ''))} | {res.get('picked', '-')} | {res.get('steps', '-')} "
+            f"| {fmt(res.get('step_s'), '.4f') if 'step_s' in res else '-'} | {fmt(res.get('peak_gib'), '.2f')} "
+            f"| {oom.get('how', oom.get('skipped'))}: {'OK' if oom.get('ok') else 'NOT OK'} | {oom.get('exit_code', '-')} |")
+    first_oom = next((r["oom"]["message"] for r in sec.data.values() if r.get("oom", {}).get("message")), None)
+    if first_oom:
+        sec.markdown += ["", f"First OOM message (the rest in gpu_check.log): `{first_oom}`"]
