@@ -222,6 +222,12 @@ def package_id(name: str) -> str:
     return re.sub(r"[^a-z0-9.-]+", "-", name.lower()).strip("-.") or "vocoder"
 
 
+def oudep_path(out: str | Path) -> Path:
+    """Where `write_oudep` puts the package of the export folder `out`: beside it, named after it."""
+    folder = Path(out).resolve()  # "." or "exports/v/" still name the folder
+    return folder.parent / f"{folder.name}.oudep"
+
+
 def write_oudep(out: Path, info: dict, version: str = "1.0") -> Path:
     """``<out>.oudep`` beside the export folder: OpenUtau's dependency package, a zip of ``oudep.yaml``,
     the ONNX vocoder and ``vocoder.yaml``.
@@ -234,13 +240,13 @@ def write_oudep(out: Path, info: dict, version: str = "1.0") -> Path:
     and the ONNX file its ``model`` names. Written whole or not at all (`atomic_output`)."""
     import yaml
 
-    pid = package_id(out.name)
+    path = oudep_path(out)
+    pid = package_id(path.stem)
     metadata = {
         "id": pid, "name": pid, "version": version,
         "description": (f"NSF-HiFiGAN vocoder, {info['sampling_rate']} Hz, hop {info['hop_size']}, "
                         f"{info['num_mels']} mel bins (vocoder/export.py)"),
     }
-    path = out.parent / f"{out.name}.oudep"
     with atomic_output(path) as tmp, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
         z.writestr("oudep.yaml", yaml.safe_dump(metadata, sort_keys=False))
         z.write(out / "model.onnx", "model.onnx")
@@ -267,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"exported generator -> {out / 'model.ckpt'} + {out / 'config.json'}"
           + (f" + {out / 'model.onnx'}" if args.onnx or args.oudep else "")
-          + (f"; OpenUtau package {out.parent / (out.name + '.oudep')}" if args.oudep else ""))
+          + (f"; OpenUtau package {oudep_path(out)}" if args.oudep else ""))
     return 0
 
 
