@@ -10,6 +10,8 @@ folds) and ``<out>/config.json`` (the model args plus every mel/audio parameter:
 DiffSinger's ``vocoder_ckpt`` at ``model.ckpt``. ``--onnx`` also writes ``<out>/model.onnx``
 (inputs ``mel`` [1, frames, n_mels] natural-log mel and ``f0`` [1, frames] Hz; output
 ``waveform`` [1, samples]) and ``vocoder.yaml`` in the layout of an OpenUtau vocoder package.
+``--oudep`` (implies ``--onnx``) also writes ``<out>.oudep`` beside the folder: the OpenUtau
+dependency package a user drops onto OpenUtau's window to install the vocoder (`write_oudep`).
 
 This module also converts between checkpoint layouts for loading: our training checkpoints,
 exported ``{"generator": ...}`` files and Lightning checkpoints of openvpi/SingingVocoders
@@ -21,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import warnings
+import zipfile
 from pathlib import Path
 
 import torch
@@ -134,21 +138,35 @@ def split_checkpoint(obj: dict) -> tuple[dict, dict | None, dict | None]:
     )
 
 
-def export(ckpt_path: str | Path, out_dir: str | Path, onnx: bool = False) -> Path:
-    """Write model.ckpt + config.json (and optionally model.onnx + vocoder.yaml) into out_dir."""
+# what vocoder.yaml needs (OpenUtau checks each against the acoustic model before it renders)
+MEL_KEYS = ("sampling_rate", "num_mels", "hop_size", "n_fft", "win_size", "fmin", "fmax")
+
+
+def export(ckpt_path: str | Path, out_dir: str | Path, onnx: bool = False, oudep: bool = False) -> Path:
+    """Write model.ckpt + config.json (and optionally model.onnx + vocoder.yaml, and with `oudep` the
+    OpenUtau package ``<out_dir>.oudep`` beside the folder) into out_dir. A checkpoint that cannot give
+    every file asked for is refused before anything is written."""
     obj = load_checkpoint(ckpt_path)
     refuse_other_kind(ckpt_path, obj, "vocoder")
     gen_state, _, info = split_checkpoint(obj)
     if info is None:
         raise CheckpointError(f"{ckpt_path}: not a training checkpoint of this repo (no model/mel settings in it)")
+    missing = [k for k in MEL_KEYS if k not in info]
+    if (onnx or oudep) and missing:
+        raise CheckpointError(
+            f"{ckpt_path}: its export settings lack the mel settings {', '.join(missing)} that OpenUtau's "
+            "vocoder.yaml needs; export a checkpoint that vocoder/train.py of this repo wrote (it records them), "
+            "or leave out --onnx/--oudep")
     generator = Generator(generator_args(info))
     generator.load_state_dict(gen_state)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_atomic({"generator": to_legacy_names(generator.state_dict())}, out / "model.ckpt", note="")
     write_text(out / "config.json", json.dumps(info, indent=1))
-    if onnx:
+    if onnx or oudep:
         export_onnx(generator, info, out)
+    if oudep:
+        write_oudep(out, info)
     return out
 
 
@@ -164,8 +182,6 @@ class _OnnxWrapper(torch.nn.Module):
 
 
 def export_onnx(generator: Generator, info: dict, out: Path) -> Path:
-    import yaml
-
     generator = generator.eval()
     remove_all_weight_norm(generator)
     frames = 20
@@ -181,13 +197,60 @@ def export_onnx(generator: Generator, info: dict, out: Path) -> Path:
             dynamic_axes={"mel": {1: "n_frames"}, "f0": {1: "n_frames"}, "waveform": {1: "n_samples"}},
             opset_version=17, dynamo=False,
         )
+    write_text(out / "vocoder.yaml", vocoder_yaml(info, out.name, path.name))
+    return path
+
+
+def vocoder_yaml(info: dict, name: str, model: str) -> str:
+    """OpenUtau's vocoder.yaml: the keys of ``DsVocoderConfig`` (OpenUtau.Core/DiffSinger/DiffSingerVocoder.cs;
+    OpenUtau ignores keys it does not know). `model` is the ONNX file's name beside it."""
+    import yaml
+
     fmax = info["fmax"] if info["fmax"] is not None else info["sampling_rate"] / 2
-    write_text(out / "vocoder.yaml", yaml.safe_dump({
-        "name": out.name, "model": path.name, "sample_rate": info["sampling_rate"], "hop_size": info["hop_size"],
+    return yaml.safe_dump({
+        "name": name, "model": model, "sample_rate": info["sampling_rate"], "hop_size": info["hop_size"],
         "win_size": info["win_size"], "fft_size": info["n_fft"], "num_mel_bins": info["num_mels"],
         "mel_fmin": info["fmin"], "mel_fmax": fmax, "mel_base": "e", "mel_scale": "slaney",
         "pitch_controllable": bool(info.get("pc_aug", False)), "force_on_cpu": False,
-    }, sort_keys=False))
+    }, sort_keys=False)
+
+
+def package_id(name: str) -> str:
+    """An OpenUtau package id from a folder name: lowercase letters, digits, '-' and '.' only (the rule
+    of OpenUtau's package index); it names the folder the package unpacks into, which a voicebank's
+    dsconfig.yaml names as its ``vocoder``."""
+    return re.sub(r"[^a-z0-9.-]+", "-", name.lower()).strip("-.") or "vocoder"
+
+
+def oudep_path(out: str | Path) -> Path:
+    """Where `write_oudep` puts the package of the export folder `out`: beside it, named after it."""
+    folder = Path(out).resolve()  # "." or "exports/v/" still name the folder
+    return folder.parent / f"{folder.name}.oudep"
+
+
+def write_oudep(out: Path, info: dict, version: str = "1.0") -> Path:
+    """``<out>.oudep`` beside the export folder: OpenUtau's dependency package, a zip of ``oudep.yaml``,
+    the ONNX vocoder and ``vocoder.yaml``.
+
+    The format is stakira/OpenUtau's ``OpenUtau.Core/PackageManager.cs`` (``OudepMetadata``,
+    ``InstallFromStreamAsync``): the zip must hold ``oudep.yaml`` at its root; its ``id`` (older OpenUtau,
+    ``OpenUtau.Core/DependencyInstaller.cs``: ``name``; both are written) names the folder
+    ``Dependencies/<id>`` every entry unpacks into; ``version`` and ``description`` are shown by its package
+    manager. ``OpenUtau.Core/DiffSinger/DiffSingerVocoder.cs`` then loads ``Dependencies/<id>/vocoder.yaml``
+    and the ONNX file its ``model`` names. Written whole or not at all (`atomic_output`)."""
+    import yaml
+
+    path = oudep_path(out)
+    pid = package_id(path.stem)
+    metadata = {
+        "id": pid, "name": pid, "version": version,
+        "description": (f"NSF-HiFiGAN vocoder, {info['sampling_rate']} Hz, hop {info['hop_size']}, "
+                        f"{info['num_mels']} mel bins (vocoder/export.py)"),
+    }
+    with atomic_output(path) as tmp, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("oudep.yaml", yaml.safe_dump(metadata, sort_keys=False))
+        z.write(out / "model.onnx", "model.onnx")
+        z.writestr("vocoder.yaml", vocoder_yaml(info, pid, "model.onnx"))
     return path
 
 
@@ -196,15 +259,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ckpt", required=True, help="training checkpoint (.pt) of vocoder/train.py")
     p.add_argument("--out", required=True, help="output folder (model.ckpt + config.json)")
     p.add_argument("--onnx", action="store_true", help="also write model.onnx + vocoder.yaml (OpenUtau)")
+    p.add_argument("--oudep", action="store_true",
+                   help="also write <out>.oudep beside the folder: the OpenUtau dependency package (implies --onnx)")
     args = p.parse_args(argv)
     try:
-        check_output_dir(args.out, "--out")
-        out = export(args.ckpt, args.out, args.onnx)
+        made = not Path(args.out).exists()
+        check_output_dir(args.out, "--out")  # first: a bad --out is told before the checkpoint is read
+        out = export(args.ckpt, args.out, args.onnx, args.oudep)
     except (CheckpointError, OutputPathError) as e:
+        if made and Path(args.out).is_dir() and not any(Path(args.out).iterdir()):
+            Path(args.out).rmdir()  # the folder the probe made: a refused export leaves nothing behind
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"exported generator -> {out / 'model.ckpt'} + {out / 'config.json'}"
-          + (f" + {out / 'model.onnx'}" if args.onnx else ""))
+          + (f" + {out / 'model.onnx'}" if args.onnx or args.oudep else "")
+          + (f"; OpenUtau package {oudep_path(out)}" if args.oudep else ""))
     return 0
 
 

@@ -1,12 +1,16 @@
 """Public inference API + export round trip: export -> load_vocoder -> the same audio as the
-training checkpoint; the DiffSinger/OpenUtau layout; the infer CLI."""
+training checkpoint; the DiffSinger/OpenUtau layout; the OpenUtau dependency package (.oudep); the infer CLI."""
 
+import errno
 import json
+import re
+import zipfile
 
 import numpy as np
 import pytest
 import soundfile as sf
 import torch
+import yaml
 
 from common.audio import MelSpectrogram
 from common.checkpoint import load_checkpoint
@@ -99,3 +103,63 @@ def test_onnx_matches_torch_for_mini_nsf(tiny_data, tmp_path):
     y = ort.InferenceSession(str(out / "model.onnx")).run(None, {"mel": mel, "f0": f0})[0]
     ref = load_vocoder(out)(torch.from_numpy(mel).transpose(1, 2), torch.from_numpy(f0)).numpy()
     np.testing.assert_allclose(y, ref, atol=1e-5)
+
+
+# the keys OpenUtau reads: OudepMetadata (OpenUtau.Core/PackageManager.cs), DsVocoderConfig
+# (OpenUtau.Core/DiffSinger/DiffSingerVocoder.cs)
+OUDEP_KEYS = {"id", "name", "version", "description"}
+VOCODER_YAML_KEYS = {"name", "model", "sample_rate", "hop_size", "win_size", "fft_size", "num_mel_bins",
+                     "mel_fmin", "mel_fmax", "mel_base", "mel_scale", "pitch_controllable"}
+
+
+def test_oudep_package(trained, tmp_path, capsys):
+    ort = pytest.importorskip("onnxruntime")
+    assert export_main(["--ckpt", str(trained), "--out", str(tmp_path / "My Vocoder"), "--oudep"]) == 0
+    assert "My Vocoder.oudep" in capsys.readouterr().out
+    package = tmp_path / "My Vocoder.oudep"  # beside the export folder, which is complete as with --onnx
+    for name in ("model.ckpt", "config.json", "model.onnx", "vocoder.yaml"):
+        assert (tmp_path / "My Vocoder" / name).is_file(), name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["My Vocoder", "My Vocoder.oudep"]  # no temp left
+
+    with zipfile.ZipFile(package) as z:
+        assert sorted(z.namelist()) == ["model.onnx", "oudep.yaml", "vocoder.yaml"]
+        meta = yaml.safe_load(z.read("oudep.yaml"))
+        voc = yaml.safe_load(z.read("vocoder.yaml"))
+        onnx_bytes = z.read("model.onnx")
+    assert OUDEP_KEYS <= set(meta) and meta["id"] == meta["name"] == "my-vocoder"
+    assert re.fullmatch(r"[a-z0-9.-]+", meta["id"]) and isinstance(meta["version"], str)
+    assert VOCODER_YAML_KEYS <= set(voc) and voc["name"] == meta["id"] and voc["model"] == "model.onnx"
+    info = json.loads((tmp_path / "My Vocoder" / "config.json").read_text())
+    assert (voc["sample_rate"], voc["hop_size"], voc["win_size"], voc["fft_size"], voc["num_mel_bins"]) == (
+        info["sampling_rate"], info["hop_size"], info["win_size"], info["n_fft"], info["num_mels"]) == (
+        22050, 256, 1024, 1024, 80)
+    assert (voc["mel_fmin"], voc["mel_fmax"], voc["mel_base"], voc["mel_scale"]) == (40, 8000, "e", "slaney")
+    assert voc["pitch_controllable"] is False
+    assert onnx_bytes == (tmp_path / "My Vocoder" / "model.onnx").read_bytes()
+
+    session = ort.InferenceSession(onnx_bytes)  # the model inside the package runs as OpenUtau feeds it
+    mel = np.random.randn(1, 10, 80).astype(np.float32) - 5
+    wav = session.run(None, {"mel": mel, "f0": np.full((1, 10), 200, np.float32)})[0]
+    assert wav.shape == (1, 10 * 256) and np.isfinite(wav).all() and np.abs(wav).max() > 0
+
+
+def test_oudep_refuses_a_checkpoint_without_mel_settings(trained, tmp_path, capsys):
+    ckpt = load_checkpoint(trained)
+    for key in ("fmin", "fmax", "n_fft"):
+        del ckpt["extra"]["export"][key]
+    torch.save(ckpt, tmp_path / "old.pt")
+    out = tmp_path / "exp"
+    assert export_main(["--ckpt", str(tmp_path / "old.pt"), "--out", str(out), "--oudep"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "old.pt" in err and "n_fft, fmin, fmax" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.pt"]  # nothing written
+
+
+def test_oudep_full_disk_leaves_no_partial_package(trained, tmp_path, monkeypatch, capsys):
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(zipfile.ZipFile, "write", disk_full)
+    assert export_main(["--ckpt", str(trained), "--out", str(tmp_path / "exp"), "--oudep"]) == 2
+    assert "disk full while writing" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exp"]  # no .oudep, no temp file beside it
