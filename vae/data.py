@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,26 +181,26 @@ def usable_images(files: list[Path], size: int, max_pixels: int = DEFAULT_MAX_PI
     """The files that pass prepare_data.py's filters at crop `size` (decoded once, JPEGs at draft
     scale). Each skipped file is named with its reason through `log`, as prepare_data.py names them;
     none usable → ValueError with one line: how many were skipped and why."""
-    good, reasons, skipped = [], {}, []
+    good, skipped, kinds = [], [], Counter()
     for path in files:
         try:
             open_image_rgb(path, max_pixels, default_min_size(size), draft_size=size)
             good.append(path)
         except BadImage as exc:
-            reasons.setdefault(exc.kind, []).append(f"{Path(path).name}: {exc.reason}")
             skipped.append((str(path), exc.reason))
-    if reasons:
-        n_bad = len(skipped)
-        summary = ", ".join(f"{len(v)} {kind.replace('_', ' ')}" for kind, v in sorted(reasons.items()))
+            kinds[exc.kind] += 1
+    if skipped:
+        summary = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in sorted(kinds.items()))
         where = where or Path(files[0]).parent
-        log(f"{where}: {len(good)} of {len(files)} images usable, {n_bad} skipped ({summary}); "
+        log(f"{where}: {len(good)} of {len(files)} images usable, {len(skipped)} skipped ({summary}); "
             "`python vae/prepare_data.py --mode preprocess` filters a folder once, with a report")
         for line in skipped_lines(skipped):
             log(line)
         if not good:
-            example = next(iter(reasons.values()))[0]
-            raise ValueError(f"no usable image in {where} ({n_bad} files skipped: {summary}; e.g. {example}). "
-                             "Check the folder with `python vae/prepare_data.py --mode validate`")
+            first, reason = skipped[0]
+            raise ValueError(f"no usable image in {where} ({len(skipped)} files skipped: {summary}; e.g. "
+                             f"{Path(first).name}: {reason}). Check the folder with `python vae/prepare_data.py "
+                             "--mode validate`")
     return good
 
 
