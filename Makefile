@@ -5,6 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SYSDEPS := $(VENV)/.sysdeps
+TESTDEPS := $(VENV)/.testdeps
 export PYTHONUNBUFFERED := 1
 
 .PHONY: setup test lint demo bench bench-learning check clean-demo gpu-check
@@ -23,7 +24,12 @@ $(SYSDEPS):
 
 setup: $(STAMP) $(SYSDEPS)
 
-test: setup
+# The originating code the loaders are verified against (diffusers, transformers, piper-tts): tests only.
+$(TESTDEPS): requirements-test.txt $(STAMP)
+	$(PY) -m pip install -q --no-compile -r requirements-test.txt
+	@touch $@
+
+test: setup $(TESTDEPS)
 	$(PY) -m pytest tests
 
 lint: setup
