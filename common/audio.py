@@ -233,6 +233,14 @@ class AudioSettings:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(AudioSettings)}
 
 
+def magnitude(spec: torch.Tensor) -> torch.Tensor:
+    """|STFT| with the eps inside the sqrt: a clamp has zero gradient, and a freshly initialised
+    generator is quiet enough (~1e-5) to sit entirely below one and never start learning.
+    real² + imag² rather than ``view_as_real(spec).pow(2).sum(-1)``: the same bits and layout (hence
+    the same reductions downstream), ~3x faster on the CPU, where a sum over a size-2 last axis is slow."""
+    return torch.sqrt((spec.real.square() + spec.imag.square()).contiguous() + 1e-9)
+
+
 class MelSpectrogram(nn.Module):
     """Log-mel (and linear magnitude) spectrogram in the HiFi-GAN / NSF-HiFiGAN convention.
 
@@ -315,8 +323,7 @@ class MelSpectrogram(nn.Module):
                 onesided=True,
                 return_complex=True,
             )
-            spec = torch.view_as_real(spec)
-            return torch.sqrt(spec.pow(2).sum(-1) + 1e-9)
+            return magnitude(spec)
 
     def mel_from_linear(self, spec: torch.Tensor) -> torch.Tensor:
         """Linear magnitude [B, n_fft // 2 + 1, frames] → log-mel [B, n_mels, frames] (fp32)."""

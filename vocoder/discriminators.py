@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.parametrizations import spectral_norm, weight_norm
 
+from common.audio import magnitude
 from vocoder.model import LRELU_SLOPE, get_padding
 
 DISCRIMINATOR_NAMES = ("mpd", "fast_mpd", "mrd", "msd")
@@ -177,7 +178,7 @@ class ResolutionDiscriminator(nn.Module):
             pad = (self.n_fft - self.hop) // 2
             x = F.pad(x[:, None], (pad, pad), mode="reflect").squeeze(1)
             spec = torch.stft(x, self.n_fft, self.hop, self.win, self.window, center=False, return_complex=True)
-            mag = torch.sqrt(torch.view_as_real(spec).pow(2).sum(-1) + 1e-9)
+            mag = magnitude(spec)
         return mag.transpose(1, 2).unsqueeze(1)  # [B, 1, frames, freq]
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:

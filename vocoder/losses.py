@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.audio import MelSpectrogram, frame_log_power
+from common.audio import MelSpectrogram, frame_log_power, magnitude
 from common.precision import no_autocast
 
 Output = tuple[list[torch.Tensor], list[list[torch.Tensor]]]
@@ -122,9 +122,7 @@ class MultiResolutionSTFTLoss(nn.Module):
     def _magnitude(self, x: torch.Tensor, i: int) -> torch.Tensor:
         n_fft, hop, win = self.resolutions[i]
         spec = torch.stft(x, n_fft, hop, win, getattr(self, f"window_{i}"), center=True, return_complex=True)
-        # eps inside the sqrt, not a clamp: a clamp has zero gradient, and a freshly initialised
-        # generator is quiet enough (~1e-5) to sit entirely below a clamp and never start learning.
-        return torch.sqrt(torch.view_as_real(spec).pow(2).sum(-1) + 1e-9)
+        return magnitude(spec)
 
     def forward(self, fake: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """fake, real: [B, T] or [B, 1, T] -> (spectral convergence, log-magnitude L1), each the
