@@ -7,6 +7,10 @@ STAMP := $(VENV)/.installed
 SYSDEPS := $(VENV)/.sysdeps
 TESTDEPS := $(VENV)/.testdeps
 export PYTHONUNBUFFERED := 1
+# Imports write their byte-code once (pip installs with --no-compile): where the environment sets
+# PYTHONDONTWRITEBYTECODE, every process of the demo and the tests would compile torch's modules
+# again (~3-8 s of CPU each).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup test lint demo bench bench-learning check clean-demo gpu-check
 
