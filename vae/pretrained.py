@@ -174,13 +174,15 @@ def init_weights(models: dict[str, nn.Module], cfg: VAEConfig, path: str | Path,
     a `.ckpt`/`.pt` is loaded once, weights only, then read as whichever it is). Returns the lines to
     print; the caller restarts its EMA from the loaded weights."""
     path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"--init_from {path}: no such file or folder; give {ACCEPTED}")
     if path.is_dir():
         return init_from_diffusers(models["vae"], cfg, path, out_dir, main)
     if path.suffix == ".safetensors":
         return init_from_single_file(models["vae"], cfg, path, out_dir, main)
     try:
         init = load_pickled(path)
-    except CheckpointError as exc:  # not found, cut short, damaged, or refused for holding code
+    except CheckpointError as exc:  # cut short, damaged, or refused for holding code
         fix = "" if "refused to load" in str(exc) else "; give a complete file (download or copy it again)"
         raise CheckpointError(f"--init_from {exc}{fix}") from None
     if is_ours(init):

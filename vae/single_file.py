@@ -242,8 +242,6 @@ def read_single_file(path: str | Path, loaded: dict | None = None) -> SingleFile
     file's content when the caller already loaded it (a `.ckpt`/`.pt`). A file that is not an LDM-layout
     VAE or holds one, or a truncated one, is CheckpointError naming the file and what to give instead."""
     path = Path(path)
-    if loaded is None and not path.is_file():
-        raise CheckpointError(f"--init_from {path}: no such file")
     if path.suffix == ".safetensors":
         try:
             keys = list(safetensors_header(path))

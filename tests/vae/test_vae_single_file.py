@@ -191,6 +191,7 @@ def _bad_files(tmp_path) -> dict:
     evil = tmp_path / "evil.ckpt"
     torch.save({"state_dict": {}, "hook": print}, evil)
     files["pickled code"] = (evil, "refused to load")
+    files["missing"] = (tmp_path / "sd_xl_base_1.0.safetensors", "no such file or folder; give a Stable Diffusion")
     files["other layout"] = (sd_file, "block_out_channels 32 64 64 64 (this run's channels: 16 32)")
     return files
 
