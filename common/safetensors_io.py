@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -31,22 +32,28 @@ class SafetensorsError(ValueError):
     """A file that is not a well-formed safetensors file; the message names the file and the problem."""
 
 
-def load_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """All tensors of a `.safetensors` file (CPU, the stored dtype). Every offset is checked against
-    the file, so a truncated or malformed file is one clear error, never a partial read."""
+def safetensors_header(path: str | Path) -> dict[str, dict]:
+    """{tensor name: {dtype, shape, data_offsets}} of a `.safetensors` file, read from its header alone
+    (the tensors are not read). Every entry is checked against the file's size, so a truncated or
+    malformed file is one clear error here, before any tensor is read."""
     path = Path(path)
-    data = path.read_bytes()
-    if len(data) < 8:
-        raise SafetensorsError(f"{path}: {len(data)} bytes, too short to be a safetensors file")
-    (n,) = struct.unpack("<Q", data[:8])
-    if n > _MAX_HEADER or 8 + n > len(data):
-        raise SafetensorsError(f"{path}: header length {n} does not fit the file ({len(data)} bytes); truncated?")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise SafetensorsError(f"{path}: {size} bytes, too short to be a safetensors file")
+        (n,) = struct.unpack("<Q", prefix)
+        if n > _MAX_HEADER or 8 + n > size:
+            raise SafetensorsError(f"{path}: header length {n} does not fit the file ({size} bytes); truncated?")
+        raw = f.read(n)
     try:
-        header = json.loads(data[8:8 + n].decode("utf-8"))
+        header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SafetensorsError(f"{path}: unreadable header ({exc})") from None
-    body = memoryview(data)[8 + n:]
-    out: dict[str, torch.Tensor] = {}
+    if not isinstance(header, dict):
+        raise SafetensorsError(f"{path}: unreadable header (not a JSON object)")
+    body = size - 8 - n
+    out = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
@@ -54,16 +61,32 @@ def load_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
         if dtype is None:
             raise SafetensorsError(f"{path}: tensor {name!r} has unsupported dtype {info.get('dtype')!r}")
         begin, end = info["data_offsets"]
-        shape = [int(s) for s in info["shape"]]
         count = 1
-        for s in shape:
-            count *= s
-        nbytes = count * torch.empty((), dtype=dtype).element_size()
-        if not 0 <= begin <= end <= len(body) or end - begin != nbytes:
+        for s in info["shape"]:
+            count *= int(s)
+        if not 0 <= begin <= end <= body or end - begin != count * torch.empty((), dtype=dtype).element_size():
             raise SafetensorsError(f"{path}: tensor {name!r} has offsets {begin}..{end} that do not match its "
-                                   f"shape {shape} and dtype {info['dtype']} (file {len(data)} bytes)")
-        flat = torch.frombuffer(bytearray(body[begin:end]), dtype=dtype) if nbytes else torch.empty(0, dtype=dtype)
-        out[name] = flat.reshape(shape)
+                                   f"shape {info['shape']} and dtype {info['dtype']} (file {size} bytes)")
+        out[name] = {**info, "data_offsets": [8 + n + begin, 8 + n + end]}  # absolute positions in the file
+    return out
+
+
+def load_safetensors(path: str | Path, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of a `.safetensors` file (CPU, the stored dtype): all of them, or only `names` (what
+    reading one part of a multi-GB checkpoint needs, e.g. the VAE of a Stable Diffusion file). The whole
+    header is checked first (`safetensors_header`): a truncated file is an error, never a partial read."""
+    path = Path(path)
+    header = safetensors_header(path)
+    wanted = list(header) if names is None else [k for k in names if k in header]
+    out: dict[str, torch.Tensor] = {}
+    with open(path, "rb") as f:
+        for name in wanted:
+            info = header[name]
+            dtype, (begin, end) = _DTYPES[info["dtype"]], info["data_offsets"]
+            f.seek(begin)
+            data = bytearray(f.read(end - begin))
+            flat = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
+            out[name] = flat.reshape([int(s) for s in info["shape"]])
     return out
 
 

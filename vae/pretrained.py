@@ -1,5 +1,6 @@
 """`--init_from`: start a run from pretrained weights — a diffusers `AutoencoderKL` folder (fine-tuning
-SD 1.x/2.x, SDXL, SD3 or FLUX's VAE) or one of our checkpoints.
+SD 1.x/2.x, SDXL, SD3 or FLUX's VAE), a single file as users download it (a Stable Diffusion checkpoint,
+a standalone LDM-layout VAE, FLUX's ae.safetensors: `vae/single_file.py`) or one of our checkpoints.
 
 Why a diffusers folder must match the profile exactly (no partial load): a VAE whose latent layout
 changed is no longer the VAE its diffusion models were trained on, so a mismatch stops with the
@@ -10,7 +11,8 @@ Why the folder's latent factors are kept: SD/SDXL/SD3/FLUX denoisers were traine
 drop into those pipelines, so the export keeps the folder's `scaling_factor`/`shift_factor`
 (`export_factors: init`) and says how far the measured ones moved; `export_factors: measured` writes
 the new statistics instead (a VAE for a new diffusion model). The folder's factors are recorded in
-`<output_dir>/init_from.json`, so a resumed run exports them too (`diffusers_io.export_factors`).
+`<output_dir>/init_from.json`, so a resumed run exports them too (`diffusers_io.export_factors`). A single
+file carries no factors: its family's published ones are recorded the same way.
 """
 
 from __future__ import annotations
@@ -21,10 +23,18 @@ from pathlib import Path
 from torch import nn
 
 from common.atomic_write import write_text
-from common.checkpoint import CheckpointError, load_checkpoint, load_matching, refuse_other_kind
+from common.checkpoint import (
+    CheckpointError,
+    compare_state,
+    fit_summary,
+    load_checkpoint,
+    load_matching,
+    refuse_other_kind,
+)
 from vae.config import VAEConfig
 from vae.diffusers_io import INIT_RECORD, arch_from_config, from_diffusers, read_diffusers_folder
 from vae.model import AutoencoderKL
+from vae.single_file import ACCEPTED, is_ours, load_pickled, read_single_file
 
 # config.json key -> (our config key, how to set it on the command line)
 _LAYOUT_KEYS = {"block_out_channels": ("channels", "--channels {}"), "latent_channels": ("z_channels", "--z_channels {}"),
@@ -84,6 +94,24 @@ def check_supported(folder: Path, folder_cfg: dict) -> None:
                               + "; ".join(problems))
 
 
+def check_layout(source: Path, what: str, layout: dict, cfg: VAEConfig) -> None:
+    """CheckpointError when `layout` (diffusers config.json keys) is not this run's model: the keys that
+    differ and the flags that make the run match (`what`: "the folder's", "the file's")."""
+    diff = layout_mismatch(layout, cfg)
+    if diff:
+        keys = ", ".join(f"{k} {_flag_value(v)} (this run's {ours}: {_flag_value(mine)})" for k, v, ours, mine, _ in diff)
+        raise CheckpointError(
+            f"--init_from {source}: {what} layout, {layout_name(arch_from_config(layout))}, does not match this run's "
+            f"model: {keys}. To fine-tune this VAE, add: {' '.join(flag for *_, flag in diff)}")
+
+
+def record_factors(source: Path, factors: dict, out_dir: Path, main: bool) -> None:
+    """The init's latent factors in `<output_dir>/init_from.json`, which the export reads (main rank only)."""
+    if main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_text(out_dir / INIT_RECORD, json.dumps({"init_from": str(source), **factors}, indent=1) + "\n")
+
+
 def init_from_diffusers(vae: AutoencoderKL, cfg: VAEConfig, folder: str | Path, out_dir: Path,
                         main: bool = True) -> list[str]:
     """Loads a diffusers folder into `vae` (all weights, exactly); returns the lines to print."""
@@ -91,33 +119,46 @@ def init_from_diffusers(vae: AutoencoderKL, cfg: VAEConfig, folder: str | Path, 
     sd, folder_cfg = read_diffusers_folder(folder)
     check_supported(folder, folder_cfg)
     arch = arch_from_config(folder_cfg)
-    diff = layout_mismatch(folder_cfg, cfg)
-    if diff:
-        keys = ", ".join(f"{k} {_flag_value(v)} (this run's {ours}: {_flag_value(mine)})" for k, v, ours, mine, _ in diff)
-        raise CheckpointError(
-            f"--init_from {folder}: the folder's layout, {layout_name(arch)}, does not match this run's model: "
-            f"{keys}. To fine-tune this VAE, add: {' '.join(flag for *_, flag in diff)}")
+    check_layout(folder, "the folder's", folder_cfg, cfg)
     try:
         vae.load_state_dict(from_diffusers(sd, vae))
     except (KeyError, ValueError) as exc:
         raise CheckpointError(f"--init_from {folder}: {str(exc).strip(chr(34))}") from None
     factors = {"scaling_factor": folder_cfg.get("scaling_factor"), "shift_factor": folder_cfg.get("shift_factor")}
-    if main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_text(out_dir / INIT_RECORD, json.dumps({"init_from": str(folder), **factors}, indent=1) + "\n")
+    record_factors(folder, factors, out_dir, main)
     return [f"init_from {folder}: all {len(sd)} tensors of a diffusers AutoencoderKL, {layout_name(arch)}; "
             f"its scaling_factor {factors['scaling_factor']}, shift_factor {factors['shift_factor']} "
             f"(export_factors: {cfg.export_factors})"]
 
 
-def init_from_checkpoint(models: dict[str, nn.Module], path: str | Path) -> list[str]:
-    """Weights only from a train_vae.py checkpoint or vae_final.pt (mismatched layers re-initialised and listed)."""
-    init = load_checkpoint(path)
+def init_from_single_file(vae: AutoencoderKL, cfg: VAEConfig, path: str | Path, out_dir: Path, main: bool = True,
+                          loaded: dict | None = None) -> list[str]:
+    """Loads the VAE of a single-file checkpoint into `vae` (all weights, exactly; `vae/single_file.py`)
+    and records its family's latent factors; returns the lines to print."""
+    path = Path(path)
+    sf = read_single_file(path, loaded)
+    check_layout(path, "the file's", sf.config, cfg)
+    own = vae.state_dict()
+    report = compare_state(own, sf.state_dict)
+    if report.mismatched or report.missing or report.unexpected:
+        raise CheckpointError(f"--init_from {path}: its VAE does not load into this model "
+                              f"({fit_summary(own, sf.state_dict)}); give {ACCEPTED}")
+    vae.load_state_dict(sf.state_dict)
+    record_factors(path, sf.factors, out_dir, main)
+    f = sf.factors
+    return [f"init_from {path}: {sf.describe()}, {layout_name(arch_from_config(sf.config))}; latent factors: "
+            f"scaling_factor {f['scaling_factor']}, shift_factor {f['shift_factor']} ({sf.factors_source()}; "
+            f"export_factors: {cfg.export_factors})"]
+
+
+def init_from_checkpoint(models: dict[str, nn.Module], path: str | Path, init: dict | None = None) -> list[str]:
+    """Weights only from a train_vae.py checkpoint or vae_final.pt (mismatched layers re-initialised and
+    listed); `init`: the file's content when the caller already loaded it."""
+    init = load_checkpoint(path) if init is None else init
     refuse_other_kind(path, init, "vae")
     weights = init.get("models") or ({"vae": init["state_dict"]} if "state_dict" in init else {})
     if "vae" not in weights:
-        raise CheckpointError(f"--init_from {path}: no VAE weights (a train_vae.py checkpoint, vae_final.pt "
-                              "or a diffusers AutoencoderKL folder)")
+        raise CheckpointError(f"--init_from {path}: no VAE weights; give {ACCEPTED}")
     lines = []
     for name, module in models.items():  # "vae" first: its share is checked before anything loads
         if name in weights:
@@ -129,7 +170,21 @@ def init_from_checkpoint(models: dict[str, nn.Module], path: str | Path) -> list
 def init_weights(models: dict[str, nn.Module], cfg: VAEConfig, path: str | Path, out_dir: Path,
                  main: bool = True) -> list[str]:
     """`--init_from PATH` into `models` ("vae", and "logvar" / "disc" from a checkpoint): a diffusers
-    folder or a checkpoint file. Returns the lines to print; the caller restarts its EMA from the loaded weights."""
-    if Path(path).is_dir():
+    folder, a single-file VAE / SD / FLUX checkpoint, or one of our checkpoints (told apart by content:
+    a `.ckpt`/`.pt` is loaded once, weights only, then read as whichever it is). Returns the lines to
+    print; the caller restarts its EMA from the loaded weights."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"--init_from {path}: no such file or folder; give {ACCEPTED}")
+    if path.is_dir():
         return init_from_diffusers(models["vae"], cfg, path, out_dir, main)
-    return init_from_checkpoint(models, path)
+    if path.suffix == ".safetensors":
+        return init_from_single_file(models["vae"], cfg, path, out_dir, main)
+    try:
+        init = load_pickled(path)
+    except CheckpointError as exc:  # cut short, damaged, or refused for holding code
+        fix = "" if "refused to load" in str(exc) else "; give a complete file (download or copy it again)"
+        raise CheckpointError(f"--init_from {exc}{fix}") from None
+    if is_ours(init):
+        return init_from_checkpoint(models, path, init)
+    return init_from_single_file(models["vae"], cfg, path, out_dir, main, loaded=init)
