@@ -241,11 +241,15 @@ def export_factors(cfg: VAEConfig, out_dir: Path, measured: dict[str, float | No
     differ = [k for k in old if (old[k] is None) != (measured[k] is None) or rel(measured[k], old[k]) > 0.05]
     lines = []
     if differ:
+        if cfg.train_decoder_only:  # the encoder never changed: only the images measured differ
+            choice = "; exporting them (train_decoder_only: the encoder and its latent space are the init's)"
+        elif cfg.export_factors == "init":
+            choice = "; exporting them (export_factors: init; --set export_factors=measured writes the measured ones)"
+        else:
+            choice = "; exporting the measured ones as asked (export_factors: measured)"
         lines.append("latent factors differ from the init folder's: " + ", ".join(
             f"{k} measured {measured[k]} vs {init['init_from']} {old[k]}" for k in differ)
-            + ". Diffusion models trained on that VAE expect its factors"
-            + ("; exporting them (export_factors: init; --set export_factors=measured writes the measured ones)"
-               if cfg.export_factors == "init" else "; exporting the measured ones as asked (export_factors: measured)"))
+            + ". Diffusion models trained on that VAE expect its factors" + choice)
     return (old if cfg.export_factors == "init" else measured), lines
 
 
