@@ -23,7 +23,13 @@ from torch import nn
 from common.atomic_write import write_text
 from common.checkpoint import CheckpointError, load_checkpoint, load_matching, refuse_other_kind
 from vae.config import VAEConfig
-from vae.diffusers_io import INIT_RECORD, arch_from_config, from_diffusers, read_diffusers_folder
+from vae.diffusers_io import (
+    DEFAULT_SCALING_FACTOR,
+    INIT_RECORD,
+    arch_from_config,
+    from_diffusers,
+    read_diffusers_folder,
+)
 from vae.model import AutoencoderKL
 
 # config.json key -> (our config key, how to set it on the command line)
@@ -101,7 +107,8 @@ def init_from_diffusers(vae: AutoencoderKL, cfg: VAEConfig, folder: str | Path, 
         vae.load_state_dict(from_diffusers(sd, vae))
     except (KeyError, ValueError) as exc:
         raise CheckpointError(f"--init_from {folder}: {str(exc).strip(chr(34))}") from None
-    factors = {"scaling_factor": folder_cfg.get("scaling_factor"), "shift_factor": folder_cfg.get("shift_factor")}
+    factors = {"scaling_factor": folder_cfg.get("scaling_factor", DEFAULT_SCALING_FACTOR),
+               "shift_factor": folder_cfg.get("shift_factor")}
     if main:
         out_dir.mkdir(parents=True, exist_ok=True)
         write_text(out_dir / INIT_RECORD, json.dumps({"init_from": str(folder), **factors}, indent=1) + "\n")

@@ -16,9 +16,11 @@ import vae.train_vae as tv
 from common.checkpoint import load_checkpoint
 from common.config import load_config
 from common.training import EMA
+from vae import decoder_only
 from vae.config import VAEConfig
 from vae.diffusers_io import INIT_RECORD, load_diffusers, save_diffusers
 from vae.model import AutoencoderKL, build_vae
+from vae.pretrained import init_from_diffusers
 
 TINY_ARCH = {"channels": [16, 32], "z_channels": 4, "layers_per_block": 1, "norm_num_groups": 8}
 FLAG = "--train_decoder_only"
@@ -184,6 +186,20 @@ def test_factors_come_from_vae_final_and_a_checkpoint_without_them_is_refused(im
                "--max_steps", "1") == 2
     err = capsys.readouterr().err
     assert "records none" in err and "vae_final.pt" in err
+
+
+def test_a_folder_without_factors_in_config_json_has_diffusers_default(tmp_path):
+    folder = save_diffusers(source_vae(), tmp_path / "old_hub_folder", sample_size=32)
+    folder_cfg = json.loads((folder / "config.json").read_text())
+    del folder_cfg["scaling_factor"], folder_cfg["shift_factor"]  # as early diffusers versions saved it
+    (folder / "config.json").write_text(json.dumps(folder_cfg))
+    t = tv.VAETrainer(tiny_cfg(train_decoder_only=True), torch.device("cpu"), quiet=True)
+    init_from_diffusers(t.vae, t.cfg, folder, tmp_path / "run")
+    init = decoder_only.init_factors(tmp_path / "run")
+    assert (init["scaling_factor"], init["shift_factor"]) == (0.18215, None)
+    diffusers = pytest.importorskip("diffusers", reason="diffusers is a test dependency (requirements-test.txt)")
+    theirs = diffusers.AutoencoderKL.from_pretrained(folder).config
+    assert (theirs.scaling_factor, theirs.shift_factor) == (0.18215, None)  # what diffusers reads there
 
 
 def test_export_factors_measured_contradicts_decoder_only(image_dir, tmp_path, capsys):
