@@ -142,12 +142,12 @@ def test_without_init_from_it_stops_before_the_run_folder_exists(image_dir, tmp_
 def test_resume_is_exact_and_keeps_the_mode(image_dir, tmp_path, capsys):
     folder = save_diffusers(source_vae(), tmp_path / "sd_vae", sample_size=32, scaling_factor=0.5)
     straight, split = tmp_path / "straight", tmp_path / "split"
-    common = ("--init_from", str(folder), FLAG, "--num_epochs", "2")
+    common = ("--init_from", str(folder), FLAG, "--max_steps", "4")
     assert run(image_dir, straight, *common) == 0
-    assert run(image_dir, split, *common, "--stop_at_step", "3") == 0
-    assert run(image_dir, split, FLAG, "--num_epochs", "2", "--resume_from", "auto") == 0  # no --init_from needed
+    assert run(image_dir, split, *common, "--stop_at_step", "2") == 0  # mid-epoch (4 steps per epoch)
+    assert run(image_dir, split, FLAG, "--max_steps", "4", "--resume_from", "auto") == 0  # no --init_from needed
     a, b = load_checkpoint(straight / "checkpoint_last.pt"), load_checkpoint(split / "checkpoint_last.pt")
-    assert a["counters"]["step"] == b["counters"]["step"] == 8
+    assert a["counters"]["step"] == b["counters"]["step"] == 4
     for key in ("models", "optimizers", "schedulers", "ema"):
         assert repr(a[key].keys()) == repr(b[key].keys())
         for name in a[key]:
@@ -156,7 +156,7 @@ def test_resume_is_exact_and_keeps_the_mode(image_dir, tmp_path, capsys):
             assert len(flat_a) == len(flat_b) and all(torch.equal(u, v) for u, v in zip(flat_a, flat_b)), (key, name)
     assert json.loads((split / "diffusers" / "config.json").read_text())["scaling_factor"] == 0.5
     capsys.readouterr()
-    assert run(image_dir, split, "--num_epochs", "3", "--resume_from", "auto") == 2  # the flag left out
+    assert run(image_dir, split, "--max_steps", "6", "--resume_from", "auto") == 2  # the flag left out
     assert f"trained with {FLAG}; add {FLAG}" in capsys.readouterr().err
 
 
