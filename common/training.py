@@ -405,14 +405,22 @@ class ClipStats:
 
 
 class EMA:
-    """Exponential moving average of a model's floating-point state (fp32 shadow copy)."""
+    """Exponential moving average of a model's floating-point state (fp32 shadow copy).
 
-    def __init__(self, model: nn.Module, decay: float = 0.999) -> None:
+    `only`: state-dict name prefixes to average (default: everything). A model part that never trains
+    (the frozen encoder of a decoder-only VAE fine-tune) is left out: averaging it would only copy it,
+    and the checkpoint then says plainly which part the EMA holds."""
+
+    def __init__(self, model: nn.Module, decay: float = 0.999, only: tuple[str, ...] = ()) -> None:
         if not 0.0 < decay < 1.0:
             raise ValueError(f"EMA decay must be in (0, 1), got {decay}")
         self.decay = decay
         self.num_updates = 0
-        self.shadow = {k: v.detach().float().clone() for k, v in _unwrap(model).state_dict().items()}
+        self.only = tuple(only)
+        self.shadow = {k: v.detach().float().clone() for k, v in _unwrap(model).state_dict().items()
+                       if not self.only or k.startswith(self.only)}
+        if not self.shadow:
+            raise ValueError(f"EMA: no state-dict entry of the model starts with {self.only}")
         self._model: nn.Module | None = None
 
     @torch.no_grad()
@@ -427,13 +435,15 @@ class EMA:
 
     @torch.no_grad()
     def copy_to(self, model: nn.Module) -> None:
+        """Writes the averaged entries into `model` (with `only`, the other entries stay as they are)."""
         target = _unwrap(model)
         own = target.state_dict()
-        target.load_state_dict({k: v.to(own[k].dtype) for k, v in self.shadow.items()})
+        target.load_state_dict({k: v.to(own[k].dtype) for k, v in self.shadow.items()}, strict=not self.only)
 
     def model(self, like: nn.Module) -> nn.Module:
         """The averaged weights as a model: a frozen copy of `like` in the default memory layout (made at
-        the first call), refreshed from the shadow at every call."""
+        the first call), refreshed from the shadow at every call. With `only`, the other entries are
+        `like`'s at that first call: leave out only parts that never change."""
         if self._model is None:
             self._model = copy.deepcopy(_unwrap(like)).to(memory_format=torch.contiguous_format)
             self._model.requires_grad_(False)
@@ -444,6 +454,13 @@ class EMA:
         return {"decay": self.decay, "num_updates": self.num_updates, "shadow": self.shadow}
 
     def load_state_dict(self, state: dict) -> None:
+        """A saved EMA of other entries (a decoder-only run's into a full one, or the reverse) is a
+        ValueError naming the difference: loading it would leave entries averaged from nothing."""
+        if state["shadow"].keys() != self.shadow.keys():
+            extra = sorted(set(state["shadow"]) - set(self.shadow))
+            missing = sorted(set(self.shadow) - set(state["shadow"]))
+            raise ValueError(f"the saved EMA holds other entries than this model's EMA ({len(missing)} missing, "
+                             f"e.g. {missing[:2]}; {len(extra)} extra, e.g. {extra[:2]})")
         self.decay = state["decay"]
         self.num_updates = state["num_updates"]
         self.shadow = {k: v.float().clone() for k, v in state["shadow"].items()}

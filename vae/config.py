@@ -64,6 +64,9 @@ class VAEConfig:
     use_quant_conv: bool = True
     dropout: Fraction = 0.0
     gradient_checkpointing: bool = False
+    # Fine-tune only the decoder side (post_quant_conv + decoder) of the --init_from VAE: the encoder and
+    # quant_conv stay frozen, so the latent space (and the exported factors) stay the init's (sd-vae-ft-mse).
+    train_decoder_only: bool = False
 
     # ---- loss (latent-diffusion LPIPSWithDiscriminator semantics; see vae/losses.py)
     rec_loss: Literal["l1", "l2"] = "l1"
@@ -137,6 +140,9 @@ class VAEConfig:
             problems.append(f"channels {bad} are not divisible by norm_num_groups {self.norm_num_groups}")
         if self.num_epochs < 1 and self.max_steps < 1:
             problems.append("set num_epochs >= 1 or max_steps >= 1")
+        if self.train_decoder_only and self.export_factors == "measured":
+            problems.append("train_decoder_only keeps the init's encoder, so the export keeps its scaling/shift "
+                            "factors; export_factors: measured contradicts that (drop one of the two)")
         if problems:
             raise ValueError("; ".join(problems))
 

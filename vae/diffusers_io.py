@@ -33,6 +33,9 @@ from vae.model import AutoencoderKL, build_vae
 WEIGHTS_SAFETENSORS = "diffusion_pytorch_model.safetensors"
 WEIGHTS_BIN = "diffusion_pytorch_model.bin"
 INIT_RECORD = "init_from.json"  # written by `--init_from` a diffusers folder: that folder's latent factors
+# diffusers' AutoencoderKL default (SD 1.x/2.x's factor): what diffusers uses for a config.json without
+# the key, as folders saved by early diffusers versions are.
+DEFAULT_SCALING_FACTOR = 0.18215
 
 _RES = {"skip": "conv_shortcut"}  # ResBlock parts that are renamed; norm1/conv1/norm2/conv2 match
 _ATTN = {"norm": "group_norm", "q": "to_q", "k": "to_k", "v": "to_v", "proj": "to_out.0"}
@@ -104,7 +107,7 @@ def from_diffusers(state_dict: dict[str, torch.Tensor], model: AutoencoderKL) ->
     return out
 
 
-def diffusers_config(model: AutoencoderKL, sample_size: int = 512, scaling_factor: float = 0.18215,
+def diffusers_config(model: AutoencoderKL, sample_size: int = 512, scaling_factor: float = DEFAULT_SCALING_FACTOR,
                      shift_factor: float | None = None) -> dict:
     """The `config.json` diffusers' AutoencoderKL reads (newer keys are ignored by older diffusers)."""
     n = len(model.channels)
@@ -152,7 +155,7 @@ def pipeline_factors(model: AutoencoderKL, stats: dict) -> dict[str, float | Non
 
 
 def save_diffusers(model: AutoencoderKL, folder: str | Path, sample_size: int = 512,
-                   scaling_factor: float = 0.18215, shift_factor: float | None = None) -> Path:
+                   scaling_factor: float = DEFAULT_SCALING_FACTOR, shift_factor: float | None = None) -> Path:
     """Writes `folder/config.json` and the weights as `diffusion_pytorch_model.safetensors`
     (`common.safetensors_io`, no `safetensors` package needed), the file diffusers reads first."""
     folder = Path(folder)
@@ -241,11 +244,15 @@ def export_factors(cfg: VAEConfig, out_dir: Path, measured: dict[str, float | No
     differ = [k for k in old if (old[k] is None) != (measured[k] is None) or rel(measured[k], old[k]) > 0.05]
     lines = []
     if differ:
+        if cfg.train_decoder_only:  # the encoder never changed: only the images measured differ
+            choice = "; exporting them (train_decoder_only: the encoder and its latent space are the init's)"
+        elif cfg.export_factors == "init":
+            choice = "; exporting them (export_factors: init; --set export_factors=measured writes the measured ones)"
+        else:
+            choice = "; exporting the measured ones as asked (export_factors: measured)"
         lines.append("latent factors differ from the init folder's: " + ", ".join(
             f"{k} measured {measured[k]} vs {init['init_from']} {old[k]}" for k in differ)
-            + ". Diffusion models trained on that VAE expect its factors"
-            + ("; exporting them (export_factors: init; --set export_factors=measured writes the measured ones)"
-               if cfg.export_factors == "init" else "; exporting the measured ones as asked (export_factors: measured)"))
+            + ". Diffusion models trained on that VAE expect its factors" + choice)
     return (old if cfg.export_factors == "init" else measured), lines
 
 

@@ -22,7 +22,8 @@ VALUE_FLAGS: dict[str, type] = {
     "disc_learning_rate": float, "precision": str,
 }
 BOOL_FLAGS = ("mixed_precision", "use_bf16", "use_torch_compile", "enable_tf32", "channels_last",
-              "persistent_workers", "gradient_checkpointing", "learn_logvar", "random_flip", "export_diffusers")
+              "persistent_workers", "gradient_checkpointing", "learn_logvar", "random_flip", "export_diffusers",
+              "train_decoder_only")
 
 
 def add_guide_flags(p: argparse.ArgumentParser) -> None:

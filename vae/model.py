@@ -203,6 +203,9 @@ class DiagonalGaussian:
 class AutoencoderKL(nn.Module):
     """Encoder → (quant_conv) → Gaussian posterior → (post_quant_conv) → Decoder."""
 
+    # State-dict prefixes of the part a decoder-only fine-tune trains (`freeze_encoder`).
+    DECODER_SIDE = ("post_quant_conv.", "decoder.")
+
     def __init__(self, channels: Sequence[int] = (128, 256, 512, 512), z_channels: int = 16,
                  layers_per_block: int = 2, in_channels: int = 3, out_channels: int = 3,
                  norm_num_groups: int = 32, mid_attention: bool = True, use_quant_conv: bool = True,
@@ -230,6 +233,7 @@ class AutoencoderKL(nn.Module):
         # FLUX drops the 1×1 quant convs; SD keeps them. Both layouts export to diffusers.
         self.quant_conv = nn.Conv2d(2 * z_channels, 2 * z_channels, 1) if use_quant_conv else nn.Identity()
         self.post_quant_conv = nn.Conv2d(z_channels, z_channels, 1) if use_quant_conv else nn.Identity()
+        self.encoder_frozen = False
 
     def arch(self) -> dict:
         """Everything needed to rebuild this model (stored in checkpoints and used by diffusers export)."""
@@ -242,6 +246,22 @@ class AutoencoderKL(nn.Module):
         self.encoder.gradient_checkpointing = enabled
         self.decoder.gradient_checkpointing = enabled
 
+    def freeze_encoder(self) -> None:
+        """Decoder-only fine-tuning (sd-vae-ft-mse, `train_decoder_only`): the encoder and quant_conv keep
+        their weights and stay in eval mode whatever `.train()` is called later, so the latent space, and
+        with it every diffusion model trained on it, stays the init's. `encode` then builds no graph."""
+        self.encoder_frozen = True
+        self.encoder.requires_grad_(False)
+        self.quant_conv.requires_grad_(False)
+        self.train(self.training)
+
+    def train(self, mode: bool = True) -> AutoencoderKL:
+        super().train(mode)
+        if self.encoder_frozen:
+            self.encoder.eval()
+            self.quant_conv.eval()
+        return self
+
     @property
     def last_layer(self) -> torch.Tensor:
         """The decoder's output conv weight: the GAN's adaptive weight compares gradient norms here."""
@@ -251,7 +271,8 @@ class AutoencoderKL(nn.Module):
         f = self.downsample_factor
         if x.shape[-1] % f or x.shape[-2] % f:
             raise ValueError(f"image size {tuple(x.shape[-2:])} must be a multiple of {f} for this model")
-        return DiagonalGaussian(self.quant_conv(self.encoder(x)))
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.encoder_frozen):
+            return DiagonalGaussian(self.quant_conv(self.encoder(x)))
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         return self.decoder(self.post_quant_conv(z))

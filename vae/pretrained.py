@@ -32,7 +32,13 @@ from common.checkpoint import (
     refuse_other_kind,
 )
 from vae.config import VAEConfig
-from vae.diffusers_io import INIT_RECORD, arch_from_config, from_diffusers, read_diffusers_folder
+from vae.diffusers_io import (
+    DEFAULT_SCALING_FACTOR,
+    INIT_RECORD,
+    arch_from_config,
+    from_diffusers,
+    read_diffusers_folder,
+)
 from vae.model import AutoencoderKL
 from vae.single_file import ACCEPTED, is_ours, load_pickled, read_single_file
 
@@ -124,7 +130,8 @@ def init_from_diffusers(vae: AutoencoderKL, cfg: VAEConfig, folder: str | Path, 
         vae.load_state_dict(from_diffusers(sd, vae))
     except (KeyError, ValueError) as exc:
         raise CheckpointError(f"--init_from {folder}: {str(exc).strip(chr(34))}") from None
-    factors = {"scaling_factor": folder_cfg.get("scaling_factor"), "shift_factor": folder_cfg.get("shift_factor")}
+    factors = {"scaling_factor": folder_cfg.get("scaling_factor", DEFAULT_SCALING_FACTOR),
+               "shift_factor": folder_cfg.get("shift_factor")}
     record_factors(folder, factors, out_dir, main)
     return [f"init_from {folder}: all {len(sd)} tensors of a diffusers AutoencoderKL, {layout_name(arch)}; "
             f"its scaling_factor {factors['scaling_factor']}, shift_factor {factors['shift_factor']} "

@@ -57,7 +57,7 @@ from common.training import (
     saving_blocked,
     step_optimizer,
 )
-from vae import validation
+from vae import decoder_only, validation
 from vae.config import VAEConfig
 from vae.data import TrainData, build_train_data, training_images
 from vae.diffusers_io import export_final
@@ -98,6 +98,8 @@ class VAETrainer:
         fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
         vae = build_vae({**config_to_dict(cfg)}).to(device)
         vae.set_gradient_checkpointing(cfg.gradient_checkpointing)
+        if cfg.train_decoder_only:  # before DDP and the optimizer: they take only what trains
+            vae.freeze_encoder()
         self.vae: AutoencoderKL = vae.to(memory_format=fmt)
         # channels_last before DDP (its gradient buckets copy the parameter layout), compile after.
         self.vae_ddp = self.precision.prepare_model(wrap_ddp(self.vae, self.info))
@@ -122,7 +124,7 @@ class VAETrainer:
             self.optimizers["disc"] = self.d_opt
         self.total_steps = max(1, int(data.total_steps if data is not None else total_steps))
         self.schedulers = build_lr_schedules(cfg, self.optimizers, self.total_steps)
-        self.ema = EMA(self.vae, cfg.ema_decay) if cfg.ema_decay > 0 else None
+        self.ema = self._new_ema()
         self.guard = NonFiniteGuard(cfg.max_nonfinite)
         self.divergence = DivergenceGuard([*self.g_params, *(self.disc.parameters() if self.disc else ())],
                                           cfg.max_nonfinite, across_ranks=self.info.enabled)
@@ -152,14 +154,27 @@ class VAETrainer:
         if resume is not None:
             self.restore(resume)
         elif init_from:  # weights only (a new run): a diffusers folder, or a checkpoint (see vae/pretrained.py)
+            if cfg.train_decoder_only:
+                decoder_only.forget_stale_record(out_dir, main)
             for line in init_weights(self.models, cfg, init_from, out_dir, main):
                 self.log(line)
-            if self.ema is not None:  # taken from the random initial weights: restart it from the loaded ones
-                self.ema = EMA(self.vae, self.ema.decay)
+            if cfg.train_decoder_only:
+                decoder_only.record_checkpoint_factors(self.vae, init_from, out_dir, main)
+            self.ema = self._new_ema()  # the one made above holds the random initial weights
+        if cfg.train_decoder_only:
+            distributed.barrier()  # the main rank has written the init's factors
+            for line in decoder_only.startup_lines(self.vae, decoder_only.init_factors(out_dir)):
+                self.log(line)
         self.writer = RunLogger(tensorboard_dir(out_dir), enabled=main)
         self.eval_batch = validation.eval_batch_size(cfg)
         self.val_batches = validation.validation_batches(cfg, data, main)
         self.sample_x = validation.sample_images(cfg, data)
+
+    def _new_ema(self) -> EMA | None:
+        """The EMA of the weights that train: the whole VAE, or its decoder side (`train_decoder_only`)."""
+        if self.cfg.ema_decay <= 0:
+            return None
+        return EMA(self.vae, self.cfg.ema_decay, only=AutoencoderKL.DECODER_SIDE if self.cfg.train_decoder_only else ())
 
     # ------------------------------------------------------------------ one step
     def train_step(self, micro_batches: list[torch.Tensor], global_step: int) -> tuple[dict[str, torch.Tensor], bool]:
@@ -254,6 +269,7 @@ class VAETrainer:
         planned afresh; the counters continue: `vae.startup.start_stage`)."""
         cfg, data, info = self.cfg, self.data, self.info
         ckpt = load_checkpoint(path, map_location="cpu")  # restore_state: a checkpoint that does not fit -> exit 2
+        decoder_only.check_resume(ckpt, path, cfg)
         if ckpt.get("counters", {}).get("image_size") != cfg.image_size:
             c, self.stages = start_stage(ckpt, path, self.models, self.ema, cfg, self.out_dir, data.total_steps,
                                          info.rank, info.is_main)
@@ -421,6 +437,7 @@ def new_step(cfg: VAEConfig, device: torch.device, perceptual: FrozenLPIPS | Non
 def train(cfg: VAEConfig, overwrite: bool = False, init_from: str | None = None, run_flag: str = "--output_dir") -> int:
     """A training run in `cfg.output_dir`; `run_flag` is how the user named that folder (for messages)."""
     out_dir = Path(cfg.output_dir)
+    decoder_only.check_start(cfg, init_from)  # before the run folder is made or touched
     prepare_run_dir(out_dir, None, cfg.resume_from, overwrite, init_from, run_flag=run_flag)
     info = distributed.setup_distributed(cfg.device or None)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank (DDP also broadcasts them)
