@@ -15,13 +15,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from common.atomic_write import write_text
 from common.checkpoint import CheckpointError, load_checkpoint
 from common.errors import ConfigError
 from common.run_dir import existing_checkpoints
 from vae.config import VAEConfig
 from vae.diffusers_io import INIT_RECORD, pipeline_factors
 from vae.model import AutoencoderKL
+from vae.pretrained import record_factors
 
 FLAG = "--train_decoder_only"
 CHECKPOINT_SUFFIXES = (".pt", ".pth")  # this trainer's checkpoints and vae_final.pt
@@ -72,9 +72,8 @@ def record_checkpoint_factors(vae: AutoencoderKL, init_from: str, out_dir: Path,
         raise CheckpointError(f"--init_from {path}: {FLAG} keeps the encoder as loaded, but {len(absent)} of its "
                               f"{len(frozen)} tensors are not in this file with this shape (e.g. {absent[:3]}); "
                               "init from a VAE of this run's layout")
-    if main and init.get("latent_stats"):
-        factors = pipeline_factors(vae, init["latent_stats"])
-        write_text(out_dir / INIT_RECORD, json.dumps({"init_from": str(path), **factors}, indent=1) + "\n")
+    if init.get("latent_stats"):
+        record_factors(path, pipeline_factors(vae, init["latent_stats"]), out_dir, main)
 
 
 def init_factors(out_dir: Path) -> dict:
