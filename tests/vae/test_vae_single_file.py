@@ -153,13 +153,15 @@ def test_the_ldm_rename_covers_every_part():
     assert ldm_to_ours_key("post_quant_conv.weight") == "post_quant_conv.weight"
 
 
-def test_a_run_from_flux_ae_exports_flux_factors(image_dir, tmp_path, capsys):
+@pytest.mark.parametrize("decoder_only", [False, True])
+def test_a_run_from_flux_ae_exports_flux_factors(image_dir, tmp_path, capsys, decoder_only):
+    """Also with --train_decoder_only: a single file's family factors are the init's, which that mode keeps."""
     path, *_ = write_file("flux_ae_safetensors", tmp_path)
     out = tmp_path / "run"
     args = ["--config", str(TINY_CONFIG), "--data_path", str(image_dir), "--output_dir", str(out), "--init_from",
             str(path), "--channels", *map(str, CHANNELS), "--z_channels", "16", "--layers_per_block", "1",
             "--set", "norm_num_groups=32", "--set", "use_quant_conv=false", "--max_steps", "1",
-            "--set", "disc_weight=0", "--set", "latent_stats_images=2"]
+            "--set", "disc_weight=0", "--set", "latent_stats_images=2"] + ["--train_decoder_only"] * decoder_only
     assert tv.main(args) == 0
     printed = capsys.readouterr().out
     assert f"init_from {path}: the FLUX.1 autoencoder (" in printed and "f8c16 (the SD3/FLUX layout)" in printed
