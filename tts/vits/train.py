@@ -72,6 +72,8 @@ from tts.vits.discriminator import MultiPeriodDiscriminator
 from tts.vits.evaluation import evaluate, record_metrics, speak_test_sentences
 from tts.vits.losses import discriminator_loss, feature_loss, generator_loss, kl_loss
 from tts.vits.model import VITS, apply_layout_and_compile, slice_segments
+from tts.vits.published.source import SourceError
+from tts.vits.published.start import SourceStart, adopt_source_shape, check_data_fits, load_start, open_source, plan_start
 from vocoder.losses import MultiResolutionSTFTLoss, frame_energy_loss
 
 
@@ -110,8 +112,10 @@ class VitsTrainer:
     """Everything one run holds (data, G and D with their optimizers and schedules, checkpoints);
     `train_step` is one D update then one G update, `fit` the loop."""
 
-    def __init__(self, cfg: TrainConfig, info: DistInfo, resume: str | None = None, init_from: str | None = None):
+    def __init__(self, cfg: TrainConfig, info: DistInfo, resume: str | None = None, init_from: str | None = None,
+                 source: SourceStart | None = None):
         self.cfg, self.info = cfg, info
+        self.licence: str | None = None  # of the weights the run started from (published voices declare one)
         self.device = info.device
         if not cfg.data_dir:
             raise ConfigError("no data folder: pass --data_dir (a folder made by tts/prepare_data.py)")
@@ -186,6 +190,11 @@ class VitsTrainer:
         path = resolve_resume(resume, self.manager.dir, self.manager)
         if path is not None:
             self.restore(path)
+        elif source is not None:  # a published voice (Piper, MMS), planned and checked by `plan_source_start`
+            load_start(source, self.generator, self.discriminator)
+            self.licence = source.voice.licence
+            for line in source.lines:
+                self.log(line)
         elif init_from:
             self._init_from(init_from)
         elif resume == "auto":
@@ -202,7 +211,9 @@ class VitsTrainer:
 
     def restore(self, path: Path) -> None:
         """Continue the run saved in `path` exactly (weights, optimizers, schedules, scaler, counters, RNG)."""
-        counters = restore_state(load_checkpoint(path), *self._parts(), self.scaler, rank=self.info.rank, source=path)
+        ckpt = load_checkpoint(path)
+        self.licence = ckpt.get("extra", {}).get("licence")
+        counters = restore_state(ckpt, *self._parts(), self.scaler, rank=self.info.rank, source=path)
         self.step, self.epoch = counters["step"], counters["epoch"]
         self.batch_in_epoch = counters["batch_in_epoch"]
         self.guard.load_state_dict(counters["guard"])
@@ -217,6 +228,9 @@ class VitsTrainer:
         """A new run from another checkpoint's weights (`--init_from`); mismatched layers are listed."""
         ckpt = load_checkpoint(init_from)
         refuse_other_kind(init_from, ckpt, "vits")
+        self.licence = ckpt.get("extra", {}).get("licence")
+        if self.licence:
+            self.log(f"licence of the weights: {self.licence} (carried into the checkpoints and the export)")
         for name, model in (("generator", self.generator), ("discriminator", self.discriminator)):
             if name not in ckpt.get("models", {}):
                 raise ConfigError(f"--init_from {init_from}: no '{name}' weights in the checkpoint")
@@ -239,7 +253,8 @@ class VitsTrainer:
         counters = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                     "guard": self.guard.state_dict(), "divergence": self.divergence.state_dict()}
         state = make_state(*self._parts(), self.scaler, counters=counters, config=config_to_dict(self.cfg),
-                           extra={"speakers": self.speakers, **Frontend.of(self.cfg).to_checkpoint()})
+                           extra={"speakers": self.speakers, **Frontend.of(self.cfg).to_checkpoint(),
+                                  **({"licence": self.licence} if self.licence else {})})
         path = self.manager.save(state, self.step, metric) if self.info.is_main else None
         self.last_good = path or self.last_good
         barrier()
@@ -423,6 +438,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data_dir", default=None, help="prepared dataset folder (tts/prepare_data.py --output_dir)")
     add_run_args(p, run_help="where checkpoints, TensorBoard logs and samples go (default: runs/<run_name>)")
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
+    p.add_argument("--init_config", default=None,
+                   help="the voice config of a Piper --init_from checkpoint (default: config.json or the one "
+                        "*.onnx.json beside it)")
+    p.add_argument("--init_speaker", default=None, metavar="NAME|ID",
+                   help="the speaker of a multi-speaker --init_from voice a single-speaker run keeps (default: "
+                        "the mean of its speakers)")
     add_preset_arg(p)
     return p.parse_args(argv)
 
@@ -432,6 +453,30 @@ def main(argv: list[str] | None = None) -> int:
     return exit_codes.run_main(lambda: run(args), (ConfigError, DataError, CheckpointError), cleanup)
 
 
+def plan_source_start(cfg: TrainConfig, args: argparse.Namespace) -> SourceStart | None:
+    """`--init_from` a published voice (Piper .ckpt, transformers VitsModel folder): read and check it,
+    put its shape into `cfg`, map every tensor onto the model `cfg` now builds (on the meta device: no
+    memory, no time). None for no --init_from or a checkpoint of this trainer (loaded by the trainer)."""
+    voice = open_source(args.init_from, args.init_config) if args.init_from else None
+    if voice is None:
+        if args.init_config or args.init_speaker:
+            raise ConfigError("--init_config and --init_speaker go with --init_from a published voice "
+                              "(a Piper .ckpt or a transformers VitsModel folder)")
+        return None
+    if not cfg.data_dir:
+        raise ConfigError("no data folder: pass --data_dir (a folder made by tts/prepare_data.py)")
+    lines = adopt_source_shape(cfg, voice)
+    check_data_fits(cfg, voice)
+    speakers = read_speakers(cfg.data_dir)
+    try:
+        with torch.device("meta"):
+            generator, discriminator = build_models(cfg, len(speakers))
+    except ValueError as e:  # sizes that do not make a model (e.g. upsampling vs hop length)
+        raise SourceError(f"--init_from {voice.path}: {e}") from None
+    return plan_start(cfg, voice, generator.state_dict(), discriminator.state_dict(), speakers, args.init_speaker,
+                      lines)
+
+
 def run(args: argparse.Namespace) -> int:
     """The run the command line asks for; failures reach `main` as exceptions (`common.exit_codes`)."""
     cfg = load_config(args.config, TrainConfig, args.overrides, extra={"data_dir": args.data_dir, "run_dir": args.run_dir})
@@ -439,9 +484,11 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and args.init_from:
         raise ConfigError("--resume and --init_from exclude each other (resume continues a run; "
                           "init_from starts a new one from weights)")
+    source = plan_source_start(cfg, args)  # a published voice is validated before the run folder changes
     run_dir = Path(cfg.run_dir or f"runs/{cfg.run_name}")
     prepare_run_dir(run_dir, run_dir / "checkpoints", args.resume, args.overwrite, args.init_from)
-    trainer = VitsTrainer(cfg, setup_distributed(args.device), resume=args.resume, init_from=args.init_from)
+    trainer = VitsTrainer(cfg, setup_distributed(args.device), resume=args.resume, init_from=args.init_from,
+                          source=source)
     return exit_code(trainer.fit()["stopped"])
 
 
