@@ -6,6 +6,7 @@ input exits 2 with one line naming the file, before the run folder exists."""
 
 from __future__ import annotations
 
+import functools
 import json
 import pathlib
 import random
@@ -41,8 +42,10 @@ SAYS = ["s", "a", "l", "o", "m", " ", "d", "u", "n", "ˈ", "ɑ", "ː", "."]  # w
 CACHED = ["salom", "dunˈɑː", "bugun", "kitob", "ʃoi", "men", "bu", "ʘ"]  # phonemes of TEXTS (no espeak-ng needed)
 
 
-def piper_voice(folder: Path, speakers: dict[str, int] | None = None, seed: int = 0) -> Path:
-    """A tiny piper VitsModel with random weights, saved by Lightning, and its config.json beside it."""
+def piper_voice(folder: Path, speakers: dict[str, int] | None = None, seed: int = 0, critics: bool = True) -> Path:
+    """A tiny piper VitsModel with random weights, saved by Lightning, and its config.json beside it.
+    Without `critics`, the file is re-saved without piper's full-size discriminator (model_d.*: 47 M
+    weights that piper's code does not let a small voice shrink), to keep the tests quick."""
     torch.manual_seed(seed)
     n = len(speakers or {}) or 1
     model = VitsModel(num_symbols=len(PHONES), num_speakers=n, sample_rate=22050, hidden_channels=16,
@@ -58,6 +61,11 @@ def piper_voice(folder: Path, speakers: dict[str, int] | None = None, seed: int 
     trainer.strategy.connect(model)
     path = folder / "epoch=9-step=100.ckpt"
     trainer.save_checkpoint(path)
+    if not critics:
+        lightning_ckpt = torch.load(path, weights_only=False)
+        lightning_ckpt["state_dict"] = {k: v for k, v in lightning_ckpt["state_dict"].items()
+                                        if not k.startswith("model_d.")}
+        torch.save(lightning_ckpt, path)
     write_config(folder / "config.json", {s: [i] for i, s in enumerate(PHONES)}, speakers)
     return path
 
@@ -70,10 +78,31 @@ def write_config(path: Path, id_map: dict, speakers: dict[str, int] | None = Non
     return path
 
 
-def piper_wave(ckpt: Path, sid: int | None = None, symbols: dict[str, int] | None = None) -> torch.Tensor:
+def variant(ckpt: Path, folder: Path, permute: list[int] | None = None, **config) -> Path:
+    """The voice of `ckpt` as a Lightning checkpoint without the critics (small, quick to write), its ids
+    renumbered by `permute` (new id of PHONES[i] = permute[i]: map and embedding rows alike), with
+    `config` added to its voice config (an .onnx.json beside it)."""
+    lightning_ckpt = torch.load(ckpt, weights_only=False)
+    state = {k: v for k, v in lightning_ckpt["state_dict"].items() if not k.startswith("model_d.")}
+    order = permute or list(range(len(PHONES)))
+    emb = state["model_g.enc_p.emb.weight"]
+    state["model_g.enc_p.emb.weight"] = torch.empty_like(emb).index_copy_(0, torch.tensor(order), emb)
+    folder.mkdir(parents=True)
+    torch.save({**lightning_ckpt, "state_dict": state}, folder / "voice.ckpt")
+    path = write_config(folder / "voice.onnx.json", {s: [order[i]] for i, s in enumerate(PHONES)})
+    path.write_text(json.dumps({**json.loads(path.read_text()), **config}))
+    return folder / "voice.ckpt"
+
+
+@functools.cache
+def piper_model(ckpt: Path) -> VitsModel:
+    return VitsModel.load_from_checkpoint(ckpt, map_location="cpu", weights_only=False, strict=False).eval()
+
+
+def piper_wave(ckpt: Path, sid: int | None = None) -> torch.Tensor:
     """piper's own inference of SAYS (blanks between, as piper's runtime) at noise scales 0."""
-    model = VitsModel.load_from_checkpoint(ckpt, map_location="cpu", weights_only=False).eval()
-    index = symbols or {s: i for i, s in enumerate(PHONES)}
+    model = piper_model(ckpt)
+    index = {s: i for i, s in enumerate(PHONES)}
     x = torch.tensor([with_blanks([index[s] for s in SAYS], index["_"])])
     with torch.no_grad():
         wav, *_ = model.model_g.infer(x, torch.tensor([x.size(1)]), None if sid is None else torch.tensor([sid]),
@@ -117,7 +146,8 @@ def one_speaker(tmp_path_factory) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def three_speakers(tmp_path_factory) -> Path:
-    return piper_voice(tmp_path_factory.mktemp("piper_multi") / "voice", {"anna": 0, "bobur": 1, "vali": 2}, seed=1)
+    return piper_voice(tmp_path_factory.mktemp("piper_multi") / "voice", {"anna": 0, "bobur": 1, "vali": 2}, seed=1,
+                       critics=False)
 
 
 def start(ckpt: Path, data: Path, run: Path, *flags: str, sets: tuple[str, ...] = ()):
@@ -147,29 +177,21 @@ def test_piper_voice_speaks_the_same_and_trains_one_step(one_speaker, tmp_path, 
     assert "4 source symbol(s) have no counterpart here: '^' '$' 'ʘ' '˥'" in out
     assert "no speaker" not in out and "licence: the source declares none" in out
     assert_same_wave(our_wave(trainer.generator), piper_wave(ckpt))
-    piper_d = load_checkpoint(ckpt, plain_data=(pathlib.PosixPath,))["state_dict"]
+    piper_d = piper_model(ckpt).model_d.state_dict()
     assert torch.equal(trainer.discriminator.state_dict()["discriminators.1.conv_post.bias"],
-                       piper_d["model_d.discriminators.1.conv_post.bias"])
-    assert trainer.fit()["step"] == 1  # one training step from the voice
-    saved = load_checkpoint(next((tmp_path / "run" / "checkpoints").glob("vits_*.pt")))
-    assert saved["extra"]["phoneme_type"] == "espeak" and saved["config"]["model_args"]["n_layers_q"] == 16
+                       piper_d["discriminators.1.conv_post.bias"])
+    before = trainer.generator.enc_p.emb.weight.detach().clone()
+    losses = trainer.train_step(next(iter(trainer.loader)))  # one training step from the voice, critics included
+    assert all(torch.isfinite(v) for v in losses.values()) and "loss_disc" in losses
+    assert not torch.equal(before, trainer.generator.enc_p.emb.weight)
 
 
 def test_ids_are_mapped_by_symbol(one_speaker, tmp_path):
     """The same voice with its ids permuted (map and embedding rows alike) loads to the same model."""
     ckpt, data = one_speaker
     order = list(range(len(PHONES)))
-    random.Random(0).shuffle(order)  # new id of PHONES[i] = order[i]
-    lightning_ckpt = torch.load(ckpt, weights_only=False)
-    emb = lightning_ckpt["state_dict"]["model_g.enc_p.emb.weight"]
-    permuted = torch.empty_like(emb)
-    permuted[order] = emb
-    lightning_ckpt["state_dict"]["model_g.enc_p.emb.weight"] = permuted
-    folder = tmp_path / "permuted"
-    folder.mkdir()
-    torch.save(lightning_ckpt, folder / "voice.ckpt")
-    write_config(folder / "voice.onnx.json", {s: [order[i]] for i, s in enumerate(PHONES)})  # found beside it
-    generator, _ = loaded_generator(folder / "voice.ckpt", data, tmp_path / "run")
+    random.Random(0).shuffle(order)
+    generator, _ = loaded_generator(variant(ckpt, tmp_path / "permuted", order), data, tmp_path / "run")
     assert_same_wave(our_wave(generator), piper_wave(ckpt))
 
 
@@ -220,7 +242,7 @@ def test_bad_sources_exit_2_before_the_run_folder(one_speaker, tmp_path, capsys)
     torch.save({"state_dict": {"model.encoder.weight": torch.zeros(2)}}, bad / "other.ckpt")
     assert "not a Piper voice checkpoint" in _fails(tmp_path, capsys, bad / "other.ckpt", data)
     # no voice config beside it, a config without a phoneme map, an inconsistent one
-    shutil.copy(ckpt, bad / "voice.ckpt")
+    (bad / "voice.ckpt").symlink_to(ckpt)
     assert "--init_config" in _fails(tmp_path, capsys, bad / "voice.ckpt", data)
     no_map = write_config(bad / "no_map.json", {})
     assert "no phoneme_id_map" in _fails(tmp_path, capsys, ckpt, data, "--init_config", str(no_map))
@@ -242,18 +264,19 @@ def test_bad_sources_exit_2_before_the_run_folder(one_speaker, tmp_path, capsys)
 
 
 def test_licence_reaches_the_checkpoint_and_the_onnx_json(one_speaker, tmp_path, capsys):
+    """The command line end to end (one step), from a voice without critics: they keep the recipe's size."""
     ckpt, data = one_speaker
-    folder = tmp_path / "licensed"
-    folder.mkdir()
-    shutil.copy(ckpt, folder / "voice.ckpt")
-    config = json.loads((ckpt.parent / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "license": "CC-BY-NC-4.0"}))
+    licensed = variant(ckpt, tmp_path / "licensed", license="CC-BY-NC-4.0")
     run = tmp_path / "run"
-    argv = ["--data_dir", str(data), "--run_dir", str(run), "--init_from", str(folder / "voice.ckpt"),
+    argv = ["--data_dir", str(data), "--run_dir", str(run), "--init_from", str(licensed),
             "--device", "cpu", *sum((["--set", s] for s in FAST), [])]
     assert train_mod.main(argv) == 0
-    assert "licence: CC-BY-NC-4.0" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "licence: CC-BY-NC-4.0" in out and "no discriminator in the source: the critics start fresh" in out
     saved = next((run / "checkpoints").glob("vits_*.pt"))
-    assert load_checkpoint(saved)["extra"]["licence"] == "CC-BY-NC-4.0"
+    saved_ckpt = load_checkpoint(saved)
+    assert saved_ckpt["extra"]["licence"] == "CC-BY-NC-4.0"
+    assert saved_ckpt["config"]["model_args"]["n_layers_q"] == 16  # the voice's shape, in the run's config
+    assert saved_ckpt["config"]["model_args"].get("disc_channel_scale") is None  # the tiny recipe's critics
     assert export_onnx.main(["--checkpoint", str(saved), "--out", str(tmp_path / "v.onnx"), "--no_check"]) == 0
     assert json.loads((tmp_path / "v.onnx.json").read_text())["licence"] == "CC-BY-NC-4.0"

@@ -31,14 +31,16 @@ from common.checkpoint import load_checkpoint, refuse_other_kind
 from tts.vits.published.source import SourceError, SourceVoice
 from vocoder.export import from_legacy_names
 
-# Sizes that piper's SynthesizerTrn / attentions.Encoder / MultiPeriodDiscriminator fix in code (not
-# hyper-parameters): posterior encoder WN(kernel 5, 16 layers), flow 4 × WN(kernel 5, 4 layers),
-# deterministic duration predictor 256 filters, relative-attention window 4, critic periods 2..11 at
-# full width.
+# Sizes that piper's SynthesizerTrn / attentions.Encoder fix in code (not hyper-parameters): posterior
+# encoder WN(kernel 5, 16 layers), flow 4 × WN(kernel 5, 4 layers), deterministic duration predictor
+# 256 filters, relative-attention window 4.
 PIPER_FIXED: dict[str, Any] = {
     "window_size": 4, "posterior_kernel_size": 5, "n_layers_q": 16, "n_flows": 4, "flow_n_layers": 4,
-    "flow_kernel_size": 5, "dp_filter_channels": 256, "mpd_periods": [2, 3, 5, 7, 11], "disc_channel_scale": 1.0,
+    "flow_kernel_size": 5, "dp_filter_channels": 256,
 }
+# piper's MultiPeriodDiscriminator: periods 2..11 at full width (fixed in code); a checkpoint without
+# critics leaves their shape to the recipe
+PIPER_CRITICS: dict[str, Any] = {"mpd_periods": [2, 3, 5, 7, 11], "disc_channel_scale": 1.0}
 # Piper's hyper-parameters that are `VitsArgs` keys of the same name, with piper's defaults (its
 # VitsModel signature: the "medium" quality) for a checkpoint that does not store one.
 PIPER_HPARAMS: dict[str, Any] = {
@@ -46,7 +48,6 @@ PIPER_HPARAMS: dict[str, Any] = {
     "kernel_size": 3, "resblock": "2", "resblock_kernel_sizes": [3, 5, 7],
     "resblock_dilation_sizes": [[1, 2], [2, 6], [3, 12]], "upsample_rates": [8, 8, 4],
     "upsample_initial_channel": 256, "upsample_kernel_sizes": [16, 16, 8], "use_sdp": True,
-    "use_spectral_norm": False,
 }
 # our `AudioConfig` key -> (piper's hyper-parameter, its default)
 PIPER_AUDIO: dict[str, tuple[str, Any]] = {
@@ -186,6 +187,8 @@ def read(path: str | Path, config_path: str | Path | None = None) -> SourceVoice
         speakers = dict(sorted(id_map.items(), key=lambda kv: kv[1]))
 
     generator, discriminator = _weights(state, "model_g."), _weights(state, "model_d.")
+    if discriminator:
+        model_args.update(PIPER_CRITICS, use_spectral_norm=bool(hp.get("use_spectral_norm", False)))
     other = sorted({k.split(".")[0] for k in state if not k.startswith(("model_g.", "model_d."))})
     if other:
         notes.append(f"not used: {', '.join(other)} ({sum(k.split('.')[0] in other for k in state)} tensors; "
