@@ -32,6 +32,7 @@ from tts.vits.published.start import load_start
 # The voice's symbols: piper's four specials, IPA we share, and two we lack (a click and a tone letter)
 PHONES = ["_", "^", "$", " ", "a", "b", "d", "e", "i", "k", "l", "m", "n", "o", "s", "t", "u", "ʃ", "ɑ", "ˈ", "ː",
           ".", ",", "ʘ", "˥"]
+RECIPE = Path(__file__).resolve().parents[2] / "tts/vits/configs/finetune_piper.yaml"
 OUR = {s: i for i, s in enumerate(ESPEAK_SYMBOLS)}
 # Our recipe for these tests: tiny and fast; the model's shape comes from the source voice
 FAST = ["model=tiny", "batch_size=2", "num_loader_workers=0", "persistent_workers=false", "pin_memory=false",
@@ -150,11 +151,11 @@ def three_speakers(tmp_path_factory) -> Path:
                        critics=False)
 
 
-def start(ckpt: Path, data: Path, run: Path, *flags: str, sets: tuple[str, ...] = ()):
+def start(ckpt: Path, data: Path, run: Path, *flags: str, sets: tuple[str, ...] = (), config: Path | None = None):
     """What train.run does before the run folder: (config, the planned start)."""
     args = train_mod.parse_args(["--data_dir", str(data), "--run_dir", str(run), "--init_from", str(ckpt), *flags,
                                  *sum((["--set", s] for s in [*FAST, *sets]), [])])
-    cfg = load_config(None, TrainConfig, args.overrides, extra={"data_dir": args.data_dir, "run_dir": args.run_dir})
+    cfg = load_config(config, TrainConfig, args.overrides, extra={"data_dir": args.data_dir, "run_dir": args.run_dir})
     return cfg, train_mod.plan_source_start(cfg, args)
 
 
@@ -200,8 +201,9 @@ def test_one_speaker_of_a_multi_speaker_voice(three_speakers, one_speaker, tmp_p
     generator, source = loaded_generator(three_speakers, data, tmp_path / "run", "--init_speaker", "vali")
     assert generator.n_speakers == 1 and "speaker 'vali' (row 2" in "\n".join(source.lines)
     assert_same_wave(our_wave(generator), piper_wave(three_speakers, sid=2))
-    _, source = start(three_speakers, data, tmp_path / "run")
+    cfg, source = start(three_speakers, data, tmp_path / "run", config=RECIPE)  # the shipped recipe
     assert "the mean of the source's 3 speaker embeddings" in "\n".join(source.lines)
+    assert (cfg.lr_gen, cfg.lr_disc, cfg.args().hidden_channels, cfg.args().gin_channels) == (2e-4, 1e-4, 16, 16)
 
 
 def test_speakers_of_the_same_name_carry_over(three_speakers, tmp_path):
