@@ -15,7 +15,8 @@ the noise scales at 0 (deterministic) and fails when they differ by more than ``
 ``num_speakers``, ``speaker_id_map``, ``inference`` (noise_scale, length_scale, noise_w) and
 ``hop_length``. Piper builds ``^ _ p1 _ p2 ... _ $`` from the map; we map ``^`` and ``$`` to no id
 and ``_`` to the blank (no id without ``data.add_blank``), which is exactly our model's input. Our
-own keys (symbols, add_blank, speakers, model) are kept beside them. Piper reads the text as given
+own keys (symbols, add_blank, speakers, model, and ``licence`` when the run started from a published
+voice that declares one) are kept beside them. Piper reads the text as given
 (no Uzbek normaliser): feed it normalised Latin text. A ``text`` model's digraph tokens (sh, ch,
 oʻ, gʻ) cannot be a Piper map key (one codepoint each), so Piper reads them as two letters: voices
 meant for Piper are trained with ``phoneme_type: espeak``.

@@ -2,6 +2,8 @@
 
     python tts/train.py --config tts/vits/configs/uzbek_vits.yaml --data_dir data/prepared --run_dir runs/uzbek
         [--set batch_size=32] [--resume auto|PATH] [--init_from CKPT] [--device cpu]
+    ... --init_from piper/epoch=N-step=M.ckpt [--init_config config.json] [--init_speaker NAME|ID]
+        (a published voice: tts/vits/published/, README "Fine-tuning from a published voice")
     torchrun --nproc_per_node 2 tts/train.py ...            (DDP, one process per GPU)
 
 One loop: discriminator step → generator step → log → evaluate → checkpoint. Separate AdamW
@@ -73,7 +75,14 @@ from tts.vits.evaluation import evaluate, record_metrics, speak_test_sentences
 from tts.vits.losses import discriminator_loss, feature_loss, generator_loss, kl_loss
 from tts.vits.model import VITS, apply_layout_and_compile, slice_segments
 from tts.vits.published.source import SourceError
-from tts.vits.published.start import SourceStart, adopt_source_shape, check_data_fits, load_start, open_source, plan_start
+from tts.vits.published.start import (
+    SourceStart,
+    adopt_source_shape,
+    check_data_fits,
+    load_start,
+    open_source,
+    plan_start,
+)
 from vocoder.losses import MultiResolutionSTFTLoss, frame_energy_loss
 
 
