@@ -89,7 +89,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
                 "and plain data. Checkpoints are loaded with weights_only=True for safety; re-save it "
                 "as a plain state_dict from a trusted environment."
             ) from None
-        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({type(exc).__name__}: {text[:200]})") from None
+        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({type(exc).__name__}: {text[:120]}); a file "
+                              "cut short (an interrupted copy or download) reads like this: fetch it again, or use "
+                              "another checkpoint") from None
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path}: expected a dict checkpoint, got {type(obj).__name__}")
     problem = diverged(obj)

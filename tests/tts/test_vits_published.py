@@ -239,7 +239,8 @@ def test_bad_sources_exit_2_before_the_run_folder(one_speaker, tmp_path, capsys)
     assert not Path(__file__).with_name("pwned").exists()
     # a truncated file
     (bad / "cut.ckpt").write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
-    assert "cut.ckpt" in _fails(tmp_path, capsys, bad / "cut.ckpt", data)
+    err = _fails(tmp_path, capsys, bad / "cut.ckpt", data)
+    assert "cut.ckpt" in err and "fetch it again" in err
     # a checkpoint of another model
     torch.save({"state_dict": {"model.encoder.weight": torch.zeros(2)}}, bad / "other.ckpt")
     assert "not a Piper voice checkpoint" in _fails(tmp_path, capsys, bad / "other.ckpt", data)
@@ -259,7 +260,9 @@ def test_bad_sources_exit_2_before_the_run_folder(one_speaker, tmp_path, capsys)
     state["audio"]["sample_rate"] = 16000
     (data16 / "prepare_state.json").write_text(json.dumps(state))
     err = _fails(tmp_path, capsys, ckpt, data16)
-    assert "22050 Hz voice" in err and "sample_rate=16000" in err
+    assert "audio.sample_rate=16000" in err and "audio.sample_rate=22050" in err and "epoch=9-step=100.ckpt" in err
+    # a speaker to keep, from a voice of one speaker
+    assert "--init_speaker" in _fails(tmp_path, capsys, ckpt, data, "--init_speaker", "vali")
     # a value typed on the command line that contradicts the voice
     err = _fails(tmp_path, capsys, ckpt, data, sets=("model_args.hidden_channels=64",))
     assert "--set model_args.hidden_channels=64" in err and "16" in err and "epoch=9-step=100.ckpt" in err

@@ -24,7 +24,7 @@ import torch
 
 from common.config import ConfigError, explicit_keys
 from tts.text.phonemes import Frontend
-from tts.vits.data import DataError, check_prepared_audio
+from tts.vits.data import check_prepared_audio
 from tts.vits.published import piper
 from tts.vits.published.source import SourceError, SourceVoice
 
@@ -96,12 +96,8 @@ def adopt_source_shape(cfg, voice: SourceVoice) -> list[str]:
 
 
 def check_data_fits(cfg, voice: SourceVoice) -> None:
-    """The prepared data must be at the source's sample rate and STFT (exit 2 before the run starts)."""
-    try:
-        check_prepared_audio(cfg.data_dir, cfg.audio)
-    except DataError as e:  # re-worded with the source, still one line
-        raise SourceError(f"--init_from {voice.path} is a {voice.audio.get('sample_rate')} Hz voice whose audio "
-                          f"settings this run takes, but {e}") from None
+    """The prepared data must be at the source's sample rate and STFT (DataError, exit 2, before the run starts)."""
+    check_prepared_audio(cfg.data_dir, cfg.audio, source=voice.path)
 
 
 @dataclass
