@@ -207,7 +207,7 @@ def plan_start(cfg, voice: SourceVoice, own_generator: dict[str, torch.Tensor],
                init_speaker: str | None, lines: list[str]) -> SourceStart:
     """Maps the source onto the models `cfg` builds (`own_*`: their state dicts, e.g. on the meta device)
     and checks that every tensor fits; nothing is loaded yet (`load_start` does, in the trainer)."""
-    lines = [f"--init_from {voice.path}: a {voice.kind} voice", *lines, *voice.notes]
+    lines = [f"--init_from {voice.path} ({voice.kind} voice)", *lines, *voice.notes]
     ours = Frontend.of(cfg).symbols
     source_rows = {s: i for i, s in enumerate(voice.symbols) if s is not None}
     rows = {i: source_rows[s] for i, s in enumerate(ours) if s in source_rows}
