@@ -206,9 +206,13 @@ def test_one_speaker_of_a_multi_speaker_voice(three_speakers, one_speaker, tmp_p
     assert (cfg.lr_gen, cfg.lr_disc, cfg.args().hidden_channels, cfg.args().gin_channels) == (2e-4, 1e-4, 16, 16)
 
 
-def test_speakers_of_the_same_name_carry_over(three_speakers, tmp_path):
-    data = espeak_data(tmp_path / "corpus", ["anna", "bobur"])
-    generator, source = loaded_generator(three_speakers, data, tmp_path / "run")
+def test_equal_speaker_tables_carry_over_and_others_go_by_name(three_speakers, tmp_path):
+    same = espeak_data(tmp_path / "same", ["anna", "bobur", "vali"])
+    generator, source = loaded_generator(three_speakers, same, tmp_path / "run")
+    assert "speakers: the source's 3 speakers carry over (same names and ids)" in source.lines
+    assert_same_wave(our_wave(generator, sid=2), piper_wave(three_speakers, sid=2))
+    two = espeak_data(tmp_path / "two", ["anna", "bobur"])
+    generator, source = loaded_generator(three_speakers, two, tmp_path / "run")
     assert "2 of the data's 2 speakers take the source's embedding of the same name" in "\n".join(source.lines)
     assert_same_wave(our_wave(generator, sid=1), piper_wave(three_speakers, sid=1))
 
@@ -244,6 +248,8 @@ def test_bad_sources_exit_2_before_the_run_folder(one_speaker, tmp_path, capsys)
     # a checkpoint of another model
     torch.save({"state_dict": {"model.encoder.weight": torch.zeros(2)}}, bad / "other.ckpt")
     assert "not a Piper voice checkpoint" in _fails(tmp_path, capsys, bad / "other.ckpt", data)
+    torch.save({"models": {"generator": {}}, "config": {"task_cls": "x"}}, bad / "vocoder.pt")  # another trainer's
+    assert "is a vocoder training checkpoint" in _fails(tmp_path, capsys, bad / "vocoder.pt", data)
     # no voice config beside it, a config without a phoneme map, an inconsistent one
     (bad / "voice.ckpt").symlink_to(ckpt)
     assert "--init_config" in _fails(tmp_path, capsys, bad / "voice.ckpt", data)

@@ -122,7 +122,7 @@ class VitsTrainer:
     `train_step` is one D update then one G update, `fit` the loop."""
 
     def __init__(self, cfg: TrainConfig, info: DistInfo, resume: str | None = None, init_from: str | None = None,
-                 source: SourceStart | None = None):
+                 source: SourceStart | None = None, init_ckpt: dict | None = None):
         self.cfg, self.info = cfg, info
         self.licence: str | None = None  # of the weights the run started from (published voices declare one)
         self.device = info.device
@@ -205,7 +205,7 @@ class VitsTrainer:
             for line in source.lines:
                 self.log(line)
         elif init_from:
-            self._init_from(init_from)
+            self._init_from(init_from, init_ckpt)
         elif resume == "auto":
             self.log("no checkpoint to resume in this run folder: starting fresh")
         self.generator_ddp = wrap_ddp(self.generator, info)
@@ -233,16 +233,14 @@ class VitsTrainer:
         if changed:
             self.log(changed)
 
-    def _init_from(self, init_from: str) -> None:
-        """A new run from another checkpoint's weights (`--init_from`); mismatched layers are listed."""
-        ckpt = load_checkpoint(init_from)
-        refuse_other_kind(init_from, ckpt, "vits")
+    def _init_from(self, init_from: str, ckpt: dict | None = None) -> None:
+        """A new run from another checkpoint's weights (`--init_from`; `ckpt`: it, already read by
+        `read_own_init`); mismatched layers are listed."""
+        ckpt = read_own_init(init_from) if ckpt is None else ckpt
         self.licence = ckpt.get("extra", {}).get("licence")
         if self.licence:
             self.log(f"licence of the weights: {self.licence} (carried into the checkpoints and the export)")
         for name, model in (("generator", self.generator), ("discriminator", self.discriminator)):
-            if name not in ckpt.get("models", {}):
-                raise ConfigError(f"--init_from {init_from}: no '{name}' weights in the checkpoint")
             required = {"source": init_from, "ckpt": ckpt} if name == "generator" else {}  # critics: reported only
             self.log(f"{name} {load_matching(model, ckpt['models'][name], **required)}")
 
@@ -462,6 +460,17 @@ def main(argv: list[str] | None = None) -> int:
     return exit_codes.run_main(lambda: run(args), (ConfigError, DataError, CheckpointError), cleanup)
 
 
+def read_own_init(path: str) -> dict:
+    """A checkpoint of this trainer for `--init_from`, read and checked (which trainer made it, both
+    networks' weights) before the run folder changes."""
+    ckpt = load_checkpoint(path)
+    refuse_other_kind(path, ckpt, "vits")
+    for name in ("generator", "discriminator"):
+        if name not in ckpt.get("models", {}):
+            raise ConfigError(f"--init_from {path}: no '{name}' weights in the checkpoint")
+    return ckpt
+
+
 def plan_source_start(cfg: TrainConfig, args: argparse.Namespace) -> SourceStart | None:
     """`--init_from` a published voice (Piper .ckpt, transformers VitsModel folder): read and check it,
     put its shape into `cfg`, map every tensor onto the model `cfg` now builds (on the meta device: no
@@ -493,11 +502,12 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and args.init_from:
         raise ConfigError("--resume and --init_from exclude each other (resume continues a run; "
                           "init_from starts a new one from weights)")
-    source = plan_source_start(cfg, args)  # a published voice is validated before the run folder changes
+    source = plan_source_start(cfg, args)  # --init_from is read and checked before the run folder changes
+    own = read_own_init(args.init_from) if args.init_from and source is None else None
     run_dir = Path(cfg.run_dir or f"runs/{cfg.run_name}")
     prepare_run_dir(run_dir, run_dir / "checkpoints", args.resume, args.overwrite, args.init_from)
     trainer = VitsTrainer(cfg, setup_distributed(args.device), resume=args.resume, init_from=args.init_from,
-                          source=source)
+                          source=source, init_ckpt=own)
     return exit_code(trainer.fit()["stopped"])
 
 
