@@ -67,7 +67,11 @@ def damage(path: str | Path) -> str | None:
     return None
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
+                    plain_data: tuple[type, ...] = ()) -> dict:
+    """A checkpoint, read weights-only (tensors and plain data; pickled code is refused with one clear
+    message). `plain_data`: further classes the file may hold that build no code when read (e.g.
+    `pathlib.PosixPath` in the hyper-parameters of older Lightning checkpoints)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
@@ -75,7 +79,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if problem is not None:
         raise CheckpointError(f"{path}: {problem}; use another checkpoint (an earlier one of the run, or a fresh copy)")
     try:
-        obj = torch.load(path, map_location=map_location, weights_only=True)
+        with torch.serialization.safe_globals(list(plain_data)):
+            obj = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - every failure becomes one clear message
         text = str(exc)
         if "Weights only load failed" in text or "weights_only" in text or "Unsupported global" in text:
@@ -84,7 +89,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
                 "and plain data. Checkpoints are loaded with weights_only=True for safety; re-save it "
                 "as a plain state_dict from a trusted environment."
             ) from None
-        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({type(exc).__name__}: {text[:200]})") from None
+        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({type(exc).__name__}: {text[:120]}); a file "
+                              "cut short (an interrupted copy or download) reads like this: fetch it again, or use "
+                              "another checkpoint") from None
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path}: expected a dict checkpoint, got {type(obj).__name__}")
     problem = diverged(obj)

@@ -50,14 +50,20 @@ def read_speakers(data_dir: str | Path) -> dict[str, int]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def check_prepared_audio(data_dir: str | Path, audio: AudioConfig) -> None:
-    """The data must have been prepared with the sample rate / STFT the model trains with."""
+def check_prepared_audio(data_dir: str | Path, audio: AudioConfig, source: str | Path | None = None) -> None:
+    """The data must have been prepared with the sample rate / STFT the model trains with; `source`: the
+    published voice (`--init_from`) those settings come from, named in the message."""
     state = Path(data_dir) / "prepare_state.json"
     if not state.is_file():
         return
     prepared = json.loads(state.read_text()).get("audio", {})
     for key in ("sample_rate", "n_fft", "win_length", "hop_length"):
         if key in prepared and prepared[key] != getattr(audio, key):
+            if source is not None:
+                raise DataError(f"{data_dir} was prepared with audio.{key}={prepared[key]}, but --init_from {source} "
+                                f"is a voice of audio.{key}={getattr(audio, key)}: prepare the data again with the "
+                                f"voice's settings (prepare_data.py --set audio.{key}={getattr(audio, key)}), or start "
+                                "from a voice made for the data's")
             raise DataError(f"{data_dir} was prepared with audio.{key}={prepared[key]} but the config says "
                             f"{getattr(audio, key)}; re-run prepare_data.py with this --config (or fix the config)")
 

@@ -15,7 +15,8 @@ the noise scales at 0 (deterministic) and fails when they differ by more than ``
 ``num_speakers``, ``speaker_id_map``, ``inference`` (noise_scale, length_scale, noise_w) and
 ``hop_length``. Piper builds ``^ _ p1 _ p2 ... _ $`` from the map; we map ``^`` and ``$`` to no id
 and ``_`` to the blank (no id without ``data.add_blank``), which is exactly our model's input. Our
-own keys (symbols, add_blank, speakers, model) are kept beside them. Piper reads the text as given
+own keys (symbols, add_blank, speakers, model, and ``licence`` when the run started from a published
+voice that declares one) are kept beside them. Piper reads the text as given
 (no Uzbek normaliser): feed it normalised Latin text. A ``text`` model's digraph tokens (sh, ch,
 oʻ, gʻ) cannot be a Piper map key (one codepoint each), so Piper reads them as two letters: voices
 meant for Piper are trained with ``phoneme_type: espeak``.
@@ -35,7 +36,7 @@ import torch
 from torch import nn
 
 from common.atomic_write import DiskFullError, atomic_output, write_text
-from common.checkpoint import CheckpointError
+from common.checkpoint import CheckpointError, load_checkpoint
 from common.run_dir import check_output_file, refuse_to_replace
 from tts.text.phonemes import Frontend
 from tts.text.symbols import PAD
@@ -82,8 +83,9 @@ def run_onnx(session, x: torch.Tensor, scales: tuple[float, float, float], sid: 
     return session.run(None, {k: v for k, v in feeds.items() if k in names})[0]
 
 
-def piper_config(cfg: TrainConfig, speakers: dict[str, int]) -> dict:
-    """The ``.onnx.json`` of a Piper voice for this model (see the module docstring)."""
+def piper_config(cfg: TrainConfig, speakers: dict[str, int], licence: str | None = None) -> dict:
+    """The ``.onnx.json`` of a Piper voice for this model (see the module docstring); ``licence``: of the
+    weights the run started from (a published voice's, carried in the checkpoint), when there is one."""
     frontend = Frontend.of(cfg)
     symbols = frontend.symbols
     id_map = {PIPER_BOS: [], PIPER_EOS: [], PAD: [0] if cfg.data.add_blank else []}
@@ -106,6 +108,7 @@ def piper_config(cfg: TrainConfig, speakers: dict[str, int]) -> dict:
         # ours (Piper ignores them): what synthesize.py-style callers need beyond Piper's keys
         "symbols": list(symbols), "pad_id": 0, "add_blank": cfg.data.add_blank, "speakers": speakers,
         "model": cfg.model,
+        **({"licence": licence} if licence else {}),
     }
 
 
@@ -143,12 +146,14 @@ def main(argv: list[str] | None = None) -> int:
         check_output_file(args.out, "--out")
         for existing in (args.out, args.out + ".json"):
             refuse_to_replace(existing, args.overwrite, "--out")
-        model, cfg, speakers = load_generator(args.checkpoint, "cpu", remove_wn=True)
+        ckpt = load_checkpoint(args.checkpoint)
+        model, cfg, speakers = load_generator(args.checkpoint, "cpu", remove_wn=True, ckpt=ckpt)
     except (CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     t0 = time.time()
-    meta = piper_config(cfg, speakers)
+    licence = ckpt.get("extra", {}).get("licence")
+    meta = piper_config(cfg, speakers, licence)
     try:
         out = export(model, args.out, args.opset)
         write_text(str(out) + ".json", json.dumps(meta, ensure_ascii=False, indent=1))
@@ -157,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) and {out}.json (Piper voice config, phoneme_type "
           f"{meta['phoneme_type']}) in {time.time() - t0:.1f} s")
+    if licence:
+        print(f"licence of the weights: {licence} (written into {out}.json)")
     if meta["phoneme_type"] == "text":
         print("note: Piper reads a phoneme_type text voice codepoint by codepoint, so it says sh, ch, oʻ, gʻ as two "
               "letters and does not normalise numbers: for Piper, train with phoneme_type: espeak and feed it "

@@ -39,10 +39,11 @@ from tts.vits.config import TrainConfig
 from tts.vits.model import VITS
 
 
-def load_generator(path: str | Path, device: str | torch.device = "cpu", remove_wn: bool = True
-                   ) -> tuple[VITS, TrainConfig, dict[str, int]]:
-    """Checkpoint → (generator in eval mode, its training config, speakers name → id)."""
-    ckpt = load_checkpoint(path)
+def load_generator(path: str | Path, device: str | torch.device = "cpu", remove_wn: bool = True,
+                   ckpt: dict | None = None) -> tuple[VITS, TrainConfig, dict[str, int]]:
+    """Checkpoint → (generator in eval mode, its training config, speakers name → id); ``ckpt``: the file
+    already loaded (a caller that reads more of it loads it once)."""
+    ckpt = load_checkpoint(path) if ckpt is None else ckpt
     refuse_other_kind(path, ckpt, "vits")  # a vocoder's file: say so, not "unknown config key 'task_cls'"
     if "models" not in ckpt or "generator" not in ckpt["models"]:
         raise CheckpointError(f"{path}: not a VITS checkpoint from tts/train.py (no generator weights)")

@@ -2,6 +2,8 @@
 
     python tts/train.py --config tts/vits/configs/uzbek_vits.yaml --data_dir data/prepared --run_dir runs/uzbek
         [--set batch_size=32] [--resume auto|PATH] [--init_from CKPT] [--device cpu]
+    ... --init_from piper/epoch=N-step=M.ckpt [--init_config config.json] [--init_speaker NAME|ID]
+        (a published voice: tts/vits/published/, README "Fine-tuning from a published voice")
     torchrun --nproc_per_node 2 tts/train.py ...            (DDP, one process per GPU)
 
 One loop: discriminator step → generator step → log → evaluate → checkpoint. Separate AdamW
@@ -72,6 +74,15 @@ from tts.vits.discriminator import MultiPeriodDiscriminator
 from tts.vits.evaluation import evaluate, record_metrics, speak_test_sentences
 from tts.vits.losses import discriminator_loss, feature_loss, generator_loss, kl_loss
 from tts.vits.model import VITS, apply_layout_and_compile, slice_segments
+from tts.vits.published.source import SourceError
+from tts.vits.published.start import (
+    SourceStart,
+    adopt_source_shape,
+    check_data_fits,
+    load_start,
+    open_source,
+    plan_start,
+)
 from vocoder.losses import MultiResolutionSTFTLoss, frame_energy_loss
 
 
@@ -110,8 +121,10 @@ class VitsTrainer:
     """Everything one run holds (data, G and D with their optimizers and schedules, checkpoints);
     `train_step` is one D update then one G update, `fit` the loop."""
 
-    def __init__(self, cfg: TrainConfig, info: DistInfo, resume: str | None = None, init_from: str | None = None):
+    def __init__(self, cfg: TrainConfig, info: DistInfo, resume: str | None = None, init_from: str | None = None,
+                 source: SourceStart | None = None, init_ckpt: dict | None = None):
         self.cfg, self.info = cfg, info
+        self.licence: str | None = None  # of the weights the run started from (published voices declare one)
         self.device = info.device
         if not cfg.data_dir:
             raise ConfigError("no data folder: pass --data_dir (a folder made by tts/prepare_data.py)")
@@ -186,8 +199,13 @@ class VitsTrainer:
         path = resolve_resume(resume, self.manager.dir, self.manager)
         if path is not None:
             self.restore(path)
+        elif source is not None:  # a published voice (Piper, MMS), planned and checked by `plan_source_start`
+            load_start(source, self.generator, self.discriminator)
+            self.licence = source.voice.licence
+            for line in source.lines:
+                self.log(line)
         elif init_from:
-            self._init_from(init_from)
+            self._init_from(init_from, init_ckpt)
         elif resume == "auto":
             self.log("no checkpoint to resume in this run folder: starting fresh")
         self.generator_ddp = wrap_ddp(self.generator, info)
@@ -202,7 +220,9 @@ class VitsTrainer:
 
     def restore(self, path: Path) -> None:
         """Continue the run saved in `path` exactly (weights, optimizers, schedules, scaler, counters, RNG)."""
-        counters = restore_state(load_checkpoint(path), *self._parts(), self.scaler, rank=self.info.rank, source=path)
+        ckpt = load_checkpoint(path)
+        self.licence = ckpt.get("extra", {}).get("licence")
+        counters = restore_state(ckpt, *self._parts(), self.scaler, rank=self.info.rank, source=path)
         self.step, self.epoch = counters["step"], counters["epoch"]
         self.batch_in_epoch = counters["batch_in_epoch"]
         self.guard.load_state_dict(counters["guard"])
@@ -213,13 +233,14 @@ class VitsTrainer:
         if changed:
             self.log(changed)
 
-    def _init_from(self, init_from: str) -> None:
-        """A new run from another checkpoint's weights (`--init_from`); mismatched layers are listed."""
-        ckpt = load_checkpoint(init_from)
-        refuse_other_kind(init_from, ckpt, "vits")
+    def _init_from(self, init_from: str, ckpt: dict | None = None) -> None:
+        """A new run from another checkpoint's weights (`--init_from`; `ckpt`: it, already read by
+        `read_own_init`); mismatched layers are listed."""
+        ckpt = read_own_init(init_from) if ckpt is None else ckpt
+        self.licence = ckpt.get("extra", {}).get("licence")
+        if self.licence:
+            self.log(f"licence of the weights: {self.licence} (carried into the checkpoints and the export)")
         for name, model in (("generator", self.generator), ("discriminator", self.discriminator)):
-            if name not in ckpt.get("models", {}):
-                raise ConfigError(f"--init_from {init_from}: no '{name}' weights in the checkpoint")
             required = {"source": init_from, "ckpt": ckpt} if name == "generator" else {}  # critics: reported only
             self.log(f"{name} {load_matching(model, ckpt['models'][name], **required)}")
 
@@ -239,7 +260,8 @@ class VitsTrainer:
         counters = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                     "guard": self.guard.state_dict(), "divergence": self.divergence.state_dict()}
         state = make_state(*self._parts(), self.scaler, counters=counters, config=config_to_dict(self.cfg),
-                           extra={"speakers": self.speakers, **Frontend.of(self.cfg).to_checkpoint()})
+                           extra={"speakers": self.speakers, **Frontend.of(self.cfg).to_checkpoint(),
+                                  **({"licence": self.licence} if self.licence else {})})
         path = self.manager.save(state, self.step, metric) if self.info.is_main else None
         self.last_good = path or self.last_good
         barrier()
@@ -423,6 +445,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data_dir", default=None, help="prepared dataset folder (tts/prepare_data.py --output_dir)")
     add_run_args(p, run_help="where checkpoints, TensorBoard logs and samples go (default: runs/<run_name>)")
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
+    p.add_argument("--init_config", default=None,
+                   help="the voice config of a Piper --init_from checkpoint (default: config.json or the one "
+                        "*.onnx.json beside it)")
+    p.add_argument("--init_speaker", default=None, metavar="NAME|ID",
+                   help="the speaker of a multi-speaker --init_from voice a single-speaker run keeps (default: "
+                        "the mean of its speakers)")
     add_preset_arg(p)
     return p.parse_args(argv)
 
@@ -432,6 +460,41 @@ def main(argv: list[str] | None = None) -> int:
     return exit_codes.run_main(lambda: run(args), (ConfigError, DataError, CheckpointError), cleanup)
 
 
+def read_own_init(path: str) -> dict:
+    """A checkpoint of this trainer for `--init_from`, read and checked (which trainer made it, both
+    networks' weights) before the run folder changes."""
+    ckpt = load_checkpoint(path)
+    refuse_other_kind(path, ckpt, "vits")
+    for name in ("generator", "discriminator"):
+        if name not in ckpt.get("models", {}):
+            raise ConfigError(f"--init_from {path}: no '{name}' weights in the checkpoint")
+    return ckpt
+
+
+def plan_source_start(cfg: TrainConfig, args: argparse.Namespace) -> SourceStart | None:
+    """`--init_from` a published voice (Piper .ckpt, transformers VitsModel folder): read and check it,
+    put its shape into `cfg`, map every tensor onto the model `cfg` now builds (on the meta device: no
+    memory, no time). None for no --init_from or a checkpoint of this trainer (loaded by the trainer)."""
+    voice = open_source(args.init_from, args.init_config) if args.init_from else None
+    if voice is None:
+        if args.init_config or args.init_speaker:
+            raise ConfigError("--init_config and --init_speaker go with --init_from a published voice "
+                              "(a Piper .ckpt or a transformers VitsModel folder)")
+        return None
+    if not cfg.data_dir:
+        raise ConfigError("no data folder: pass --data_dir (a folder made by tts/prepare_data.py)")
+    lines = adopt_source_shape(cfg, voice)
+    check_data_fits(cfg, voice)
+    speakers = read_speakers(cfg.data_dir)
+    try:
+        with torch.device("meta"):
+            generator, discriminator = build_models(cfg, len(speakers))
+    except ValueError as e:  # sizes that do not make a model (e.g. upsampling vs hop length)
+        raise SourceError(f"--init_from {voice.path}: {e}") from None
+    return plan_start(cfg, voice, generator.state_dict(), discriminator.state_dict(), speakers, args.init_speaker,
+                      lines)
+
+
 def run(args: argparse.Namespace) -> int:
     """The run the command line asks for; failures reach `main` as exceptions (`common.exit_codes`)."""
     cfg = load_config(args.config, TrainConfig, args.overrides, extra={"data_dir": args.data_dir, "run_dir": args.run_dir})
@@ -439,9 +502,12 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and args.init_from:
         raise ConfigError("--resume and --init_from exclude each other (resume continues a run; "
                           "init_from starts a new one from weights)")
+    source = plan_source_start(cfg, args)  # --init_from is read and checked before the run folder changes
+    own = read_own_init(args.init_from) if args.init_from and source is None else None
     run_dir = Path(cfg.run_dir or f"runs/{cfg.run_name}")
     prepare_run_dir(run_dir, run_dir / "checkpoints", args.resume, args.overwrite, args.init_from)
-    trainer = VitsTrainer(cfg, setup_distributed(args.device), resume=args.resume, init_from=args.init_from)
+    trainer = VitsTrainer(cfg, setup_distributed(args.device), resume=args.resume, init_from=args.init_from,
+                          source=source, init_ckpt=own)
     return exit_code(trainer.fit()["stopped"])
 
 

@@ -14,6 +14,13 @@ from typing import Any
 
 import torch
 
+from common.checkpoint import CheckpointError
+
+
+class SourceError(CheckpointError):
+    """A published voice that cannot start this run: the message names the file (or folder) and what to
+    do. Raised before the run folder changes (exit 2, like every bad input)."""
+
 
 @dataclass
 class SourceVoice:
