@@ -16,6 +16,7 @@ import torch
 from transformers import VitsConfig, VitsModel
 
 from common.checkpoint import CheckpointError
+from common.safetensors_io import load_safetensors, save_safetensors
 from tts.vits.config import model_args
 from tts.vits.discriminator import MultiPeriodDiscriminator
 from tts.vits.losses import discriminator_loss, feature_loss, generator_loss, kl_loss
@@ -168,3 +169,32 @@ def test_bad_folders_are_one_line_errors(tmp_path):
     (folder / "pytorch_model.bin").write_bytes(b"pickle")
     _refused(folder, "no model.safetensors", "pytorch_model.bin")
     shutil.rmtree(folder)
+
+
+def test_hub_files_with_torch_old_weight_norm_names_read_the_same(tmp_path):
+    """MMS files on the hub (2023) name weight norm `weight_g`/`weight_v`; save_pretrained today writes
+    `parametrizations.weight.original0/1`: both give the same tensors."""
+    folder = _folder(tmp_path)
+    new = read_mms(folder).generator
+    tensors = load_safetensors(folder / "model.safetensors")
+    old = {k.replace(".parametrizations.weight.original0", ".weight_g")
+            .replace(".parametrizations.weight.original1", ".weight_v"): v for k, v in tensors.items()}
+    assert any(k.endswith(".weight_g") for k in old)
+    save_safetensors(old, folder / "model.safetensors")
+    again = read_mms(folder).generator
+    assert again.keys() == new.keys() and all(torch.equal(again[k], new[k]) for k in new)
+
+
+def test_recipe_and_mms_shape_agree():
+    """MMS-TTS (transformers' VitsConfig defaults are facebook/mms-tts-eng's) is vits_base at 16 kHz, and
+    finetune_mms_uzb.yaml prepares data with the audio settings the folder fixes."""
+    from common.config import load_config
+    from tts.vits.config import TrainConfig
+    from tts.vits.published.mms import shape_from_config
+
+    args, audio = shape_from_config(VitsConfig().to_dict())
+    assert model_args("vits_base", args) == model_args("vits_base")
+    recipe = load_config(Path(__file__).parents[2] / "tts/vits/configs/finetune_mms_uzb.yaml", TrainConfig)
+    assert {k: getattr(recipe.audio, k) for k in audio} == audio == {
+        "sample_rate": 16000, "n_fft": 1024, "win_length": 1024, "hop_length": 256}
+    assert recipe.phoneme_type == "text" and recipe.data.add_blank and recipe.lr == 2e-5
