@@ -198,3 +198,32 @@ def test_recipe_and_mms_shape_agree():
     assert {k: getattr(recipe.audio, k) for k in audio} == audio == {
         "sample_rate": 16000, "n_fft": 1024, "win_length": 1024, "hop_length": 256}
     assert recipe.phoneme_type == "text" and recipe.data.add_blank and recipe.lr == 2e-5
+
+
+def test_finetune_hf_vits_discriminator_is_read(tmp_path):
+    """ylacombe/finetune-hf-vits' training folders (VitsModelForPreTraining, e.g. ylacombe/mms-tts-*-train) add
+    `discriminator.discriminators.{i}.convs.{j}` / `.final_conv` (scale critic first, then the periods) and
+    `discriminator_*` config keys. That package is not installed, so its names are written here from its
+    modeling_vits_training.py; the critic then scores audio exactly as the critic the tensors came from."""
+    folder = _folder(tmp_path)
+    torch.manual_seed(2)
+    critic = MultiPeriodDiscriminator([2, 3], 1.0).eval()
+    theirs = {"discriminator." + k.replace("conv_post", "final_conv")
+              .replace(".parametrizations.weight.original0", ".weight_g")
+              .replace(".parametrizations.weight.original1", ".weight_v"): v for k, v in critic.state_dict().items()}
+    tensors = load_safetensors(folder / "model.safetensors")
+    save_safetensors({**tensors, **theirs}, folder / "model.safetensors")
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "discriminator_periods": [2, 3], "discriminator_stride": 3}))
+    source = read_mms(folder)
+    assert source.model_args["mpd_periods"] == [2, 3] and source.model_args["disc_channel_scale"] == 1.0
+    ours = MultiPeriodDiscriminator(source.model_args["mpd_periods"], 1.0).eval()
+    ours.load_state_dict(source.discriminator, strict=True)
+    wav = torch.randn(1, 1, 2048) * 0.1
+    with torch.no_grad():
+        assert all(torch.equal(a, b) for a, b in zip(ours.score(wav)[0], critic.score(wav)[0]))
+
+    (folder / "config.json").write_text(json.dumps({**cfg, "discriminator_periods": [2, 3, 5]}))
+    _refused(folder, "does not match the critic its config.json describes", "missing")
+    (folder / "config.json").write_text(json.dumps({**cfg, "discriminator_stride": 4}))
+    assert read_mms(folder).discriminator is None

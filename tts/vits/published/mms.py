@@ -33,6 +33,8 @@ from common.safetensors_io import SafetensorsError, load_safetensors
 from tts.text.cyrillic import cyrillic_to_latin
 from tts.text.symbols import PAD, SYMBOL_TO_ID, tokenize
 from tts.vits.config import model_args
+from tts.vits.discriminator import MultiPeriodDiscriminator
+from tts.vits.model import VITS
 from tts.vits.published.source import SourceVoice
 
 # config.json keys whose value is built into our VITS (jaywalnut310's), with that value. MMS has them all.
@@ -42,8 +44,11 @@ _BUILT_IN: dict[str, Any] = {
     "wavenet_dilation_rate": 1, "layer_norm_eps": 1e-5, "leaky_relu_slope": 0.1, "hidden_act": "relu",
 }
 # training-only keys: another value changes how the model trains here, not what it computes
-_TRAINING_ONLY = {"duration_predictor_dropout": 0.5, "wavenet_dropout": 0.0, "attention_dropout": None,
-                  "activation_dropout": None, "layerdrop": 0.0}
+_TRAINING_ONLY = {"duration_predictor_dropout": 0.5, "wavenet_dropout": 0.0, "layerdrop": 0.0}
+# finetune-hf-vits' discriminator config keys (its VitsConfig) with the values of our MultiPeriodDiscriminator
+_DISC_LAYOUT = {"discriminator_kernel_size": [5], "discriminator_stride": [3],
+                "discriminator_period_channels": [1, 32, 128, 512, 1024],
+                "discriminator_scale_channels": [1, 16, 64, 256, 1024]}
 # MMS-TTS's licence (facebook/mms-tts-* model cards), assumed for a folder named mms-tts-* that declares none
 MMS_LICENCE = "cc-by-nc-4.0"
 # The Uzbek Cyrillic alphabet: when two rows transliterate to one Latin symbol (ш and щ → sh) its letter wins
@@ -160,51 +165,65 @@ def shape_from_config(cfg: dict) -> tuple[dict[str, Any], dict[str, Any]]:
     return args, audio
 
 
-def _rename(key: str) -> str:
+def _split_key(key: str) -> tuple[str, str]:
+    """A source key -> (module path, leaf), weight norm's two tensors as leaf "original0"/"original1" under
+    either naming: torch's old `weight_g`/`weight_v` (hub files of 2023) or `parametrizations.weight.*`."""
+    key = key.replace(".weight_g", ".parametrizations.weight.original0")
+    key = key.replace(".weight_v", ".parametrizations.weight.original1")
+    if ".parametrizations.weight." in key:
+        module, _, part = key.partition(".parametrizations.weight.")
+        return module, part
     module, _, leaf = key.rpartition(".")
-    for pattern, repl in _RENAMES:
-        module = re.sub(pattern, repl, module)
-    if leaf in ("translate", "log_scale"):  # ElementwiseAffine
-        leaf = {"translate": "m", "log_scale": "logs"}[leaf]
-    elif _LAYER_NORMS.search(module):
-        leaf = {"weight": "gamma", "bias": "beta"}.get(leaf, leaf)
-    return f"{module}.{leaf}"
+    return module, leaf
 
 
-def _weight_norm(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A plain weight as weight norm's (magnitude, direction) over dim 0, as torch's weight_norm splits it."""
-    return torch.linalg.vector_norm(v, dim=tuple(range(1, v.dim())), keepdim=True), v
+def _put(out: dict[str, torch.Tensor], module: str, leaf: str, t: torch.Tensor, weight_normed: bool) -> None:
+    """Store under our name; a plain weight of a layer that is weight-normed here is split as torch's
+    weight_norm splits it (magnitude over dim 0, direction), which gives back the same weight."""
+    if leaf in ("original0", "original1"):
+        out[f"{module}.parametrizations.weight.{leaf}"] = t
+    elif leaf == "weight" and weight_normed:
+        out[f"{module}.parametrizations.weight.original0"] = torch.linalg.vector_norm(
+            t, dim=tuple(range(1, t.dim())), keepdim=True)
+        out[f"{module}.parametrizations.weight.original1"] = t
+    else:
+        out[f"{module}.{leaf}"] = t
 
 
 def convert_state(source: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """transformers VitsModel tensors -> ours by name (unknown ones returned in the second item, unread)."""
+    """transformers VitsModel tensors -> our VITS names (the keys of no generator part returned, unread)."""
     out: dict[str, torch.Tensor] = {}
-    ignored = []
+    others = []
     known = ("text_encoder.", "posterior_encoder.", "flow.", "decoder.", "duration_predictor.", "embed_speaker.")
     for key, t in source.items():
         if not key.startswith(known):
-            ignored.append(key)
+            others.append(key)
             continue
+        module, leaf = _split_key(key)
+        for pattern, repl in _RENAMES:
+            module = re.sub(pattern, repl, module)
         t = t.float()
-        # torch's old weight_norm names (hub files of 2023) and the parametrization names (save_pretrained today)
-        key = key.replace(".weight_g", ".parametrizations.weight.original0")
-        key = key.replace(".weight_v", ".parametrizations.weight.original1")
-        parametrized = ".parametrizations.weight." in key
-        base = key.split(".parametrizations.")[0] if parametrized else key.rpartition(".")[0]
-        ours = _rename(base + ".weight" if parametrized else key)
-        module, _, leaf = ours.rpartition(".")
-        if re.search(r"attn_layers\.\d+\.conv_[qkvo]$", module) and leaf == "weight":
+        if leaf in ("translate", "log_scale"):  # ElementwiseAffine
+            leaf = {"translate": "m", "log_scale": "logs"}[leaf]
+        elif _LAYER_NORMS.search(module):
+            leaf = {"weight": "gamma", "bias": "beta"}.get(leaf, leaf)
+        elif leaf == "weight" and re.search(r"attn_layers\.\d+\.conv_[qkvo]$", module):
             t = t.unsqueeze(-1)  # Linear [C, C] -> Conv1d k=1 [C, C, 1]
         elif leaf in ("emb_rel_k", "emb_rel_v"):
             t = t.reshape(t.shape[-2], t.shape[-1])  # [1, 2w+1, D] -> [2w+1, D]
-        if parametrized:
-            out[f"{module}.parametrizations.weight.{key.rpartition('.')[2]}"] = t
-        elif leaf == "weight" and _WEIGHT_NORMED.search(module):
-            out[f"{module}.parametrizations.weight.original0"], out[f"{module}.parametrizations.weight.original1"] = (
-                _weight_norm(t))
-        else:
-            out[ours] = t
-    return out, ignored
+        _put(out, module, leaf, t, bool(_WEIGHT_NORMED.search(module)))
+    return out, others
+
+
+def convert_discriminator(source: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """finetune-hf-vits' `discriminator.*` (VitsModelForPreTraining: the scale critic, then one per period)
+    -> our MultiPeriodDiscriminator names; every layer of ours is weight-normed."""
+    out: dict[str, torch.Tensor] = {}
+    for key, t in source.items():
+        if key.startswith("discriminator."):
+            module, leaf = _split_key(key.removeprefix("discriminator."))
+            _put(out, module.replace(".final_conv", ".conv_post"), leaf, t.float(), True)
+    return out
 
 
 def map_symbols(vocab: dict[str, int], rows: int, add_blank: bool) -> tuple[list[str | None], list[str]]:
@@ -271,6 +290,26 @@ def read_licence(folder: Path) -> tuple[str | None, str]:
     return None, "licence: the folder declares none (README.md front matter); check the terms where you got it"
 
 
+def _discriminator(folder: Path, cfg: dict, source: dict[str, torch.Tensor]) -> tuple[dict | None, dict, str]:
+    """(our critic's tensors or None, the `VitsArgs` keys they fix, the note line). Only finetune-hf-vits'
+    training folders ("-train", VitsModelForPreTraining) carry one; MMS-TTS itself ships none."""
+    disc = convert_discriminator(source)
+    if not disc:
+        return None, {}, "no discriminator in the folder (MMS-TTS ships none): it starts fresh"
+    differs = [f"{k} {cfg[k]}" for k, v in _DISC_LAYOUT.items() if k in cfg and list(_as_list(cfg[k])) != v]
+    if differs:
+        return None, {}, f"discriminator not read, its layout is not ours ({', '.join(differs)}): it starts fresh"
+    periods = [int(p) for p in cfg.get("discriminator_periods", [2, 3, 5, 7, 11])]
+    with torch.device("meta"):
+        _check_names(folder, disc, MultiPeriodDiscriminator(periods, 1.0, False), "the critic its config.json describes")
+    return disc, {"mpd_periods": periods, "disc_channel_scale": 1.0, "use_spectral_norm": False}, (
+        f"discriminator: {len(disc)} tensors (scale critic + periods {periods})")
+
+
+def _as_list(value: Any) -> list:
+    return value if isinstance(value, list) else [value]
+
+
 def read_mms(folder: str | Path) -> SourceVoice:
     """Validate a transformers VitsModel folder and convert it; touches nothing outside it."""
     folder = Path(folder)
@@ -293,7 +332,7 @@ def read_mms(folder: str | Path) -> SourceVoice:
         source = load_safetensors(weights)
     except SafetensorsError as exc:
         raise _error(folder, f"model.safetensors is damaged: {exc}; download it again") from None
-    state, ignored = convert_state(source)
+    state, others = convert_state(source)
     n_speakers = cfg.get("num_speakers", 1)
     rows = state["enc_p.emb.weight"].shape[0] if "enc_p.emb.weight" in state else 0
     notes = []
@@ -301,34 +340,33 @@ def read_mms(folder: str | Path) -> SourceVoice:
         for key in [k for k in state if re.search(r"\.conv_[qkvo]\.weight$", k)]:
             state[key.removesuffix("weight") + "bias"] = torch.zeros(state[key].shape[0])
         notes.append("use_bias false: the attention's q/k/v/out biases start at zero (trainable here)")
-    _check_against_model(folder, state, rows, audio["n_fft"] // 2 + 1, max(1, n_speakers), vits_args,
-                         audio["hop_length"])
+    with torch.device("meta"):
+        ours = VITS(max(rows, 1), audio["n_fft"] // 2 + 1, max(1, n_speakers), vits_args, audio["hop_length"])
+        _check_names(folder, state, ours, "its config.json")
+    disc, disc_args, disc_note = _discriminator(folder, cfg, source)
+    args.update(disc_args)
     symbols, text_notes = read_vocab(folder, rows)
     licence, licence_note = read_licence(folder)
     notes += [f"read {len(source)} tensors of a transformers VitsModel ({'multi' if n_speakers > 1 else 'single'}"
-              f"-speaker, {audio['sample_rate']} Hz, hop {audio['hop_length']}); no discriminator: it starts fresh",
+              f"-speaker, {audio['sample_rate']} Hz, hop {audio['hop_length']})", disc_note,
               f"audio.win_length {audio['win_length']}: config.json has none; MMS and VITS use the FFT size",
               *text_notes, licence_note]
-    if ignored:
-        notes.append(f"not read: {len(ignored)} tensors outside VitsModel's generator (e.g. {ignored[0]})")
-    off = {k: cfg[k] for k, v in _TRAINING_ONLY.items() if k in cfg and v is not None and cfg[k] != v}
+    unread = [k for k in others if not k.startswith("discriminator.")]
+    if unread:
+        notes.append(f"not read: {len(unread)} tensors that are no part of VITS (e.g. {unread[0]})")
+    off = {k: cfg[k] for k, v in _TRAINING_ONLY.items() if k in cfg and cfg[k] != v}
     if off:
         notes.append("training-only settings not carried over: " + ", ".join(f"{k} {v}" for k, v in off.items()))
     notes.append(f"its synthesis defaults: noise_scale {cfg.get('noise_scale', 0.667)}, noise_scale_w "
                  f"{cfg.get('noise_scale_duration', 0.8)}, length_scale {1 / cfg.get('speaking_rate', 1.0):g}")
     return SourceVoice(path=folder, kind="mms", model_args=args, audio=audio, symbols=symbols, generator=state,
-                       speakers={str(i): i for i in range(n_speakers)} if n_speakers > 1 else {},
+                       discriminator=disc, speakers={str(i): i for i in range(n_speakers)} if n_speakers > 1 else {},
                        licence=licence, phoneme_type="text", notes=notes)
 
 
-def _check_against_model(folder: Path, state: dict[str, torch.Tensor], n_vocab: int, spec_channels: int,
-                         n_speakers: int, args, hop_length: int) -> None:
-    """Every tensor our VITS of this shape has, present and of its shape (built on meta: no memory, no RNG)."""
-    from tts.vits.model import VITS
-
-    with torch.device("meta"):
-        want = {k: tuple(v.shape) for k, v in VITS(max(n_vocab, 1), spec_channels, n_speakers, args,
-                                                   hop_length).state_dict().items()}
+def _check_names(folder: Path, state: dict[str, torch.Tensor], model: torch.nn.Module, against: str) -> None:
+    """Every tensor `model` (built on meta: no memory, no RNG draw) has is in `state` with its shape, and no other."""
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     missing = sorted(set(want) - set(state))
     shapes = [f"{k} {tuple(state[k].shape)} (expected {want[k]})" for k in want if k in state
               and tuple(state[k].shape) != want[k]]
@@ -337,5 +375,5 @@ def _check_against_model(folder: Path, state: dict[str, torch.Tensor], n_vocab: 
         parts = ([f"{len(missing)} tensors missing (e.g. {missing[0]})"] if missing else []) + \
                 ([f"{len(shapes)} of another shape (e.g. {shapes[0]})"] if shapes else []) + \
                 ([f"{len(extra)} unknown (e.g. {extra[0]})"] if extra else [])
-        raise _error(folder, "model.safetensors does not match its config.json: " + "; ".join(parts)
+        raise _error(folder, f"model.safetensors does not match {against}: " + "; ".join(parts)
                      + "; the folder's files do not belong together: download the model again")
