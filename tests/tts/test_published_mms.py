@@ -153,6 +153,8 @@ def test_bad_folders_are_one_line_errors(tmp_path):
     _refused(folder, "model_type 'bert'", "not a transformers VitsModel")
     (folder / "config.json").write_text(json.dumps({**cfg, "duration_predictor_flow_bins": 8}))
     _refused(folder, "duration_predictor_flow_bins 8 (ours: 10)")
+    (folder / "config.json").write_text(json.dumps({**cfg, "num_attention_heads": 3}))
+    _refused(folder, "cannot take", "divisible")
     (folder / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 3}))
     _refused(folder, "does not match its config.json", "missing")
     (folder / "config.json").write_text(json.dumps(cfg))

@@ -3,13 +3,18 @@
 The folder is what `VitsModel.save_pretrained` writes: `config.json` (model_type "vits"), `model.safetensors`
 and, from the tokenizer, `vocab.json` (+ `tokenizer_config.json`). Why a table of our own: transformers
 ships a conversion only from jaywalnut310's layout to theirs; this module goes the other way, name by
-name (`_rename`), and checks the result against the `VITS` the shape describes (built on the meta device:
+name (`_RENAMES`), and checks the result against the `VITS` the shape describes (built on the meta device:
 no memory, no draw from the global RNG), so a missing or misshapen tensor is one clear error.
 
 Why MMS fits `VITS` as it is: every MMS-TTS checkpoint is jaywalnut310's vits_base (MMS was trained with
 that code) at 16 kHz with its own character vocabulary. The config keys our model has no option for
 (`_BUILT_IN`) are checked against the values built into our model; a folder with other values is refused
-with the key named, rather than loaded into a model that computes something else.
+with the key named, rather than loaded into a model that computes something else. (transformers' own SDP
+training pass flips its flows in another order than its inference pass; ours is jaywalnut310's, the code
+MMS was trained with, and its inference is the same as transformers': the test compares waveforms.)
+
+The discriminator: MMS-TTS ships none (it starts fresh); the training folders of ylacombe/finetune-hf-vits
+(VitsModelForPreTraining) carry one under `discriminator.*`, which is read into our MultiPeriodDiscriminator.
 
 Text: MMS Uzbek reads Cyrillic characters; each row of its token embedding is mapped onto our Latin
 front-end symbol through `tts.text.cyrillic` (the letter as it reads inside a word), so a user writes
@@ -317,10 +322,13 @@ def read_mms(folder: str | Path) -> SourceVoice:
     bad = _built_in_mismatch(cfg)
     if bad:
         raise _error(folder, "config.json sets what this trainer's VITS has built in: " + "; ".join(bad))
-    args, audio = shape_from_config(cfg)
     try:
+        args, audio = shape_from_config(cfg)
         vits_args = model_args("vits_base", args)
-    except ConfigError as exc:
+        with torch.device("meta"):  # the shape is built once here, so a value it cannot take is said now
+            ours = VITS(max(1, cfg.get("vocab_size", 1)), audio["n_fft"] // 2 + 1, max(1, cfg.get("num_speakers", 1)),
+                        vits_args, audio["hop_length"])
+    except (ConfigError, TypeError, ValueError) as exc:
         raise _error(folder, f"config.json gives a shape this trainer's VITS cannot take: {exc}") from None
     weights = folder / "model.safetensors"
     if not weights.is_file():
@@ -340,9 +348,7 @@ def read_mms(folder: str | Path) -> SourceVoice:
         for key in [k for k in state if re.search(r"\.conv_[qkvo]\.weight$", k)]:
             state[key.removesuffix("weight") + "bias"] = torch.zeros(state[key].shape[0])
         notes.append("use_bias false: the attention's q/k/v/out biases start at zero (trainable here)")
-    with torch.device("meta"):
-        ours = VITS(max(rows, 1), audio["n_fft"] // 2 + 1, max(1, n_speakers), vits_args, audio["hop_length"])
-        _check_names(folder, state, ours, "its config.json")
+    _check_names(folder, state, ours, "its config.json")
     disc, disc_args, disc_note = _discriminator(folder, cfg, source)
     args.update(disc_args)
     symbols, text_notes = read_vocab(folder, rows)
@@ -355,6 +361,8 @@ def read_mms(folder: str | Path) -> SourceVoice:
     if unread:
         notes.append(f"not read: {len(unread)} tensors that are no part of VITS (e.g. {unread[0]})")
     off = {k: cfg[k] for k, v in _TRAINING_ONLY.items() if k in cfg and cfg[k] != v}
+    off.update({k: cfg[k] for k in ("attention_dropout", "activation_dropout") if cfg.get(k, args["p_dropout"])
+                != args["p_dropout"]})  # our one p_dropout is their hidden_dropout
     if off:
         notes.append("training-only settings not carried over: " + ", ".join(f"{k} {v}" for k, v in off.items()))
     notes.append(f"its synthesis defaults: noise_scale {cfg.get('noise_scale', 0.667)}, noise_scale_w "
