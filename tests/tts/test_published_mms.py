@@ -21,7 +21,8 @@ from tts.vits.config import model_args
 from tts.vits.discriminator import MultiPeriodDiscriminator
 from tts.vits.losses import discriminator_loss, feature_loss, generator_loss, kl_loss
 from tts.vits.model import VITS
-from tts.vits.published.mms import map_symbols, read_mms
+from tts.vits.published import mms
+from tts.vits.published.mms import map_symbols
 
 # MMS-like: row 0 is the blank (here also a letter, as in MMS vocabularies), Cyrillic letters, space, hyphen
 VOCAB = ["к", "а", "б", "е", "ш", "щ", "ў", "ю", " ", "-", "ь", "ғ"]
@@ -63,7 +64,7 @@ def test_same_waveform_as_transformers_then_one_training_step(tmp_path, sdp, spe
                            speaker_embedding_size=8 if speakers > 1 else 0)
     theirs = _save(folder, config)
     before = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
-    source = read_mms(folder)
+    source = mms.read(folder)
     assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == before  # the reader writes nothing
     assert source.kind == "mms" and source.phoneme_type == "text" and source.discriminator is None
     assert source.audio == {"sample_rate": 16000, "n_fft": 64, "win_length": 64, "hop_length": 8}
@@ -131,7 +132,7 @@ def _folder(tmp_path) -> Path:
 
 def _refused(folder: Path, *words: str) -> None:
     with pytest.raises(CheckpointError) as err:
-        read_mms(folder)
+        mms.read(folder)
     msg = str(err.value)
     assert msg.startswith(f"--init_from {folder}:") and "\n" not in msg
     for word in words:
@@ -140,9 +141,9 @@ def _refused(folder: Path, *words: str) -> None:
 
 def test_bad_folders_are_one_line_errors(tmp_path):
     folder = _folder(tmp_path)
-    assert read_mms(folder).licence is None  # no README front matter, not named mms-tts-*
+    assert mms.read(folder).licence is None  # no README front matter, not named mms-tts-*
     (folder / "README.md").write_text("---\nlicense: cc-by-nc-4.0\nlanguage: uz\n---\n# voice\n")
-    assert read_mms(folder).licence == "cc-by-nc-4.0"
+    assert mms.read(folder).licence == "cc-by-nc-4.0"
 
     _refused(tmp_path / "nothing", "not a folder")
     (tmp_path / "empty").mkdir()
@@ -177,13 +178,13 @@ def test_hub_files_with_torch_old_weight_norm_names_read_the_same(tmp_path):
     """MMS files on the hub (2023) name weight norm `weight_g`/`weight_v`; save_pretrained today writes
     `parametrizations.weight.original0/1`: both give the same tensors."""
     folder = _folder(tmp_path)
-    new = read_mms(folder).generator
+    new = mms.read(folder).generator
     tensors = load_safetensors(folder / "model.safetensors")
     old = {k.replace(".parametrizations.weight.original0", ".weight_g")
             .replace(".parametrizations.weight.original1", ".weight_v"): v for k, v in tensors.items()}
     assert any(k.endswith(".weight_g") for k in old)
     save_safetensors(old, folder / "model.safetensors")
-    again = read_mms(folder).generator
+    again = mms.read(folder).generator
     assert again.keys() == new.keys() and all(torch.equal(again[k], new[k]) for k in new)
 
 
@@ -217,7 +218,7 @@ def test_finetune_hf_vits_discriminator_is_read(tmp_path):
     save_safetensors({**tensors, **theirs}, folder / "model.safetensors")
     cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**cfg, "discriminator_periods": [2, 3], "discriminator_stride": 3}))
-    source = read_mms(folder)
+    source = mms.read(folder)
     assert source.model_args["mpd_periods"] == [2, 3] and source.model_args["disc_channel_scale"] == 1.0
     ours = MultiPeriodDiscriminator(source.model_args["mpd_periods"], 1.0).eval()
     ours.load_state_dict(source.discriminator, strict=True)
@@ -228,4 +229,4 @@ def test_finetune_hf_vits_discriminator_is_read(tmp_path):
     (folder / "config.json").write_text(json.dumps({**cfg, "discriminator_periods": [2, 3, 5]}))
     _refused(folder, "does not match the critic its config.json describes", "missing")
     (folder / "config.json").write_text(json.dumps({**cfg, "discriminator_stride": 4}))
-    assert read_mms(folder).discriminator is None
+    assert mms.read(folder).discriminator is None

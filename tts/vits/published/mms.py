@@ -315,7 +315,7 @@ def _as_list(value: Any) -> list:
     return value if isinstance(value, list) else [value]
 
 
-def read_mms(folder: str | Path) -> SourceVoice:
+def read(folder: str | Path) -> SourceVoice:
     """Validate a transformers VitsModel folder and convert it; touches nothing outside it."""
     folder = Path(folder)
     cfg = read_config(folder)
