@@ -49,7 +49,9 @@ _BUILT_IN: dict[str, Any] = {
     "wavenet_dilation_rate": 1, "layer_norm_eps": 1e-5, "leaky_relu_slope": 0.1, "hidden_act": "relu",
 }
 # training-only keys: another value changes how the model trains here, not what it computes
-_TRAINING_ONLY = {"duration_predictor_dropout": 0.5, "wavenet_dropout": 0.0, "layerdrop": 0.0}
+# (not shape: the run's own p_dropout stays; vits_base and the MMS recipe have MMS's 0.1)
+_TRAINING_ONLY = {"hidden_dropout": 0.1, "attention_dropout": 0.1, "activation_dropout": 0.1,
+                  "duration_predictor_dropout": 0.5, "wavenet_dropout": 0.0, "layerdrop": 0.0}
 # finetune-hf-vits' discriminator config keys (its VitsConfig) with the values of our MultiPeriodDiscriminator
 _DISC_LAYOUT = {"discriminator_kernel_size": [5], "discriminator_stride": [3],
                 "discriminator_period_channels": [1, 32, 128, 512, 1024],
@@ -152,7 +154,7 @@ def shape_from_config(cfg: dict) -> tuple[dict[str, Any], dict[str, Any]]:
     args = {
         "hidden_channels": c["hidden_size"], "inter_channels": c["flow_size"], "filter_channels": c["ffn_dim"],
         "n_heads": c["num_attention_heads"], "n_layers": c["num_hidden_layers"], "kernel_size": c["ffn_kernel_size"],
-        "p_dropout": c["hidden_dropout"], "window_size": c["window_size"], "resblock": "1",
+        "window_size": c["window_size"], "resblock": "1",
         "resblock_kernel_sizes": list(c["resblock_kernel_sizes"]),
         "resblock_dilation_sizes": [list(d) for d in c["resblock_dilation_sizes"]],
         "upsample_rates": list(c["upsample_rates"]), "upsample_initial_channel": c["upsample_initial_channel"],
@@ -160,8 +162,9 @@ def shape_from_config(cfg: dict) -> tuple[dict[str, Any], dict[str, Any]]:
         "n_layers_q": c["posterior_encoder_num_wavenet_layers"], "n_flows": c["prior_encoder_num_flows"],
         "flow_n_layers": c["prior_encoder_num_wavenet_layers"], "flow_kernel_size": c["wavenet_kernel_size"],
         "use_sdp": bool(c["use_stochastic_duration_prediction"]),
-        "dp_filter_channels": c["duration_predictor_filter_channels"],
     }
+    if not args["use_sdp"]:  # the stochastic one works at hidden_channels
+        args["dp_filter_channels"] = c["duration_predictor_filter_channels"]
     if c["num_speakers"] > 1:
         args["gin_channels"] = c["speaker_embedding_size"]
     n_fft = 2 * (c["spectrogram_bins"] - 1)
@@ -361,10 +364,9 @@ def read(folder: str | Path) -> SourceVoice:
     if unread:
         notes.append(f"not read: {len(unread)} tensors that are no part of VITS (e.g. {unread[0]})")
     off = {k: cfg[k] for k, v in _TRAINING_ONLY.items() if k in cfg and cfg[k] != v}
-    off.update({k: cfg[k] for k in ("attention_dropout", "activation_dropout") if cfg.get(k, args["p_dropout"])
-                != args["p_dropout"]})  # our one p_dropout is their hidden_dropout
     if off:
-        notes.append("training-only settings not carried over: " + ", ".join(f"{k} {v}" for k, v in off.items()))
+        notes.append("training-only settings not carried over (model_args.p_dropout is the run's): "
+                     + ", ".join(f"{k} {v}" for k, v in off.items()))
     notes.append(f"its synthesis defaults: noise_scale {cfg.get('noise_scale', 0.667)}, noise_scale_w "
                  f"{cfg.get('noise_scale_duration', 0.8)}, length_scale {1 / cfg.get('speaking_rate', 1.0):g}")
     return SourceVoice(path=folder, kind="mms", model_args=args, audio=audio, symbols=symbols, generator=state,
