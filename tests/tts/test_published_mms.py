@@ -230,3 +230,10 @@ def test_finetune_hf_vits_discriminator_is_read(tmp_path):
     _refused(folder, "does not match the critic its config.json describes", "missing")
     (folder / "config.json").write_text(json.dumps({**cfg, "discriminator_stride": 4}))
     assert mms.read(folder).discriminator is None
+
+
+def test_only_cyrillic_letters_are_transliterated():
+    symbols, _ = map_symbols({"_": 0, "c": 1, "w": 2, "s": 3, "қ": 4, "ҳ": 5, "ц": 6, "э": 7, "е": 8}, 9, True)
+    assert symbols == ["_", None, None, None, "q", "h", "s", None, "e"]  # Latin c, w: not ours; е spells e before э
+    symbols, _ = map_symbols({"_": 0, "ц": 1, "с": 2}, 3, add_blank=True)
+    assert symbols == ["_", None, "s"]  # с spells s, whichever row comes first

@@ -58,8 +58,11 @@ _DISC_LAYOUT = {"discriminator_kernel_size": [5], "discriminator_stride": [3],
                 "discriminator_scale_channels": [1, 16, 64, 256, 1024]}
 # MMS-TTS's licence (facebook/mms-tts-* model cards), assumed for a folder named mms-tts-* that declares none
 MMS_LICENCE = "cc-by-nc-4.0"
-# The Uzbek Cyrillic alphabet: when two rows transliterate to one Latin symbol (ш and щ → sh) its letter wins
-_UZBEK_CYRILLIC = set("абвгдеёжзийклмнопрстуфхцчшъьэюяўқғҳ")
+# When two rows transliterate to one Latin symbol, the row of the letter that spells it in Uzbek Cyrillic wins
+# (с over ц for s, е over э for e, ш over щ for sh, и over ы for i), then a Latin row of that symbol, then others
+_UZBEK_CYRILLIC = set("абвгдеёжзийклмнопрстуфхчшъьюяўқғҳ")
+_SECOND_SPELLING = set("цэ")  # Uzbek letters whose reading another letter spells first
+_CYRILLIC_LETTER = re.compile(r"[\u0400-\u052f]")
 
 # transformers' module path -> ours (applied in order, on the key without its last part)
 _RENAMES = [
@@ -243,10 +246,13 @@ def map_symbols(vocab: dict[str, int], rows: int, add_blank: bool) -> tuple[list
         if add_blank and row == 0:
             latin, rank = PAD, -1
         elif low in SYMBOL_TO_ID:
-            latin, rank = low, 1
-        else:  # a Cyrillic letter, read as inside a word after a consonant (е -> e, ц -> s, ъ -> ʼ, ь -> silent)
-            pieces = [p for p, _ in tokenize(cyrillic_to_latin("б" + low)[1:])] if len(low) == 1 else []
-            latin, rank = (pieces[0], 0 if low in _UZBEK_CYRILLIC else 2) if len(pieces) == 1 else (None, 0)
+            latin, rank = low, 2
+        elif _CYRILLIC_LETTER.fullmatch(low):  # read as inside a word after a consonant (е -> e, ц -> s, ь -> none)
+            pieces = [p for p, _ in tokenize(cyrillic_to_latin("б" + low)[1:])]
+            latin = pieces[0] if len(pieces) == 1 else None
+            rank = 0 if low in _UZBEK_CYRILLIC else 1 if low in _SECOND_SPELLING else 3
+        else:
+            latin, rank = None, 4
         if latin is not None and latin in SYMBOL_TO_ID and (latin not in claims or (rank, row) < claims[latin]):
             claims[latin] = (rank, row)
     symbols: list[str | None] = [None] * rows
@@ -304,7 +310,7 @@ def _discriminator(folder: Path, cfg: dict, source: dict[str, torch.Tensor]) -> 
     disc = convert_discriminator(source)
     if not disc:
         return None, {}, "no discriminator in the folder (MMS-TTS ships none): it starts fresh"
-    differs = [f"{k} {cfg[k]}" for k, v in _DISC_LAYOUT.items() if k in cfg and list(_as_list(cfg[k])) != v]
+    differs = [f"{k} {cfg[k]}" for k, v in _DISC_LAYOUT.items() if k in cfg and _as_list(cfg[k]) != v]
     if differs:
         return None, {}, f"discriminator not read, its layout is not ours ({', '.join(differs)}): it starts fresh"
     periods = [int(p) for p in cfg.get("discriminator_periods", [2, 3, 5, 7, 11])]
