@@ -32,7 +32,6 @@ from typing import Any
 
 import torch
 
-from common.checkpoint import CheckpointError
 from common.config import ConfigError
 from common.safetensors_io import SafetensorsError, load_safetensors
 from tts.text.cyrillic import cyrillic_to_latin
@@ -40,7 +39,7 @@ from tts.text.symbols import PAD, SYMBOL_TO_ID, tokenize
 from tts.vits.config import model_args
 from tts.vits.discriminator import MultiPeriodDiscriminator
 from tts.vits.model import VITS
-from tts.vits.published.source import SourceVoice
+from tts.vits.published.source import SourceError, SourceVoice
 
 # config.json keys whose value is built into our VITS (jaywalnut310's), with that value. MMS has them all.
 _BUILT_IN: dict[str, Any] = {
@@ -102,8 +101,8 @@ _WEIGHT_NORMED = re.compile(r"(^dec\.ups\.\d+|^dec\.resblocks\.\d+\.convs[12]\.\
 _LAYER_NORMS = re.compile(r"(norm_layers_[12]\.\d+|norms_[12]\.\d+|norm_[12])$")
 
 
-def _error(path: Path, what: str) -> CheckpointError:
-    return CheckpointError(f"--init_from {path}: {what}")
+def _error(path: Path, what: str) -> SourceError:
+    return SourceError(f"--init_from {path}: {what}")
 
 
 def _read_json(path: Path, folder: Path, what_to_do: str) -> dict:
@@ -117,7 +116,7 @@ def _read_json(path: Path, folder: Path, what_to_do: str) -> dict:
 
 
 def read_config(folder: Path) -> dict:
-    """config.json of a VitsModel, or a CheckpointError saying what the folder is instead."""
+    """config.json of a VitsModel, or a SourceError saying what the folder is instead."""
     if not folder.is_dir():
         raise _error(folder, "not a folder; a transformers VitsModel (MMS-TTS) is a folder with config.json and "
                              "model.safetensors, as VitsModel.save_pretrained writes it")
@@ -301,7 +300,7 @@ def read_licence(folder: Path) -> tuple[str | None, str]:
     if "mms-tts" in folder.resolve().name.lower():
         return MMS_LICENCE, (f"licence: {MMS_LICENCE} assumed: the folder declares none (no README.md front matter) "
                              "and its name says MMS-TTS, whose weights Meta releases under CC-BY-NC 4.0")
-    return None, "licence: the folder declares none (README.md front matter); check the terms where you got it"
+    return None, ""  # the start-up says that no licence is declared
 
 
 def _discriminator(folder: Path, cfg: dict, source: dict[str, torch.Tensor]) -> tuple[dict | None, dict, str]:
@@ -309,7 +308,7 @@ def _discriminator(folder: Path, cfg: dict, source: dict[str, torch.Tensor]) -> 
     training folders ("-train", VitsModelForPreTraining) carry one; MMS-TTS itself ships none."""
     disc = convert_discriminator(source)
     if not disc:
-        return None, {}, "no discriminator in the folder (MMS-TTS ships none): it starts fresh"
+        return None, {}, ""  # MMS-TTS ships none; the start-up says the critics start fresh
     differs = [f"{k} {cfg[k]}" for k, v in _DISC_LAYOUT.items() if k in cfg and _as_list(cfg[k]) != v]
     if differs:
         return None, {}, f"discriminator not read, its layout is not ours ({', '.join(differs)}): it starts fresh"
@@ -377,7 +376,7 @@ def read(folder: str | Path) -> SourceVoice:
                  f"{cfg.get('noise_scale_duration', 0.8)}, length_scale {1 / cfg.get('speaking_rate', 1.0):g}")
     return SourceVoice(path=folder, kind="mms", model_args=args, audio=audio, symbols=symbols, generator=state,
                        discriminator=disc, speakers={str(i): i for i in range(n_speakers)} if n_speakers > 1 else {},
-                       licence=licence, phoneme_type="text", notes=notes)
+                       licence=licence, phoneme_type="text", notes=[n for n in notes if n])
 
 
 def _check_names(folder: Path, state: dict[str, torch.Tensor], model: torch.nn.Module, against: str) -> None:
