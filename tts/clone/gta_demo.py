@@ -12,7 +12,9 @@ held-out sentences.
    original and the fine-tuned vocoder, against its recording (`tts.clone.demo.held_out_check`: level
    and MCD-DTW, `common.plausibility`) -> runs/gta_demo/{before,after}/ and summary.json.
 
-Every stage is reused when its output exists (`--again` redoes 2-5).
+Every stage is reused when its output exists (`--again` redoes 2-5). `--control` runs the same chain
+with mels computed from the same audio (-> runs/gta_demo_control): what the extra in-domain steps give
+without GTA mels.
 """
 
 from __future__ import annotations
@@ -65,19 +67,19 @@ def ensure_demos() -> Path:
     return vocoder_ckpt
 
 
-def fine_tune(vocoder_ckpt: Path, again: bool) -> Path:
-    """Stages 2-4; returns the fine-tuned checkpoint."""
+def fine_tune(vocoder_ckpt: Path, out: Path, again: bool, gta: bool = True) -> Path:
+    """Stages 2-4 into `out` (`gta` False: computed mels, the control); returns the fine-tuned checkpoint."""
     model, cfg = load_clone_model(CLONE_RUN / "best.pt", "cpu")
-    mels, data, run = OUT / "gta_mels", OUT / "vocoder_bin", OUT / "vocoder"
+    mels, data, run = out / "gta_mels", out / "vocoder_bin", out / "vocoder"
     if again:
-        shutil.rmtree(OUT, ignore_errors=True)
-    print("[2/5] teacher-forced mels of the cloning model's training utterances")
-    if not (mels / MEL_SETTINGS_FILE).is_file():
+        shutil.rmtree(out, ignore_errors=True)
+    print("[2/5] teacher-forced mels of the cloning model's training utterances" + ("" if gta else ": no, the control"))
+    if gta and not (mels / MEL_SETTINGS_FILE).is_file():
         write_teacher_forced_mels(model, cfg, PREPARED_DIR / "train.jsonl", mels, CLONE_RUN / "features")
-    print("[3/5] prepare the vocoder data with --mel_dir")
+    print(f"[3/5] prepare the vocoder data {'with --mel_dir' if gta else 'with computed mels'}")
     vcfg = load_config(VOCODER_RUN / "config.yaml", VocoderConfig, FINE_TUNE)
     rows, _ = read_manifest(PREPARED_DIR / "train.jsonl")
-    prepare(vcfg, [Path(r["wav"]) for r in rows], data, mel_dir=mels, log=lambda m: print("   ", m))
+    prepare(vcfg, [Path(r["wav"]) for r in rows], data, mel_dir=mels if gta else None, log=lambda m: print("   ", m))
     print(f"[4/5] fine-tune from {vocoder_ckpt}: {STEPS} steps at lr {LR} on the CPU -> {run}")
     resume = "auto" if (run / "checkpoints").is_dir() else None
     trainer = VocoderTrainer(vcfg, data, run, resume=resume, init_from=str(vocoder_ckpt), device="cpu")
@@ -90,32 +92,34 @@ def fine_tune(vocoder_ckpt: Path, again: bool) -> Path:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--again", action="store_true", help=f"delete {OUT} and fine-tune again")
+    p.add_argument("--control", action="store_true", help=f"computed mels instead of GTA ones, into {OUT}_control")
     args = p.parse_args(argv)
+    out = OUT.with_name(OUT.name + "_control") if args.control else OUT
     torch.set_num_threads(demo_threads())
     t0 = time.time()
     print("[1/5] the vocoder and cloning demos' outputs")
     vocoder_ckpt = ensure_demos()
-    tuned_ckpt = fine_tune(vocoder_ckpt, args.again)
+    tuned_ckpt = fine_tune(vocoder_ckpt, out, args.again, gta=not args.control)
     print("[5/5] held-out sentences through the original and the fine-tuned vocoder")
     model, cfg = load_clone_model(CLONE_RUN / "best.pt", "cpu")
     results = {}
     for label, ckpt in (("before", vocoder_ckpt), ("after", tuned_ckpt)):
         torch.manual_seed(0)  # the NSF source's noise: the same draw for both vocoders
-        figures, _ = held_out_check(model, cfg, PREPARED_DIR, load_matching_vocoder(ckpt, cfg.audio), OUT / label)
+        figures, _ = held_out_check(model, cfg, PREPARED_DIR, load_matching_vocoder(ckpt, cfg.audio), out / label)
         levels = [f.value for f in figures[:-1]]
         results[label] = {"vocoder": str(ckpt), "mean_mcd_dtw_db": figures[-1].value,
                           "mean_level_db": float(np.mean(levels)), "mean_abs_level_db": float(np.mean(np.abs(levels))),
                           "files": {f.name: f.value for f in figures[:-1]}}
-    summary = {"steps": STEPS, "lr": LR, "held_out": len(read_manifest(PREPARED_DIR / "eval.jsonl")[0]),
+    summary = {"mels": "computed" if args.control else "gta", "steps": STEPS, "lr": LR, "held_out": len(read_manifest(PREPARED_DIR / "eval.jsonl")[0]),
                **results, "seconds": round(time.time() - t0, 1)}
-    write_text(OUT / "summary.json", json.dumps(summary, indent=1))
+    write_text(out / "summary.json", json.dumps(summary, indent=1))
     print(f"\nheld-out sentences ({summary['held_out']}), the cloning model's output vs the recordings:")
     print(f"{'vocoder':<40} {'MCD-DTW dB':>10} {'level dB':>9} {'|level| dB':>10}")
     for label in ("before", "after"):
         r = results[label]
         print(f"{label + ': ' + r['vocoder']:<40} {r['mean_mcd_dtw_db']:10.2f} {r['mean_level_db']:+9.2f} "
               f"{r['mean_abs_level_db']:10.2f}")
-    print(f"samples: {OUT}/before, {OUT}/after; summary: {OUT / 'summary.json'} ({summary['seconds']:.0f} s)")
+    print(f"samples: {out}/before, {out}/after; summary: {out / 'summary.json'} ({summary['seconds']:.0f} s)")
     return 0
 
 
