@@ -67,8 +67,9 @@ def ensure_demos() -> Path:
     return vocoder_ckpt
 
 
-def fine_tune(vocoder_ckpt: Path, out: Path, again: bool, gta: bool = True) -> Path:
-    """Stages 2-4 into `out` (`gta` False: computed mels, the control); returns the fine-tuned checkpoint."""
+def fine_tune(vocoder_ckpt: Path, out: Path, again: bool, gta: bool = True, seed: int | None = None) -> Path:
+    """Stages 2-4 into `out` (`gta` False: computed mels, the control; `seed`: the vocoder run's, default the
+    demo's); returns the fine-tuned checkpoint."""
     model, cfg = load_clone_model(CLONE_RUN / "best.pt", "cpu")
     mels, data, run = out / "gta_mels", out / "vocoder_bin", out / "vocoder"
     if again:
@@ -77,7 +78,7 @@ def fine_tune(vocoder_ckpt: Path, out: Path, again: bool, gta: bool = True) -> P
     if gta and not (mels / MEL_SETTINGS_FILE).is_file():
         write_teacher_forced_mels(model, cfg, PREPARED_DIR / "train.jsonl", mels, CLONE_RUN / "features")
     print(f"[3/5] prepare the vocoder data {'with --mel_dir' if gta else 'with computed mels'}")
-    vcfg = load_config(VOCODER_RUN / "config.yaml", VocoderConfig, FINE_TUNE)
+    vcfg = load_config(VOCODER_RUN / "config.yaml", VocoderConfig, FINE_TUNE + ([f"seed={seed}"] if seed is not None else []))
     rows, _ = read_manifest(PREPARED_DIR / "train.jsonl")
     prepare(vcfg, [Path(r["wav"]) for r in rows], data, mel_dir=mels if gta else None, log=lambda m: print("   ", m))
     print(f"[4/5] fine-tune from {vocoder_ckpt}: {STEPS} steps at lr {LR} on the CPU -> {run}")
@@ -93,13 +94,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--again", action="store_true", help=f"delete {OUT} and fine-tune again")
     p.add_argument("--control", action="store_true", help=f"computed mels instead of GTA ones, into {OUT}_control")
+    p.add_argument("--seed", type=int, default=None, help=f"the fine-tune's seed (its crops), into {OUT}_seed<N>")
     args = p.parse_args(argv)
-    out = OUT.with_name(OUT.name + "_control") if args.control else OUT
+    out = OUT.with_name(OUT.name + ("_control" if args.control else "") + (f"_seed{args.seed}" if args.seed is not None else ""))
     torch.set_num_threads(demo_threads())
     t0 = time.time()
     print("[1/5] the vocoder and cloning demos' outputs")
     vocoder_ckpt = ensure_demos()
-    tuned_ckpt = fine_tune(vocoder_ckpt, out, args.again, gta=not args.control)
+    tuned_ckpt = fine_tune(vocoder_ckpt, out, args.again, not args.control, args.seed)
     print("[5/5] held-out sentences through the original and the fine-tuned vocoder")
     model, cfg = load_clone_model(CLONE_RUN / "best.pt", "cpu")
     results = {}
@@ -114,11 +116,11 @@ def main(argv: list[str] | None = None) -> int:
                **results, "seconds": round(time.time() - t0, 1)}
     write_text(out / "summary.json", json.dumps(summary, indent=1))
     print(f"\nheld-out sentences ({summary['held_out']}), the cloning model's output vs the recordings:")
-    print(f"{'vocoder':<40} {'MCD-DTW dB':>10} {'level dB':>9} {'|level| dB':>10}")
+    print(f"{'':<7} {'MCD-DTW dB':>10} {'level dB':>9} {'|level| dB':>10}  vocoder")
     for label in ("before", "after"):
         r = results[label]
-        print(f"{label + ': ' + r['vocoder']:<40} {r['mean_mcd_dtw_db']:10.2f} {r['mean_level_db']:+9.2f} "
-              f"{r['mean_abs_level_db']:10.2f}")
+        print(f"{label:<7} {r['mean_mcd_dtw_db']:10.2f} {r['mean_level_db']:+9.2f} {r['mean_abs_level_db']:10.2f}  "
+              f"{r['vocoder']}")
     print(f"samples: {out}/before, {out}/after; summary: {out / 'summary.json'} ({summary['seconds']:.0f} s)")
     return 0
 
