@@ -269,7 +269,6 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
         raise PrepareError(f"no audio files ({'/'.join(e[1:] for e in AUDIO_EXTENSIONS)}) found under: "
                            f"{', '.join(str(r) for r in roots)}")
     mels = check_mel_dir(Path(mel_dir), files, cfg.audio) if mel_dir else {}  # {audio: its GTA mel}
-    check_output_dir(out, "--output")  # after every input check: a refused input leaves no folder behind
     check_prepared_settings(out, prepared_settings(out), settings.as_dict(), overwrite, "--output", log=log)
     items_dir = out / "items"
     items_dir.mkdir(parents=True, exist_ok=True)
@@ -368,6 +367,11 @@ def main(argv: list[str] | None = None) -> int:
             raise PrepareError("no output folder: pass --output DIR (or set binary_data_dir in the config)")
         if args.num_workers is not None and args.num_workers < 0:
             raise PrepareError("--num_workers must be >= 0")
+        roots = [Path(p) for p in inputs]
+        if args.mel_dir and roots and all(r.exists() for r in roots):
+            # judged before check_output_dir makes the output folder: a --mel_dir that does not fit leaves nothing
+            check_mel_dir(Path(args.mel_dir), find_audio(roots), cfg.audio)
+        check_output_dir(output, "--output")
         prepare(cfg, inputs, output, args.num_workers, overwrite=args.overwrite, mel_dir=args.mel_dir)
     except (PrepareError, ConfigError, MelDirError) as e:
         print(f"error: {e}", file=sys.stderr)

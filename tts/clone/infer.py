@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.teacher_forced:
         return main_teacher_forced(p, args)
-    if not args.reference or not args.text:
+    if args.reference is None or args.text is None:  # an empty --text is refused below, with its reason
         p.error("--reference and --text are required (or --teacher_forced with --data and --output)")
     args.output = args.output or "clone.wav"
     try:
