@@ -18,3 +18,10 @@ tts-clone-demo: setup
 
 # After the vocoder demo (its export vocodes the samples) and the VITS demo's corpus (tts-data).
 DEMO_JOBS += --job 'clone@vocoder,tts-data=$(MAKE) --no-print-directory tts-clone-demo'
+
+# Vocoder fine-tuning on the cloning model's teacher-forced (GTA) mels (tts/clone/gta_demo.py): reuses
+# the vocoder and cloning demos' runs/ outputs (runs those demos first when missing), then GTA mels →
+# vocoder fine-tune → held-out MCD-DTW and level before/after. Not part of `make demo`.
+.PHONY: gta-demo
+gta-demo: setup
+	$(PY) tts/clone/gta_demo.py $(GTA_ARGS)

@@ -1,5 +1,6 @@
 """Dataset over a folder written by ``prepare_data.py``: random (mel, f0, audio) crops for
-training, whole files for validation.
+training, whole files for validation. One crop path for computed and GTA mels (``--mel_dir``): the
+three arrays share one frame grid, so the same frame window cuts all three.
 
 Randomness comes only from the sample key that ``common.data.ResumableSampler`` hands out
 (``sample_rng(key)``), so crops and augmentations are identical with any number of workers and
@@ -61,6 +62,10 @@ def load_manifest(data_dir: str | Path, cfg: VocoderConfig) -> dict:
     if wrong:
         raise DatasetError(f"{data_dir} was prepared with other audio settings ({'; '.join(wrong)}); "
                            "prepare it again with this config (or use the config it was made with)")
+    if s.get("mel_dir") and cfg.key_aug:
+        raise DatasetError(f"{data_dir} holds an acoustic model's mels (prepared with --mel_dir {s['mel_dir']}); "
+                           "key_aug recomputes the mel from the resampled audio and would train on computed mels "
+                           "instead: --set key_aug=false")
     return manifest
 
 

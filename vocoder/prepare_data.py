@@ -2,7 +2,12 @@
 manifest with a train/valid split, and a report of every skipped file with its reason.
 
     python vocoder/prepare_data.py --config vocoder/configs/demo.yaml \
-        --input data/raw_wavs [more folders] --output data/vocoder_bin [--num_workers 4]
+        --input data/raw_wavs [more folders] --output data/vocoder_bin [--num_workers 4] [--mel_dir DIR]
+
+``--mel_dir DIR``: an acoustic model's own mels (GTA / teacher-forced) instead of computed ones, one
+``<name>.npy`` ``[n_mels, frames]`` per audio file plus ``mel_settings.json``; checked and loaded by
+``vocoder/gta_mels.py`` (a folder that does not fit: one line and exit 2 before anything is written;
+a single misfit file: skipped with its reason). Audio, f0 and voicing are made as without it.
 
 Input: wav/flac/ogg/mp3 (whatever libsndfile reads), any sample rate (resampled with soxr to
 ``audio_sample_rate``) and channel count (averaged to mono). f0 is extracted from the
@@ -42,6 +47,7 @@ from common.config import ConfigError, add_config_args, load_config
 from common.run_dir import check_output_dir, check_prepared_settings
 from common.workers import process_pool
 from vocoder.config import VocoderConfig
+from vocoder.gta_mels import MelDirError, check_mel_dir, load_gta_mel
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".mp3", ".aif", ".aiff", ".opus")
 MANIFEST = "manifest.json"
@@ -70,16 +76,21 @@ class Settings:
     max_seconds: float | None
     silence_db: float
     max_clip_fraction: float
+    mel_dir: str | None = None  # --mel_dir, resolved: GTA mels instead of computed ones
 
     @classmethod
-    def from_config(cls, cfg: VocoderConfig) -> Settings:
+    def from_config(cls, cfg: VocoderConfig, mel_dir: str | Path | None = None) -> Settings:
         b = cfg.binarization_args
         a = cfg.audio
         return cls(a.sample_rate, a.hop_length, a.n_fft, a.win_length, a.n_mels, a.fmin, a.fmax, cfg.pe, cfg.f0_min, cfg.f0_max, b.min_seconds, b.max_seconds,
-                   b.silence_db, b.max_clip_fraction)
+                   b.silence_db, b.max_clip_fraction, str(Path(mel_dir).resolve()) if mel_dir else None)
 
     def as_dict(self) -> dict:
-        return dict(self.__dict__)
+        """The fingerprint; `mel_dir` only when given, so folders of computed mels keep their settings."""
+        d = dict(self.__dict__)
+        if d["mel_dir"] is None:
+            del d["mel_dir"]
+        return d
 
 
 def find_audio(roots: list[Path]) -> list[tuple[Path, Path]]:
@@ -109,8 +120,9 @@ def _source_stamp(path: Path) -> dict:
     return {"source": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
-def is_done(item_dir: Path, path: Path, settings: Settings) -> dict | None:
-    """The item's meta when it exists and matches the source file and the settings, else None."""
+def is_done(item_dir: Path, path: Path, settings: Settings, mel: Path | None = None) -> dict | None:
+    """The item's meta when it exists and matches the source file, the GTA `mel` file (if any) and the
+    settings, else None."""
     meta_file = item_dir / "meta.json"
     if not meta_file.is_file():
         return None
@@ -121,11 +133,13 @@ def is_done(item_dir: Path, path: Path, settings: Settings) -> dict | None:
     stamp = _source_stamp(path)
     if meta.get("settings") != settings.as_dict() or any(meta.get(k) != v for k, v in stamp.items()):
         return None
+    if mel is not None and meta.get("mel_source") != _source_stamp(mel):
+        return None
     return meta
 
 
-def process_file(path: Path, item_dir: Path, settings: Settings) -> dict:
-    """Load, check, resample, make mel + f0, write one item. Returns
+def process_file(path: Path, item_dir: Path, settings: Settings, gta_mel: Path | None = None) -> dict:
+    """Load, check, resample, make (or, with `gta_mel`, load) the mel + f0, write one item. Returns
     ``{"ok": True, "frames", "seconds"}`` or ``{"ok": False, "reason"}``; never raises for bad audio."""
     import torch
 
@@ -143,19 +157,27 @@ def process_file(path: Path, item_dir: Path, settings: Settings) -> dict:
     frames = len(wav) // settings.hop_size
     if frames * settings.hop_size < settings.fft_size:
         return {"ok": False, "reason": f"too short for fft_size {settings.fft_size}"}
-    wav = wav[: frames * settings.hop_size]
-    mel_fn = MelSpectrogram(settings.sample_rate, settings.fft_size, settings.win_size, settings.hop_size,
-                            settings.num_mels, settings.fmin, settings.fmax)
-    with torch.no_grad():
-        mel = mel_fn(torch.from_numpy(wav)[None])[0].T.contiguous().numpy()  # [frames, n_mels]
-    if mel.shape[0] != frames:
-        return {"ok": False, "reason": f"internal: mel has {mel.shape[0]} frames, expected {frames}"}
+    if gta_mel is None:
+        wav = wav[: frames * settings.hop_size]
+        mel_fn = MelSpectrogram(settings.sample_rate, settings.fft_size, settings.win_size, settings.hop_size,
+                                settings.num_mels, settings.fmin, settings.fmax)
+        with torch.no_grad():
+            mel = mel_fn(torch.from_numpy(wav)[None])[0].T.contiguous().numpy()  # [frames, n_mels]
+        if mel.shape[0] != frames:
+            return {"ok": False, "reason": f"internal: mel has {mel.shape[0]} frames, expected {frames}"}
+    else:
+        mel = load_gta_mel(gta_mel, settings.num_mels, frames)  # [frames', n_mels], or why not
+        if isinstance(mel, str):
+            return {"ok": False, "reason": mel}
+        frames = mel.shape[0]  # the shorter of mel and audio
+        wav = wav[: frames * settings.hop_size]
     try:
         f0, voiced = extract_f0(wav, sr, settings.hop_size, frames, settings.f0_min, settings.f0_max, settings.pe)
     except Exception as e:  # noqa: BLE001 - an extractor failure is a per-file problem
         return {"ok": False, "reason": f"f0 extraction failed ({type(e).__name__}: {e})"}
 
     meta = {**_source_stamp(path), "settings": settings.as_dict(), "frames": frames,
+            **({"mel_source": _source_stamp(gta_mel)} if gta_mel is not None else {}),
             "seconds": frames * settings.hop_size / settings.sample_rate,
             "voiced_fraction": float(voiced.mean()) if frames else 0.0}
     with atomic_output(item_dir, folder=True) as tmp:  # <item>.tmp<pid>, renamed when complete
@@ -193,10 +215,10 @@ def load_checked(path: Path, settings: Settings):
     return wav, settings.sample_rate
 
 
-def _job(args: tuple[str, str, Settings]) -> dict:
-    path, item_dir, settings = args
+def _job(args: tuple[str, str, Settings, str | None]) -> dict:
+    path, item_dir, settings, gta_mel = args
     try:
-        return process_file(Path(path), Path(item_dir), settings)
+        return process_file(Path(path), Path(item_dir), settings, Path(gta_mel) if gta_mel else None)
     except DiskFullError:
         raise  # not this file's fault: the whole run stops with one line
     except Exception as e:  # noqa: BLE001 - report, never kill the whole run for one file
@@ -226,8 +248,9 @@ def split_items(ids: list[str], val_num: int, shuffle: bool, seed: int,
 
 
 def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, num_workers: int | None = None,
-            log=print, overwrite: bool = False) -> dict:
-    """Run the whole binarization; returns the manifest. Raises PrepareError when nothing is usable.
+            log=print, overwrite: bool = False, mel_dir: str | Path | None = None) -> dict:
+    """Run the whole binarization; returns the manifest. Raises PrepareError when nothing is usable,
+    MelDirError (before anything is written) when the `mel_dir` folder does not fit (`vocoder.gta_mels`).
     A folder prepared with other settings is refused (OutputPathError) unless `overwrite`, which moves
     its files aside first (`common.run_dir.check_prepared_settings`)."""
     roots = [Path(p) for p in inputs]
@@ -239,12 +262,13 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
     out = Path(output)
     if any(out.resolve() == r.resolve() or r.resolve() in out.resolve().parents for r in roots if r.is_dir()):
         raise PrepareError(f"--output {out} is inside an input folder; choose a separate folder (inputs are never modified)")
-    settings = Settings.from_config(cfg)
+    settings = Settings.from_config(cfg, mel_dir)
     workers = cfg.binarization_args.num_workers if num_workers is None else num_workers
     files = find_audio(roots)
     if not files:
         raise PrepareError(f"no audio files ({'/'.join(e[1:] for e in AUDIO_EXTENSIONS)}) found under: "
                            f"{', '.join(str(r) for r in roots)}")
+    mels = check_mel_dir(Path(mel_dir), files, cfg.audio) if mel_dir else {}  # {audio: its GTA mel}
     check_prepared_settings(out, prepared_settings(out), settings.as_dict(), overwrite, "--output", log=log)
     items_dir = out / "items"
     items_dir.mkdir(parents=True, exist_ok=True)
@@ -259,13 +283,13 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
         relative[iid] = path.relative_to(root).as_posix()
         meta = None
         try:
-            meta = is_done(items_dir / iid, path, settings)
+            meta = is_done(items_dir / iid, path, settings, mels.get(path))
         except OSError:
             pass
         if meta is not None:
             results[iid] = {"ok": True, "frames": meta["frames"], "seconds": meta["seconds"], "cached": True}
         else:
-            jobs.append((str(path), str(items_dir / iid), settings))
+            jobs.append((str(path), str(items_dir / iid), settings, str(mels[path]) if path in mels else None))
     log(f"prepare: {len(files)} audio files, {len(files) - len(jobs)} already done, {len(jobs)} to process "
         f"with {max(1, workers)} worker(s)")
     t0 = time.time()
@@ -326,6 +350,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", nargs="+", default=None, help="audio folder(s) (default: data_input_path)")
     p.add_argument("--output", default=None, help="dataset folder (default: binary_data_dir)")
     p.add_argument("--num_workers", type=int, default=None, help="processes (default: binarization_args.num_workers)")
+    p.add_argument("--mel_dir", default=None, help="an acoustic model's mels (GTA) to train on instead of computed "
+                   "ones: <name>.npy [n_mels, frames] per audio file + mel_settings.json (vocoder/gta_mels.py)")
     p.add_argument("--overwrite", action="store_true",
                    help="prepare again into a folder prepared with other settings (its old files are moved aside)")
     return p
@@ -341,9 +367,13 @@ def main(argv: list[str] | None = None) -> int:
             raise PrepareError("no output folder: pass --output DIR (or set binary_data_dir in the config)")
         if args.num_workers is not None and args.num_workers < 0:
             raise PrepareError("--num_workers must be >= 0")
+        roots = [Path(p) for p in inputs]
+        if args.mel_dir and roots and all(r.exists() for r in roots):
+            # judged before check_output_dir makes the output folder: a --mel_dir that does not fit leaves nothing
+            check_mel_dir(Path(args.mel_dir), find_audio(roots), cfg.audio)
         check_output_dir(output, "--output")
-        prepare(cfg, inputs, output, args.num_workers, overwrite=args.overwrite)
-    except (PrepareError, ConfigError) as e:
+        prepare(cfg, inputs, output, args.num_workers, overwrite=args.overwrite, mel_dir=args.mel_dir)
+    except (PrepareError, ConfigError, MelDirError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

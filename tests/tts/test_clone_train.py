@@ -296,3 +296,33 @@ def test_a_signal_on_another_rank_stops_this_one_at_the_same_step(corpus, tmp_pa
     summary = train(resolved(corpus, tmp_path / "r", *extra), progress=False, log=lambda *a: None)
     assert summary["stopped"] == "signal" and summary["step"] == 1
     assert CheckpointManager(tmp_path / "r", prefix="clone").latest() is not None
+
+
+def test_teacher_forced_mels_have_the_frames_the_vocoder_prepares(trained, corpus, tmp_path, capsys):
+    """tts/infer_clone.py --teacher_forced writes one mel per utterance that vocoder/prepare_data.py --mel_dir
+    takes as it is: every file usable, the same frame count as the prepared audio, the settings recorded."""
+    from common.mel_files import read_mel_settings
+    from tts.clone.data import read_manifest
+    from vocoder.prepare_data import main as vocoder_prepare
+
+    out = tmp_path / "gta"
+    argv = ["--teacher_forced", "--checkpoint", str(trained["run"] / "best.pt"), "--data", str(corpus),
+            "--output", str(out), "--device", "cpu"]
+    assert infer_clone.main(argv) == 0
+    rows = [r for m in ("train.jsonl", "eval.jsonl") for r in read_manifest(corpus / m)[0]]
+    mels = {p.stem: np.load(p) for p in out.glob("*.npy")}
+    assert set(mels) == {Path(r["wav"]).stem for r in rows}
+    assert read_mel_settings(out) == trained["cfg"].audio.mel_kwargs
+    assert infer_clone.main(argv) == 2 and "--overwrite" in capsys.readouterr().err
+    assert infer_clone.main([*argv, "--overwrite"]) == 0
+    for name, mel in mels.items():  # eval mode and a fixed reference per utterance: the same mels again
+        np.testing.assert_array_equal(np.load(out / f"{name}.npy"), mel)
+    demo_yaml = Path(__file__).resolve().parents[2] / "vocoder" / "configs" / "demo.yaml"
+    rc = vocoder_prepare(["--config", str(demo_yaml), "--input", str(corpus / "wavs"), "--output", str(tmp_path / "bin"),
+                          "--mel_dir", str(out), "--num_workers", "0", "--set", "val_num=1"])
+    assert rc == 0
+    items = json.loads((tmp_path / "bin" / "manifest.json").read_text())["items"]
+    assert len(items) == len(rows)
+    for item in items.values():
+        source = Path(item["source"])
+        assert item["frames"] == mels[source.stem].shape[1] == sf.info(str(source)).frames // 256

@@ -3,6 +3,12 @@
     python tts/infer_clone.py --checkpoint runs/tts_clone/best.pt --reference voice.wav \
         --text "Salom, dunyo!" --vocoder runs/vocoder_demo/export --output out.wav
 
+    python tts/infer_clone.py --teacher_forced --checkpoint runs/tts_clone/best.pt \
+        --data data/tts_prepared/train.jsonl --output data/gta_mels
+
+`--teacher_forced` writes the model's teacher-forced mels of a prepared dataset (one `<wav name>.npy`
+per utterance + mel_settings.json) for `vocoder/prepare_data.py --mel_dir` (`tts.clone.teacher_forced`).
+
 The text may be in any script (Cyrillic or Latin, digits, …): it goes through the same Uzbek
 normaliser as the training data. Prints the real-time factor of the whole path (text processing,
 acoustic model, vocoder) = compute seconds / audio seconds.
@@ -104,15 +110,25 @@ def synthesize(model: VoiceCloneTTS, text: str, reference: Reference, vocoder=No
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Text + reference voice clip → wav (voice-cloning TTS + NSF vocoder).")
     p.add_argument("--checkpoint", required=True, help="checkpoint of tts/train_main.py (e.g. best.pt)")
-    p.add_argument("--reference", required=True, help="a few seconds of the target voice (wav/flac/ogg/mp3)")
-    p.add_argument("--text", required=True, help="text to speak (Uzbek, Latin or Cyrillic)")
+    p.add_argument("--reference", help="a few seconds of the target voice (wav/flac/ogg/mp3)")
+    p.add_argument("--text", help="text to speak (Uzbek, Latin or Cyrillic)")
     p.add_argument("--vocoder", default=None, help="exported vocoder folder or checkpoint "
                    "(default: the vocoder.path the model was trained with)")
-    p.add_argument("--output", default="clone.wav", help="output wav path")
+    p.add_argument("--output", default=None, help="output wav path (default clone.wav); with --teacher_forced "
+                   "the folder for the mels")
     p.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    p.add_argument("--teacher_forced", action="store_true", help="write the teacher-forced (GTA) mels of --data "
+                   "for vocoder/prepare_data.py --mel_dir instead of speaking --text")
+    p.add_argument("--data", default=None, help="with --teacher_forced: a prepared folder (train.jsonl + eval.jsonl) "
+                   "or one .jsonl manifest")
     p.add_argument("--length-scale", type=float, default=1.0, help=">1 speaks slower, <1 faster")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args(argv)
+    if args.teacher_forced:
+        return main_teacher_forced(p, args)
+    if args.reference is None or args.text is None:  # an empty --text is refused below, with its reason
+        p.error("--reference and --text are required (or --teacher_forced with --data and --output)")
+    args.output = args.output or "clone.wav"
     try:
         check_output_file(args.output, "--output")
         refuse_to_replace(args.output, args.overwrite, "--output")
@@ -144,6 +160,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {args.output}: {seconds:.2f} s of audio in {res['compute_s']:.3f} s on {args.device} "
           f"(RTF {rtf:.3f}, {1 / rtf:.1f}x real time; text processing + model + vocoder; "
           f"reference {reference.seconds:.1f} s)")
+    return 0
+
+
+def main_teacher_forced(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """`--teacher_forced`: the model's GTA mels of `--data` into the folder `--output`."""
+    from common.run_dir import check_output_dir
+    from tts.clone.teacher_forced import write_teacher_forced_mels
+
+    if not args.data or not args.output:
+        p.error("--teacher_forced needs --data (a prepared folder or .jsonl) and --output (a folder for the mels)")
+    try:
+        model, cfg = load_clone_model(args.checkpoint, args.device)
+        check_output_dir(args.output, "--output")
+        cache = Path(cfg.data.cache_dir) if cfg.data.cache_dir else Path(args.checkpoint).parent / "features"
+        write_teacher_forced_mels(model, cfg, args.data, args.output, cache, args.overwrite)
+    except (CheckpointError, DataError, OutputPathError, DiskFullError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
