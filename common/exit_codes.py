@@ -4,8 +4,10 @@ place that turns a trainer's failures into them."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from common.hardware import OutOfMemory
 from common.run_lock import release_run_locks
@@ -28,17 +30,37 @@ def interrupted() -> int:
     return INTERRUPTED
 
 
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM (a scheduler's stop, `kill`) outside the training loop acts as Ctrl-C does: one line and
+    exit 130 instead of a silent 143 during start-up. The loop installs its own saving handler on top."""
+    try:
+        old = signal.signal(signal.SIGTERM, _raise_interrupt)
+    except ValueError:  # not the main thread: signals cannot be caught here
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def run_main(body: Callable[[], int], bad_input: tuple[type[BaseException], ...],
              cleanup: Callable[[], None] | None = None) -> int:
     """Run a trainer's `main` body and return its exit code. A failure the README documents prints one
     `error: <message>` to stderr and becomes its code: any of `bad_input` -> BAD_INPUT,
     `common.training.NonFiniteError` -> NON_FINITE, `common.hardware.OutOfMemory` -> OUT_OF_MEMORY
     (the trainer raises these two with the whole advice in the message), Ctrl-C outside the training loop
-    (whose own handler saves and exits 130) -> `interrupted()`. Anything else propagates
+    (whose own handler saves and exits 130) -> `interrupted()`, and SIGTERM there too. Anything else propagates
     with its traceback: it is a bug, not a user error. `cleanup` runs in every case, then the run
     folder's lock (`common.run_lock`) is released."""
     try:
-        return body()
+        with sigterm_interrupts():
+            return body()
     except bad_input as e:
         print(f"error: {e}", file=sys.stderr)
         return BAD_INPUT

@@ -55,3 +55,27 @@ def test_explain_oom_turns_only_an_oom_into_out_of_memory():
     with pytest.raises(OutOfMemory, match="^already explained$"):  # an explained one is not explained twice
         with explain_oom("the step", 8):
             raise OutOfMemory("already explained")
+
+
+def test_sigterm_during_start_up_is_one_line_and_exit_130_not_a_silent_143(tmp_path):
+    """A trainer's start-up (data scan, model build) runs before the loop's saving handler exists."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    ready = tmp_path / "ready"
+    script = ("import time, pathlib\nfrom common import exit_codes\n"
+              f"def body():\n    pathlib.Path({str(ready)!r}).write_text('x')\n    time.sleep(60)\n    return 0\n"
+              "raise SystemExit(exit_codes.run_main(body, (ValueError,)))\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True,
+                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    deadline = time.time() + 60
+    while not ready.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == exit_codes.INTERRUPTED and err == exit_codes.INTERRUPTED_LINE + "\n"
+    before = signal.getsignal(signal.SIGTERM)
+    assert exit_codes.run_main(lambda: 0, (ValueError,)) == 0
+    assert signal.getsignal(signal.SIGTERM) is before  # run_main puts the caller's handler back
