@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 import yaml
 
+from bench.tiny import CLONE_AUDIO, VITS_FAST, VOCODER_TINY
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -97,9 +99,7 @@ class Vocoder(TrainerSpec):
             plain=["precision=32-true", "tf32=false", "compile=false", "cudnn_benchmark=false"], full_items=64)
 
     def tiny(self) -> list[str]:
-        from tests.vocoder.conftest import TINY
-
-        return list(TINY)
+        return list(VOCODER_TINY)
 
     def make_data(self, root: Path, dry: bool) -> Path:
         from bench.bench_vocoder import make_dataset
@@ -145,9 +145,7 @@ class Vits(TrainerSpec):
             full_items=192)
 
     def tiny(self) -> list[str]:
-        from tests.tts.test_vits_train import FAST
-
-        return list(FAST)
+        return list(VITS_FAST)
 
     def make_data(self, root: Path, dry: bool) -> Path:
         from bench.bench_tts import synthetic_corpus
@@ -208,11 +206,9 @@ class Clone(TrainerSpec):
         return synthetic_corpus(root, 10 if dry else self.full_items + 2, seconds=2.0)
 
     def _argv(self, config: Path, overrides: list[str], data: Path, run: Path, device: torch.device) -> list[str]:
-        from tests.tts.test_clone_train import AUDIO  # the synthetic corpus is 22.05 kHz speech
-
         # Every synthetic utterance lasts 2 s, so length buckets add nothing; and each bucket must hold a whole
         # batch (drop_last): 2 buckets. The feature cache is keyed by the audio settings: one per corpus.
-        return ["--config", str(config), "--train-data", str(data), "--checkpoint-dir", str(run), *AUDIO,
+        return ["--config", str(config), "--train-data", str(data), "--checkpoint-dir", str(run), *CLONE_AUDIO,
                 *_sets([f"data.cache_dir={Path(data).parent / 'features'}", "data.num_buckets=2", "val.sentences=[]",
                         "val.at_start=false", f"train.device={device.type}", *overrides])]
 

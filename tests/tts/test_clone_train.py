@@ -13,6 +13,7 @@ import pytest
 import soundfile as sf
 import torch
 
+from bench.tiny import CLONE_AUDIO
 from common.audio import save_wav
 from common.checkpoint import CheckpointManager, load_checkpoint
 from common.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, espeak_available, make_corpus
@@ -25,9 +26,7 @@ from tts.text import SYMBOLS
 
 pytestmark = pytest.mark.skipif(not espeak_available(), reason="espeak-ng is needed for the test corpus")
 
-AUDIO = ["--set", "audio.sample_rate=22050", "--set", "audio.n_fft=1024", "--set", "audio.win_length=1024",
-         "--set", "audio.hop_length=256", "--set", "audio.n_mels=80", "--set", "audio.fmin=40",
-         "--set", "audio.fmax=8000"]
+AUDIO = CLONE_AUDIO  # the synthetic corpus's 22.05 kHz settings (bench/tiny.py)
 SENTENCES = [UZBEK_SENTENCES[i] for i in (3, 14, 17, 8, 0)]
 SPEAKERS = [DEMO_SPEAKERS[0], DEMO_SPEAKERS[5], DEMO_SPEAKERS[1]]
 

@@ -16,6 +16,7 @@ import pytest
 import soundfile as sf
 import torch
 
+from bench.tiny import VITS_FAST
 from common import exit_codes
 from common.checkpoint import load_checkpoint, save_atomic
 from common.config import load_config
@@ -31,10 +32,7 @@ SR = 22050
 TEXTS = ["salom dunyo", "bugun havo yaxshi", "kitob oʻqiymiz", "choy ichamiz", "men uyga boraman",
          "bu yaxshi kun"]
 # tiny preset, made smaller still; no eval, no test sentences: only the training machinery is tested
-FAST = ["model=tiny", "batch_size=2", "num_loader_workers=0", "persistent_workers=false", "pin_memory=false",
-        "precision=32-true", "run_eval=false", "eval_at_start=false", "test_sentences=[]", "print_step=1",
-        "save_step=2", "eval_interval=0", "data.num_buckets=2", "max_minutes=null", "progress_bar=false",
-        "model_args.segment_frames=8", "model_args.upsample_initial_channel=32", "model_args.n_layers_q=2"]
+FAST = VITS_FAST  # the tiny preset, batch 2, no evaluation (bench/tiny.py, shared with gpu-check)
 
 
 def _corpus(root: Path, speakers: list[str]) -> Path:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from bench.tiny import VOCODER_TINY
 from common.config import load_config
 from vocoder.config import VocoderConfig
 from vocoder.prepare_data import prepare
@@ -18,33 +19,7 @@ DEMO_YAML = REPO / "vocoder" / "configs" / "demo.yaml"
 GPU_YAML = REPO / "vocoder" / "configs" / "base_hifi_gpu.yaml"
 RTX_YAML = REPO / "vocoder" / "configs" / "base_hifi_rtx5090_optimized.yaml"
 
-# A model small enough for CPU unit tests; the audio front end is demo.yaml's (22.05 kHz, hop 256).
-TINY = [
-    "model_args.upsample_initial_channel=32",
-    "model_args.resblock=2",
-    "model_args.resblock_kernel_sizes=[3]",
-    "model_args.resblock_dilation_sizes=[[1]]",
-    "model_args.discriminators=[fast_mpd]",
-    "model_args.discriminator_periods=[2,3]",
-    "model_args.fast_mpd_init_channel=2",
-    "crop_mel_frames=8",
-    "batch_size=2",
-    "ds_workers=0",
-    "precision=32-true",
-    "loss_fft_sizes=[256,512]",
-    "loss_hop_sizes=[64,128]",
-    "loss_win_lengths=[256,512]",
-    "lr_scheduler_args.warmup_steps=0",
-    "num_sanity_val_steps=0",
-    "num_valid_plots=1",
-    "valid_max_seconds=0.5",
-    "val_check_interval=1000",
-    "log_interval=1",
-    "volume_aug=false",
-    "val_num=1",
-    "binarization_args.num_workers=0",
-    "discriminator_train_start_steps=0",  # the loop with its critics from step 0 (demo.yaml warms up 1500)
-]
+TINY = VOCODER_TINY  # a model small enough for CPU unit tests (bench/tiny.py, shared with gpu-check)
 
 
 def tiny_config(*overrides: str) -> VocoderConfig:
