@@ -248,9 +248,11 @@ def split_items(ids: list[str], val_num: int, shuffle: bool, seed: int,
 
 
 def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, num_workers: int | None = None,
-            log=print, overwrite: bool = False, mel_dir: str | Path | None = None) -> dict:
+            log=print, overwrite: bool = False, mel_dir: str | Path | None = None,
+            mels: dict[Path, Path] | None = None) -> dict:
     """Run the whole binarization; returns the manifest. Raises PrepareError when nothing is usable,
-    MelDirError (before anything is written) when the `mel_dir` folder does not fit (`vocoder.gta_mels`).
+    MelDirError (before anything is written) when the `mel_dir` folder does not fit (`vocoder.gta_mels`);
+    `mels`: `check_mel_dir`'s {audio: mel} when the caller already judged the folder (not judged twice).
     A folder prepared with other settings is refused (OutputPathError) unless `overwrite`, which moves
     its files aside first (`common.run_dir.check_prepared_settings`)."""
     roots = [Path(p) for p in inputs]
@@ -268,7 +270,9 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
     if not files:
         raise PrepareError(f"no audio files ({'/'.join(e[1:] for e in AUDIO_EXTENSIONS)}) found under: "
                            f"{', '.join(str(r) for r in roots)}")
-    mels = check_mel_dir(Path(mel_dir), files, cfg.audio) if mel_dir else {}  # {audio: its GTA mel}
+    if mel_dir and mels is None:
+        mels = check_mel_dir(Path(mel_dir), files, cfg.audio)
+    mels = mels or {}  # {audio: its GTA mel}
     check_prepared_settings(out, prepared_settings(out), settings.as_dict(), overwrite, "--output", log=log)
     items_dir = out / "items"
     items_dir.mkdir(parents=True, exist_ok=True)
@@ -368,11 +372,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.num_workers is not None and args.num_workers < 0:
             raise PrepareError("--num_workers must be >= 0")
         roots = [Path(p) for p in inputs]
+        mels = None
         if args.mel_dir and roots and all(r.exists() for r in roots):
             # judged before check_output_dir makes the output folder: a --mel_dir that does not fit leaves nothing
-            check_mel_dir(Path(args.mel_dir), find_audio(roots), cfg.audio)
+            mels = check_mel_dir(Path(args.mel_dir), find_audio(roots), cfg.audio)
         check_output_dir(output, "--output")
-        prepare(cfg, inputs, output, args.num_workers, overwrite=args.overwrite, mel_dir=args.mel_dir)
+        prepare(cfg, inputs, output, args.num_workers, overwrite=args.overwrite, mel_dir=args.mel_dir, mels=mels)
     except (PrepareError, ConfigError, MelDirError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
