@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +62,7 @@ def write_teacher_forced_mels(model: VoiceCloneTTS, cfg: CloneConfig, data: str 
         raise DataError(f"--output {output} already holds mels; pass --overwrite to write them again")
     items = [it for m in manifests(data) for it in build_features(m, cfg.audio, cfg.data, cache_root, 1, log)]
     names = [Path(it["wav"]).stem for it in items]
-    twice = sorted({n for n in names if names.count(n) > 1})
+    twice = sorted(n for n, count in Counter(names).items() if count > 1)  # one pass, not n² for 100k files
     if twice:
         raise DataError(f"--data {data}: several utterances' audio files are named {', '.join(twice[:3])}; the mels are "
                         "named after the audio file, so the names must be unique")
