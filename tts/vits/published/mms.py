@@ -40,6 +40,7 @@ from tts.vits.config import model_args
 from tts.vits.discriminator import MultiPeriodDiscriminator
 from tts.vits.model import VITS
 from tts.vits.published.source import SourceError, SourceVoice
+from vocoder.export import from_legacy_names
 
 # config.json keys whose value is built into our VITS (jaywalnut310's), with that value. MMS has them all.
 _BUILT_IN: dict[str, Any] = {
@@ -176,10 +177,8 @@ def shape_from_config(cfg: dict) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _split_key(key: str) -> tuple[str, str]:
-    """A source key -> (module path, leaf), weight norm's two tensors as leaf "original0"/"original1" under
-    either naming: torch's old `weight_g`/`weight_v` (hub files of 2023) or `parametrizations.weight.*`."""
-    key = key.replace(".weight_g", ".parametrizations.weight.original0")
-    key = key.replace(".weight_v", ".parametrizations.weight.original1")
+    """A source key (torch's old `weight_g`/`weight_v` of 2023 hub files already renamed by
+    `from_legacy_names`) -> (module path, leaf), weight norm's two tensors as leaf "original0"/"original1"."""
     if ".parametrizations.weight." in key:
         module, _, part = key.partition(".parametrizations.weight.")
         return module, part
@@ -205,7 +204,7 @@ def convert_state(source: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tens
     out: dict[str, torch.Tensor] = {}
     others = []
     known = ("text_encoder.", "posterior_encoder.", "flow.", "decoder.", "duration_predictor.", "embed_speaker.")
-    for key, t in source.items():
+    for key, t in from_legacy_names(source).items():
         if not key.startswith(known):
             others.append(key)
             continue
@@ -229,7 +228,7 @@ def convert_discriminator(source: dict[str, torch.Tensor]) -> dict[str, torch.Te
     """finetune-hf-vits' `discriminator.*` (VitsModelForPreTraining: the scale critic, then one per period)
     -> our MultiPeriodDiscriminator names; every layer of ours is weight-normed."""
     out: dict[str, torch.Tensor] = {}
-    for key, t in source.items():
+    for key, t in from_legacy_names(source).items():
         if key.startswith("discriminator."):
             module, leaf = _split_key(key.removeprefix("discriminator."))
             _put(out, module.replace(".final_conv", ".conv_post"), leaf, t.float(), True)
