@@ -498,10 +498,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="prepare again into a folder prepared with other audio settings (its old files are moved aside)")
     args = p.parse_args(argv)
     try:
-        cfg = load_config(args.config, TrainConfig, args.overrides)
-        check_output_dir(args.output_dir, "--output_dir")
-        prepare(args.metadata, args.audio_dir, args.output_dir, cfg, args.num_workers, args.format, args.speaker,
-                speaker_from_path=args.speaker_from_path, overwrite=args.overwrite)
+        with exit_codes.sigterm_interrupts():
+            cfg = load_config(args.config, TrainConfig, args.overrides)
+            check_output_dir(args.output_dir, "--output_dir")
+            prepare(args.metadata, args.audio_dir, args.output_dir, cfg, args.num_workers, args.format, args.speaker,
+                    speaker_from_path=args.speaker_from_path, overwrite=args.overwrite)
     except (PrepareError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return exit_codes.BAD_INPUT

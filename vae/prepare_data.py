@@ -324,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
             check_output_dir(args.output_dir, "--output_dir")
         else:
             check_output_file(args.output_file, "--output_file")
-        return preprocess(args) if args.mode == "preprocess" else validate(args)
+        with exit_codes.sigterm_interrupts():
+            return preprocess(args) if args.mode == "preprocess" else validate(args)
     except OutputPathError as exc:  # also a full disk while writing (common.atomic_write.DiskFullError)
         print(f"error: {exc}")
         return 2

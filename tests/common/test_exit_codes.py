@@ -79,3 +79,39 @@ def test_sigterm_during_start_up_is_one_line_and_exit_130_not_a_silent_143(tmp_p
     before = signal.getsignal(signal.SIGTERM)
     assert exit_codes.run_main(lambda: 0, (ValueError,)) == 0
     assert signal.getsignal(signal.SIGTERM) is before  # run_main puts the caller's handler back
+
+
+class _StillTerminated(Exception):
+    """Raised by the test's own SIGTERM handler: a prepare that does not install one fails the test
+    with this instead of killing pytest."""
+
+
+@pytest.mark.parametrize("module, patched, argv", [
+    ("vocoder.prepare_data", "prepare", ["--input", "{tmp}", "--output", "{tmp}/bin"]),
+    ("tts.prepare_data", "prepare", ["--metadata", "{tmp}/metadata.csv", "--audio_dir", "{tmp}", "--output_dir", "{tmp}/out"]),
+    ("vae.prepare_data", "preprocess", ["--mode", "preprocess", "--input_dir", "{tmp}", "--output_dir", "{tmp}/out"]),
+])
+def test_prepare_scripts_stopped_by_sigterm_say_so_and_exit_130(module, patched, argv, tmp_path, monkeypatch, capsys):
+    """A scheduler's stop during a long preprocessing run: one line and 130 (run again to continue),
+    not a silent 143; the caller's handler is put back afterwards."""
+    import importlib
+    import os
+    import signal
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM was not delivered")
+
+    def outer(signum, frame):
+        raise _StillTerminated
+
+    mod = importlib.import_module(module)
+    monkeypatch.setattr(mod, patched, terminated)
+    before = signal.signal(signal.SIGTERM, outer)
+    try:
+        rc = mod.main([a.format(tmp=tmp_path) for a in argv])
+        assert signal.getsignal(signal.SIGTERM) is outer
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert rc == exit_codes.INTERRUPTED
+    assert capsys.readouterr().err.strip().endswith(exit_codes.INTERRUPTED_LINE)
