@@ -31,7 +31,7 @@ LICENCE = "GPL-2 (Debian package tuxpaint-stamps-default: © 2002-2022 Bill Kend
 # One reader per language. Median f0 measured with Praat on 12 files each: fr 128, ru 125, ca 143
 # (male voices), be 236, es 257, el 208 Hz (female); held out: da 125 (male), ro 221 Hz (female).
 # Not used: bg (heavily noise-gated and band-processed: the demo vocoder scored MCD ~9 dB on it).
-# Held out, be came out 7-11 dB too quiet after the demo's 2700 steps (ro, el: within 3 dB): an
+# Held out, be came out 7-11 dB too quiet after the 2700 steps the demo had then (ro, el: within 3 dB): an
 # unseen voice can sit outside what a few CPU minutes generalise to, so be is a training reader.
 TRAIN_READERS = ("fr", "ru", "ca", "be", "es", "el")
 HELD_OUT_READERS = ("ro", "da")

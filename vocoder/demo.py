@@ -7,7 +7,7 @@ copy-synthesis of held-out readers it never heard, and an exported generator.
    When the package cannot be fetched, espeak-ng reads Uzbek sentences in six voices instead
    (``data/demo/vocoder_wavs``, 6 random files held out), and one line says so;
 2. ``prepare_data`` binarizes them (the held-out readers via ``test_prefixes``);
-3. ``demo.yaml`` trains ~5 CPU minutes (2400 generator-only steps, then 300 with the critic) -> ``runs/vocoder_demo`` (TensorBoard in logs/);
+3. ``demo.yaml`` trains ~5 CPU minutes (2000 generator-only steps, then 250 with the critic) -> ``runs/vocoder_demo`` (TensorBoard in logs/);
 4. the held-out files are copy-synthesised -> ``runs/vocoder_demo/copysyn/`` (``*_gt.wav`` beside);
 5. the generator is exported -> ``runs/vocoder_demo/export/`` (the TTS voice-cloning demo uses it).
 
