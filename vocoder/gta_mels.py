@@ -66,6 +66,15 @@ def check_mel_dir(mel_dir: Path, files: list[tuple[Path, Path]], audio: AudioSet
                           f"({'; '.join(wrong)}); make the mels with the vocoder config's audio settings, "
                           "or prepare with the config the mels match")
     pairs = {path: mel_path(mel_dir, root, path) for root, path in files}
+    claimed: dict[Path, list[Path]] = {}
+    for path, mel in pairs.items():
+        claimed.setdefault(mel, []).append(path)
+    shared = [(mel, paths) for mel, paths in claimed.items() if len(paths) > 1]
+    if shared:
+        mel, paths = shared[0]
+        raise MelDirError(f"{where}: {len(shared)} mel(s) would serve two audio files of different --input folders "
+                          f"({mel.relative_to(mel_dir)} for {' and '.join(map(str, paths[:2]))}); mels are named "
+                          "relative to their --input folder, so prepare each folder with its own --mel_dir")
     missing = sorted(str(m.relative_to(mel_dir)) for m in pairs.values() if not m.is_file())
     extra = sorted(str(p.relative_to(mel_dir)) for p in set(mel_dir.rglob("*.npy")) - set(pairs.values()))
     problems = []

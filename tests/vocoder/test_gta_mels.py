@@ -73,6 +73,7 @@ def test_good_folder_with_one_bad_file(tmp_path, capsys):
     ("misaligned", ["3 of 4 mels are misaligned", "hop"]),
     ("settings", ["hop_length: mels 512 vs config 256"]),
     ("no_settings", [MEL_SETTINGS_FILE]),
+    ("shared", ["1 mel(s) would serve two audio files", "a.npy", "its own --mel_dir"]),
 ])
 def test_folder_that_does_not_fit_stops_before_writing(tmp_path, capsys, case, words):
     wavs, mels = make_folder(tmp_path, {"a": -30, "b": -30, "c": -30} if case == "misaligned" else None)
@@ -85,8 +86,13 @@ def test_folder_that_does_not_fit_stops_before_writing(tmp_path, capsys, case, w
         (mels / MEL_SETTINGS_FILE).write_text(json.dumps({**settings, "hop_length": 512}))
     elif case == "no_settings":
         (mels / MEL_SETTINGS_FILE).unlink()
+    extra = []
+    if case == "shared":  # a second --input folder with a file named like one of the first's
+        (tmp_path / "more").mkdir()
+        (tmp_path / "more" / "a.wav").write_bytes((wavs / "a.wav").read_bytes())
+        extra = ["--input", str(wavs), str(tmp_path / "more")]
     out = tmp_path / "bin"
-    assert run_prepare(wavs, mels, out) == 2
+    assert run_prepare(wavs, mels, out, *extra) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"--mel_dir {mels}" in err
     for w in words:
