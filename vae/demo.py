@@ -41,8 +41,8 @@ MIN_PSNR_DB = 20.8  # mean PSNR of the whole 64 px held-out images: see MEASURED
 # MEASURED on the 50 held-out 64 px images: a flat image of each one's mean colour scores 16.3 dB;
 # area-downsampled then bicubic-upsampled copies 18.5 dB (32x, 2x2 pixels), 20.8 dB (16x, 4x4),
 # 24.1 dB (8x), 27.8 dB (4x). The demo itself, six fresh-clone make demo runs over seeds and 1 / 2
-# threads (docs/DEMO.md): 22.14-24.01 dB. A plausible reconstruction keeps at least the layout and
-# colours a 4x4-pixel thumbnail keeps: >= 20.8 dB, 1.34 dB below the worst run. (LPIPS is off: the demo
+# threads (docs/DEMO.md): 21.28-23.93 dB. A plausible reconstruction keeps at least the layout and
+# colours a 4x4-pixel thumbnail keeps: >= 20.8 dB, 0.48 dB below the worst run. (LPIPS is off: the demo
 # never downloads VGG16.)
 
 
