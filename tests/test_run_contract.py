@@ -123,8 +123,11 @@ class _Process:
     def __init__(self, argv: list[str], new_session: bool = False) -> None:
         # The progress bar redraws every 30 s off a terminal: ask for a redraw every 0.1 s here.
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "TQDM_MININTERVAL": "0.1"}
+        # SIGINT at its default, as in a terminal: a shell's background job (`make test &`) starts with SIGINT
+        # ignored, and a Python child keeps that instead of raising KeyboardInterrupt on Ctrl-C.
         self.proc = subprocess.Popen([sys.executable, *argv], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, start_new_session=new_session)
+                                     stderr=subprocess.STDOUT, start_new_session=new_session,
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.chunks: list[bytes] = []
         self.reader = threading.Thread(
             target=lambda: [self.chunks.append(c) for c in iter(lambda: self.proc.stdout.read1(4096), b"")],
