@@ -25,7 +25,7 @@ import torch
 from common.config import ConfigError, explicit_keys
 from tts.text.phonemes import Frontend
 from tts.vits.data import check_prepared_audio
-from tts.vits.published import piper
+from tts.vits.published import mms, piper
 from tts.vits.published.source import SourceError, SourceVoice
 
 SPEAKER_KEYS = ("emb_g.", "dec.cond.", "dp.cond.", "cond_layer.")  # the speaker embedding and its inputs
@@ -49,11 +49,6 @@ def open_source(path: str | Path, config_path: str | Path | None = None) -> Sour
     transformers VitsModel (MMS-TTS); a file whose pickle names `model_g.*` weights a Piper `.ckpt`."""
     path = Path(path)
     if path.is_dir():
-        try:
-            from tts.vits.published import mms  # the transformers VitsModel reader
-        except ImportError:
-            raise SourceError(f"--init_from {path} is a folder: transformers VitsModel folders are read by "
-                              "tts/vits/published/mms.py, which this checkout does not have") from None
         return mms.read(path)
     if path.suffix == ".ckpt" or is_piper_checkpoint(path):
         return piper.read(path, config_path)
