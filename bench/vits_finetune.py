@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from common.checkpoint import CheckpointManager
 from tts.vits import train as train_mod
 from tts.vits.data import read_manifest, read_speakers
 from tts.vits.demo import CONFIG, PREPARED_DIR, build_corpus, prepare, read_metrics
@@ -92,9 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"== pretrain on {', '.join(others)} ({args.pretrain_steps} steps) ==", flush=True)
     train(pre_data, args.out / "pretrain", args.pretrain_steps, args.eval_every)
-    init = args.out / "pretrain" / "checkpoints" / "last.pt"
-    if not init.is_file():
-        init = max((args.out / "pretrain" / "checkpoints").glob("*.pt"), key=lambda f: f.stat().st_mtime)
+    init = CheckpointManager(args.out / "pretrain" / "checkpoints", prefix="vits").latest()
     print(f"== {TARGET}: fine-tune from {init} ({args.steps} steps) ==", flush=True)
     finetuned = train(target_data, args.out / "finetune", args.steps, args.eval_every, init)
     print(f"== {TARGET}: from scratch ({args.steps} steps) ==", flush=True)
