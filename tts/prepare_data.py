@@ -497,18 +497,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overwrite", action="store_true",
                    help="prepare again into a folder prepared with other audio settings (its old files are moved aside)")
     args = p.parse_args(argv)
-    try:
-        with exit_codes.sigterm_interrupts():
-            cfg = load_config(args.config, TrainConfig, args.overrides)
-            check_output_dir(args.output_dir, "--output_dir")
-            prepare(args.metadata, args.audio_dir, args.output_dir, cfg, args.num_workers, args.format, args.speaker,
-                    speaker_from_path=args.speaker_from_path, overwrite=args.overwrite)
-    except (PrepareError, ConfigError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return exit_codes.BAD_INPUT
-    except KeyboardInterrupt:
-        return exit_codes.interrupted()
-    return exit_codes.OK
+
+    def body() -> int:
+        cfg = load_config(args.config, TrainConfig, args.overrides)
+        check_output_dir(args.output_dir, "--output_dir")
+        prepare(args.metadata, args.audio_dir, args.output_dir, cfg, args.num_workers, args.format, args.speaker,
+                speaker_from_path=args.speaker_from_path, overwrite=args.overwrite)
+        return exit_codes.OK
+    return exit_codes.run_main(body, (PrepareError, ConfigError))
 
 
 if __name__ == "__main__":

@@ -363,28 +363,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        with exit_codes.sigterm_interrupts():
-            cfg = load_config(args.config, VocoderConfig, args.overrides)
-            inputs = args.input or cfg.data_input_path
-            output = args.output or cfg.binary_data_dir
-            if not output:
-                raise PrepareError("no output folder: pass --output DIR (or set binary_data_dir in the config)")
-            if args.num_workers is not None and args.num_workers < 0:
-                raise PrepareError("--num_workers must be >= 0")
-            roots = [Path(p) for p in inputs]
-            mels = None
-            if args.mel_dir and roots and all(r.exists() for r in roots):
-                # judged before check_output_dir makes the output folder: a --mel_dir that does not fit leaves nothing
-                mels = check_mel_dir(Path(args.mel_dir), find_audio(roots), cfg.audio)
-            check_output_dir(output, "--output")
-            prepare(cfg, inputs, output, args.num_workers, overwrite=args.overwrite, mel_dir=args.mel_dir, mels=mels)
-    except (PrepareError, ConfigError, MelDirError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return exit_codes.interrupted()
-    return 0
+
+    def body() -> int:
+        cfg = load_config(args.config, VocoderConfig, args.overrides)
+        inputs = args.input or cfg.data_input_path
+        output = args.output or cfg.binary_data_dir
+        if not output:
+            raise PrepareError("no output folder: pass --output DIR (or set binary_data_dir in the config)")
+        if args.num_workers is not None and args.num_workers < 0:
+            raise PrepareError("--num_workers must be >= 0")
+        roots = [Path(p) for p in inputs]
+        mels = None
+        if args.mel_dir and roots and all(r.exists() for r in roots):
+            # judged before check_output_dir makes the output folder: a --mel_dir that does not fit leaves nothing
+            mels = check_mel_dir(Path(args.mel_dir), find_audio(roots), cfg.audio)
+        check_output_dir(output, "--output")
+        prepare(cfg, inputs, output, args.num_workers, overwrite=args.overwrite, mel_dir=args.mel_dir, mels=mels)
+        return exit_codes.OK
+    return exit_codes.run_main(body, (PrepareError, ConfigError, MelDirError))
 
 
 if __name__ == "__main__":
