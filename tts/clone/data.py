@@ -325,6 +325,16 @@ def load_reference(path: str | os.PathLike, audio: AudioConfig, data: DataConfig
     return Reference(mel, torch.ones(1, mel.shape[-1], dtype=torch.bool), wav, len(wav) / sr)
 
 
+def reference_frames(cfg: CloneConfig) -> int:
+    """Frames of the reference crop (data.ref_seconds): training and the teacher-forced mels use the same."""
+    return int(math.ceil(cfg.data.ref_seconds * cfg.audio.sample_rate / cfg.audio.hop_length))
+
+
+def feature_cache_root(cfg: CloneConfig, run_dir: Path) -> Path:
+    """Where the features are cached: data.cache_dir, else the run folder's features/ (as training cached them)."""
+    return Path(cfg.data.cache_dir) if cfg.data.cache_dir else run_dir / "features"
+
+
 class CloneData:
     """The bucketed training set and sampler (a static set of padded shapes), the validation loader
     and the loader settings, from the prepared manifests (features cached, input never modified)."""
@@ -332,11 +342,11 @@ class CloneData:
     def __init__(self, cfg: CloneConfig, device: torch.device, run_dir: Path, log: Callable[[str], None]) -> None:
         t = cfg.train
         train_jsonl, val_jsonl = resolve_manifests(cfg.data.train, cfg.data.val)
-        cache_root = Path(cfg.data.cache_dir) if cfg.data.cache_dir else run_dir / "features"
+        cache_root = feature_cache_root(cfg, run_dir)
         feat_workers = max(1, min(t.num_workers, os.cpu_count() or 1))
         self.train_items = build_features(train_jsonl, cfg.audio, cfg.data, cache_root, feat_workers, log)
         self.val_items = build_features(val_jsonl, cfg.audio, cfg.data, cache_root, feat_workers, log)
-        ref_frames = int(math.ceil(cfg.data.ref_seconds * cfg.audio.sample_rate / cfg.audio.hop_length))
+        ref_frames = reference_frames(cfg)
         self.train_set = CloneDataset(self.train_items, ref_frames)
         val_set = CloneDataset(self.val_items, ref_frames)
         self.sampler = BucketBatchSampler(self.train_set.lengths(), t.batch_size, cfg.data.num_buckets, shuffle=True,

@@ -31,7 +31,7 @@ from common.audio import save_wav
 from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind
 from common.run_dir import OutputPathError, check_output_file, refuse_to_replace
 from tts.clone.config import AudioConfig, CloneConfig, config_from_dict
-from tts.clone.data import DataError, Reference, load_reference
+from tts.clone.data import DataError, Reference, feature_cache_root, load_reference
 from tts.clone.model import VoiceCloneTTS
 from tts.text import SYMBOLS, normalize, says_something, text_to_ids
 
@@ -173,8 +173,8 @@ def main_teacher_forced(p: argparse.ArgumentParser, args: argparse.Namespace) ->
     try:
         model, cfg = load_clone_model(args.checkpoint, args.device)
         check_output_dir(args.output, "--output")
-        cache = Path(cfg.data.cache_dir) if cfg.data.cache_dir else Path(args.checkpoint).parent / "features"
-        write_teacher_forced_mels(model, cfg, args.data, args.output, cache, args.overwrite)
+        write_teacher_forced_mels(model, cfg, args.data, args.output,
+                                  feature_cache_root(cfg, Path(args.checkpoint).parent), args.overwrite)
     except (CheckpointError, DataError, OutputPathError, DiskFullError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -14,7 +14,6 @@ utterance, so running twice writes the same files).
 from __future__ import annotations
 
 import io
-import math
 from collections import Counter
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import torch
 from common.atomic_write import write_bytes
 from common.mel_files import MEL_SETTINGS_FILE, write_mel_settings
 from tts.clone.config import CloneConfig
-from tts.clone.data import CloneDataset, DataError, build_features
+from tts.clone.data import CloneDataset, DataError, build_features, reference_frames
 from tts.clone.model import VoiceCloneTTS
 
 
@@ -67,8 +66,7 @@ def write_teacher_forced_mels(model: VoiceCloneTTS, cfg: CloneConfig, data: str 
         raise DataError(f"--data {data}: several utterances' audio files are named {', '.join(twice[:3])}; the mels are "
                         "named after the audio file, so the names must be unique")
     model.eval()
-    ref_frames = int(math.ceil(cfg.data.ref_seconds * cfg.audio.sample_rate / cfg.audio.hop_length))
-    dataset = CloneDataset(items, ref_frames)
+    dataset = CloneDataset(items, reference_frames(cfg))
     written = []
     for i, name in enumerate(names):
         feats = dataset[i]  # an int key: the same reference crop every run
