@@ -14,8 +14,9 @@ real runs save hours apart. So a run holds `<run_dir>/run.lock` for its whole li
   remove it when that run is over;
 - under torchrun only rank 0 takes it (the caller decides);
 - released at exit: by the trainer's `main` (`common.exit_codes.run_main`), at interpreter exit, and
-  on SIGTERM outside the training loop (which turns it into a normal exit with status 143); inside the
-  loop the trainer's own SIGINT/SIGTERM handling saves and returns normally, which releases it too.
+  on SIGTERM outside the training loop (under `run_main` that is its one line and exit 130; a trainer
+  used without `run_main` exits normally with status 143); inside the loop the trainer's own
+  SIGINT/SIGTERM handling saves and returns normally, which releases it too.
 """
 
 from __future__ import annotations
