@@ -33,7 +33,7 @@ import numpy as np
 import numpy._core.multiarray as np_multiarray
 import torch
 
-from common.checkpoint import CheckpointError, checkpoint_kind, damage, load_checkpoint
+from common.checkpoint import CheckpointError, checkpoint_kind, load_checkpoint
 from common.safetensors_io import SafetensorsError, load_safetensors, safetensors_header
 
 # Where a whole-model checkpoint keeps its VAE: latent-diffusion / SD 1.x-3.x (`first_stage_model.`),
@@ -115,12 +115,14 @@ def load_pickled(path: Path) -> dict:
     those allowed; any other refusal stands."""
     try:
         return load_checkpoint(path)
-    except CheckpointError:
+    except CheckpointError as exc:
+        if "refused to load" not in str(exc):  # damaged or unreadable: load_checkpoint checked the CRCs already
+            raise
         try:
             found = set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
         except Exception:  # noqa: BLE001 - not a zip checkpoint: load_checkpoint's message stands
             found = set()
-        if not found or not found <= set(LDM_PICKLE_GLOBALS) or damage(path) is not None:
+        if not found or not found <= set(LDM_PICKLE_GLOBALS):
             raise
     allowed = [(obj, name) for name, obj in LDM_PICKLE_GLOBALS.items()] + _NUMPY_DTYPE_CLASSES
     with torch.serialization.safe_globals(allowed):
