@@ -49,13 +49,6 @@ def check_resume(ckpt: dict, path: Path, cfg: VAEConfig) -> None:
                               f"{FLAG}; {fix}")
 
 
-def forget_stale_record(out_dir: Path, main: bool) -> None:
-    """A new run's factors must come from its own init: an `init_from.json` left in the folder by an
-    earlier attempt that never saved a checkpoint is removed before the init writes its own."""
-    if main:
-        (out_dir / INIT_RECORD).unlink(missing_ok=True)
-
-
 def record_checkpoint_factors(vae: AutoencoderKL, init_from: str, out_dir: Path, main: bool) -> None:
     """For an init from one of our checkpoint files (the diffusers-folder init records its factors
     itself): check that it held the whole encoder side, and record the factors `vae_final.pt` carries

@@ -111,6 +111,14 @@ def check_layout(source: Path, what: str, layout: dict, cfg: VAEConfig) -> None:
             f"model: {keys}. To fine-tune this VAE, add: {' '.join(flag for *_, flag in diff)}")
 
 
+def forget_stale_record(out_dir: Path, main: bool) -> None:
+    """Every new run's factors come from its own init (or, with none recorded, are measured): an
+    `init_from.json` left by an earlier attempt in this folder that never saved a checkpoint would
+    otherwise hand that attempt's init factors to the export of a run that never started from it."""
+    if main:
+        (out_dir / INIT_RECORD).unlink(missing_ok=True)
+
+
 def record_factors(source: Path, factors: dict, out_dir: Path, main: bool) -> None:
     """The init's latent factors in `<output_dir>/init_from.json`, which the export reads (main rank only)."""
     if main:

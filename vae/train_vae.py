@@ -66,7 +66,7 @@ from vae.losses import FrozenLPIPS, PatchDiscriminator, PerceptualWeightsError, 
 from vae.memory import add_profile_args, choose_batch_size, oom_advice, profile_memory
 from vae.metrics import evaluate
 from vae.model import AutoencoderKL, build_vae
-from vae.pretrained import init_weights
+from vae.pretrained import forget_stale_record, init_weights
 from vae.startup import continue_stage, report_plan, start_stage
 
 
@@ -153,14 +153,14 @@ class VAETrainer:
         resume = resolve_resume(cfg.resume_from, out_dir, self.manager, extra_names=("checkpoint_last.pt",))
         if resume is not None:
             self.restore(resume)
-        elif init_from:  # weights only (a new run): a diffusers folder, or a checkpoint (see vae/pretrained.py)
-            if cfg.train_decoder_only:
-                decoder_only.forget_stale_record(out_dir, main)
-            for line in init_weights(self.models, cfg, init_from, out_dir, main):
-                self.log(line)
-            if cfg.train_decoder_only:
-                decoder_only.record_checkpoint_factors(self.vae, init_from, out_dir, main)
-            self.ema = self._new_ema()  # the one made above holds the random initial weights
+        else:  # a new run
+            forget_stale_record(out_dir, main)
+            if init_from:  # weights only: a diffusers folder, or a checkpoint (see vae/pretrained.py)
+                for line in init_weights(self.models, cfg, init_from, out_dir, main):
+                    self.log(line)
+                if cfg.train_decoder_only:
+                    decoder_only.record_checkpoint_factors(self.vae, init_from, out_dir, main)
+                self.ema = self._new_ema()  # the one made above holds the random initial weights
         if cfg.train_decoder_only:
             distributed.barrier()  # the main rank has written the init's factors
             for line in decoder_only.startup_lines(self.vae, decoder_only.init_factors(out_dir)):

@@ -217,3 +217,15 @@ def test_finetune_sd_decoder_config_loads_with_the_recipe():
     assert cfg.disc_weight == 0.0 and cfg.ema_decay == 0.9999 and cfg.export_factors == "init"
     assert cfg.learning_rate == 4.5e-6 and (cfg.adam_beta1, cfg.adam_beta2, cfg.weight_decay) == (0.9, 0.999, 0.01)
     assert cfg.batch_size * cfg.accumulation_steps == 192 and cfg.max_steps == 280_000
+
+
+def test_a_new_run_forgets_the_factors_an_earlier_attempt_left(image_dir, tmp_path):
+    """An attempt that wrote `init_from.json` (an init from a diffusers folder) and then died before its
+    first checkpoint must not hand that folder's factors to the next, different run in the same folder."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / INIT_RECORD).write_text(json.dumps({"init_from": "/gone/sd-vae", "scaling_factor": 0.5,
+                                               "shift_factor": None}))
+    assert run(image_dir, out, "--max_steps", "1") == 0  # from scratch: its factors are measured
+    assert not (out / INIT_RECORD).exists()
+    assert json.loads((out / "diffusers" / "config.json").read_text())["scaling_factor"] != 0.5
