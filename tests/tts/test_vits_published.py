@@ -27,6 +27,7 @@ from tts.text.phonemes import ESPEAK_SYMBOLS
 from tts.vits import export_onnx
 from tts.vits import train as train_mod
 from tts.vits.config import TrainConfig
+from tts.vits.published.source import SourceError, SourceVoice
 from tts.vits.published.start import load_start
 
 # The voice's symbols: piper's four specials, IPA we share, and two we lack (a click and a tone letter)
@@ -293,3 +294,20 @@ def test_licence_reaches_the_checkpoint_and_the_onnx_json(one_speaker, tmp_path,
     assert saved_ckpt["config"]["model_args"].get("disc_channel_scale") is None  # the tiny recipe's critics
     assert export_onnx.main(["--checkpoint", str(saved), "--out", str(tmp_path / "v.onnx"), "--no_check"]) == 0
     assert json.loads((tmp_path / "v.onnx.json").read_text())["licence"] == "CC-BY-NC-4.0"
+
+
+def test_a_source_that_does_not_map_names_every_kind_of_misfit():
+    """Missing (unless the run draws it fresh), left over, another shape (the text embedding's rows are
+    mapped by symbol, so its shape may differ): each named in the one SourceError."""
+    from tts.vits.published.start import _check_fit
+
+    own = {"a": torch.zeros(2, 3), "b": torch.zeros(4), "fresh": torch.zeros(1), "enc_p.emb.weight": torch.zeros(5, 2)}
+    voice = SourceVoice(Path("voice.onnx"), "piper", {}, {}, [], {})
+    _check_fit(voice, "generator", {"a": torch.ones(2, 3), "b": torch.ones(4), "enc_p.emb.weight": torch.ones(9, 2)},
+               own, fresh=["fresh"])  # fits
+    with pytest.raises(SourceError) as err:
+        _check_fit(voice, "generator", {"a": torch.ones(3, 3), "extra": torch.ones(1), "enc_p.emb.weight": torch.ones(9, 2)},
+                   own, fresh=["fresh"])
+    text = str(err.value)
+    assert "voice.onnx" in text and "1 not in the source: b" in text and "1 left over in the source: extra" in text
+    assert "1 of another shape: a: checkpoint (3, 3) vs model (2, 3)" in text and "enc_p.emb" not in text

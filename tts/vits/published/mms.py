@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from common.checkpoint import compare_state
 from common.config import ConfigError
 from common.safetensors_io import SafetensorsError, load_safetensors
 from tts.text.cyrillic import cyrillic_to_latin
@@ -380,14 +381,9 @@ def read(folder: str | Path) -> SourceVoice:
 
 def _check_names(folder: Path, state: dict[str, torch.Tensor], model: torch.nn.Module, against: str) -> None:
     """Every tensor `model` (built on meta: no memory, no RNG draw) has is in `state` with its shape, and no other."""
-    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    missing = sorted(set(want) - set(state))
-    shapes = [f"{k} {tuple(state[k].shape)} (expected {want[k]})" for k in want if k in state
-              and tuple(state[k].shape) != want[k]]
-    extra = sorted(set(state) - set(want))
-    if missing or shapes or extra:
-        parts = ([f"{len(missing)} tensors missing (e.g. {missing[0]})"] if missing else []) + \
-                ([f"{len(shapes)} of another shape (e.g. {shapes[0]})"] if shapes else []) + \
-                ([f"{len(extra)} unknown (e.g. {extra[0]})"] if extra else [])
+    fit = compare_state(model.state_dict(), state)
+    parts = [f"{len(items)} {title} (e.g. {items[0]})" for items, title in (
+        (fit.missing, "tensors missing"), (fit.mismatched, "of another shape"), (fit.unexpected, "unknown")) if items]
+    if parts:
         raise _error(folder, f"model.safetensors does not match {against}: " + "; ".join(parts)
                      + "; the folder's files do not belong together: download the model again")

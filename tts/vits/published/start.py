@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from common.checkpoint import compare_state
 from common.config import ConfigError, explicit_keys
 from tts.text.phonemes import Frontend
 from tts.vits.data import check_prepared_audio
@@ -185,12 +186,11 @@ def _check_fit(voice: SourceVoice, what: str, state: dict[str, torch.Tensor], ow
                fresh: list[str]) -> None:
     """Every tensor of the model comes from the source (or is listed fresh) with its shape, and every
     tensor of the source is used: else the reader does not know this variant of the source."""
-    missing = [k for k in own if k not in state and k not in fresh]
-    extra = [k for k in state if k not in own]
-    shapes = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in own
-              if k in state and k != "enc_p.emb.weight" and state[k].shape != own[k].shape]
+    fit = compare_state(own, state)
+    missing = [k for k in fit.missing if k not in fresh]
+    shapes = [m for m in fit.mismatched if not m.startswith("enc_p.emb.weight:")]  # rows are mapped by symbol
     problems = [f"{len(items)} {title}: {', '.join(items[:4])}{' ...' if len(items) > 4 else ''}"
-                for items, title in ((missing, "not in the source"), (extra, "left over in the source"),
+                for items, title in ((missing, "not in the source"), (fit.unexpected, "left over in the source"),
                                      (shapes, "of another shape")) if items]
     if problems:
         raise SourceError(f"--init_from {voice.path}: its {what} does not map onto this trainer's VITS "
