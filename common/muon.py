@@ -307,7 +307,10 @@ def split_params(
 
     AdamW gets: 1-D params (biases, norm gains), embeddings, norm layers, weight-norm magnitudes (old
     `weight_g` and new `parametrizations.weight.original0`), every parameter of the first and last
-    module that owns parameters (e.g. a vocoder's conv_pre/conv_post), grouped/depthwise convs (their
+    module that owns parameters in registration order (the vocoder: conv_post, and conv_pre only with
+    the mini-NSF source; with the full NSF source the first is m_source.l_linear, so conv_pre stays on
+    Muon, as in SingingVocoders' Muon_AdamW, which learned better there: bench/README.md, "Muon and the
+    vocoder's conv_pre"; the VAE: encoder.conv_in and post_quant_conv), grouped/depthwise convs (their
     (out, -1) view mixes unrelated groups), vectors (a side of 1), and whatever the model marks: `exclude`
     name substrings, `muon_exclude = True` on a module (covers its children), `_no_muon = True` on a
     parameter. Everything else (hidden >=2-D weights, incl. weight-norm direction `original1`) -> Muon.
