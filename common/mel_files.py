@@ -34,8 +34,10 @@ def read_mel_settings(folder: str | Path) -> dict | None:
     return settings if isinstance(settings, dict) else None
 
 
-def settings_mismatch(recorded: dict, expected: AudioSettings) -> list[str]:
-    """'key: mels X vs config Y' for every mel setting that differs (fmax None = sample_rate / 2)."""
+def settings_mismatch(recorded: dict, expected: AudioSettings, sides: tuple[str, str] = ("mels", "config")
+                      ) -> list[str]:
+    """'key: mels X vs config Y' (`sides` names the two) for every mel setting that differs or that
+    `recorded` lacks (fmax None = sample_rate / 2)."""
     want = expected.mel_kwargs
 
     def value(settings: dict, key: str) -> float | None:
@@ -48,5 +50,5 @@ def settings_mismatch(recorded: dict, expected: AudioSettings) -> list[str]:
     for key in want:
         got, exp = value(recorded, key), value(want, key)
         if got is None or exp is None or not math.isclose(got, exp, rel_tol=1e-6):
-            wrong.append(f"{key}: mels {recorded.get(key)} vs config {want[key]}")
+            wrong.append(f"{key}: {sides[0]} {recorded.get(key)} vs {sides[1]} {want[key]}")
     return wrong

@@ -17,7 +17,6 @@ acoustic model, vocoder) = compute seconds / audio seconds.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 import warnings
@@ -29,6 +28,7 @@ import torch
 from common.atomic_write import DiskFullError
 from common.audio import save_wav
 from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind
+from common.mel_files import settings_mismatch
 from common.run_dir import OutputPathError, check_output_file, refuse_to_replace
 from tts.clone.config import AudioConfig, CloneConfig, config_from_dict
 from tts.clone.data import DataError, Reference, feature_cache_root, load_reference
@@ -55,15 +55,7 @@ def load_clone_model(path: str | Path, device: str | torch.device = "cpu") -> tu
 
 def check_vocoder_settings(vocoder, audio: AudioConfig, where: str = "") -> None:
     """Raise VocoderMismatchError naming every mel setting that differs between model and vocoder."""
-    ours = audio.mel_kwargs
-    theirs = dict(vocoder.mel_kwargs)
-    nyq = {"ours": audio.sample_rate / 2, "theirs": theirs.get("sample_rate", 0) / 2}
-
-    def norm(v, side):
-        return float(nyq[side]) if v is None else float(v)
-
-    diff = [f"{k}: model {ours[k]} vs vocoder {theirs.get(k)}" for k in ours
-            if not math.isclose(norm(ours[k], "ours"), norm(theirs.get(k), "theirs"), rel_tol=1e-6)]
+    diff = settings_mismatch(dict(vocoder.mel_kwargs), audio, ("vocoder", "model"))
     if diff:
         raise VocoderMismatchError(
             f"the vocoder{where} uses other mel settings than this model ({'; '.join(diff)}). "
