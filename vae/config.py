@@ -22,6 +22,8 @@ from common.ranges import (
     Probability,
 )
 
+DECODER_ONLY_FLAG = "--train_decoder_only"  # named in the messages of vae/decoder_only.py and vae/pretrained.py
+
 
 @dataclass
 class VAEConfig:

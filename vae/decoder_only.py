@@ -15,16 +15,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from common.checkpoint import CheckpointError, load_checkpoint
+from common.checkpoint import CheckpointError
 from common.errors import ConfigError
 from common.run_dir import existing_checkpoints
-from vae.config import VAEConfig
-from vae.diffusers_io import INIT_RECORD, pipeline_factors
+from vae.config import DECODER_ONLY_FLAG, VAEConfig
+from vae.diffusers_io import INIT_RECORD
 from vae.model import AutoencoderKL
-from vae.pretrained import record_factors
 
-FLAG = "--train_decoder_only"
-CHECKPOINT_SUFFIXES = (".pt", ".pth")  # this trainer's checkpoints and vae_final.pt
+FLAG = DECODER_ONLY_FLAG
 
 
 def check_start(cfg: VAEConfig, init_from: str | None) -> None:
@@ -47,26 +45,6 @@ def check_resume(ckpt: dict, path: Path, cfg: VAEConfig) -> None:
         fix = f"add {FLAG}" if saved else f"leave out {FLAG} (or start a new run from it with --init_from)"
         raise CheckpointError(f"cannot resume from {path}: it was trained {'with' if saved else 'without'} "
                               f"{FLAG}; {fix}")
-
-
-def record_checkpoint_factors(vae: AutoencoderKL, init_from: str, out_dir: Path, main: bool) -> None:
-    """For an init from one of our checkpoint files (the diffusers-folder init records its factors
-    itself): check that it held the whole encoder side, and record the factors `vae_final.pt` carries
-    (`latent_stats`). A training checkpoint carries none: the start-up check then says what to use."""
-    path = Path(init_from)
-    if (out_dir / INIT_RECORD).is_file() or path.is_dir() or path.suffix not in CHECKPOINT_SUFFIXES:
-        return
-    init = load_checkpoint(path)
-    weights = init.get("models", {}).get("vae") or init.get("state_dict") or {}
-    own = vae.state_dict()
-    frozen = [k for k in own if not k.startswith(AutoencoderKL.DECODER_SIDE)]
-    absent = [k for k in frozen if k not in weights or tuple(weights[k].shape) != tuple(own[k].shape)]
-    if absent:
-        raise CheckpointError(f"--init_from {path}: {FLAG} keeps the encoder as loaded, but {len(absent)} of its "
-                              f"{len(frozen)} tensors are not in this file with this shape (e.g. {absent[:3]}); "
-                              "init from a VAE of this run's layout")
-    if init.get("latent_stats"):
-        record_factors(path, pipeline_factors(vae, init["latent_stats"]), out_dir, main)
 
 
 def init_factors(out_dir: Path) -> dict:

@@ -31,12 +31,13 @@ from common.checkpoint import (
     load_matching,
     refuse_other_kind,
 )
-from vae.config import VAEConfig
+from vae.config import DECODER_ONLY_FLAG, VAEConfig
 from vae.diffusers_io import (
     DEFAULT_SCALING_FACTOR,
     INIT_RECORD,
     arch_from_config,
     from_diffusers,
+    pipeline_factors,
     read_diffusers_folder,
 )
 from vae.model import AutoencoderKL
@@ -182,6 +183,22 @@ def init_from_checkpoint(models: dict[str, nn.Module], path: str | Path, init: d
     return lines
 
 
+def record_checkpoint_factors(vae: AutoencoderKL, path: Path, init: dict, out_dir: Path, main: bool) -> None:
+    """A decoder-only run from one of our checkpoints (`init`: its content): the file must hold the whole
+    encoder side this run keeps, and the factors `vae_final.pt` carries (`latent_stats`) are recorded. A
+    training checkpoint carries none: the start-up check then says what to use."""
+    weights = init.get("models", {}).get("vae") or init.get("state_dict") or {}
+    own = vae.state_dict()
+    frozen = [k for k in own if not k.startswith(AutoencoderKL.DECODER_SIDE)]
+    absent = [k for k in frozen if k not in weights or tuple(weights[k].shape) != tuple(own[k].shape)]
+    if absent:
+        raise CheckpointError(f"--init_from {path}: {DECODER_ONLY_FLAG} keeps the encoder as loaded, but {len(absent)} "
+                              f"of its {len(frozen)} tensors are not in this file with this shape (e.g. {absent[:3]}); "
+                              "init from a VAE of this run's layout")
+    if init.get("latent_stats"):
+        record_factors(path, pipeline_factors(vae, init["latent_stats"]), out_dir, main)
+
+
 def init_weights(models: dict[str, nn.Module], cfg: VAEConfig, path: str | Path, out_dir: Path,
                  main: bool = True) -> list[str]:
     """`--init_from PATH` into `models` ("vae", and "logvar" / "disc" from a checkpoint): a diffusers
@@ -201,5 +218,8 @@ def init_weights(models: dict[str, nn.Module], cfg: VAEConfig, path: str | Path,
         fix = "" if "refused to load" in str(exc) else "; give a complete file (download or copy it again)"
         raise CheckpointError(f"--init_from {exc}{fix}") from None
     if is_ours(init):
-        return init_from_checkpoint(models, path, init)
+        lines = init_from_checkpoint(models, path, init)
+        if cfg.train_decoder_only:
+            record_checkpoint_factors(models["vae"], path, init, out_dir, main)
+        return lines
     return init_from_single_file(models["vae"], cfg, path, out_dir, main, loaded=init)

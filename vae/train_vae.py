@@ -158,8 +158,6 @@ class VAETrainer:
             if init_from:  # weights only: a diffusers folder, or a checkpoint (see vae/pretrained.py)
                 for line in init_weights(self.models, cfg, init_from, out_dir, main):
                     self.log(line)
-                if cfg.train_decoder_only:
-                    decoder_only.record_checkpoint_factors(self.vae, init_from, out_dir, main)
                 self.ema = self._new_ema()  # the one made above holds the random initial weights
         if cfg.train_decoder_only:
             distributed.barrier()  # the main rank has written the init's factors

@@ -238,3 +238,28 @@ def test_an_sd_lightning_ckpt_loads_and_other_pickled_objects_stay_refused(tmp_p
     assert torch.equal(t.vae.decoder.mid.attn.proj.weight, vae["first_stage_model.decoder.mid.attn_1.proj_out.weight"][:, :, 0, 0])
     with pytest.raises(tv.CheckpointError, match="bad.ckpt: refused to load: the file contains pickled code"):
         init_weights(t.models, t.cfg, bad, tmp_path / "run")
+
+
+
+def test_a_rank_above_0_starts_decoder_only_from_a_pickled_ldm_vae(image_dir, tmp_path, monkeypatch):
+    """Rank 1 of 2 (simulated: the main rank's share is its init_from.json, written while rank 1 waits at
+    the barrier). Rank 1 must read the file as the main rank does, and never as one of our checkpoints:
+    the check once looked for the main rank's record instead, so a rank > 0 that got there first re-read
+    a `.pt` VAE as ours and stopped alone (exit 2) while the others waited."""
+    from common import distributed
+    from vae.pretrained import record_factors
+
+    z, quant, _, (scale, shift) = LAYOUTS["ldm_vae_safetensors"]
+    path = tmp_path / "community-vae.pt"  # many shared SD VAEs: an ldm state_dict pickled as .pt
+    torch.save({"state_dict": ldm_vae(z, quant)}, path)
+    out = tmp_path / "run"
+    monkeypatch.setattr(distributed, "setup_distributed",
+                        lambda *a, **k: distributed.DistInfo(1, 2, 1, torch.device("cpu"), False))
+    monkeypatch.setattr(distributed, "barrier", lambda *a, **k: record_factors(
+        path, {"scaling_factor": scale, "shift_factor": shift}, out, main=True))
+    argv = ["--config", str(TINY_CONFIG), "--data_path", str(image_dir), "--output_dir", str(out),
+            "--init_from", str(path), "--train_decoder_only", "--max_steps", "1", "--set", "export_diffusers=false",
+            "--set", f"z_channels={z}", "--set", f"use_quant_conv={str(quant).lower()}",
+            "--set", f"channels={CHANNELS}".replace(" ", ""), "--set", f"layers_per_block={BLOCKS}",
+            "--set", "norm_num_groups=32"]
+    assert tv.main(argv) == 0
