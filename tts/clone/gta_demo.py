@@ -67,10 +67,9 @@ def ensure_demos() -> Path:
     return vocoder_ckpt
 
 
-def fine_tune(vocoder_ckpt: Path, out: Path, again: bool, gta: bool = True, seed: int | None = None) -> Path:
-    """Stages 2-4 into `out` (`gta` False: computed mels, the control; `seed`: the vocoder run's, default the
-    demo's); returns the fine-tuned checkpoint."""
-    model, cfg = load_clone_model(CLONE_RUN / "best.pt", "cpu")
+def fine_tune(model, cfg, vocoder_ckpt: Path, out: Path, again: bool, gta: bool = True, seed: int | None = None) -> Path:
+    """Stages 2-4 into `out` with the cloning demo's `model` and `cfg` (`gta` False: computed mels, the
+    control; `seed`: the vocoder run's, default the demo's); returns the fine-tuned checkpoint."""
     mels, data, run = out / "gta_mels", out / "vocoder_bin", out / "vocoder"
     if again:
         shutil.rmtree(out, ignore_errors=True)
@@ -101,9 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     print("[1/5] the vocoder and cloning demos' outputs")
     vocoder_ckpt = ensure_demos()
-    tuned_ckpt = fine_tune(vocoder_ckpt, out, args.again, not args.control, args.seed)
-    print("[5/5] held-out sentences through the original and the fine-tuned vocoder")
     model, cfg = load_clone_model(CLONE_RUN / "best.pt", "cpu")
+    tuned_ckpt = fine_tune(model, cfg, vocoder_ckpt, out, args.again, not args.control, args.seed)
+    print("[5/5] held-out sentences through the original and the fine-tuned vocoder")
     results = {}
     for label, ckpt in (("before", vocoder_ckpt), ("after", tuned_ckpt)):
         torch.manual_seed(0)  # the NSF source's noise: the same draw for both vocoders
