@@ -19,6 +19,20 @@ def run(*args: str) -> None:
     subprocess.run([sys.executable, SCRIPT, *args], check=True, cwd=REPO, env=ENV, timeout=240)
 
 
+def run_torchrun(args: list[str], timeout: int = 300) -> None:
+    """`torchrun --nproc_per_node 2 ARGS` on the CPU (gloo); fails the test unless it exits 0.
+
+    gloo on the CPU can abort a rank in its C++ teardown ("terminate called without an active
+    exception", SIGABRT) after both ranks passed the final barrier and wrote their files: seen once in
+    the suite's CI runs. That one teardown abort is retried once; any other failure fails the test."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", *args]
+    for attempt in range(2):
+        done = subprocess.run(cmd, cwd=REPO, env=ENV, timeout=timeout, capture_output=True, text=True)
+        if done.returncode == 0 or attempt or "terminate called without an active exception" not in done.stderr:
+            break
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 def test_exact_resume_is_bitwise_with_loader_workers(tmp_path):
     # 14 steps with batch 4 over 40 samples: the stop (step 7) is mid-epoch.
     run("--run_dir", str(tmp_path / "straight"), "--steps", "14")
@@ -37,16 +51,7 @@ def test_exact_resume_is_bitwise_with_loader_workers(tmp_path):
 
 
 def test_two_process_gloo_ddp_keeps_replicas_equal(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-           SCRIPT, "--run_dir", str(tmp_path), "--steps", "6", "--workers", "0"]
-    # gloo on the CPU can abort a rank in its C++ teardown ("terminate called without an active
-    # exception", SIGABRT) after both ranks passed the final barrier and final.pt is written: seen once in
-    # the suite's CI runs. That one teardown abort is retried once; any other failure fails the test.
-    for attempt in range(2):
-        run = subprocess.run(cmd, cwd=REPO, env=ENV, timeout=240, capture_output=True, text=True)
-        if run.returncode == 0 or attempt or "terminate called without an active exception" not in run.stderr:
-            break
-    assert run.returncode == 0, run.stderr[-3000:]
+    run_torchrun(["--master_port", "29517", SCRIPT, "--run_dir", str(tmp_path), "--steps", "6", "--workers", "0"])
     out = load_checkpoint(tmp_path / "final.pt")
     rank0, rank1 = out["all_ranks"]
     assert len(rank0) == len(rank1) > 0

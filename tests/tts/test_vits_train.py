@@ -18,10 +18,11 @@ import torch
 
 from bench.tiny import VITS_FAST
 from common import exit_codes
-from common.checkpoint import load_checkpoint, save_atomic
+from common.checkpoint import CheckpointManager, load_checkpoint, save_atomic
 from common.config import load_config
 from common.distributed import setup_distributed
 from common.training import NonFiniteError
+from tests.common.test_resume_ddp import run_torchrun
 from tts.prepare_data import prepare
 from tts.vits import export_onnx, synthesize
 from tts.vits import train as train_mod
@@ -361,3 +362,16 @@ def test_without_compile_or_cuda_benchmark_batches_pad_to_the_longest(data_one, 
     trainer = train_mod.VitsTrainer(cfg, setup_distributed("cpu"))
     assert trainer.shapes is None  # cudnn.benchmark is a CUDA setting: on the CPU nothing to tune
     assert any("cudnn_benchmark requested but this is not a CUDA device" in n for n in trainer.precision.notes)
+
+
+def test_two_processes_end_a_run_together_when_the_last_step_was_saved_but_not_evaluated(data_one, tmp_path):
+    """torchrun, 2 gloo processes: the last step (2) is a save step and no evaluation ran at it, so the
+    end of the run evaluates (rank 0 only) and saves again. Whether to save must be every rank's
+    decision: it was rank 0's evaluation result, so rank 0 saved alone (a collective the others never
+    joined) and the run failed at its last checkpoint."""
+    run = tmp_path / "ddp"
+    sets = [*FAST, "max_steps=2", "run_eval=true", "save_step=2", "eval_interval=0"]
+    run_torchrun(["--master_port", "29533", "-m", "tts.vits.train", "--data_dir", str(data_one), "--run_dir", str(run),
+                  "--device", "cpu", *sum((["--set", s] for s in sets), [])])
+    ckpt = load_checkpoint(CheckpointManager(run / "checkpoints", prefix="vits").latest())
+    assert ckpt["counters"]["step"] == 2

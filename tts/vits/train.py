@@ -427,11 +427,11 @@ class VitsTrainer:
                 self.log.bar = None
                 progress.close()
             check_run_ended_good(self.guard, self.divergence)  # inside a streak: exit 3, nothing to save
-            final_eval = None
-            if cfg.run_eval and last_eval != self.step and stop.reason != SIGNAL:
-                final_eval = self.validate()
-                last_metrics = final_eval or last_metrics
-            if last_saved != self.step or final_eval:
+            # decided alike on every rank (save() is a collective); the evaluation's result is rank 0's alone
+            evaluate = cfg.run_eval and last_eval != self.step and stop.reason != SIGNAL
+            final_eval = self.validate() if evaluate else None
+            last_metrics = final_eval or last_metrics
+            if last_saved != self.step or evaluate:
                 self.save(final_eval["score"] if final_eval else None)
         self.log(stop.message(self.step, str(self.manager.dir)) if stop.reason
                  else f"done at step {self.step}; checkpoints in {self.manager.dir}")
