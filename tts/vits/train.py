@@ -325,7 +325,9 @@ class VitsTrainer:
         self.clip_stats.update("g", gn_g)
         if adversarial:
             self.clip_stats.update("d", gn_d)
-        finite = ok_d and ok_g and bool(torch.isfinite(losses["total"] + loss_d))
+        # the gradient norms (all-reduced under DDP: equal on every rank), as the other trainers: a non-finite
+        # loss makes its gradients non-finite, while a rank's own loss could tell the ranks apart
+        finite = ok_d and ok_g
         # before update(): an fp16 loss-scale back-off is counted but is not divergence
         self.guard.check_step(finite, self.scaler)  # raises NonFiniteError after max_nonfinite_steps in a row
         self.scaler.update()
