@@ -348,6 +348,11 @@ class CheckpointManager:
             if (step <= int(m.group(1))) if m else p.stat().st_mtime_ns <= resumed.stat().st_mtime_ns:
                 self._ours.add(p.name)
 
+    def forget_best(self) -> None:
+        """The metric changes meaning (the VAE's next resolution stage: PSNR at another crop size), so the
+        best so far (its files kept aside by the caller) no longer competes with the next value."""
+        self.best_metric = None
+
     def is_better(self, metric: float) -> bool:
         if self.best_metric is None:
             return True

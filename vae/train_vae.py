@@ -271,6 +271,7 @@ class VAETrainer:
         if ckpt.get("counters", {}).get("image_size") != cfg.image_size:
             c, self.stages = start_stage(ckpt, path, self.models, self.ema, cfg, self.out_dir, data.total_steps,
                                          info.rank, info.is_main)
+            self.manager.forget_best()  # stage K's best.pt / best.json are kept aside under stage names
         else:
             c = continue_stage(ckpt, path, cfg, data, self.models, self.optimizers, self.schedulers,
                                self.precision.scaler, self.ema, info.rank, self.log)

@@ -366,6 +366,8 @@ def test_resolution_stages_continue_counters_and_keep_every_stage_file(image_dir
     out = tmp_path / "run"  # one output_dir for both stages, as in the guide
     assert run(image_dir, out, "--num_epochs", "2", "--image_size", "32", "--no-export_diffusers") == 0
     stage1 = load_checkpoint(out / "checkpoint_last.pt")
+    best = json.loads((out / "best.json").read_text())
+    (out / "best.json").write_text(json.dumps({**best, "metric": 99.0}))  # a stage-1 best no stage-2 PSNR beats
     capsys.readouterr()
     assert run(image_dir, out, "--num_epochs", "2", "--image_size", "40", "--no-export_diffusers",
                "--resume_from", str(out / "checkpoint_epoch_2.pt")) == 0
