@@ -15,6 +15,7 @@ from pathlib import Path
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from common import distributed
 from common.checkpoint import restore_state
 from common.config import format_config, save_config
 from common.log import RunLogger, report_lr_plan
@@ -134,6 +135,7 @@ def start_stage(ckpt: dict, path: Path, models: dict[str, nn.Module], ema: EMA |
     models = {k: m for k, m in models.items() if k in ckpt.get("models", {})}
     restore_state(ckpt, models, ema={"vae": ema} if ema and ckpt.get("ema") else None, rank=rank, source=path)
     counters, stages = next_stage(old, ckpt.get("extra", {}), cfg.image_size)
+    distributed.barrier()  # every rank has picked and read its checkpoint before rank 0 renames the stage's files
     if is_main:
         kept = keep_stage_files(out_dir, int(old.get("stage", 1)), old.get("image_size"))
         print(f"resume {path.name}: trained at {old.get('image_size')} px, now {cfg.image_size} px -> "
