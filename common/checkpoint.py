@@ -397,7 +397,35 @@ def verify_checkpoint(path: str | Path) -> str | None:
 def resolve_resume(arg: str | None, ckpt_dir: str | Path, manager: CheckpointManager | None = None,
                    extra_names: tuple[str, ...] = (), log=print) -> Path | None:
     """`--resume auto` → the newest intact checkpoint of the run (or None when the run has none yet);
-    a path must exist.
+    a path must exist. Under torchrun rank 0 alone looks (and renames a damaged file) and every rank
+    takes its answer, which every rank must see: a run folder on a disk that all nodes share; else
+    CheckpointError on every rank. Call on every rank (collectives)."""
+    if not arg:
+        return None
+    manager = manager or CheckpointManager(ckpt_dir)
+    answer = None
+    if distributed.rank() == 0:
+        try:
+            found = _find_resume(arg, ckpt_dir, manager, extra_names, log)
+            answer = ("", str(found) if found else None)
+        except CheckpointError as exc:
+            answer = (str(exc), None)
+    error, found = distributed.broadcast_object(answer)
+    if error:
+        raise CheckpointError(error)
+    path = Path(found) if found else None
+    blind = [r for r, unseen in enumerate(distributed.gather_objects(path is not None and not path.is_file())) if unseen]
+    if blind:
+        raise CheckpointError(f"--resume {arg}: rank 0 resumes {path}, which rank(s) {blind} cannot see; every rank "
+                              "reads the run folder: put it on a disk that all nodes share (the same path on each)")
+    if path is not None:
+        manager.adopt(path)
+    return path
+
+
+def _find_resume(arg: str, ckpt_dir: str | Path, manager: CheckpointManager, extra_names: tuple[str, ...],
+                 log) -> Path | None:
+    """resolve_resume's search (rank 0).
 
     With `auto`, a newest file that is not intact (a kill or a full disk mid-write on a filesystem
     without atomic rename, a copy cut short, bytes changed on disk) is renamed `<name>.corrupt`, named
@@ -405,9 +433,6 @@ def resolve_resume(arg: str | None, ckpt_dir: str | Path, manager: CheckpointMan
     found (now or by an earlier start: `*.corrupt` files), the run must not quietly start again from
     step 0: CheckpointError (exit 2) says what was found and what to do. `extra_names` are unnumbered
     files that compete by modification time (the VAE's `checkpoint_last.pt`)."""
-    if not arg:
-        return None
-    manager = manager or CheckpointManager(ckpt_dir)
     if arg == "auto":
         candidates = [p for _, p in manager.checkpoints()]
         extras = [manager.dir / n for n in extra_names if (manager.dir / n).is_file()]
@@ -417,13 +442,9 @@ def resolve_resume(arg: str | None, ckpt_dir: str | Path, manager: CheckpointMan
         for path in reversed(candidates):
             problem = verify_checkpoint(path)
             if problem is None:
-                manager.adopt(path)
                 return path
             bad = path.with_name(path.name + ".corrupt")
-            try:
-                os.replace(path, bad)
-            except FileNotFoundError:  # another rank renamed it first
-                pass
+            os.replace(path, bad)
             damaged.append(f"{path.name} ({problem})")
             log(f"warning: skipping {path}: {problem}; renamed it to {bad.name} and trying the checkpoint before it")
         earlier = sorted(p.name for p in manager.dir.glob("*.corrupt")) if manager.dir.is_dir() else []
@@ -437,7 +458,6 @@ def resolve_resume(arg: str | None, ckpt_dir: str | Path, manager: CheckpointMan
     path = Path(arg)
     if not path.is_file():
         raise CheckpointError(f"--resume {arg}: no such checkpoint file (use --resume auto to pick the latest in {ckpt_dir})")
-    manager.adopt(path)
     return path
 
 

@@ -103,6 +103,20 @@ def gather_objects(obj: Any) -> list[Any]:
     return out
 
 
+def rank() -> int:
+    return dist.get_rank() if is_enabled() else 0
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's `obj` on every rank: a decision that only rank 0 may take (e.g. which checkpoint to
+    resume: the others could see the folder at another moment, or another folder)."""
+    if not is_enabled():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def barrier() -> None:
     if is_enabled():
         dist.barrier()

@@ -193,3 +193,27 @@ def test_when_every_checkpoint_is_damaged_resume_auto_refuses_instead_of_startin
     # the next start finds only the renamed files: still no silent start from step 0
     with pytest.raises(CheckpointError, match=r"found only model_00000001\.pt\.corrupt, model_00000002\.pt\.corrupt"):
         resolve_resume("auto", tmp_path, CheckpointManager(tmp_path))
+
+
+def test_a_rank_above_0_takes_rank_0s_resume_and_a_folder_it_cannot_see_is_refused(tmp_path, monkeypatch):
+    """Rank 1 of 2 (simulated): it never searches its own view of the folder (where the newest file is
+    damaged: it neither renames nor picks another), it takes rank 0's answer; a path some rank cannot see
+    (node-local run folders) stops every rank with the same message instead of a step-0 start on that one."""
+    from common import distributed
+
+    mgr = CheckpointManager(tmp_path, keep_last=5)
+    for step in (1, 2, 3):
+        mgr.save({"w": torch.full((10,), float(step))}, step)
+    _damage(tmp_path / "model_00000003.pt")
+    rank0_answer = ("", str(tmp_path / "model_00000002.pt"))
+    monkeypatch.setattr(distributed, "rank", lambda: 1)
+    monkeypatch.setattr(distributed, "broadcast_object", lambda obj: rank0_answer)
+    monkeypatch.setattr(distributed, "gather_objects", lambda obj: [False, obj])
+    assert resolve_resume("auto", tmp_path, CheckpointManager(tmp_path)) == tmp_path / "model_00000002.pt"
+    assert (tmp_path / "model_00000003.pt").is_file()  # rank 0's business, not renamed here
+    rank0_answer = ("", str(tmp_path / "elsewhere" / "model_00000009.pt"))
+    with pytest.raises(CheckpointError, match=r"which rank\(s\) \[1\] cannot see; .* a disk that all nodes share"):
+        resolve_resume("auto", tmp_path, CheckpointManager(tmp_path))
+    rank0_answer = ("--resume auto: no intact checkpoint in X", None)  # rank 0's refusal is every rank's
+    with pytest.raises(CheckpointError, match="no intact checkpoint in X"):
+        resolve_resume("auto", tmp_path, CheckpointManager(tmp_path))

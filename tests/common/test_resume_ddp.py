@@ -60,3 +60,17 @@ def test_two_process_gloo_ddp_keeps_replicas_equal(tmp_path):
     torch.manual_seed(0)
     initial = torch.nn.Linear(16, 32)  # toy_train.build_model's first layer at its seed
     assert not torch.equal(initial.weight, rank0[0])  # it really trained
+
+
+def test_two_process_resume_takes_rank_0s_checkpoint_and_continues_exactly(tmp_path):
+    """Stop at step 3 and `--resume auto` under torchrun (rank 0 picks the checkpoint, every rank takes
+    its answer): both replicas end equal and equal to a straight 2-process run of the same steps."""
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    run_torchrun(["--master_port", "29519", SCRIPT, "--run_dir", str(straight), "--steps", "6", "--workers", "0"])
+    run_torchrun(["--master_port", "29519", SCRIPT, "--run_dir", str(split), "--steps", "6", "--stop_after", "3",
+                  "--workers", "0"])
+    run_torchrun(["--master_port", "29519", SCRIPT, "--run_dir", str(split), "--steps", "6", "--resume", "auto",
+                  "--workers", "0"])
+    a, b = load_checkpoint(straight / "final.pt"), load_checkpoint(split / "final.pt")
+    assert all(torch.equal(x, y) for x, y in zip(*b["all_ranks"]))
+    assert all(torch.equal(x, y) for x, y in zip(a["params"], b["params"]))
