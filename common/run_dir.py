@@ -151,14 +151,14 @@ def prepare_run_dir(run_dir: str | Path, ckpt_dir: str | Path | None = None, res
     if resume and resume != "auto" and overwrite:  # (`--resume auto --overwrite`: overwrite wins, launchers add auto)
         raise OutputPathError(f"--resume {resume} and --overwrite exclude each other: --resume continues a run, "
                               f"--overwrite starts a new one in {run_dir}")
+    if is_main is None:  # before the process group exists: torchrun's RANK says who writes
+        is_main = os.environ.get("RANK", "0") == "0"
+    if not is_main:  # nothing to look at: rank 0 alone writes here, and may be moving the folder aside now
+        return run_dir
     found = existing_checkpoints(ckpt_dir)
     if need_bytes is None and found:  # one more checkpoint of the size the run already writes
         need_bytes = max(p.stat().st_size for p in found)
     check_output_dir(run_dir, run_flag, need_bytes)
-    if is_main is None:  # before the process group exists: torchrun's RANK says who writes
-        is_main = os.environ.get("RANK", "0") == "0"
-    if not is_main:
-        return run_dir
     lock = RunLock(run_dir).acquire(run_flag, log=log)  # before any file here changes; held until exit
     try:
         return _start_in(run_dir, ckpt_dir, found, resume, overwrite, init_from, keep, log)
