@@ -9,6 +9,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 
+from common import distributed
 from common.hardware import OutOfMemory
 from common.run_lock import release_run_locks
 from common.training import NonFiniteError
@@ -65,7 +66,8 @@ def run_main(body: Callable[[], int], bad_input: tuple[type[BaseException], ...]
         print(f"error: {e}", file=sys.stderr)
         return BAD_INPUT
     except NonFiniteError as e:
-        print(f"error: {e}", file=sys.stderr)
+        if distributed.rank() == 0:  # every rank stops at the same step (the guards agree across ranks); only
+            print(f"error: {e}", file=sys.stderr)  # rank 0, which saves, can name the last good checkpoint
         return NON_FINITE
     except OutOfMemory as e:
         print(f"error: {e}", file=sys.stderr)

@@ -30,6 +30,16 @@ def test_run_main_prints_one_error_and_returns_the_documented_code(exc, code, ca
     assert capsys.readouterr().err == f"error: {exc}\n"
 
 
+def test_under_torchrun_only_rank_0_gives_the_non_finite_advice(capsys, monkeypatch):
+    """Every rank raises NonFiniteError at the same step; the others do not know the checkpoint rank 0
+    saved ("nothing good to resume" beside rank 0's path), so they exit 3 without a line of their own."""
+    from common import distributed
+
+    monkeypatch.setattr(distributed, "rank", lambda: 1)
+    assert exit_codes.run_main(_raises(NonFiniteError("stopping; last good: none")), ()) == exit_codes.NON_FINITE
+    assert capsys.readouterr().err == ""
+
+
 def test_ctrl_c_outside_a_training_loop_is_one_line_and_exit_130(capsys):
     cleaned = []
     assert exit_codes.run_main(_raises(KeyboardInterrupt()), (ConfigError,), lambda: cleaned.append(1)) == 130
