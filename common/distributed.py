@@ -59,6 +59,10 @@ def setup_distributed(device: str | None = None, timeout_minutes: int = 30) -> D
             timeout=datetime.timedelta(minutes=timeout_minutes),
             device_id=dev if use_cuda else None,
         )
+    # every trainer calls this after `prepare_run_dir`: no rank reads the run folder before rank 0 has
+    # checked it, taken its lock and moved an old run aside (init_process_group waits for all ranks only
+    # as a side effect of the backend's rendezvous)
+    dist.barrier()
     return DistInfo(rank, world, local_rank, dev, True)
 
 
