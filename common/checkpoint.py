@@ -50,6 +50,19 @@ def save_atomic(obj: Any, path: str | Path, note: str = "; earlier checkpoints a
     return Path(path)
 
 
+def second_name(saved: Path, path: Path, state: dict) -> Path:
+    """`path` (best.pt) as a hard link to the checkpoint just `saved`: the same bytes without writing a
+    GB again (rotation unlinking `saved` leaves `path` whole); a full `save_atomic` of `state` where
+    the filesystem has no hard links."""
+    try:
+        with atomic_output(path) as tmp:
+            tmp.unlink()
+            os.link(saved, tmp)
+    except OSError:  # no hard links here (a full disk is DiskFullError, not caught)
+        save_atomic(state, path)
+    return path
+
+
 def damage(path: str | Path) -> str | None:
     """Why the bytes of a zip-format checkpoint (torch.save's format since 1.6) are not the bytes that
     were written, or None when every record matches its stored CRC-32. Reads the whole file (about
@@ -364,8 +377,9 @@ class CheckpointManager:
         ours = [p for _, p in self.checkpoints() if p.name in self._ours]
         for old in ours[: -self.keep_last]:
             old.unlink(missing_ok=True)
+            self._ours.discard(old.name)
         if metric is not None and step >= self.save_best_after and np.isfinite(metric) and self.is_better(metric):
-            save_atomic(state, self.dir / "best.pt")
+            second_name(path, self.dir / "best.pt", state)
             self.best_metric = float(metric)
             write_text(self._best_file, json.dumps({"metric": self.best_metric, "step": step, "mode": self.mode}))
         return path

@@ -56,6 +56,27 @@ def test_atomic_save_survives_killed_process(tmp_path):
     assert load_checkpoint(path)["step"] == 1
 
 
+def test_best_pt_is_a_second_name_of_the_checkpoint_not_a_second_write(tmp_path, monkeypatch):
+    """A GB-sized checkpoint is written once: best.pt is a hard link to it, whole after rotation deletes
+    the numbered name; where the filesystem has no hard links, best.pt is written in full."""
+    mgr = CheckpointManager(tmp_path, keep_last=1)
+    mgr.save({"step": 1}, 1, metric=1.0)
+    assert os.stat(tmp_path / "best.pt").st_ino == os.stat(tmp_path / "model_00000001.pt").st_ino
+    mgr.save({"step": 2}, 2, metric=5.0)  # not better: model_00000001.pt rotated away, best.pt stays
+    assert not (tmp_path / "model_00000001.pt").exists() and load_checkpoint(tmp_path / "best.pt")["step"] == 1
+    assert mgr._ours == {"model_00000002.pt"}  # the names of deleted files are not kept
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+    def no_links(*args):
+        raise OSError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    mgr.save({"step": 3}, 3, metric=0.5)
+    assert load_checkpoint(tmp_path / "best.pt")["step"] == 3
+    assert os.stat(tmp_path / "best.pt").st_ino != os.stat(tmp_path / "model_00000003.pt").st_ino
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
 def test_rotation_keeps_last_n_and_best_after(tmp_path):
     mgr = CheckpointManager(tmp_path, keep_last=3, save_best_after=30, mode="min")
     metrics = {10: 0.1, 20: 5.0, 30: 3.0, 40: 4.0, 50: 2.0, 60: 2.5}
