@@ -23,7 +23,7 @@ from vocoder.export import export_info, from_legacy_names
 from vocoder.infer import load_vocoder
 from vocoder.prepare_data import prepare
 from vocoder.pretrained import load_pretrained
-from vocoder.train import build_discriminator, build_generator
+from vocoder.train import build_discriminator, build_generator, build_lr_scheduler
 from vocoder.train import main as train_main
 
 from .conftest import REPO, TINY, tiny_config, write_tones
@@ -126,6 +126,10 @@ def test_finetune_openvpi_recipe_keeps_the_release_contract():
     assert cfg.generator_optimizer_args.lr == cfg.discriminator_optimizer_args.lr == 1e-5
     assert (cfg.clip_grad_norm, cfg.precision, cfg.max_updates) == (1.0, "32-true", 2000)
     assert cfg.lr_scheduler_args.name == "constant" and cfg.save_best_after < cfg.max_updates
+    # constant from the first step: base_hifi_gpu.yaml's 5000-step warmup is not inherited
+    opt = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), lr=1e-5)
+    sched = build_lr_scheduler(opt, cfg, 1e-5)
+    assert [sched.lr_lambdas[0](s) for s in (0, 1000, cfg.max_updates - 1)] == [1.0, 1.0, 1.0]
 
 
 def test_finetune_openvpi_recipe_trains_from_a_release(tmp_path, capsys):
