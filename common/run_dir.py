@@ -151,6 +151,9 @@ def prepare_run_dir(run_dir: str | Path, ckpt_dir: str | Path | None = None, res
     if resume and resume != "auto" and overwrite:  # (`--resume auto --overwrite`: overwrite wins, launchers add auto)
         raise OutputPathError(f"--resume {resume} and --overwrite exclude each other: --resume continues a run, "
                               f"--overwrite starts a new one in {run_dir}")
+    if resume and resume != "auto" and init_from:  # (`--resume auto --init_from`: said below when a run is there)
+        raise OutputPathError(f"--resume {resume} and --init_from exclude each other: --resume continues a run, "
+                              f"--init_from starts a new one from {init_from}'s weights")
     if is_main is None:  # before the process group exists: torchrun's RANK says who writes
         is_main = os.environ.get("RANK", "0") == "0"
     if not is_main:  # nothing to look at: rank 0 alone writes here, and may be moving the folder aside now
@@ -172,6 +175,9 @@ def _start_in(run_dir: Path, ckpt_dir: Path, found: list[Path], resume: str | No
     """The main rank's part of `prepare_run_dir`, under the run folder's lock."""
     remove_stale_temp_files(run_dir, ckpt_dir, log=log)
     if not found or (resume and not overwrite):
+        if found and init_from:  # the launchers add --resume auto: the same command again continues the run
+            log(f"--init_from {init_from} is not used: --resume auto continues the run in {run_dir} ({len(found)} "
+                "checkpoint(s)); --overwrite starts a new run from it (the old files are moved aside)")
         return run_dir
     if not overwrite:
         newest = max(found, key=lambda p: p.stat().st_mtime)

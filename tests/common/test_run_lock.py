@@ -137,6 +137,23 @@ def test_a_refused_used_folder_releases_the_lock_and_overwrite_keeps_it(tmp_path
     assert not (tmp_path / LOCK_NAME).exists()
 
 
+def test_init_from_with_resume(tmp_path):
+    """`--resume PATH --init_from X` contradict each other (exit 2 before anything changes); the launchers'
+    `--resume auto` with `--init_from X` starts from X in an empty folder and, with a run already there,
+    continues it (the same command again after a crash) saying in one line that X is not used."""
+    with pytest.raises(OutputPathError, match="--resume a.pt and --init_from exclude each other"):
+        prepare_run_dir(tmp_path, resume="a.pt", init_from="x.ckpt")
+    lines: list[str] = []
+    prepare_run_dir(tmp_path, resume="auto", init_from="x.ckpt", log=lines.append)
+    assert lines == []  # a new run: X is used
+    release_run_locks()
+    (tmp_path / "model_00000001.pt").write_bytes(b"x")
+    prepare_run_dir(tmp_path, resume="auto", init_from="x.ckpt", log=lines.append)
+    assert lines == [f"--init_from x.ckpt is not used: --resume auto continues the run in {tmp_path} (1 checkpoint(s)); "
+                     "--overwrite starts a new run from it (the old files are moved aside)"]
+    release_run_locks()
+
+
 def test_of_runs_starting_together_exactly_one_gets_the_lock(tmp_path):
     race = ("import sys, time\nfrom common.run_lock import RunLock, RunFolderInUse\n"
             "time.sleep(max(0.0, float(sys.argv[2]) - time.time()))\n"

@@ -501,9 +501,6 @@ def run(args: argparse.Namespace) -> int:
     """The run the command line asks for; failures reach `main` as exceptions (`common.exit_codes`)."""
     cfg = load_config(args.config, TrainConfig, args.overrides, extra={"data_dir": args.data_dir, "run_dir": args.run_dir})
     apply_preset(cfg, args.preset, "tts")
-    if args.resume and args.init_from:
-        raise ConfigError("--resume and --init_from exclude each other (resume continues a run; "
-                          "init_from starts a new one from weights)")
     source = plan_source_start(cfg, args)  # --init_from is read and checked before the run folder changes
     own = read_own_init(args.init_from) if args.init_from and source is None else None
     run_dir = Path(cfg.run_dir or f"runs/{cfg.run_name}")
