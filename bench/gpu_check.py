@@ -238,11 +238,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-minutes", type=float, default=25.0, help="the whole run's time; sections get shares")
     p.add_argument("--sections", default="", help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)")
     args = p.parse_args(argv)
+    only = [s for s in args.sections.split(",") if s] or None
+    unknown = [s for s in only or () if s not in SECTIONS]
+    if unknown:  # a typo would skip every section and pass
+        p.error(f"--sections: unknown {', '.join(unknown)}; choose from {','.join(SECTIONS)}")
     if not args.dry_run and not torch.cuda.is_available():
         print("no CUDA GPU here: `python -m bench.gpu_check --dry-run --out DIR` runs the same sections on the CPU",
               file=sys.stderr)
         return 2
-    only = [s for s in args.sections.split(",") if s] or None
     report = run(Path(args.out), args.dry_run, args.budget_minutes, only)
     bad = [k for k, s in report["sections"].items() if s["status"] == "failed"]
     print(f"[gpu_check] wrote {args.out}/report.md and report.json" + (f"; failed: {', '.join(bad)}" if bad else ""))

@@ -115,3 +115,10 @@ def test_peak_table_names_the_figure_or_says_it_is_unknown():
     assert peak_tflops("NVIDIA GeForce RTX 5090", "fp32") == (104.8, "RTX 5090 dense fp32 peak 104.8 TFLOP/s")
     peak, why = peak_tflops("Some Future GPU", "fp16")
     assert peak is None and "no peak known for 'Some Future GPU'" in why
+
+
+def test_an_unknown_section_is_refused_not_skipped(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        gpu_check.main(["--out", str(tmp_path / "r"), "--dry-run", "--sections", "pytest_cuda,inference_speed"])
+    assert exit_.value.code == 2 and not (tmp_path / "r").exists()
+    assert "unknown inference_speed; choose from environment," in capsys.readouterr().err
