@@ -375,3 +375,9 @@ def test_two_processes_end_a_run_together_when_the_last_step_was_saved_but_not_e
                   "--device", "cpu", *sum((["--set", s] for s in sets), [])])
     ckpt = load_checkpoint(CheckpointManager(run / "checkpoints", prefix="vits").latest())
     assert ckpt["counters"]["step"] == 2
+
+
+def test_an_unknown_test_speaker_is_refused_at_start(data_two, tmp_path, capsys):
+    """A typo in test_speaker gave speaker 0's test sentences at every evaluation, silently."""
+    assert train_mod.main(_args(data_two, tmp_path / "r", "test_speaker=bobbur", steps=1)) == 2
+    assert "test_speaker 'bobbur' is not a speaker of" in capsys.readouterr().err

@@ -142,7 +142,7 @@ def speak_test_sentences(gen, cfg: TrainConfig, speakers: dict[str, int], tokens
     was = gen.training
     gen.eval()
     sid_name = cfg.test_speaker or next(iter(speakers))
-    sid = torch.tensor([speakers.get(sid_name, 0)], device=device)
+    sid = torch.tensor([speakers[sid_name]], device=device)  # the trainer checked test_speaker at start
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(cfg.seed)
         for i, sentence in enumerate(cfg.test_sentences):

@@ -135,6 +135,9 @@ class VitsTrainer:
 
         # data
         self.speakers = read_speakers(cfg.data_dir)
+        if cfg.test_speaker is not None and cfg.test_speaker not in self.speakers:  # not a silent speaker 0
+            raise ConfigError(f"test_speaker '{cfg.test_speaker}' is not a speaker of {cfg.data_dir}: choose from "
+                              f"{', '.join(self.speakers)}")
         self.train_set = VitsDataset(cfg.data_dir, "train", cfg.audio, cfg.data.add_blank, Frontend.of(cfg))
         self.eval_set = VitsDataset(cfg.data_dir, "eval", cfg.audio, cfg.data.add_blank, Frontend.of(cfg))
         if len(self.train_set) == 0:
