@@ -181,6 +181,17 @@ def test_synthesize_cli_and_onnx_export(straight_run, tmp_path, capsys):
     wav, sr = sf.read(out)
     assert sr == SR and len(wav) > 0 and len(wav) % 256 == 0
     assert synthesize.main(["--checkpoint", str(ckpt), "--text", "a", "--speaker", "nobody"]) == 2
+    # the scales a flag leaves out are the checkpoint config's, as in the ONNX export and the samples
+    slow = load_checkpoint(ckpt)
+    slow["config"]["length_scale"] = 2.0
+    slow_ckpt = save_atomic(slow, tmp_path / "slow.pt")
+    lengths = {}
+    for name, path, flags in (("config 2.0", slow_ckpt, []), ("flag 1.0", slow_ckpt, ["--length_scale", "1.0"])):
+        assert synthesize.main(["--checkpoint", str(path), "--text", "Salom dunyo.", "--out", str(tmp_path / f"{name}.wav"),
+                                "--noise_scale", "0", "--noise_scale_w", "0", *flags]) == 0
+        lengths[name] = len(sf.read(tmp_path / f"{name}.wav")[0])
+    assert lengths["config 2.0"] > 1.6 * lengths["flag 1.0"]
+    capsys.readouterr()
 
     onnx_path = tmp_path / "m.onnx"
     assert export_onnx.main(["--checkpoint", str(ckpt), "--out", str(onnx_path)]) == 0

@@ -2,7 +2,7 @@
 
     python tts/synthesize.py --checkpoint runs/uzbek_vits/checkpoints/best.pt \
         --text "Salom, dunyo! Bugun 2024-yil 5-sentabr." --out salom.wav \
-        [--speaker NAME|ID] [--noise_scale 0.667] [--length_scale 1.0] [--noise_scale_w 0.8]
+        [--speaker NAME|ID] [--noise_scale N] [--length_scale L] [--noise_scale_w W]  (default: the config's)
     python tts/synthesize.py --checkpoint ... --text_file book.txt --out book.wav   (paragraphs: blank lines)
     python tts/synthesize.py --checkpoint ... --text_file book.txt --out_dir out/   (one wav per paragraph)
 
@@ -156,9 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overwrite", action="store_true", help="replace the output wav(s) if it exists")
     p.add_argument("--speaker", default=None, help="speaker name or id (see --list_speakers)")
     p.add_argument("--list_speakers", action="store_true")
-    p.add_argument("--noise_scale", type=float, default=0.667)
-    p.add_argument("--length_scale", type=float, default=1.0, help="> 1 speaks slower")
-    p.add_argument("--noise_scale_w", type=float, default=0.8)
+    p.add_argument("--noise_scale", type=float, default=None, help="default: the checkpoint config's (0.667 unless set)")
+    p.add_argument("--length_scale", type=float, default=None,
+                   help="> 1 speaks slower (default: the checkpoint config's, 1.0 unless set)")
+    p.add_argument("--noise_scale_w", type=float, default=None,
+                   help="the stochastic duration predictor's noise (default: the checkpoint config's, 0.8 unless set)")
     p.add_argument("--sentence_pause", type=float, default=0.3, help="seconds of silence between sentences")
     p.add_argument("--paragraph_pause", type=float, default=0.8, help="seconds of silence between paragraphs")
     p.add_argument("--seed", type=int, default=0)
@@ -183,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(f"{i}\t{name}" for name, i in speakers.items()))
             return 0
         sid = resolve_speaker(args.speaker, speakers)
+        scales = {k: getattr(cfg, k) if getattr(args, k) is None else getattr(args, k)  # as the export and the samples
+                  for k in ("noise_scale", "length_scale", "noise_scale_w")}
+        if scales["noise_scale"] < 0 or scales["noise_scale_w"] < 0 or scales["length_scale"] <= 0:
+            raise ValueError(f"--noise_scale and --noise_scale_w must be >= 0 and --length_scale > 0, got {scales}")
         if args.text is not None:
             jobs = [(args.text, Path(args.out))]
         else:
@@ -199,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             with warnings.catch_warnings():
                 warnings.simplefilter("always")
                 stats = synthesize_long(
-                    model, cfg, text, out, sid, args.noise_scale, args.length_scale, args.noise_scale_w,
+                    model, cfg, text, out, sid, scales["noise_scale"], scales["length_scale"], scales["noise_scale_w"],
                     args.sentence_pause, args.paragraph_pause, args.device,
                     on_sentence=lambda i, norm, sec: print(f"  [{i + 1}] {sec:.2f} s | {norm}", flush=True))
             print(f"{out}: {stats['sentences']} sentence(s), {stats['seconds']:.2f} s of audio in {stats['elapsed']:.3f} s, "
