@@ -266,8 +266,11 @@ def apply_optimizer_overrides(
     """After `restore_state`: the hyper-parameters given now replace the checkpoint's in every param
     group (a group without that key, e.g. Muon's betas, is left alone). A new `lr` becomes the
     scheduler's base LR too, and the current LR is the new base times the schedule's multiplier at the
-    restored step. Returns the one log line saying what changed, or None (then nothing was touched and
-    the resume stays bitwise)."""
+    restored step. Also says when this run's LR schedule gives another LR at the restored step than
+    the checkpoint ran with (its planned length changed: max_updates, epochs, data size or GPU count):
+    the run follows the new plan from here, with a jump a user should know of. Returns the log line(s)
+    saying what changed, or None (then nothing was touched and the resume stays bitwise)."""
+    schedule = _schedule_changes(optimizers, schedulers or {})  # before an lr given now moves the base
     changes = []
     for name, values in overrides.items():
         opt = optimizers.get(name)
@@ -292,9 +295,25 @@ def apply_optimizer_overrides(
                 changes.append(f"{name} {key} {_fmt(shown)} -> {_fmt(value)}")
         if sched is not None:
             sched._last_lr = [g["lr"] for g in opt.param_groups]
-    if not changes:
-        return None
-    return "resume: given on the command line, replacing the checkpoint's values: " + "; ".join(changes)
+    lines = (["resume: given on the command line, replacing the checkpoint's values: " + "; ".join(changes)]
+             if changes else []) + [f"resume: {change}" for change in schedule]
+    return "\n".join(lines) or None
+
+
+def _schedule_changes(optimizers: dict[str, torch.optim.Optimizer | None], schedulers: dict[str, Any]) -> list[str]:
+    """'<name> lr at step N: X (checkpoint) -> Y (this run's schedule)' where a LambdaLR's restored step
+    gives another multiplier now (its function is code, not in the checkpoint)."""
+    changes = []
+    for name, sched in schedulers.items():
+        opt = optimizers.get(name)
+        if opt is None or not hasattr(sched, "lr_lambdas"):
+            continue
+        had = opt.param_groups[0]["lr"]
+        now = sched.base_lrs[0] * sched.lr_lambdas[0](sched.last_epoch)
+        if not math.isclose(had, now, rel_tol=1e-6, abs_tol=1e-12):
+            changes.append(f"{name} lr at step {sched.last_epoch} {_fmt(had)} -> {_fmt(now)} (this run's LR schedule: "
+                           "its planned length differs from the checkpoint's run; it applies from the next step)")
+    return changes
 
 
 def _set_base_lr(group: dict, index: int, lr: float, sched: Any) -> None:

@@ -286,6 +286,35 @@ def test_apply_optimizer_overrides_keeps_the_schedule_position():
     assert opt.param_groups[1]["lr"] == pytest.approx(2e-4 * sched.lr_lambdas[1](5))
 
 
+def test_a_resume_whose_lr_schedule_has_another_length_says_so():
+    """The schedule's function is code, not in the checkpoint: a resume planned over another length
+    (max_updates, epochs, data size, GPU count) moves the LR at the restored step. Said in one line; a
+    resume with the same plan says nothing and stays bitwise."""
+    from common.schedulers import build_scheduler
+
+    def at_step_50(total: int, state: dict | None = None):
+        opt = torch.optim.AdamW(torch.nn.Linear(4, 1).parameters(), lr=1e-3)
+        sched = build_scheduler(opt, "cosine_with_warmup", warmup_steps=2, total_steps=total)
+        if state is None:
+            for _ in range(50):
+                opt.step()
+                sched.step()
+        else:
+            opt.load_state_dict(state["opt"])
+            sched.load_state_dict(state["sched"])
+        return opt, sched
+
+    opt, sched = at_step_50(100)
+    saved = {"opt": opt.state_dict(), "sched": sched.state_dict()}
+    assert apply_optimizer_overrides(*map(lambda x: {"g": x}, at_step_50(100, saved)), {"g": {}}) is None
+    opt, sched = at_step_50(300, saved)
+    had, now = opt.param_groups[0]["lr"], 1e-3 * sched.lr_lambdas[0](50)
+    assert now > 1.5 * had  # the longer plan is earlier in its decay
+    line = apply_optimizer_overrides({"g": opt}, {"g": sched}, {"g": {}})
+    assert line == (f"resume: g lr at step 50 {had:g} -> {now:g} (this run's LR schedule: its planned length "
+                    "differs from the checkpoint's run; it applies from the next step)")
+
+
 def _newest(t) -> Path:
     return max(t.checkpoints(), key=lambda p: (load_checkpoint(p)["counters"]["step"], p.stat().st_mtime))
 
