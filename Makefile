@@ -65,5 +65,7 @@ bench-learning: setup
 # demo with that seed instead of its config's (how the README's ranges were measured).
 DEMO_SLOTS ?= 2
 DEMO_ARGS = $(if $(DEMO_SEED),--seed $(DEMO_SEED))
+# DEMO_THREADS and DEMO_SEED reach a demo run on its own too (make vocoder-demo DEMO_THREADS=2 DEMO_SEED=7).
+DEMO_ENV = $(if $(DEMO_THREADS),OMP_NUM_THREADS=$(DEMO_THREADS))
 demo: setup
-	$(if $(DEMO_THREADS),OMP_NUM_THREADS=$(DEMO_THREADS)) $(PY) -m common.jobs --slots $(DEMO_SLOTS) --log_dir runs/demo_logs $(DEMO_JOBS)
+	$(DEMO_ENV) $(PY) -m common.jobs --slots $(DEMO_SLOTS) --log_dir runs/demo_logs $(DEMO_JOBS)

@@ -20,6 +20,7 @@ failed; the summary names them.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -28,6 +29,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from common.atomic_write import write_text
 
 JOB_RE = re.compile(r"^(?P<name>[A-Za-z0-9_.-]+)(@(?P<needs>[A-Za-z0-9_.,-]+))?=(?P<cmd>.+)$", re.S)
 SUMMARY_LINES = 24  # a demo ends with its figures, its verdict and its pictures: about this many lines
@@ -82,6 +85,28 @@ def add_demo_overrides(p: argparse.ArgumentParser, config: str, seed_key: str) -
 def demo_overrides(args: argparse.Namespace) -> list[str]:
     """The `--set` overrides, with `--seed` as the demo config's seed key when given."""
     return [*args.overrides, *([] if args.seed is None else [f"{args.seed_key}={args.seed}"])]
+
+
+DEMO_SETTINGS = "demo_settings.json"  # in a demo's run folder: the --set / --seed it was trained with
+
+
+def demo_retrain_reason(run: Path, settings: list[str]) -> str | None:
+    """Why the demo run in `run` must be trained again for `settings` (this call's `--set` / `--seed`,
+    e.g. make demo's DEMO_SEED), or None: a finished run trained with other settings would otherwise be
+    reported as if it had these. A run from before this record counts as trained with none."""
+    if not run.is_dir() or not any(run.iterdir()):
+        return None
+    record = run / DEMO_SETTINGS
+    had = json.loads(record.read_text(encoding="utf-8")) if record.is_file() else []
+    if sorted(had) == sorted(settings):
+        return None
+    return (f"{run} was trained with {' '.join(had) or 'the config as it is'}, this call asks for "
+            f"{' '.join(settings) or 'the config as it is'}: training it again")
+
+
+def record_demo_settings(run: Path, settings: list[str]) -> None:
+    run.mkdir(parents=True, exist_ok=True)
+    write_text(run / DEMO_SETTINGS, json.dumps(sorted(settings)) + "\n")
 
 
 def demo_threads() -> int:

@@ -14,7 +14,7 @@ tts-clone-train: setup
 		--checkpoint-dir $(CLONE_RUN) --resume auto $(CLONE_ARGS)
 
 tts-clone-demo: setup
-	$(PY) tts/clone_demo.py $(DEMO_ARGS)
+	$(DEMO_ENV) $(PY) tts/clone_demo.py $(DEMO_ARGS)
 
 # After the vocoder demo (its export vocodes the samples) and the VITS demo's corpus (tts-data).
 DEMO_JOBS += --job 'clone@vocoder,tts-data=$(MAKE) --no-print-directory tts-clone-demo'
@@ -24,4 +24,4 @@ DEMO_JOBS += --job 'clone@vocoder,tts-data=$(MAKE) --no-print-directory tts-clon
 # vocoder fine-tune → held-out MCD-DTW and level before/after. Not part of `make demo`.
 .PHONY: gta-demo
 gta-demo: setup
-	$(PY) tts/clone/gta_demo.py $(GTA_ARGS)
+	$(DEMO_ENV) $(PY) tts/clone/gta_demo.py $(DEMO_ARGS) $(GTA_ARGS)

@@ -20,7 +20,7 @@ tts-train: setup
 	$(PY) tts/train.py --config $(TTS_CONFIG) --data_dir $(TTS_DATA) --run_dir $(TTS_RUN) --resume auto $(TTS_ARGS)
 
 tts-demo: setup
-	$(PY) tts/demo.py $(DEMO_ARGS)
+	$(DEMO_ENV) $(PY) tts/demo.py $(DEMO_ARGS)
 
 # The demo corpus alone: make demo starts the cloning demo on it while the VITS demo trains.
 tts-demo-data: setup

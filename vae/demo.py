@@ -27,7 +27,7 @@ import torch
 from PIL import Image
 
 from common.atomic_write import save_png, write_text
-from common.jobs import demo_threads
+from common.jobs import demo_retrain_reason, demo_threads, record_demo_settings
 from common.plausibility import Figure, report
 from vae.data import image_to_tensor, list_images, open_image_rgb
 from vae.losses import backbone_cache_path
@@ -171,11 +171,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"LPIPS is off in the demo (perceptual_weight 0): it never downloads VGG16, and the backbone is "
           f"{'cached' if cached else 'not cached'} here. Real runs use --perceptual_weight 1.0.")
     finished = (run / "vae_final.pt").is_file() and read_metrics(run)
-    if finished and not args.force:
+    settings = [*extra, *([] if args.minutes is None else [f"--minutes={args.minutes}"])]
+    retrain = demo_retrain_reason(run, settings)
+    if retrain:
+        print(retrain)
+    if finished and not args.force and not retrain:
         print(f"{run} already holds a finished demo run: reporting it (use --force to retrain)")
     else:
         if run.exists():
             shutil.rmtree(run)
+        record_demo_settings(run, settings)
         train_args = ["--config", args.config, "--data_path", str(prepared / "train"), "--val_data_path",
                       str(prepared / "val"), "--output_dir", str(run), *extra]
         if args.minutes is not None:

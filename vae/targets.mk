@@ -24,6 +24,6 @@ vae-train: setup
 		$(call vae_arg,ARGS,)
 
 vae-demo: setup
-	$(PY) vae/demo.py $(DEMO_ARGS)
+	$(DEMO_ENV) $(PY) vae/demo.py $(DEMO_ARGS)
 
 DEMO_JOBS += --job 'vae=$(MAKE) --no-print-directory vae-demo'

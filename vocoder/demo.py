@@ -35,7 +35,13 @@ from common.audio import MelSpectrogram, load_audio, save_wav
 from common.config import load_config
 from common.demo_recordings import HELD_OUT_READERS, LICENCE, RecordingsUnavailable, make_recordings_corpus
 from common.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, make_corpus
-from common.jobs import add_demo_overrides, demo_overrides, demo_threads
+from common.jobs import (
+    add_demo_overrides,
+    demo_overrides,
+    demo_retrain_reason,
+    demo_threads,
+    record_demo_settings,
+)
 from common.log import plot_spectrograms, save_figure
 from common.plausibility import compare_speech, report, speech_figures
 from vocoder.config import VocoderConfig
@@ -122,6 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     manifest, data = demo_dataset(cfg, args.espeak, args.recordings, args.wavs, args.data, args.sentences)
 
     print(f"[3/5] train demo.yaml for {cfg.max_updates} steps on the CPU -> {run}")
+    retrain = demo_retrain_reason(run, demo_overrides(args))
+    if retrain:
+        print(retrain)
+        shutil.rmtree(run)
+    record_demo_settings(run, demo_overrides(args))
     resume = "auto" if (run / "checkpoints").is_dir() else None
     trainer = VocoderTrainer(cfg, data, run, resume=resume, device="cpu")
     t0 = time.time()

@@ -19,6 +19,6 @@ vocoder-train: setup
 		--run_dir $(call vocoder_arg,RUN,runs/vocoder) --resume auto $(call vocoder_arg,ARGS,)
 
 vocoder-demo: setup
-	$(PY) vocoder/demo.py $(DEMO_ARGS)
+	$(DEMO_ENV) $(PY) vocoder/demo.py $(DEMO_ARGS)
 
 DEMO_JOBS += --job 'vocoder=$(MAKE) --no-print-directory vocoder-demo'

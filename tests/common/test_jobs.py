@@ -108,6 +108,26 @@ def test_make_demo_passes_seed_and_threads():
                              text=True).stdout
     demos = [x for x in recipes.splitlines() if "demo.py" in x and "--data_only" not in x]
     assert len(demos) == 4 and all(x.endswith("--seed 7") for x in demos), demos
+    # one demo on its own (and the GTA demo) takes both too
+    recipes = subprocess.run(["make", "-n", "--no-print-directory", "vocoder-demo", "gta-demo", "DEMO_SEED=7",
+                              "DEMO_THREADS=2", "STAMP=", "SYSDEPS="], cwd=repo, capture_output=True, text=True).stdout
+    demos = [x for x in recipes.splitlines() if "demo.py" in x]
+    assert len(demos) == 2 and all(x.startswith("OMP_NUM_THREADS=2 ") and "--seed 7" in x for x in demos), demos
+
+
+def test_a_demo_run_trained_with_other_settings_is_trained_again(tmp_path):
+    """`make demo DEMO_SEED=7` after `make demo` (or the reverse) must not report the earlier run's figures
+    as seed 7's: a run folder records its settings, and other settings mean training again."""
+    run = tmp_path / "run"
+    assert jobs.demo_retrain_reason(run, ["seed=7"]) is None  # nothing there yet
+    run.mkdir()
+    (run / "model.pt").write_text("x")  # a run from before the record: trained with the config as it is
+    assert jobs.demo_retrain_reason(run, []) is None
+    assert jobs.demo_retrain_reason(run, ["seed=7"]) == (
+        f"{run} was trained with the config as it is, this call asks for seed=7: training it again")
+    jobs.record_demo_settings(run, ["seed=7", "a=1"])
+    assert jobs.demo_retrain_reason(run, ["a=1", "seed=7"]) is None  # the same settings, any order
+    assert "trained with a=1 seed=7, this call asks for the config as it is" in jobs.demo_retrain_reason(run, [])
 
 
 def test_demo_seed_becomes_the_configs_seed_key():

@@ -38,7 +38,13 @@ import torch
 from common.atomic_write import write_text
 from common.audio import MelSpectrogram, save_wav
 from common.demo_speech import espeak_available, espeak_or_explain
-from common.jobs import add_demo_overrides, demo_overrides, demo_threads
+from common.jobs import (
+    add_demo_overrides,
+    demo_overrides,
+    demo_retrain_reason,
+    demo_threads,
+    record_demo_settings,
+)
 from common.log import plot_spectrograms, save_figure
 from common.plausibility import compare_mels, compare_speech, report, speech_figures
 from tts.clone.data import load_reference, read_manifest
@@ -201,9 +207,13 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"== 2/3 train (tiny, CPU, {torch.get_num_threads()} thread(s)) ==")
     summary_file = RUN_DIR / "summary.json"
-    if args.retrain or not summary_file.is_file():
+    retrain = demo_retrain_reason(RUN_DIR, demo_overrides(args))
+    if retrain:
+        print(retrain)
+    if args.retrain or retrain or not summary_file.is_file():
         if RUN_DIR.exists():
             shutil.rmtree(RUN_DIR)
+        record_demo_settings(RUN_DIR, demo_overrides(args))
         argv_train = ["--config", str(CONFIG), "--train-data", str(prepared), "--checkpoint-dir", str(RUN_DIR),
                       *sum((["--set", o] for o in demo_overrides(args)), [])]
         if vocoder_path:

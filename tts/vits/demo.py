@@ -30,7 +30,13 @@ import torch
 from common.atomic_write import write_text
 from common.audio import load_audio, save_wav
 from common.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, espeak_or_explain, make_corpus
-from common.jobs import add_demo_overrides, demo_overrides, demo_threads
+from common.jobs import (
+    add_demo_overrides,
+    demo_overrides,
+    demo_retrain_reason,
+    demo_threads,
+    record_demo_settings,
+)
 from common.log import plot_spectrograms, save_figure
 from common.plausibility import compare_speech, report, speech_figures
 from tts import prepare_data
@@ -125,9 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     print("== 3/4 train (tiny preset, CPU) ==")
     metrics = read_metrics(RUN_DIR)
     finished = (RUN_DIR / "checkpoints" / "best.pt").is_file() and len(metrics) >= 2
-    if args.retrain or not finished:
+    retrain = demo_retrain_reason(RUN_DIR, demo_overrides(args))
+    if retrain:
+        print(retrain)
+    if args.retrain or retrain or not finished:
         if RUN_DIR.exists():
             shutil.rmtree(RUN_DIR)
+        record_demo_settings(RUN_DIR, demo_overrides(args))
         rc = train_mod.main(["--config", str(CONFIG), "--data_dir", str(PREPARED_DIR), "--run_dir", str(RUN_DIR),
                              "--device", "cpu", *sum((["--set", o] for o in demo_overrides(args)), [])])
         if rc != 0:
