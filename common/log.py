@@ -35,13 +35,15 @@ def _to_numpy(x: ArrayLike) -> np.ndarray:
 class RunLogger:
     """A thin wrapper over `SummaryWriter` that accepts tensors and does nothing when disabled."""
 
-    def __init__(self, log_dir: str | Path, enabled: bool = True):
+    def __init__(self, log_dir: str | Path, enabled: bool = True, purge_step: int | None = None):
+        """`purge_step`: a resumed run's step. TensorBoard then drops what an earlier attempt logged from
+        that step on (a resume from an older checkpoint would otherwise draw two overlapping curves)."""
         self.enabled = enabled
         self.writer = None
         if enabled:
             from torch.utils.tensorboard import SummaryWriter  # import only where it is used
 
-            self.writer = SummaryWriter(log_dir=str(log_dir))
+            self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step or None)
 
     def scalar(self, tag: str, value: float | torch.Tensor, step: int) -> None:
         if self.writer is not None:

@@ -163,7 +163,7 @@ class VAETrainer:
             distributed.barrier()  # the main rank has written the init's factors
             for line in decoder_only.startup_lines(self.vae, decoder_only.init_factors(out_dir)):
                 self.log(line)
-        self.writer = RunLogger(tensorboard_dir(out_dir), enabled=main)
+        self.writer = RunLogger(tensorboard_dir(out_dir), enabled=main, purge_step=self.global_step)
         self.eval_batch = validation.eval_batch_size(cfg)
         self.val_batches = validation.validation_batches(cfg, data, main)
         self.sample_x = validation.sample_images(cfg, data)

@@ -207,7 +207,7 @@ class VocoderTrainer:
         self.discriminator_ddp = distributed.wrap_ddp(self.precision.prepare_model(self.discriminator), self.info)
         # The G update calls the critics without DDP (no critic gradients are wanted there).
         self._critics_no_ddp = getattr(self.discriminator_ddp, "module", self.discriminator_ddp)
-        self.writer = RunLogger(tensorboard_dir(self.run_dir), enabled=self.is_main)
+        self.writer = RunLogger(tensorboard_dir(self.run_dir), enabled=self.is_main, purge_step=self.step)
         self.logged_gt: set[str] = set()  # validation files whose ground truth is logged
 
     # ------------------------------------------------------------------ checkpoint

@@ -85,3 +85,17 @@ def test_progress_bar_shows_rates_and_metrics(capsys):
     assert "samples/s" in text and "mem=" in text and "data_wait=25%" in text
     p.close()
     assert "train" in capsys.readouterr().err
+
+
+def test_a_resumed_run_purges_what_an_earlier_attempt_logged_after_its_checkpoint(tmp_path):
+    """Resumed at step 5 while the first attempt had logged up to step 9: one curve, not two overlapping."""
+    first = RunLogger(tmp_path)
+    for step in range(10):
+        first.scalar("train/loss", 1.0, step)
+    first.close()
+    resumed = RunLogger(tmp_path, purge_step=5)
+    for step in range(5, 8):
+        resumed.scalar("train/loss", 2.0, step)
+    resumed.close()
+    events = EventAccumulator(str(tmp_path)).Reload().Scalars("train/loss")
+    assert [(e.step, e.value) for e in events] == [(s, 1.0) for s in range(5)] + [(s, 2.0) for s in range(5, 8)]

@@ -174,7 +174,7 @@ class CloneTrainer:
         # ---- fixed reference voice and vocoder for the validation audio
         self.reference = load_reference(cfg.val.reference or self.data.val_items[0]["wav"], cfg.audio, cfg.data)
         self.vocoder = load_matching_vocoder(cfg.vocoder.path, cfg.audio, device) if cfg.vocoder.path else None
-        self.writer = RunLogger(tensorboard_dir(self.run_dir), enabled=self.info.is_main)
+        self.writer = RunLogger(tensorboard_dir(self.run_dir), enabled=self.info.is_main, purge_step=self.step)
         self.recent: list[float] = []  # train losses at log points, for the plateau's trend
         self._acc: dict[str, torch.Tensor] = {}  # loss sums since the last log point
         self._n_acc = 0

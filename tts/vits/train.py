@@ -129,7 +129,6 @@ class VitsTrainer:
         if not cfg.data_dir:
             raise ConfigError("no data folder: pass --data_dir (a folder made by tts/prepare_data.py)")
         self.run_dir = Path(cfg.run_dir or f"runs/{cfg.run_name}")
-        self.writer = RunLogger(tensorboard_dir(self.run_dir), enabled=info.is_main)
         self.log = Printer(info.is_main)
         torch.manual_seed(cfg.seed + info.rank)
 
@@ -211,6 +210,7 @@ class VitsTrainer:
             self._init_from(init_from, init_ckpt)
         elif resume == "auto":
             self.log("no checkpoint to resume in this run folder: starting fresh")
+        self.writer = RunLogger(tensorboard_dir(self.run_dir), enabled=info.is_main, purge_step=self.step)
         self.generator_ddp = wrap_ddp(self.generator, info)
         self.discriminator_ddp = wrap_ddp(self.discriminator, info)
 
