@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from common.config import load_config
+from common.config import ConfigError, config_sources, explicit_keys, load_config
 from vae.config import VAEConfig
 
 VALUE_FLAGS: dict[str, type] = {
@@ -39,4 +39,10 @@ def resolve_config(args: argparse.Namespace) -> VAEConfig:
     """The config the command line asks for: YAML/JSON file, then the flags given, then `--set`."""
     extra = {name: getattr(args, name) for name in (*VALUE_FLAGS, *BOOL_FLAGS, "channels")}
     extra.update(output_dir=args.run_dir, resume_from=args.resume)
-    return load_config(args.config, VAEConfig, overrides=args.overrides, extra=extra)
+    cfg = load_config(args.config, VAEConfig, overrides=args.overrides, extra=extra)
+    given = explicit_keys(cfg)
+    if cfg.max_steps > 0 and "num_epochs" in given:  # max_steps > 0 sets the run's length alone
+        where = config_sources(cfg).get("max_steps", "the config")
+        raise ConfigError(f"num_epochs (given on the command line) has no effect while max_steps is {cfg.max_steps} "
+                          f"(set in {where}); give the length as --max_steps N, or add --max_steps 0 to count epochs")
+    return cfg

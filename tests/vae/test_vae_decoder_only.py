@@ -219,6 +219,16 @@ def test_finetune_sd_decoder_config_loads_with_the_recipe():
     assert cfg.batch_size * cfg.accumulation_steps == 192 and cfg.max_steps == 280_000
 
 
+def test_num_epochs_under_the_recipes_max_steps_is_refused_not_ignored(tmp_path, capsys):
+    """The recipe fixes the length with max_steps: a --num_epochs given on top changed nothing, silently."""
+    recipe = str(REPO / "vae" / "configs" / "finetune_sd_decoder.yaml")
+    assert tv.main(["--config", recipe, "--data_path", str(tmp_path), "--output_dir", str(tmp_path / "r"),
+                    "--num_epochs", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "num_epochs (given on the command line) has no effect while max_steps is 280000" in err
+    assert "finetune_sd_decoder.yaml" in err and not (tmp_path / "r").exists()
+
+
 def test_a_new_run_forgets_the_factors_an_earlier_attempt_left(image_dir, tmp_path):
     """An attempt that wrote `init_from.json` (an init from a diffusers folder) and then died before its
     first checkpoint must not hand that folder's factors to the next, different run in the same folder."""
