@@ -240,7 +240,8 @@ class BufferSnapshot:
 
 
 # Hyper-parameters an optimizer keeps in its param groups (and so in a checkpoint).
-OPTIMIZER_HPARAMS = ("lr", "betas", "eps", "weight_decay", "momentum")
+# muon_weight_decay: the weight decay of MuonAdamW's Muon groups only (after weight_decay, which sets all)
+OPTIMIZER_HPARAMS = ("lr", "betas", "eps", "weight_decay", "momentum", "muon_weight_decay")
 
 
 def optimizer_overrides(cfg: Any, spec: dict[str, dict[str, tuple[tuple[str, ...], Any]]]) -> dict[str, dict[str, Any]]:
@@ -282,6 +283,11 @@ def apply_optimizer_overrides(
                 raise ValueError(f"unknown optimizer hyper-parameter '{key}' (known: {', '.join(OPTIMIZER_HPARAMS)})")
             old = []
             for i, group in enumerate(opt.param_groups):
+                if key == "muon_weight_decay":
+                    if group.get("use_muon"):
+                        old.append(group["weight_decay"])
+                        group["weight_decay"] = value
+                    continue
                 if key not in group:
                     continue
                 if key == "lr":

@@ -366,3 +366,21 @@ def test_ending_inside_a_streak_and_finite_divergence_exit_3_and_diverged_weight
                             "--output", str(tmp_path / "out.wav")]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith(refusal) and len(err.splitlines()) == 1, err
+
+
+def test_a_resume_applies_muon_weight_decay_to_the_muon_groups_only():
+    """vocoder `muon_weight_decay` given on resume: the Muon half's weight decay, after `weight_decay` (both
+    halves, the config's rule: weight_decay is Muon's too unless muon_weight_decay is set)."""
+    from common.config import load_config
+    from common.muon import MuonAdamW
+    from common.training import optimizer_overrides
+    from vocoder.config import VocoderConfig
+
+    rtx = Path(__file__).resolve().parents[1] / "vocoder" / "configs" / "base_hifi_rtx5090_optimized.yaml"
+    cfg = load_config(rtx, VocoderConfig, ["generator_optimizer_args.weight_decay=0.01",
+                                           "generator_optimizer_args.muon_weight_decay=0.2"])
+    opt = MuonAdamW(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)), lr=1e-3)
+    over = optimizer_overrides(cfg, cfg.optimizer_spec())["generator"]
+    assert list(over) == ["weight_decay", "muon_weight_decay"]
+    apply_optimizer_overrides({"generator": opt}, {}, {"generator": over})
+    assert [(g["use_muon"], g["weight_decay"]) for g in opt.param_groups] == [(True, 0.2), (False, 0.01)]

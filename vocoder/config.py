@@ -293,6 +293,11 @@ class VocoderConfig:
             raise ValueError("pc_aug needs model_args.mini_nsf: true (the pitch-shift cycle uses the mini-NSF source)")
         if self.aug_min > self.aug_max:
             raise ValueError(f"aug_min ({self.aug_min}) must be <= aug_max ({self.aug_max})")
+        for name in ("generator_optimizer_args", "discriminator_optimizer_args"):
+            opt = getattr(self, name)
+            if opt.muon_weight_decay is not None and not opt.is_muon:  # it would change nothing
+                raise ValueError(f"{name}.muon_weight_decay (muon_args.weight_decay) is Muon_AdamW's, and this "
+                                 f"optimizer is {opt.optimizer_cls}: drop it, or set its optimizer_cls: Muon_AdamW")
 
     @property
     def task(self) -> str:
@@ -310,4 +315,7 @@ class VocoderConfig:
             a = getattr(self, key)
             spec[name] = {"lr": ((f"{key}.lr",), a.lr), "betas": ((f"{key}.beta1", f"{key}.beta2"), (a.beta1, a.beta2)),
                           "eps": ((f"{key}.eps",), a.eps), "weight_decay": ((f"{key}.weight_decay",), a.weight_decay)}
+            if a.muon_weight_decay is not None:  # the Muon half's, re-applied after a weight_decay (which sets both)
+                spec[name]["muon_weight_decay"] = ((f"{key}.muon_weight_decay", f"{key}.weight_decay"),
+                                                   a.muon_weight_decay)
         return spec

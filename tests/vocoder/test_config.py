@@ -135,6 +135,11 @@ def test_singingvocoders_muon_adamw_per_half_args(tmp_path):
     g = c.generator_optimizer_args
     assert g.is_muon and g.lr == 2e-4 and g.muon_weight_decay == 0.03 and g.weight_decay == 0.0
     assert c.discriminator_optimizer_args.muon_weight_decay == 0.02
+    # with AdamW it would change nothing: refused, naming the key
+    with pytest.raises(ConfigError, match=r"generator_optimizer_args\.muon_weight_decay .* is Muon_AdamW's, and this "
+                                          r"optimizer is torch\.optim\.AdamW"):
+        load_config(RTX_YAML, VocoderConfig, ["generator_optimizer_args.optimizer_cls=torch.optim.AdamW",
+                                              "generator_optimizer_args.muon_weight_decay=0.1"])
     bad = tmp_path / "bad.yaml"
     bad.write_text("generater_optimizer_args:\n  muon_args: {momentum: 0.9}\n")
     with pytest.raises(ConfigError, match=r"muon_args\.momentum.*has no equivalent.*muon_args\.weight_decay"):
