@@ -42,8 +42,9 @@ TRAINER_SCHEMAS = {"vocoder": "vocoder.config.VocoderConfig", "tts": "tts.vits.c
 def add_preset_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--preset", choices=PRESET_CHOICES, type=str.lower, default=None,
-        help="card preset: batch size, workers, precision and training crop for an RTX 4090 / 5090, "
-             "the CPU, or auto (by the detected GPU); your flags and --set win over it")
+        help="card preset for an RTX 4090 / 5090, the CPU, or auto (by the detected GPU): workers and precision, "
+             "and for the speech trainers batch size and training crop (the VAE keeps its resolution profile's); "
+             "your flags and --set win over it")
 
 
 def preset_settings(name: str, trainer: str, preset_keys: dict[str, str]) -> dict[str, dict[str, Any]]:
