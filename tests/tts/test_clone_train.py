@@ -314,6 +314,13 @@ def test_teacher_forced_mels_have_the_frames_the_vocoder_prepares(trained, corpu
     assert read_mel_settings(out) == trained["cfg"].audio.mel_kwargs
     assert infer_clone.main(argv) == 2 and "--overwrite" in capsys.readouterr().err
     assert infer_clone.main([*argv, "--overwrite"]) == 0
+    # a flag of the other mode is refused, not ignored
+    with pytest.raises(SystemExit) as exit_:
+        infer_clone.main([*argv, "--overwrite", "--text", "Salom.", "--length-scale", "1.2"])
+    assert exit_.value.code == 2 and "--text, --length-scale do nothing with --teacher_forced" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        infer_clone.main(["--checkpoint", "x.pt", "--reference", "r.wav", "--text", "a", "--data", str(corpus)])
+    assert "--data does nothing without --teacher_forced" in capsys.readouterr().err
     for name, mel in mels.items():  # eval mode and a fixed reference per utterance: the same mels again
         np.testing.assert_array_equal(np.load(out / f"{name}.npy"), mel)
     demo_yaml = Path(__file__).resolve().parents[2] / "vocoder" / "configs" / "demo.yaml"

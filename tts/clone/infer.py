@@ -116,6 +116,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--length-scale", type=float, default=1.0, help=">1 speaks slower, <1 faster")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args(argv)
+    # each mode's flags only: one the mode never reads would be accepted and change nothing
+    other = ([f for f, v in (("--reference", args.reference), ("--text", args.text), ("--vocoder", args.vocoder),
+                             ("--length-scale", args.length_scale != 1.0)) if v]
+             if args.teacher_forced else (["--data"] if args.data else []))
+    if other:
+        p.error(f"{', '.join(other)} {'do' if len(other) > 1 else 'does'} nothing "
+                f"{'with' if args.teacher_forced else 'without'} --teacher_forced")
     if args.teacher_forced:
         return main_teacher_forced(p, args)
     if args.reference is None or args.text is None:  # an empty --text is refused below, with its reason
