@@ -194,3 +194,16 @@ def test_piper_runs_the_exported_voice(espeak_run, tmp_path):
         voice.synthesize_wav(text, w)
     wav, sr = sf.read(tmp_path / "piper.wav")
     assert sr == SR and len(wav) > len(audio)
+
+
+@pytest.mark.parametrize("module, flags", [("tts.vits.export_onnx", ["--tolerance", "0.1"]),
+                                           ("tts.clone.export_onnx", ["--reference", "voice.wav"])])
+def test_an_export_refuses_check_settings_with_no_check(module, flags, tmp_path, capsys):
+    """--tolerance / --reference only shape the onnxruntime check: with --no_check they changed nothing."""
+    import importlib
+
+    with pytest.raises(SystemExit) as exit_:
+        importlib.import_module(module).main(["--checkpoint", "x.pt", "--out", str(tmp_path / "m.onnx"), "--no_check",
+                                              *flags])
+    assert exit_.value.code == 2 and f"{flags[0]} with --no_check" in capsys.readouterr().err
+    assert not (tmp_path / "m.onnx").exists()

@@ -118,9 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overwrite", action="store_true", help="replace --out and its .json if it exists")
     p.add_argument("--reference", help="a clip to check with (default: a synthetic reference mel)")
     p.add_argument("--opset", type=int, default=17)
-    p.add_argument("--tolerance", type=float, default=1e-3, help="max |ONNX - PyTorch| (log-mel; f0 relative)")
+    p.add_argument("--tolerance", type=float, default=None, help="max |ONNX - PyTorch| (log-mel; f0 relative; default 1e-3)")
     p.add_argument("--no_check", action="store_true", help="skip the onnxruntime comparison")
     args = p.parse_args(argv)
+    unused = [f for f, v in (("--tolerance", args.tolerance), ("--reference", args.reference)) if v is not None]
+    if args.no_check and unused:  # they only shape the check
+        p.error(f"{', '.join(unused)} with --no_check: the check they set is skipped; drop one")
+    args.tolerance = 1e-3 if args.tolerance is None else args.tolerance
     try:
         check_output_file(args.out, "--out")
         for existing in (args.out, args.out + ".json"):
