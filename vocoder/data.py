@@ -27,7 +27,7 @@ LOG_FLOOR = math.log(1e-5)  # common.audio.MelSpectrogram's log clamp
 
 
 class DatasetError(RuntimeError):
-    """The prepared folder is missing, stale or made with other audio settings."""
+    """The prepared folder is missing, stale or made with other audio or f0 settings."""
 
 
 def missing_manifest(data_dir: Path) -> str:
@@ -56,11 +56,13 @@ def load_manifest(data_dir: str | Path, cfg: VocoderConfig) -> dict:
         raise DatasetError(f"{data_dir} was prepared by another version of prepare_data.py; run it again")
     s = manifest["settings"]
     a = cfg.audio
+    # the f0 keys too: training reads the stored f0, and the export tells inference to extract it this way
     want = {"sample_rate": a.sample_rate, "hop_size": a.hop_length, "fft_size": a.n_fft,
-            "win_size": a.win_length, "num_mels": a.n_mels, "fmin": a.fmin, "fmax": a.fmax}
+            "win_size": a.win_length, "num_mels": a.n_mels, "fmin": a.fmin, "fmax": a.fmax,
+            "pe": cfg.pe, "f0_min": cfg.f0_min, "f0_max": cfg.f0_max}
     wrong = [f"{k}: data {s.get(k)} vs config {v}" for k, v in want.items() if s.get(k) != v]
     if wrong:
-        raise DatasetError(f"{data_dir} was prepared with other audio settings ({'; '.join(wrong)}); "
+        raise DatasetError(f"{data_dir} was prepared with other audio or f0 settings ({'; '.join(wrong)}); "
                            "prepare it again with this config (or use the config it was made with)")
     if s.get("mel_dir") and cfg.key_aug:
         raise DatasetError(f"{data_dir} holds an acoustic model's mels (prepared with --mel_dir {s['mel_dir']}); "

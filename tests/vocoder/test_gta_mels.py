@@ -122,3 +122,12 @@ def test_training_crops_keep_mel_audio_f0_aligned(tmp_path):
     assert len(starts) > 3  # really random crops, not always the first window
     with pytest.raises(DatasetError, match="key_aug=false"):
         load_manifest(out, tiny_config("key_aug=true"))
+
+
+def test_a_dataset_prepared_with_other_f0_settings_is_refused(tiny_data):
+    """Training reads the stored f0 and the export tells inference to extract it with the config's pe /
+    f0 range: a config that differs from the data's would export a claim the model was not trained on."""
+    load_manifest(tiny_data, tiny_config())  # the settings it was prepared with
+    with pytest.raises(DatasetError, match=r"other audio or f0 settings \(pe: data parselmouth vs config pyin; "
+                                           r"f0_max: data \S+ vs config 500"):
+        load_manifest(tiny_data, tiny_config("pe=pyin", "f0_max=500"))
