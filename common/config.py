@@ -436,6 +436,17 @@ def explicit_keys(cfg: Any) -> dict[str, str]:
     return dict(getattr(cfg, _EXPLICIT_ATTR, {}))
 
 
+def refuse_prepare_keys(cfg: Any, prepare_keys: tuple[str, ...], prepare_command: str) -> None:
+    """ConfigError when the command line of a training run sets a key only data preparation reads (a
+    filter, the split, the f0 extractor): training reads the prepared folder, so it would change
+    nothing. The same key in the YAML file both commands share is fine."""
+    hits = [f"{key} ({src})" for key, src in explicit_keys(cfg).items()
+            if any(key == p or key.startswith(p + ".") for p in prepare_keys)]
+    if hits:
+        raise ConfigError(f"{', '.join(hits)}: read when the data is prepared ({prepare_command}), not by training, "
+                          "which reads the prepared folder; prepare it again with this setting, then train")
+
+
 def config_sources(cfg: Any) -> dict[str, str]:
     """Every dotted key (aliases resolved) this `load_config` result did not take from the schema's
     defaults, with where it was set: the YAML file that set it last (`base_config` chain resolved),

@@ -178,6 +178,9 @@ class VocoderConfig:
                                      "fixed length (crop_mel_frames)"),
     }
     # `--preset` (common.presets): each card setting of common.hardware.PRESETS -> the key it sets here
+    # read by vocoder/prepare_data.py alone: training reads the manifest and the stored mels / f0
+    PREPARE_ONLY: ClassVar[tuple[str, ...]] = ("binarization_args", "data_input_path", "val_num", "test_prefixes",
+                                               "pe", "f0_min", "f0_max")
     PRESET_KEYS: ClassVar[dict[str, str]] = {"batch_size": "batch_size", "num_workers": "ds_workers",
                                              "crop": "crop_mel_frames", "precision": "precision"}
     ALIASES: ClassVar[dict[str, str]] = {

@@ -409,3 +409,12 @@ def test_a_data_dir_without_a_manifest_gets_the_prepare_command_that_fits(tmp_pa
                            "--device", "cpu", *[a for o in TINY for a in ("--set", o)]]) == 2
         err = capsys.readouterr().err
         assert err.strip() == expected and "Traceback" not in err
+
+
+def test_a_prepare_only_key_on_the_training_command_line_is_refused(tiny_data, tmp_path, capsys):
+    """val_num and pe are read when the data is prepared; given to training they changed nothing."""
+    rc = train_main(["--config", str(DEMO_YAML), "--data_dir", str(tiny_data), "--run_dir", str(tmp_path / "r"),
+                     "--set", "val_num=3", "--set", "pe=pyin"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "val_num (--set val_num=3), pe (--set pe=pyin): read when the data is prepared" in err
+    assert "vocoder/prepare_data.py" in err and not (tmp_path / "r").exists()

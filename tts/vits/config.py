@@ -128,6 +128,12 @@ class AudioConfig(AudioSettings):
 class DataConfig:
     """What prepare_data.py keeps (filters) and how it splits; read again by the data loader."""
 
+    # read by tts/prepare_data.py alone (training reads the lists it wrote); add_blank, num_buckets: training's
+    PREPARE_ONLY: ClassVar[tuple[str, ...]] = (
+        "data.min_audio_len", "data.max_audio_len", "data.min_text_len", "data.max_text_len",
+        "data.min_chars_per_second", "data.max_chars_per_second", "data.silence_db", "data.max_clip_fraction",
+        "data.eval_split_size", "data.eval_split_max_size", "data.split_seed")
+
     min_audio_len: NonNegativeFloat = 0.5  # seconds
     max_audio_len: PositiveFloat = 15.0
     min_text_len: NonNegativeInt = 2  # tokens of the normalised text
