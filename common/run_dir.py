@@ -138,7 +138,8 @@ def prepare_run_dir(run_dir: str | Path, ckpt_dir: str | Path | None = None, res
                     overwrite: bool = False, init_from: str | None = None, need_bytes: int | None = None,
                     keep: tuple[str, ...] = (), is_main: bool | None = None, run_flag: str = "--run_dir",
                     log=print) -> Path:
-    """The start of every training run (call on every rank; only the main rank changes files).
+    """The start of every training run (call on every rank; the others only check the flags: the main
+    rank alone looks at and changes the folder, and `setup_distributed` holds them until it has).
 
     Checks the folder is writable (with room for one more checkpoint as large as the newest there),
     removes stale temp files, refuses a used folder without `--resume`/`--overwrite` (OutputPathError, exit 2) and, with `--overwrite`, moves everything in it
