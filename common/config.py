@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import functools
 import importlib
+import os
 import types
 import typing
 from pathlib import Path
@@ -436,15 +437,16 @@ def explicit_keys(cfg: Any) -> dict[str, str]:
     return dict(getattr(cfg, _EXPLICIT_ATTR, {}))
 
 
-def refuse_prepare_keys(cfg: Any, prepare_keys: tuple[str, ...], prepare_command: str) -> None:
-    """ConfigError when the command line of a training run sets a key only data preparation reads (a
-    filter, the split, the f0 extractor): training reads the prepared folder, so it would change
-    nothing. The same key in the YAML file both commands share is fine."""
+def note_prepare_keys(cfg: Any, prepare_keys: tuple[str, ...], prepare_command: str, log=print) -> None:
+    """One line (rank 0) when the command line of a training run sets a key only data preparation reads
+    (a filter, the split, the f0 extractor): training reads the prepared folder as it is, so the value
+    changes nothing here (one list of --set for both commands is common). The vocoder also refuses a
+    dataset whose recorded audio / f0 settings differ from its config (`vocoder.data.load_manifest`)."""
     hits = [f"{key} ({src})" for key, src in explicit_keys(cfg).items()
             if any(key == p or key.startswith(p + ".") for p in prepare_keys)]
-    if hits:
-        raise ConfigError(f"{', '.join(hits)}: read when the data is prepared ({prepare_command}), not by training, "
-                          "which reads the prepared folder; prepare it again with this setting, then train")
+    if hits and os.environ.get("RANK", "0") == "0":
+        log(f"note: {', '.join(hits)}: read when the data is prepared ({prepare_command}); training uses the "
+            "prepared folder as it is (prepare it again for another value)")
 
 
 def config_sources(cfg: Any) -> dict[str, str]:

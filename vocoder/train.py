@@ -45,7 +45,7 @@ from common.config import (
     config_to_dict,
     format_config,
     load_config,
-    refuse_prepare_keys,
+    note_prepare_keys,
     save_config,
 )
 from common.data import ResumableSampler, make_loader
@@ -438,7 +438,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, VocoderConfig, args.overrides,
                       extra={"precision": args.precision, "binary_data_dir": args.data_dir})
     apply_preset(cfg, args.preset, "vocoder")
-    refuse_prepare_keys(cfg, VocoderConfig.PREPARE_ONLY, "vocoder/prepare_data.py")
+    note_prepare_keys(cfg, VocoderConfig.PREPARE_ONLY, "vocoder/prepare_data.py")
     if not cfg.binary_data_dir:
         raise ConfigError("no dataset: pass --data_dir (a folder made by vocoder/prepare_data.py) or set binary_data_dir")
     run_dir = Path(args.run_dir or Path("runs") / "vocoder" / Path(args.config or "default").stem)

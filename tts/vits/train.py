@@ -44,7 +44,7 @@ from common.config import (
     config_to_dict,
     format_config,
     load_config,
-    refuse_prepare_keys,
+    note_prepare_keys,
     save_config,
 )
 from common.data import BucketBatchSampler, BucketShapes, make_loader
@@ -505,7 +505,7 @@ def run(args: argparse.Namespace) -> int:
     """The run the command line asks for; failures reach `main` as exceptions (`common.exit_codes`)."""
     cfg = load_config(args.config, TrainConfig, args.overrides, extra={"data_dir": args.data_dir, "run_dir": args.run_dir})
     apply_preset(cfg, args.preset, "tts")
-    refuse_prepare_keys(cfg, DataConfig.PREPARE_ONLY, "tts/prepare_data.py")
+    note_prepare_keys(cfg, DataConfig.PREPARE_ONLY, "tts/prepare_data.py")
     source = plan_source_start(cfg, args)  # --init_from is read and checked before the run folder changes
     own = read_own_init(args.init_from) if args.init_from and source is None else None
     run_dir = Path(cfg.run_dir or f"runs/{cfg.run_name}")
