@@ -41,7 +41,7 @@ def resolve_config(args: argparse.Namespace) -> VAEConfig:
     extra.update(output_dir=args.run_dir, resume_from=args.resume)
     cfg = load_config(args.config, VAEConfig, overrides=args.overrides, extra=extra)
     given = explicit_keys(cfg)
-    if cfg.max_steps > 0 and "num_epochs" in given:  # max_steps > 0 sets the run's length alone
+    if cfg.max_steps > 0 and "num_epochs" in given and "max_steps" not in given:  # a file's max_steps would win
         where = config_sources(cfg).get("max_steps", "the config")
         raise ConfigError(f"num_epochs (given on the command line) has no effect while max_steps is {cfg.max_steps} "
                           f"(set in {where}); give the length as --max_steps N, or add --max_steps 0 to count epochs")
