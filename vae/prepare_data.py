@@ -304,8 +304,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# the flags one mode reads and the other would accept and ignore
+MODE_FLAGS = {"preprocess": ("--output_dir", "--resize_mode", "--format", "--background", "--overwrite"),
+              "validate": ("--output_file",)}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+    other = [f for mode, flags in MODE_FLAGS.items() if mode != args.mode for f in flags if f in given]
+    if other:
+        print(f"error: {', '.join(other)} {'go' if len(other) > 1 else 'goes'} with the other --mode, not "
+              f"--mode {args.mode} (it would change nothing)")
+        return 2
     if not Path(args.input_dir).is_dir():
         print(f"error: --input_dir {args.input_dir}: no such folder")
         return 2

@@ -151,3 +151,16 @@ def test_exif_orientation_is_applied(tmp_path):
     assert (info["width"], info["height"]) == (40, 20) and im.size == (20, 40)
     top = np.asarray(im)[:10].mean()
     assert top > 200  # the white half is on top once displayed upright
+
+
+def test_a_flag_of_the_other_mode_is_refused(tmp_path, capsys):
+    """--mode validate read no --format / --output_dir (and preprocess no --output_file): accepted, ignored."""
+    src = tmp_path / "src"
+    src.mkdir()
+    assert prepare_main(["--mode", "validate", "--input_dir", str(src), "--format", "webp",
+                         "--output_dir", str(tmp_path / "o")]) == 2
+    assert "error: --output_dir, --format go with the other --mode, not --mode validate" in capsys.readouterr().out
+    assert prepare_main(["--mode", "preprocess", "--input_dir", str(src), "--output_dir", str(tmp_path / "o"),
+                         "--output_file=r.json"]) == 2
+    assert "error: --output_file goes with the other --mode, not --mode preprocess" in capsys.readouterr().out
+    assert not (tmp_path / "o").exists()
