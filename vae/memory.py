@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 
 from common.atomic_write import write_text
-from common.config import config_to_dict
+from common.config import ConfigError, config_to_dict
 from common.distributed import gather_objects
 from common.hardware import find_batch_size, fit_batch_size, is_oom, resolve_preset
 from common.precision import normalize_precision
@@ -34,8 +34,19 @@ NewStep = Callable[[VAEConfig, torch.device, FrozenLPIPS | None], Callable[[list
 def add_profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile_memory", action="store_true",
                    help="measure peak GPU memory per resolution and batch size, write a table, exit")
-    p.add_argument("--profile_resolutions", type=int, nargs="+", default=[256, 512, 768, 1024, 1536, 2048])
-    p.add_argument("--profile_batches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    p.add_argument("--profile_resolutions", type=int, nargs="+", default=None,
+                   help="with --profile_memory (default 256 512 768 1024 1536 2048)")
+    p.add_argument("--profile_batches", type=int, nargs="+", default=None, help="with --profile_memory (default 1 2 4 8 16)")
+
+
+def profile_grid(args: argparse.Namespace) -> tuple[list[int], list[int]]:
+    """The resolutions and batch sizes `--profile_memory` measures; ConfigError for either without it."""
+    if not args.profile_memory:
+        given = [f for f, v in (("--profile_resolutions", args.profile_resolutions),
+                                ("--profile_batches", args.profile_batches)) if v is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)} only shape --profile_memory; add it, or drop them")
+    return (args.profile_resolutions or [256, 512, 768, 1024, 1536, 2048], args.profile_batches or [1, 2, 4, 8, 16])
 
 
 def oom_advice(cfg: VAEConfig, precision: str) -> tuple[str, int, dict]:

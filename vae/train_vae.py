@@ -63,7 +63,7 @@ from vae.data import TrainData, build_train_data, training_images
 from vae.diffusers_io import export_final
 from vae.flags import add_guide_flags, resolve_config
 from vae.losses import FrozenLPIPS, PatchDiscriminator, PerceptualWeightsError, VAELoss
-from vae.memory import add_profile_args, choose_batch_size, oom_advice, profile_memory
+from vae.memory import add_profile_args, choose_batch_size, oom_advice, profile_grid, profile_memory
 from vae.metrics import evaluate
 from vae.model import AutoencoderKL, build_vae
 from vae.pretrained import forget_stale_record, init_weights
@@ -462,8 +462,9 @@ def run(args: argparse.Namespace) -> int:
     """The config, then `--profile_memory` or training; failures reach `main` as exceptions."""
     cfg = resolve_config(args)
     apply_preset(cfg, args.preset, "vae")
+    resolutions, batches = profile_grid(args)
     if args.profile_memory:
-        return profile_memory(new_step, cfg, args.profile_resolutions, args.profile_batches)
+        return profile_memory(new_step, cfg, resolutions, batches)
     return train(cfg, args.overwrite, args.init_from, args.run_flag)
 
 

@@ -339,6 +339,9 @@ def test_profile_memory_on_cpu_says_it_needs_cuda(tmp_path, capsys):
     assert tv.main(["--config", str(TINY_CONFIG), "--output_dir", str(tmp_path), "--profile_memory"]) == 0
     assert "needs a CUDA GPU" in capsys.readouterr().out
     assert sys.modules["vae.train_vae"] is tv
+    # its grid flags without it would change nothing: refused before anything runs
+    assert tv.main(["--config", str(TINY_CONFIG), "--output_dir", str(tmp_path / "r"), "--profile_batches", "2"]) == 2
+    assert "--profile_batches only shape --profile_memory" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("channels, z, shifted", [([8, 16, 16, 16], 16, True),   # f8c16: SD3 / FLUX
