@@ -12,7 +12,6 @@ import dataclasses
 import difflib
 import functools
 import importlib
-import os
 import types
 import typing
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from common.distributed import launched_as_rank0
 from common.errors import ConfigError
 from common.ranges import RangeError, check_annotations
 
@@ -444,7 +444,7 @@ def note_prepare_keys(cfg: Any, prepare_keys: tuple[str, ...], prepare_command: 
     dataset whose recorded audio / f0 settings differ from its config (`vocoder.data.load_manifest`)."""
     hits = [f"{key} ({src})" for key, src in explicit_keys(cfg).items()
             if any(key == p or key.startswith(p + ".") for p in prepare_keys)]
-    if hits and os.environ.get("RANK", "0") == "0":
+    if hits and launched_as_rank0():
         log(f"note: {', '.join(hits)}: read when the data is prepared ({prepare_command}); training uses the "
             "prepared folder as it is (prepare it again for another value)")
 

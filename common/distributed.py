@@ -111,6 +111,12 @@ def rank() -> int:
     return dist.get_rank() if is_enabled() else 0
 
 
+def launched_as_rank0() -> bool:
+    """Before the process group exists (config, presets, the run folder): torchrun's RANK says which
+    process is rank 0; a plain `python train.py` is."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def broadcast_object(obj: Any) -> Any:
     """Rank 0's `obj` on every rank: a decision that only rank 0 may take (e.g. which checkpoint to
     resume: the others could see the folder at another moment, or another folder)."""

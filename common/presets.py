@@ -21,12 +21,12 @@ preset set (and what it replaced) and what it left alone.
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from common.config import explicit_keys, import_from_string, mark_explicit
+from common.distributed import launched_as_rank0
 from common.hardware import PRESETS, preset_name
 
 PRESET_CHOICES = ("rtx4090", "rtx5090", "auto", "cpu")
@@ -127,7 +127,7 @@ def apply_preset(cfg: Any, name: str | None, trainer: str, log: Callable[[str], 
     if name is None:
         return {}
     if log is None:
-        log = print if os.environ.get("RANK", "0") == "0" else (lambda _line: None)
+        log = print if launched_as_rank0() else (lambda _line: None)
     name = preset_name(name, vram_gb, say=log)
     done = apply_settings(cfg, preset_settings(name, trainer, type(cfg).PRESET_KEYS), f"--preset {name}")
     set_words = [f"{k}={new}" + (f" (config had {old})" if old is not None and old != new else "")

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from common.atomic_write import MIB, free_mib
+from common.distributed import launched_as_rank0
 from common.errors import OutputPathError
 from common.run_lock import LOCK_NAME, RunLock
 
@@ -155,8 +156,8 @@ def prepare_run_dir(run_dir: str | Path, ckpt_dir: str | Path | None = None, res
     if resume and resume != "auto" and init_from:  # (`--resume auto --init_from`: said below when a run is there)
         raise OutputPathError(f"--resume {resume} and --init_from exclude each other: --resume continues a run, "
                               f"--init_from starts a new one from {init_from}'s weights")
-    if is_main is None:  # before the process group exists: torchrun's RANK says who writes
-        is_main = os.environ.get("RANK", "0") == "0"
+    if is_main is None:  # before the process group exists
+        is_main = launched_as_rank0()
     if not is_main:  # nothing to look at: rank 0 alone writes here, and may be moving the folder aside now
         return run_dir
     found = existing_checkpoints(ckpt_dir)
