@@ -18,11 +18,10 @@ from pathlib import Path
 from common.checkpoint import CheckpointError
 from common.errors import ConfigError
 from common.run_dir import existing_checkpoints
-from vae.config import DECODER_ONLY_FLAG, VAEConfig
+from vae.config import DECODER_ONLY_FLAG as FLAG
+from vae.config import VAEConfig
 from vae.diffusers_io import INIT_RECORD
 from vae.model import AutoencoderKL
-
-FLAG = DECODER_ONLY_FLAG
 
 
 def check_start(cfg: VAEConfig, init_from: str | None) -> None:
