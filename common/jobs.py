@@ -90,18 +90,19 @@ def demo_overrides(args: argparse.Namespace) -> list[str]:
 DEMO_SETTINGS = "demo_settings.json"  # in a demo's run folder: the --set / --seed it was trained with
 
 
-def demo_retrain_reason(run: Path, settings: list[str]) -> str | None:
-    """Why the demo run in `run` must be trained again for `settings` (this call's `--set` / `--seed`,
-    e.g. make demo's DEMO_SEED), or None: a finished run trained with other settings would otherwise be
-    reported as if it had these. A run from before this record counts as trained with none."""
+def trained_with_other_settings(run: Path, settings: list[str], log=print) -> bool:
+    """Whether the demo run in `run` must be trained again for `settings` (this call's `--set` / `--seed`,
+    e.g. make demo's DEMO_SEED), saying why in one line: a finished run trained with other settings would
+    otherwise be reported as if it had these. A run from before this record counts as trained with none."""
     if not run.is_dir() or not any(run.iterdir()):
-        return None
+        return False
     record = run / DEMO_SETTINGS
     had = json.loads(record.read_text(encoding="utf-8")) if record.is_file() else []
     if sorted(had) == sorted(settings):
-        return None
-    return (f"{run} was trained with {' '.join(had) or 'the config as it is'}, this call asks for "
-            f"{' '.join(settings) or 'the config as it is'}: training it again")
+        return False
+    log(f"{run} was trained with {' '.join(had) or 'the config as it is'}, this call asks for "
+        f"{' '.join(settings) or 'the config as it is'}: training it again")
+    return True
 
 
 def record_demo_settings(run: Path, settings: list[str]) -> None:

@@ -27,7 +27,7 @@ import torch
 from PIL import Image
 
 from common.atomic_write import save_png, write_text
-from common.jobs import demo_retrain_reason, demo_threads, record_demo_settings
+from common.jobs import demo_threads, record_demo_settings, trained_with_other_settings
 from common.plausibility import Figure, report
 from vae.data import image_to_tensor, list_images, open_image_rgb
 from vae.losses import backbone_cache_path
@@ -172,9 +172,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'cached' if cached else 'not cached'} here. Real runs use --perceptual_weight 1.0.")
     finished = (run / "vae_final.pt").is_file() and read_metrics(run)
     settings = [*extra, *([] if args.minutes is None else [f"--minutes={args.minutes}"])]
-    retrain = demo_retrain_reason(run, settings)
-    if retrain:
-        print(retrain)
+    retrain = trained_with_other_settings(run, settings)
     if finished and not args.force and not retrain:
         print(f"{run} already holds a finished demo run: reporting it (use --force to retrain)")
     else:

@@ -38,9 +38,9 @@ from common.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, make_corpus
 from common.jobs import (
     add_demo_overrides,
     demo_overrides,
-    demo_retrain_reason,
     demo_threads,
     record_demo_settings,
+    trained_with_other_settings,
 )
 from common.log import plot_spectrograms, save_figure
 from common.plausibility import compare_speech, report, speech_figures
@@ -128,9 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     manifest, data = demo_dataset(cfg, args.espeak, args.recordings, args.wavs, args.data, args.sentences)
 
     print(f"[3/5] train demo.yaml for {cfg.max_updates} steps on the CPU -> {run}")
-    retrain = demo_retrain_reason(run, demo_overrides(args))
-    if retrain:
-        print(retrain)
+    if trained_with_other_settings(run, demo_overrides(args)):
         shutil.rmtree(run)
     record_demo_settings(run, demo_overrides(args))
     resume = "auto" if (run / "checkpoints").is_dir() else None

@@ -119,15 +119,17 @@ def test_a_demo_run_trained_with_other_settings_is_trained_again(tmp_path):
     """`make demo DEMO_SEED=7` after `make demo` (or the reverse) must not report the earlier run's figures
     as seed 7's: a run folder records its settings, and other settings mean training again."""
     run = tmp_path / "run"
-    assert jobs.demo_retrain_reason(run, ["seed=7"]) is None  # nothing there yet
+    said: list[str] = []
+    assert not jobs.trained_with_other_settings(run, ["seed=7"], said.append)  # nothing there yet
     run.mkdir()
     (run / "model.pt").write_text("x")  # a run from before the record: trained with the config as it is
-    assert jobs.demo_retrain_reason(run, []) is None
-    assert jobs.demo_retrain_reason(run, ["seed=7"]) == (
-        f"{run} was trained with the config as it is, this call asks for seed=7: training it again")
+    assert not jobs.trained_with_other_settings(run, [], said.append) and said == []
+    assert jobs.trained_with_other_settings(run, ["seed=7"], said.append)
+    assert said == [f"{run} was trained with the config as it is, this call asks for seed=7: training it again"]
     jobs.record_demo_settings(run, ["seed=7", "a=1"])
-    assert jobs.demo_retrain_reason(run, ["a=1", "seed=7"]) is None  # the same settings, any order
-    assert "trained with a=1 seed=7, this call asks for the config as it is" in jobs.demo_retrain_reason(run, [])
+    assert not jobs.trained_with_other_settings(run, ["a=1", "seed=7"], said.append)  # the same settings, any order
+    assert jobs.trained_with_other_settings(run, [], said.append)
+    assert "trained with a=1 seed=7, this call asks for the config as it is" in said[-1] and len(said) == 2
 
 
 def test_demo_seed_becomes_the_configs_seed_key():

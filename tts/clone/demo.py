@@ -41,9 +41,9 @@ from common.demo_speech import espeak_available, espeak_or_explain
 from common.jobs import (
     add_demo_overrides,
     demo_overrides,
-    demo_retrain_reason,
     demo_threads,
     record_demo_settings,
+    trained_with_other_settings,
 )
 from common.log import plot_spectrograms, save_figure
 from common.plausibility import compare_mels, compare_speech, report, speech_figures
@@ -207,9 +207,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"== 2/3 train (tiny, CPU, {torch.get_num_threads()} thread(s)) ==")
     summary_file = RUN_DIR / "summary.json"
-    retrain = demo_retrain_reason(RUN_DIR, demo_overrides(args))
-    if retrain:
-        print(retrain)
+    retrain = trained_with_other_settings(RUN_DIR, demo_overrides(args))
     if args.retrain or retrain or not summary_file.is_file():
         if RUN_DIR.exists():
             shutil.rmtree(RUN_DIR)

@@ -33,9 +33,9 @@ from common.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, espeak_or_explain
 from common.jobs import (
     add_demo_overrides,
     demo_overrides,
-    demo_retrain_reason,
     demo_threads,
     record_demo_settings,
+    trained_with_other_settings,
 )
 from common.log import plot_spectrograms, save_figure
 from common.plausibility import compare_speech, report, speech_figures
@@ -131,9 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     print("== 3/4 train (tiny preset, CPU) ==")
     metrics = read_metrics(RUN_DIR)
     finished = (RUN_DIR / "checkpoints" / "best.pt").is_file() and len(metrics) >= 2
-    retrain = demo_retrain_reason(RUN_DIR, demo_overrides(args))
-    if retrain:
-        print(retrain)
+    retrain = trained_with_other_settings(RUN_DIR, demo_overrides(args))
     if args.retrain or retrain or not finished:
         if RUN_DIR.exists():
             shutil.rmtree(RUN_DIR)
