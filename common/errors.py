@@ -1,7 +1,12 @@
 """The error kinds a user can fix, which every entry point turns into exit 2 (`common.exit_codes`).
 
 A leaf module: the low-level writers (`common.atomic_write`, `common.run_lock`) raise them without
-importing the config machinery, which itself writes through `common.atomic_write`."""
+importing the config machinery, which itself writes through `common.atomic_write`.
+Also the one message for a missing third-party module (`missing_dependency_message`)."""
+
+from __future__ import annotations
+
+import re
 
 
 class ConfigError(ValueError):
@@ -10,3 +15,34 @@ class ConfigError(ValueError):
 
 class OutputPathError(ConfigError):
     """An output location that cannot be used, with the reason and what to do (exit 2)."""
+
+
+# A missing (or broken) third-party package is not a bad input file: the run stops with one line naming
+# it. The pip name where it differs from the module name; any other module installs under its own name.
+PIP_NAMES = {"parselmouth": "praat-parselmouth", "PIL": "pillow", "yaml": "PyYAML", "skimage": "scikit-image",
+             "sklearn": "scikit-learn", "cv2": "opencv-python"}
+OWN_PACKAGES = ("common", "vocoder", "tts", "vae", "bench", "tests")  # an import of these failing is a bug
+
+
+def missing_module_name(exc: ImportError) -> str | None:
+    """The module an ImportError could not import: its `name`, or the one named in "No module named 'x'"
+    (an ImportError raised by hand, or re-raised from a worker process, may carry only the message)."""
+    if exc.name:
+        return exc.name
+    match = re.search(r"No module named '([^']+)'", str(exc))
+    return match.group(1) if match else None
+
+
+def missing_dependency_message(exc: ImportError) -> str | None:
+    """One line for an ImportError of a third-party module: which module, and what to install. None when
+    the failed import is one of the repo's own modules (a bug, whose traceback should be seen)."""
+    name = missing_module_name(exc)
+    top = name.split(".")[0] if name else None
+    if top in OWN_PACKAGES:
+        return None
+    everything = "pip install -r requirements.txt"
+    if isinstance(exc, ModuleNotFoundError) and top:
+        return (f"the Python module '{top}' is not installed ({exc}); install it with "
+                f"`pip install {PIP_NAMES.get(top, top)}` (or everything the repo needs: `{everything}`)")
+    what = f"the Python module '{top}'" if top else "a required Python module"
+    return f"{what} does not import ({exc}); reinstall the pinned versions: `{everything}`"

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Iterator
 
 from common import distributed
+from common.errors import missing_dependency_message
 from common.hardware import OutOfMemory
 from common.run_lock import release_run_locks
 from common.training import NonFiniteError
@@ -29,6 +30,17 @@ def interrupted() -> int:
     running the same command again continues: a prepare skips the files it finished."""
     print(INTERRUPTED_LINE, file=sys.stderr)
     return INTERRUPTED
+
+
+def missing_dependency(exc: ImportError) -> int:
+    """A third-party module that is not installed (or does not import): one `error:` line naming it and
+    what to install, exit BAD_INPUT, whichever file was being processed. A failed import of the repo's own
+    modules is a bug: `exc` is raised again, with its traceback. For a script's `except ImportError`."""
+    message = missing_dependency_message(exc)
+    if message is None:
+        raise exc
+    print(f"error: {message}", file=sys.stderr)
+    return BAD_INPUT
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
@@ -56,7 +68,8 @@ def run_main(body: Callable[[], int], bad_input: tuple[type[BaseException], ...]
     `error: <message>` to stderr and becomes its code: any of `bad_input` -> BAD_INPUT,
     `common.training.NonFiniteError` -> NON_FINITE, `common.hardware.OutOfMemory` -> OUT_OF_MEMORY
     (the trainer raises these two with the whole advice in the message), Ctrl-C outside the training loop
-    (whose own handler saves and exits 130) -> `interrupted()`, and SIGTERM there too. Anything else propagates
+    (whose own handler saves and exits 130) -> `interrupted()`, and SIGTERM there too; a third-party module
+    that is missing -> `missing_dependency` (BAD_INPUT, the module and what to install). Anything else propagates
     with its traceback: it is a bug, not a user error. `cleanup` runs in every case, then the run
     folder's lock (`common.run_lock`) is released."""
     try:
@@ -72,6 +85,8 @@ def run_main(body: Callable[[], int], bad_input: tuple[type[BaseException], ...]
     except OutOfMemory as e:
         print(f"error: {e}", file=sys.stderr)
         return OUT_OF_MEMORY
+    except ImportError as e:
+        return missing_dependency(e)
     except KeyboardInterrupt:
         return interrupted()
     finally:

@@ -17,6 +17,14 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
+from common.atomic_write import DiskFullError
+
+# What a per-file job (a prepare worker) never reports as "this file is bad": a full disk and a module that
+# is not installed are not any file's fault, and every later file would fail the same way. A job's catch-all
+# lets them through (`except RUN_ERRORS: raise` before `except Exception`), the pool re-raises them in the
+# main process (same type), and the script's edge prints one line (`common.exit_codes.run_main`).
+RUN_ERRORS: tuple[type[BaseException], ...] = (DiskFullError, ImportError)
+
 
 def ignore_stop_signals(*_: Any) -> None:
     """SIGINT and SIGTERM ignored in this (worker) process: a DataLoader `worker_init_fn`, a pool initializer."""

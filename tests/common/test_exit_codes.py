@@ -125,3 +125,46 @@ def test_prepare_scripts_stopped_by_sigterm_say_so_and_exit_130(module, patched,
         signal.signal(signal.SIGTERM, before)
     assert rc == exit_codes.INTERRUPTED
     assert capsys.readouterr().err.strip().endswith(exit_codes.INTERRUPTED_LINE)
+
+
+@pytest.mark.parametrize("exc, words", [
+    (ModuleNotFoundError("No module named 'parselmouth'"),  # raised by hand: only the message names it
+     ["error: the Python module 'parselmouth' is not installed", "`pip install praat-parselmouth`",
+      "`pip install -r requirements.txt`"]),
+    (ModuleNotFoundError("No module named 'soxr'", name="soxr"), ["'soxr' is not installed", "`pip install soxr`"]),
+    (ModuleNotFoundError("No module named 'yaml.cyaml'", name="yaml.cyaml"), ["`pip install PyYAML`"]),
+    (ImportError("cannot import name 'x' from 'librosa'", name="librosa"),
+     ["error: the Python module 'librosa' does not import", "`pip install -r requirements.txt`"]),
+    (ImportError("numba needs numpy 2.3 or less"), ["a required Python module does not import (numba needs"]),
+])
+def test_a_missing_module_is_one_line_naming_it_and_what_to_install(exc, words, capsys):
+    cleaned = []
+    rc = exit_codes.run_main(_raises(exc), (ConfigError,), lambda: cleaned.append(1))
+    err = capsys.readouterr().err
+    assert rc == exit_codes.BAD_INPUT and cleaned == [1]
+    assert err.count("\n") == 1 and all(w in err for w in words), err
+
+
+@pytest.mark.parametrize("exc", [ModuleNotFoundError("No module named 'common.gone'", name="common.gone"),
+                                 ImportError("cannot import name 'x' from 'vocoder.model'", name="vocoder.model")])
+def test_a_failed_import_of_our_own_modules_is_a_bug_with_its_traceback(exc, capsys):
+    with pytest.raises(ImportError):
+        exit_codes.run_main(_raises(exc), (ConfigError,))
+    assert capsys.readouterr().err == ""
+
+
+def _import_parselmouth_fails(_: int) -> None:
+    raise ModuleNotFoundError("No module named 'parselmouth'", name="parselmouth")
+
+
+def test_a_workers_module_not_found_error_reaches_the_main_process_as_itself():
+    """Prepare scripts rely on it: the pool re-raises the worker's exception, type and module name intact,
+    so the script's edge can name what to install."""
+    import multiprocessing
+
+    from common.workers import process_pool
+
+    with pytest.raises(ModuleNotFoundError) as info:
+        with process_pool(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+            list(pool.map(_import_parselmouth_fails, range(4)))
+    assert info.value.name == "parselmouth"
