@@ -44,7 +44,7 @@ from common.atomic_write import atomic_output, write_text
 from common.audio import AudioError, MelSpectrogram, check_audio, load_audio, save_wav, to_float32, to_int16
 from common.config import ConfigError, load_config
 from common.run_dir import check_output_dir, check_prepared_settings
-from common.workers import process_pool
+from common.workers import RUN_ERRORS, process_pool
 from tts.text import SYMBOLS, find_unknown, normalize, text_to_ids
 from tts.text.phonemes import PhonemeCache
 from tts.text.symbols import PUNCTUATION, describe_char
@@ -85,6 +85,8 @@ def check_item(raw_text: str, wav: np.ndarray | None = None, sr: int | None = No
         return ItemCheck("", [], 0.0, "empty text")
     try:
         text = normalize(raw_text)
+    except RUN_ERRORS:
+        raise
     except Exception as e:  # a normaliser bug must not kill a corpus run; report it
         return ItemCheck("", [], 0.0, f"text could not be normalised ({type(e).__name__}: {e})")
     unknown = find_unknown(text)

@@ -28,9 +28,9 @@ from PIL import Image
 from tqdm import tqdm
 
 from common import exit_codes
-from common.atomic_write import DiskFullError, atomic_output, write_text
+from common.atomic_write import atomic_output, write_text
 from common.run_dir import OutputPathError, check_output_dir, check_output_file, check_prepared_settings
-from common.workers import process_pool
+from common.workers import RUN_ERRORS, process_pool
 from vae.data import (
     DEFAULT_MAX_PIXELS,
     BadImage,
@@ -98,8 +98,8 @@ def process_one(task: tuple[str, str, dict]) -> dict:
         record.update(status="ok", width=out.width, height=out.height)
     except BadImage as exc:
         record.update(status="skipped", kind=exc.kind, reason=exc.reason)
-    except DiskFullError:
-        raise  # not this file's fault: the whole run stops with one line
+    except RUN_ERRORS:
+        raise  # a full disk, a missing module: not this file's fault, the whole run stops with one line
     except Exception as exc:  # noqa: BLE001 - one bad file must never stop the whole run
         record.update(status="skipped", kind="error", reason=f"{type(exc).__name__}: {exc}")
     return record
@@ -217,6 +217,8 @@ def inspect_one(task: tuple[str, int, int]) -> dict:
             rec.update(status="problem", kind="blank", reason="blank: every pixel has the same colour")
     except BadImage as exc:
         rec.update(status="problem", kind=exc.kind, reason=exc.reason)
+    except RUN_ERRORS:
+        raise
     except Exception as exc:  # noqa: BLE001
         rec.update(status="problem", kind="error", reason=f"{type(exc).__name__}: {exc}")
     return rec
@@ -341,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     except OutputPathError as exc:  # also a full disk while writing (common.atomic_write.DiskFullError)
         print(f"error: {exc}")
         return 2
+    except ImportError as exc:  # a module that is not installed: one line, not a file's problem
+        return exit_codes.missing_dependency(exc)
     except KeyboardInterrupt:
         return exit_codes.interrupted()
 

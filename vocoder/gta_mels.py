@@ -18,6 +18,7 @@ import soundfile as sf
 
 from common.audio import AudioSettings
 from common.mel_files import FRAME_TOLERANCE, MEL_SETTINGS_FILE, read_mel_settings, settings_mismatch
+from common.workers import RUN_ERRORS
 
 WRITER_HINT = "write them with the acoustic model (e.g. tts/infer_clone.py --teacher_forced --output DIR)"
 
@@ -36,6 +37,8 @@ def header_frames(audio: Path, sample_rate: int, hop: int) -> int | None:
     prepare then skips the file with the reader's own reason)."""
     try:
         info = sf.info(str(audio))
+    except RUN_ERRORS:
+        raise
     except Exception:  # noqa: BLE001 - any unreadable header is that file's problem, reported later
         return None
     samples = info.frames if info.samplerate == sample_rate else round(info.frames * sample_rate / info.samplerate)

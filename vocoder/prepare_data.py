@@ -42,10 +42,10 @@ from pathlib import Path
 import numpy as np
 
 from common import exit_codes
-from common.atomic_write import DiskFullError, atomic_output, remove_stale_temp_folders, write_text
+from common.atomic_write import atomic_output, remove_stale_temp_folders, write_text
 from common.config import ConfigError, add_config_args, load_config
 from common.run_dir import check_output_dir, check_prepared_settings
-from common.workers import process_pool
+from common.workers import RUN_ERRORS, process_pool
 from vocoder.config import VocoderConfig
 from vocoder.gta_mels import MelDirError, check_mel_dir, load_gta_mel
 
@@ -173,6 +173,8 @@ def process_file(path: Path, item_dir: Path, settings: Settings, gta_mel: Path |
         wav = wav[: frames * settings.hop_size]
     try:
         f0, voiced = extract_f0(wav, sr, settings.hop_size, frames, settings.f0_min, settings.f0_max, settings.pe)
+    except RUN_ERRORS:
+        raise  # e.g. parselmouth not installed: no file's fault, the run stops with one line
     except Exception as e:  # noqa: BLE001 - an extractor failure is a per-file problem
         return {"ok": False, "reason": f"f0 extraction failed ({type(e).__name__}: {e})"}
 
@@ -219,8 +221,8 @@ def _job(args: tuple[str, str, Settings, str | None]) -> dict:
     path, item_dir, settings, gta_mel = args
     try:
         return process_file(Path(path), Path(item_dir), settings, Path(gta_mel) if gta_mel else None)
-    except DiskFullError:
-        raise  # not this file's fault: the whole run stops with one line
+    except RUN_ERRORS:
+        raise  # a full disk, a missing module: not this file's fault, the whole run stops with one line
     except Exception as e:  # noqa: BLE001 - report, never kill the whole run for one file
         return {"ok": False, "reason": f"unexpected error ({type(e).__name__}: {e})"}
 

@@ -125,6 +125,42 @@ def test_nothing_usable_is_an_error(tmp_path, capsys):
     assert "nothing usable" in capsys.readouterr().err
 
 
+
+@pytest.mark.parametrize("where, module, pip, workers", [
+    ("load_audio", "soxr", "pip install soxr", 1),
+    ("load_audio", "soxr", "pip install soxr", 2),  # raised in a worker process, re-raised by the pool
+    ("normalize", "parselmouth", "pip install praat-parselmouth", 1),  # inside check_item's own catch-all
+])
+def test_a_missing_module_stops_the_run_instead_of_dropping_every_line(tmp_path, monkeypatch, capsys, where,
+                                                                      module, pip, workers):
+    """A module that is not installed is no line's fault: one error naming it and what to install (exit 2),
+    not "nothing usable" with every line dropped as unreadable audio or unnormalisable text."""
+    import multiprocessing
+
+    import tts.prepare_data as prep
+
+    if workers > 1 and multiprocessing.get_start_method() != "fork":
+        pytest.skip("the monkeypatch reaches pool workers only when they are forked")
+
+    def missing(*args, **kwargs):
+        raise ModuleNotFoundError(f"No module named '{module}'")
+
+    monkeypatch.setattr(prep, where, missing)
+    audio = tmp_path / "audio"
+    audio.mkdir()
+    for i in range(5):
+        sf.write(audio / f"u{i}.wav", _speechlike(3.0, seed=i), SR, subtype="PCM_16")
+    meta = tmp_path / "metadata.csv"
+    meta.write_text("".join(f"u{i}|Bugun havo juda yaxshi, biz bogʻda sayr qildik.\n" for i in range(5)),
+                    encoding="utf-8")
+    rc = main(["--metadata", str(meta), "--audio_dir", str(audio), "--output_dir", str(tmp_path / "o"),
+               "--num_workers", str(workers)])
+    captured = capsys.readouterr()
+    assert rc == 2, captured.err
+    assert f"'{module}' is not installed" in captured.err and pip in captured.err
+    assert "nothing usable" not in captured.err + captured.out and "dropped" not in captured.out
+
+
 def test_common_voice_tsv(tmp_path):
     clips = tmp_path / "cv" / "clips"
     clips.mkdir(parents=True)

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import REPO, write_robustness_set
+from helpers import REPO, write_images, write_robustness_set
 from PIL import Image
 
 from vae.data import BadImage, ImageDataset, open_image_rgb
@@ -164,3 +164,24 @@ def test_a_flag_of_the_other_mode_is_refused(tmp_path, capsys):
                          "--output_file=r.json"]) == 2
     assert "error: --output_file goes with the other --mode, not --mode preprocess" in capsys.readouterr().out
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("mode", ["preprocess", "validate"])
+def test_a_missing_module_stops_the_run_instead_of_calling_every_image_bad(tmp_path, monkeypatch, capsys, mode):
+    """An image decoder whose module is not installed is no file's fault: one error naming the module and
+    what to install (exit 2), not every image skipped as an "error" (preprocess: "no usable image")."""
+    import vae.prepare_data as prep
+
+    def missing(*args, **kwargs):
+        raise ModuleNotFoundError("No module named 'PIL'")
+
+    monkeypatch.setattr(prep, "open_image_rgb", missing)
+    src = tmp_path / "src"
+    write_images(src, 5)
+    out = ["--output_dir", str(tmp_path / "o")] if mode == "preprocess" else ["--output_file", str(tmp_path / "r.json")]
+    rc = prepare_main(["--mode", mode, "--input_dir", str(src), *out, "--num_workers", "1",
+                       "--target_size", "32", "--min_size", "16"])
+    captured = capsys.readouterr()
+    assert rc == 2, captured
+    assert "'PIL' is not installed" in captured.err and "pip install pillow" in captured.err
+    assert "no usable image" not in captured.out and "with problems" not in captured.out

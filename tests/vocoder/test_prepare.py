@@ -4,6 +4,7 @@ reason, input untouched, resumable, f0 on the mel frame grid."""
 import hashlib
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -148,3 +149,53 @@ def test_f0_is_frame_aligned_with_mel(tmp_path):
     inner = np.where((centres > 0.1) & (centres < 0.9))[0][:-1]
     change = np.abs(np.diff(mel, axis=0)).sum(axis=1)[inner]
     assert abs(inner[np.argmax(change)] + 0.5 - switch) <= 4
+
+
+MISSING_PARSELMOUTH = "No module named 'parselmouth'"
+
+
+def _five_tones(folder):
+    folder.mkdir()
+    for i in range(5):
+        sf.write(folder / f"{i}.wav", voiced_tone(0.8, SR, seed=i), SR)
+    return folder
+
+
+def test_a_missing_module_stops_the_run_instead_of_calling_every_file_bad(tmp_path, monkeypatch, capsys):
+    """parselmouth not installed: the f0 extractor's ImportError is no file's fault. The run stops at the
+    first file with one line naming the module and what to install, not "no usable audio among 5 file(s)"."""
+    import common.audio
+
+    calls = []
+
+    def no_parselmouth(*args, **kwargs):
+        calls.append(1)
+        raise ModuleNotFoundError(MISSING_PARSELMOUTH)
+
+    monkeypatch.setattr(common.audio, "extract_f0", no_parselmouth)
+    d = _five_tones(tmp_path / "wavs")
+    rc = prepare_main(["--config", str(DEMO_YAML), "--input", str(d), "--output", str(tmp_path / "o"),
+                       "--num_workers", "0"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "parselmouth" in err and "pip install praat-parselmouth" in err and "requirements.txt" in err
+    assert "no usable audio" not in err and "corrupt" not in err
+    assert len(calls) == 1  # stopped at once, not tried on every file
+
+
+def test_a_module_missing_in_a_worker_process_stops_the_run_too(tmp_path, monkeypatch, capsys):
+    """The same with spawned workers, where the import really fails: a `parselmouth` that cannot be
+    imported shadows the real one on sys.path (which spawned workers inherit); the pool re-raises the
+    worker's ModuleNotFoundError in the main process, which reports it as above."""
+    fake = tmp_path / "fake_site"
+    fake.mkdir()
+    (fake / "parselmouth.py").write_text(f"raise ModuleNotFoundError({MISSING_PARSELMOUTH!r}, name='parselmouth')\n")
+    monkeypatch.syspath_prepend(str(fake))
+    monkeypatch.delitem(sys.modules, "parselmouth", raising=False)
+    d = _five_tones(tmp_path / "wavs")
+    rc = prepare_main(["--config", str(DEMO_YAML), "--input", str(d), "--output", str(tmp_path / "o"),
+                       "--num_workers", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "'parselmouth' is not installed" in err and "pip install praat-parselmouth" in err
+    assert "no usable audio" not in err
