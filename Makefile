@@ -12,7 +12,7 @@ export PYTHONUNBUFFERED := 1
 # again (~3-8 s of CPU each).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup test lint demo bench bench-learning check clean-demo gpu-check
+.PHONY: setup test lint demo bench bench-learning check clean-demo gpu-check gpu-wheels
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -45,9 +45,15 @@ check: setup
 bench: setup
 	$(PY) -m bench.run_all
 
-# Everything about CUDA in one run on a GPU (<= 25 min): README "Validating on a GPU", bench/README.md.
-gpu-check: setup
-	$(PY) -m bench.gpu_check --out runs/gpu_check
+# Everything about CUDA in one run on a GPU (8 min by default): README "Validating on a GPU", bench/README.md.
+# Uses a CUDA torch (>= 2.11) already installed, else makes .venv; installs only what that one lacks
+# (from .whl/ with no network when `make gpu-wheels` put the wheels there). ARGS go to bench.gpu_check.
+gpu-check:
+	bash shell/gpu_check.sh $(ARGS)
+
+# The wheels gpu-check needs beyond a CUDA PyTorch image, for a machine with no network (PYVER=3.12).
+gpu-wheels:
+	bash shell/gpu_wheels.sh $(or $(PYVER),3.12)
 
 # Per-step learning of each trainer, two settings side by side (TRAINER=vocoder|vits|vae, ARGS=...).
 bench-learning: setup

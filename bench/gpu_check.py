@@ -1,37 +1,44 @@
 """`make gpu-check`: everything this repository claims about CUDA, checked in one run on one GPU.
 
-    python -m bench.gpu_check --out runs/gpu_check [--budget-minutes 25]
+    shell/gpu_check.sh [args]                     # = make gpu-check: finds a CUDA torch, installs what is missing
+    python -m bench.gpu_check [--out DIR] [--budget-minutes 8] [--compile-minutes 2.5] [--sections a,b]
     python -m bench.gpu_check --out /tmp/gc --dry-run        # the same run on the CPU, tiny sizes
 
-Six sections, each with its own share of the time budget: 1 environment, 2 `pytest -m cuda`
-(tests/cuda), 3 step tables per trainer (base and RTX 5090 configs, each speed key alone, fraction of
-the card's peak FLOP/s), 4 batch size (the finder, 20 steps at its pick, a forced OOM through the
-trainer's own exit path: exit code 4 and the advice), 5 inference speed (vocoder, VITS, tiled VAE
-reconstruction at 2048 px), 6 the VAE's `--profile_memory` table. A section that runs past its budget
-stops between measurements and says what it skipped; an exception is written to errors.log and the
-next section runs. Out: report.md, report.json, gpu_check.log (everything the trainers printed),
-pytest_cuda.log, errors.log (only when something failed): at most 8 files.
+Six sections, most valuable first, each with its share of what is left of the budget when it starts:
+1 environment, 2 step tables per trainer (shipped and plain configs for all trainers, then each speed key
+alone, then compiled rows; fraction of the card's peak FLOP/s), 3 batch size (the finder, steps at its
+pick, a forced OOM through the trainer's own exit path: exit code 4 and the advice), 4 inference speed
+(vocoder, VITS, tiled VAE reconstruction at 2048 px), 5 the VAE's `--profile_memory` table, 6 `pytest -m
+cuda` (tests/cuda). A section stops between measurements when its budget is spent and says what it
+skipped; a compiled measurement starts only when the time it needs is left (--compile-minutes caps them
+all); an exception is written to errors.log and the next section runs. report.md and report.json are
+rewritten after every measurement and on SIGINT / SIGTERM (exit 130), so a run stopped at a command's
+time limit still brings back what it measured. Out: report.md, report.json, gpu_check.log (everything the
+trainers printed), pytest_cuda.log, errors.log (only when something failed): at most 8 files.
 
 `--dry-run` runs every section on the CPU at the tests' tiny sizes through the same code (the trainers'
 own steps, loaders, finder, exit path), marks what a CPU cannot measure as "n/a on CPU" with the reason,
 and simulates the OOM by raising torch.cuda.OutOfMemoryError from the trainer's step.
 tests/bench/test_gpu_check.py runs it in `make test`, so the harness cannot rot while no GPU is lent.
 
-Files: this one (the run, the report, sections 1, 2, 6), gpu_check_training.py (3, 4),
-gpu_check_inference.py (5), gpu_check_base.py (budgets, the run's state), gpu_trainers.py (the four
-trainers: configs, tiny sizes, synthetic data, their real step and loader), peak_flops.py.
+Files: this one (the run, the report, sections 1, 5, 6), gpu_check_training.py (2, 3),
+gpu_check_inference.py (4), gpu_check_base.py (budgets, the run's state), gpu_trainers.py (the four
+trainers: configs, tiny sizes, synthetic data, their real step and loader), peak_flops.py; shell/gpu_check.sh
+(the interpreter and the offline wheels), bench/gpu_wheels.txt.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import io
 import json
 import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,15 +49,19 @@ from pathlib import Path
 
 import torch
 
-from bench.gpu_check_base import Check, OverBudget, Section
+from bench.gpu_check_base import Check, OverBudget, Section, Stopped
 from bench.gpu_check_inference import section_inference
 from bench.gpu_check_training import section_batch_size, section_step_tables
 from bench.gpu_trainers import TRAINERS
 
 REPO = Path(__file__).resolve().parents[1]
-# minutes of the default 25 per section (scaled to --budget-minutes)
-BUDGET_MINUTES = {"environment": 1.0, "pytest_cuda": 6.0, "step_tables": 8.0, "batch_size": 4.0,
-                  "inference": 3.0, "profile_memory": 3.0}
+# The default fits one command on the lent GPU machine (10 min a command, 15 min a session, its start
+# included): 8 min of checks, of which at most 2.5 compiling. A section's budget is its share below of what
+# is left of the run when it starts.
+DEFAULT_BUDGET_MINUTES = 8.0
+DEFAULT_COMPILE_MINUTES = 2.5
+BUDGET_SHARES = {"environment": 0.25, "step_tables": 3.25, "batch_size": 1.5, "inference": 1.0,
+                 "profile_memory": 0.5, "pytest_cuda": 1.5}
 MAX_FILES = 8
 
 
@@ -96,6 +107,8 @@ PYTEST_COUNTS = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfa
 def section_pytest(chk: Check, sec: Section) -> None:
     """The CUDA-only tests (tests/cuda, marker `cuda`) in a child process, killed at the budget."""
     cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "tests/cuda", "-rs"]  # pyproject adds -q
+    if chk.device.type == "cuda" and importlib.util.find_spec("xdist"):  # tiny trainings: 4 at once share the card
+        cmd += ["-n", "4"]
     log = chk.out / "pytest_cuda.log"
     env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=os.environ.get("CUBLAS_WORKSPACE_CONFIG", ":4096:8"))
     try:
@@ -153,75 +166,122 @@ def section_profile_memory(chk: Check, sec: Section) -> None:
 
 SECTIONS: dict[str, tuple[str, Callable[[Check, Section], None]]] = {
     "environment": ("1. Environment", section_environment),
-    "pytest_cuda": ("2. pytest -m cuda", section_pytest),
-    "step_tables": ("3. Training step tables", section_step_tables),
-    "batch_size": ("4. Batch size: finder, 20 steps, forced OOM", section_batch_size),
-    "inference": ("5. Inference speed", section_inference),
-    "profile_memory": ("6. VAE --profile_memory", section_profile_memory),
+    "step_tables": ("2. Training step tables", section_step_tables),
+    "batch_size": ("3. Batch size: finder, steps at its pick, forced OOM", section_batch_size),
+    "inference": ("4. Inference speed", section_inference),
+    "profile_memory": ("5. VAE --profile_memory", section_profile_memory),
+    "pytest_cuda": ("6. pytest -m cuda", section_pytest),
 }
 
 
 # ---------------------------------------------------------------------------------------- the run
-def run(out: Path, dry: bool, budget_minutes: float, only: list[str] | None = None) -> dict:
+def _on_signal(signum, _frame) -> None:
+    raise Stopped(signal.Signals(signum).name)
+
+
+def run(out: Path, dry: bool, budget_minutes: float, only: list[str] | None = None,
+        compile_minutes: float = DEFAULT_COMPILE_MINUTES) -> dict:
+    """Runs the sections in order; report.md / report.json are rewritten after every measurement, every
+    section and on SIGINT / SIGTERM, so a run stopped at any point brings back what it measured."""
     out.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available() and not dry
     device = torch.device("cuda" if cuda else "cpu")
     if dry:
         torch.set_num_threads(1)  # tiny shapes gain nothing from more, and a shared CPU stalls OpenMP
-    scale = budget_minutes / sum(BUDGET_MINUTES.values())
     started, t_all = time.strftime("%Y-%m-%d %H:%M:%S %Z"), time.monotonic()
     end_all = t_all + 60 * budget_minutes
-    sections: list[Section] = []
+    todo = [k for k in SECTIONS if not only or k in only]
+    sections = [Section(key, title, 0.0) for key, (title, _) in SECTIONS.items()]
+    report = {"version": 2, "dry_run": dry, "device": "CPU" if not cuda else torch.cuda.get_device_name(0),
+              "started": started, "total_s": 0.0, "budget_s": 60 * budget_minutes, "command": " ".join(sys.argv),
+              "finished": False, "sections": {}}
+    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp, open(out / "gpu_check.log", "w") as log:
-        chk = Check(out, dry, device, Path(tmp))
-        for key, (title, fn) in SECTIONS.items():
-            sec = Section(key, title, 60 * BUDGET_MINUTES[key] * scale)
-            sections.append(sec)
-            if only and key not in only:
-                sec.status, sec.notes = "skipped", ["not selected (--sections)"]
-                continue
-            if time.monotonic() > end_all:
-                sec.status, sec.notes = "skipped", [f"skipped: the run's {budget_minutes:g} min budget is used up"]
-                continue
-            print(f"[gpu_check] {title} (budget {sec.budget_s:.0f} s)", flush=True)
-            t0 = time.monotonic()
-            sec.deadline = min(t0 + sec.budget_s, end_all)
-            log.write(f"\n===== {title} =====\n")
-            log.flush()
-            try:
-                with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-                    fn(chk, sec)
-            except OverBudget as e:
-                sec.partial(str(e))
-            except Exception:
-                sec.status = "failed"
-                sec.notes.append(chk.error(f"section {key}"))
-            sec.seconds = time.monotonic() - t0
-            print(f"[gpu_check]   {sec.status} in {sec.seconds:.1f} s" + (f": {sec.notes[0]}" if sec.notes else ""),
-                  flush=True)
-    if chk.errors:
-        (out / "errors.log").write_text("\n\n".join(chk.errors))
-    report = {"version": 1, "dry_run": dry, "device": "CPU" if not cuda else torch.cuda.get_device_name(0),
-              "started": started, "total_s": time.monotonic() - t_all, "budget_s": 60 * budget_minutes,
-              "command": " ".join(sys.argv), "sections": {s.name: _section_json(s) for s in sections}}
-    (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
-    (out / "report.md").write_text(render_markdown(report, sections))
+        chk = Check(out, dry, device, Path(tmp), compile_left_s=60 * compile_minutes)
+        chk.progress = lambda: _write(out, report, sections, chk, t_all)
+        try:
+            for sec in sections:
+                _run_section(chk, sec, todo, end_all, budget_minutes, log)
+            report["finished"] = True
+        except Stopped as e:
+            for sec in sections:
+                if sec.started and not sec.seconds:  # the section in progress
+                    sec.status, sec.seconds = "stopped", time.monotonic() - sec.started
+                    sec.notes.append(f"stopped by {e} part-way: what it measured is kept")
+                elif sec.status == "waiting":
+                    sec.status, sec.notes = "skipped", [f"skipped: the run was stopped by {e}"]
+            report["stopped_by"] = str(e)
+            print(f"[gpu_check] stopped by {e}: writing what was measured", flush=True)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            _write(out, report, sections, chk, t_all)
     files = sorted(p.name for p in out.iterdir())
     assert len(files) <= MAX_FILES, f"gpu_check wrote {len(files)} files into {out}, more than {MAX_FILES}: {files}"
     return report
 
 
+def _run_section(chk: Check, sec: Section, todo: list[str], end_all: float, budget_minutes: float, log) -> None:
+    """One section, with its share of what is left of the run (a section that finishes early leaves its
+    time to the ones after it)."""
+    if sec.name not in todo:
+        sec.status, sec.notes = "skipped", ["not selected (--sections)"]
+        return
+    left = end_all - time.monotonic()
+    if left <= 0:
+        sec.status, sec.notes = "skipped", [f"skipped: the run's {budget_minutes:g} min budget is used up"]
+        return
+    later = [k for k in todo[todo.index(sec.name):]]
+    sec.budget_s = left * BUDGET_SHARES[sec.name] / sum(BUDGET_SHARES[k] for k in later)
+    title, fn = SECTIONS[sec.name]
+    print(f"[gpu_check] {title} (budget {sec.budget_s:.0f} s)", flush=True)
+    sec.status, sec.started = "running", time.monotonic()
+    sec.deadline = min(sec.started + sec.budget_s, end_all)
+    log.write(f"\n===== {title} =====\n")
+    log.flush()
+    try:
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            fn(chk, sec)
+        sec.status = "ok" if sec.status == "running" else sec.status
+    except OverBudget as e:
+        sec.partial(str(e))
+    except Exception:
+        sec.status = "failed"
+        sec.notes.append(chk.error(f"section {sec.name}"))
+    sec.seconds = time.monotonic() - sec.started
+    print(f"[gpu_check]   {sec.status} in {sec.seconds:.1f} s" + (f": {sec.notes[0]}" if sec.notes else ""), flush=True)
+    chk.progress()
+
+
+def _write(out: Path, report: dict, sections: list[Section], chk: Check, t_all: float) -> None:
+    """report.json and report.md as they stand (each written whole to a temporary name, then renamed)."""
+    report["total_s"] = time.monotonic() - t_all
+    report["sections"] = {s.name: _section_json(s) for s in sections}
+    if chk.errors:
+        _replace(out / "errors.log", "\n\n".join(chk.errors))
+    _replace(out / "report.json", json.dumps(report, indent=1, default=str))
+    _replace(out / "report.md", render_markdown(report, sections))
+
+
+def _replace(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def _section_json(s: Section) -> dict:
     d = asdict(s)
-    d.pop("markdown")
-    d.pop("deadline")
+    for k in ("markdown", "deadline", "started"):
+        d.pop(k)
     return d
 
 
 def render_markdown(report: dict, sections: list[Section]) -> str:
+    state = ("finished" if report["finished"] else f"STOPPED by {report['stopped_by']}" if "stopped_by" in report
+             else "still running when this was written")
     lines = [f"# gpu_check report{' (DRY RUN on the CPU: tiny sizes)' if report['dry_run'] else ''}", "",
              f"{report['device']}, started {report['started']}, {report['total_s']:.0f} s of a "
-             f"{report['budget_s'] / 60:g} min budget. `{report['command']}`", "",
+             f"{report['budget_s'] / 60:g} min budget, {state}. `{report['command']}`", "",
              "| section | status | seconds | budget s | notes |", "|---|---|---|---|---|"]
     for s in sections:
         lines.append(f"| {s.title} | {s.status} | {s.seconds:.0f} | {s.budget_s:.0f} | {'; '.join(s.notes)[:300]} |")
@@ -233,9 +293,14 @@ def render_markdown(report: dict, sections: list[Section]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, help="folder for report.md, report.json and the logs (at most 8 files)")
+    p.add_argument("--out", default=default_out(), help="folder for report.md, report.json and the logs (at most 8 "
+                   "files); default $OUT/gpu_check where OUT is set (the lent GPU machine), else runs/gpu_check")
     p.add_argument("--dry-run", action="store_true", help="every section on the CPU at tiny sizes")
-    p.add_argument("--budget-minutes", type=float, default=25.0, help="the whole run's time; sections get shares")
+    p.add_argument("--budget-minutes", type=float, default=DEFAULT_BUDGET_MINUTES,
+                   help="the whole run's time; each section gets its share of what is left when it starts")
+    p.add_argument("--compile-minutes", type=float, default=DEFAULT_COMPILE_MINUTES,
+                   help="of that, the most spent on torch.compile'd measurements (each skipped, with a note, "
+                        "when less is left than a compile needs)")
     p.add_argument("--sections", default="", help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)")
     args = p.parse_args(argv)
     only = [s for s in args.sections.split(",") if s] or None
@@ -243,13 +308,26 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:  # a typo would skip every section and pass
         p.error(f"--sections: unknown {', '.join(unknown)}; choose from {','.join(SECTIONS)}")
     if not args.dry_run and not torch.cuda.is_available():
-        print("no CUDA GPU here: `python -m bench.gpu_check --dry-run --out DIR` runs the same sections on the CPU",
-              file=sys.stderr)
+        why = ("no CUDA GPU here (torch " + torch.__version__ + ", CUDA build " + str(torch.version.cuda) + "): "
+               "`python -m bench.gpu_check --dry-run` runs the same sections on the CPU")
+        run(Path(args.out), False, args.budget_minutes, ["environment"], 0.0)  # the report says what it found
+        report_md = Path(args.out) / "report.md"
+        report_md.write_text(f"# gpu_check: NOT RUN\n\n{why}\n\n" + report_md.read_text(encoding="utf-8"), encoding="utf-8")
+        print(f"error: {why}", file=sys.stderr)
         return 2
-    report = run(Path(args.out), args.dry_run, args.budget_minutes, only)
+    for flag, v in (("--budget-minutes", args.budget_minutes), ("--compile-minutes", args.compile_minutes)):
+        if not v >= 0:
+            p.error(f"{flag} must be a number of minutes >= 0, got {v}")
+    report = run(Path(args.out), args.dry_run, args.budget_minutes, only, args.compile_minutes)
     bad = [k for k, s in report["sections"].items() if s["status"] == "failed"]
     print(f"[gpu_check] wrote {args.out}/report.md and report.json" + (f"; failed: {', '.join(bad)}" if bad else ""))
+    if "stopped_by" in report:
+        return 130
     return 1 if bad else 0
+
+
+def default_out() -> str:
+    return str(Path(os.environ["OUT"]) / "gpu_check") if os.environ.get("OUT") else "runs/gpu_check"
 
 
 if __name__ == "__main__":

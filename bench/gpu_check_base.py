@@ -8,6 +8,7 @@ import re
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +28,17 @@ class OverBudget(Exception):
     """A section's time is used up: what remains of it is skipped (with a note)."""
 
 
+class Stopped(BaseException):
+    """SIGINT / SIGTERM (a command limit, Ctrl-C): not an `Exception`, so no row's handler swallows it; the
+    run writes its report with what it measured and ends."""
+
+
+# A first-time torch.compile can take minutes and cannot be stopped part-way: a compiled measurement is
+# started only when this much time is left, in its section and in the run's compile allowance (the estimate
+# grows to the slowest compile seen).
+COMPILE_NEED_S = 60.0
+
+
 @dataclass
 class Section:
     """One section's result as the report shows it, and its deadline."""
@@ -34,20 +46,25 @@ class Section:
     name: str
     title: str
     budget_s: float
-    status: str = "ok"  # ok | partial (some parts skipped or failed) | skipped | failed
+    # waiting | running | ok | partial (some parts skipped or failed) | skipped | failed | stopped (by a signal)
+    status: str = "waiting"
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     data: dict = field(default_factory=dict)
     markdown: list[str] = field(default_factory=list)
     deadline: float = 0.0
+    started: float = 0.0
 
     def check_time(self, what: str) -> None:
         if time.monotonic() > self.deadline:
             raise OverBudget(f"{what}: skipped, the section's {self.budget_s:.0f} s budget is used up")
 
+    def left_s(self) -> float:
+        return self.deadline - time.monotonic()
+
     def partial(self, note: str) -> None:
         self.notes.append(note)
-        if self.status == "ok":
+        if self.status in ("ok", "running"):
             self.status = "partial"
 
 
@@ -60,7 +77,25 @@ class Check:
     device: torch.device
     tmp: Path
     errors: list[str] = field(default_factory=list)
+    compile_left_s: float = 0.0  # what is left of the run's allowance for compiled measurements
+    compile_need_s: float = COMPILE_NEED_S
+    progress: Callable[[], None] = lambda: None  # rewrites report.md / report.json (after every measurement)
     _data: dict = field(default_factory=dict)
+
+    def compile_skip(self, sec: Section, what: str) -> str | None:
+        """Why a compiled measurement is not started now (None: start it), so that one compile cannot run
+        past the section's budget or eat the time of the sections after it."""
+        left = min(sec.left_s(), self.compile_left_s)
+        if left >= self.compile_need_s:
+            return None
+        which = "section's time" if sec.left_s() < self.compile_left_s else "run's compile allowance"
+        return (f"{what}: skipped, a compile needs ~{self.compile_need_s:.0f} s and {max(left, 0):.0f} s of the "
+                f"{which} is left (--compile-minutes)")
+
+    def compiled(self, seconds: float) -> None:
+        """Books a compiled measurement's time (compile included) against the allowance."""
+        self.compile_left_s -= seconds
+        self.compile_need_s = max(self.compile_need_s, seconds)
 
     def data(self, spec: TrainerSpec) -> Path:
         if spec.name not in self._data:

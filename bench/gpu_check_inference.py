@@ -3,6 +3,7 @@ and the VAE's tiled reconstruction of a 2048² image. bench/gpu_check.py runs it
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,20 +24,25 @@ def _onnx_session(path: Path, cuda: bool):
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]), f"CPU EP ({why})"
 
 
-def _inference_row(chk: Check, what: str, audio_s: float, eager: Callable, compiled: Callable | None,
-                   onnx: Callable[[], tuple[Callable, str]], repeats: int) -> dict:
+def _inference_row(chk: Check, sec: Section, what: str, audio_s: float, eager: Callable,
+                   compiled: Callable | None, onnx: Callable[[], tuple[Callable, str]], repeats: int) -> dict:
     row: dict = {"what": what, "audio_s": audio_s}
     row["eager_s"] = seconds_per_step(eager, repeats, chk.device)
     if compiled is None:
         row["compiled_s"] = NA_CPU["torch.compile"]
+    elif why := chk.compile_skip(sec, f"compiled {what}"):
+        row["compiled_s"] = why
+        sec.partial(why)
     else:
+        t0 = time.monotonic()
         row["compiled_s"] = seconds_per_step(compiled, repeats, chk.device, warmup=2)
+        chk.compiled(time.monotonic() - t0)
     run_onnx, row["onnx_provider"] = onnx()
     row["onnx_s"] = seconds_per_step(run_onnx, repeats, torch.device("cpu"))
     return row
 
 
-def vocoder_inference(chk: Check, repeats: int) -> dict:
+def vocoder_inference(chk: Check, sec: Section, repeats: int) -> dict:
     from vocoder.export import export_info, export_onnx
     from vocoder.infer import VocoderInference
     from vocoder.train import build_generator
@@ -63,11 +69,11 @@ def vocoder_inference(chk: Check, repeats: int) -> dict:
         feeds = {"mel": mel.transpose(1, 2).cpu().numpy(), "f0": f0.cpu().numpy()}
         return (lambda: sess.run(None, feeds)), provider
 
-    return _inference_row(chk, f"vocoder base_hifi_gpu generator, {seconds} s of audio", seconds,
+    return _inference_row(chk, sec, f"vocoder base_hifi_gpu generator, {seconds} s of audio", seconds,
                           lambda: voc(mel, f0), compiled, onnx, repeats)
 
 
-def vits_inference(chk: Check, preset: str, repeats: int) -> dict:
+def vits_inference(chk: Check, sec: Section, preset: str, repeats: int) -> dict:
     from bench.bench_tts import SENTENCE, _models
     from tts.vits.export_onnx import export, run_onnx
     from tts.vits.synthesize import text_to_input
@@ -101,7 +107,7 @@ def vits_inference(chk: Check, preset: str, repeats: int) -> dict:
         sess, provider = _onnx_session(path, chk.device.type == "cuda")
         return (lambda: run_onnx(sess, x.cpu(), (0.667, 4.0, 0.0))), provider
 
-    return _inference_row(chk, f"VITS {preset} (random weights, 4 frames/token)", audio_s, eager, compiled, onnx,
+    return _inference_row(chk, sec, f"VITS {preset} (random weights, 4 frames/token)", audio_s, eager, compiled, onnx,
                           repeats)
 
 
@@ -127,13 +133,14 @@ def vae_tiled(chk: Check, side: int) -> dict:
 def section_inference(chk: Check, sec: Section) -> None:
     repeats = 2 if chk.dry else 10
     rows = sec.data.setdefault("rows", [])
-    jobs: list[tuple[str, Callable[[], dict]]] = [("vocoder", lambda: vocoder_inference(chk, repeats))]
+    jobs: list[tuple[str, Callable[[], dict]]] = [("vocoder", lambda: vocoder_inference(chk, sec, repeats))]
     for preset in (["tiny"] if chk.dry else ["tiny", "medium", "vits_base"]):
-        jobs.append((f"vits {preset}", lambda p=preset: vits_inference(chk, p, repeats)))
+        jobs.append((f"vits {preset}", lambda p=preset: vits_inference(chk, sec, p, repeats)))
     for label, job in jobs:
         try:
             sec.check_time(label)
             rows.append(job())
+            chk.progress()
         except OverBudget as e:
             sec.partial(str(e))
         except Exception:

@@ -13,7 +13,7 @@ import torch
 
 from bench import gpu_trainers
 from bench.gpu_check_base import NA_CPU, Check, OverBudget, Section, fmt
-from bench.gpu_trainers import TRAINERS, TrainerSpec, build, tile_batch
+from bench.gpu_trainers import RANDOM_BACKBONE_NOTE, TRAINERS, TrainerSpec, build, tile_batch
 from bench.peak_flops import count_flops, math_mode, peak_tflops
 from bench.timing import seconds_per_step
 
@@ -80,53 +80,84 @@ def step_rows(spec: TrainerSpec, cuda: bool) -> list[tuple[str, str, list[str] |
     return rows
 
 
+def _tier(label: str) -> int:
+    """Which pass measures a row: the configs as shipped and plain first (every trainer's headline
+    figures), then each speed key alone, compiled rows last (the slowest to start)."""
+    return 2 if "compile" in label else 0 if not label.startswith("plain + ") else 1
+
+
 def section_step_tables(chk: Check, sec: Section) -> None:
-    steps, warmup = (1, 1) if chk.dry else (20, 3)
+    steps, warmup = (1, 1) if chk.dry else (12, 3)
     sec.markdown += [f"{steps} timed steps after {warmup} untimed (the first counts FLOPs) per row; synthetic data "
-                     f"through each trainer's own DataLoader; × plain = plain step time / row step time. "
+                     f"through each trainer's own DataLoader; × plain = plain step time / row step time. Rows run "
+                     f"in three passes over the trainers: shipped configs and plain, each speed key alone, compiled. "
                      + ("DRY RUN: the tests' tiny sizes on the CPU; the times say nothing about a GPU." if chk.dry
                         else "Real config sizes."), ""]
-    for name, spec in TRAINERS.items():
-        table: dict[str, dict] = {}
-        sec.data[name] = table
-        flops_by_config: dict[str, int] = {}
-        for label, which, change in step_rows(spec, chk.device.type == "cuda"):
-            if isinstance(change, str):
-                table[label] = {"skipped": change}
-                continue
-            try:
-                sec.check_time(f"{name} / {label}")
-                key = which if label.endswith("(as shipped)") else "plain"
-                row = measure_steps(chk, spec, which, change, steps, warmup, count=not flops_by_config.get(key))
-                chk.reset_memory()  # the trainer is gone with measure_steps' frame
-                if row["flops_per_step"]:
-                    flops_by_config[key] = row["flops_per_step"]
-                _flop_columns(chk, row, row["flops_per_step"] or flops_by_config.get(key))
-                table[label] = row
-            except OverBudget as e:
-                table[label] = {"skipped": str(e)}
-                sec.partial(str(e))
-            except Exception:
-                table[label] = {"skipped": "failed: " + chk.error(f"step table {name} / {label}")}
-                sec.partial(table[label]["skipped"])
-            print(f"[step_tables] {name} / {label}: {table[label]}", flush=True)
-        plain = table.get("plain: base with every speed key off", {}).get("step_s")
-        sec.markdown += [f"### {name}", "", "| row | batch | precision | step s | samples/s | × plain | data wait "
-                         "| peak GiB | GFLOP/step | TFLOP/s | % of peak |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-        notes = set()
-        for label, r in table.items():
-            if "skipped" in r:
-                sec.markdown.append(f"| {label} | {r['skipped']} |||||||||| ")
-                continue
-            ratio = f"{plain / r['step_s']:.2f}" if plain else "-"
-            frac = r.get("fraction_of_peak")
-            gflop = r.get("achieved_tflops", 0) * r["step_s"] * 1e3 if r.get("achieved_tflops") else None
-            sec.markdown.append(
-                f"| {label} | {r['batch']} | {r['precision']} | {r['step_s']:.4f} | {r['samples_per_s']:.2f} | {ratio} "
-                f"| {100 * r['data_wait']:.1f} % | {fmt(r['peak_gib'], '.2f')} | {fmt(gflop, '.2f')} "
-                f"| {fmt(r.get('achieved_tflops'), '.4f')} | {'-' if frac is None else f'{100 * frac:.1f} %'} |")
-            notes.add(r.get("peak_note", ""))
-        sec.markdown += ["", *[f"- peak used: {n}" for n in sorted(notes) if n], ""]
+    plan = {name: step_rows(spec, chk.device.type == "cuda") for name, spec in TRAINERS.items()}
+    tables: dict[str, dict[str, dict]] = {name: {label: {"skipped": "not reached"} for label, _, _ in rows}
+                                          for name, rows in plan.items()}
+    sec.data.update(tables)
+    flops: dict[tuple[str, str], int] = {}
+    head = len(sec.markdown)
+    for tier in range(3):
+        for name, spec in TRAINERS.items():
+            for label, which, change in plan[name]:
+                if _tier(label) != tier:
+                    continue
+                tables[name][label] = _measure_row(chk, sec, spec, label, which, change, steps, warmup, flops)
+                print(f"[step_tables] {name} / {label}: {tables[name][label]}", flush=True)
+                sec.markdown[head:] = [ln for n, t in tables.items() for ln in _table_markdown(n, t)]
+                chk.progress()
+
+
+def _measure_row(chk: Check, sec: Section, spec: TrainerSpec, label: str, which: str, change: list[str] | str,
+                 steps: int, warmup: int, flops: dict[tuple[str, str], int]) -> dict:
+    if isinstance(change, str):
+        return {"skipped": change}
+    compiled = "compile" in label
+    try:
+        sec.check_time(f"{spec.name} / {label}")
+        why = chk.compile_skip(sec, f"{spec.name} / {label}") if compiled and chk.device.type == "cuda" else None
+        if why:
+            sec.partial(why)
+            return {"skipped": why}
+        key = (spec.name, which if label.endswith("(as shipped)") else "plain")
+        t0 = time.monotonic()
+        row = measure_steps(chk, spec, which, change, steps, warmup, count=key not in flops)
+        if compiled:
+            chk.compiled(time.monotonic() - t0)
+        chk.reset_memory()  # the trainer is gone with measure_steps' frame
+        if row["flops_per_step"]:
+            flops[key] = row["flops_per_step"]
+        _flop_columns(chk, row, row["flops_per_step"] or flops.get(key))
+        return row
+    except OverBudget as e:
+        sec.partial(str(e))
+        return {"skipped": str(e)}
+    except Exception:
+        row = {"skipped": "failed: " + chk.error(f"step table {spec.name} / {label}")}
+        sec.partial(row["skipped"])
+        return row
+
+
+def _table_markdown(name: str, table: dict[str, dict]) -> list[str]:
+    plain = table.get("plain: base with every speed key off", {}).get("step_s")
+    lines = [f"### {name}", "", "| row | batch | precision | step s | samples/s | × plain | data wait "
+             "| peak GiB | GFLOP/step | TFLOP/s | % of peak |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    notes = set()
+    for label, r in table.items():
+        if "skipped" in r:
+            lines.append(f"| {label} | {r['skipped']} |||||||||| ")
+            continue
+        ratio = f"{plain / r['step_s']:.2f}" if plain else "-"
+        frac = r.get("fraction_of_peak")
+        gflop = r.get("achieved_tflops", 0) * r["step_s"] * 1e3 if r.get("achieved_tflops") else None
+        lines.append(
+            f"| {label} | {r['batch']} | {r['precision']} | {r['step_s']:.4f} | {r['samples_per_s']:.2f} | {ratio} "
+            f"| {100 * r['data_wait']:.1f} % | {fmt(r['peak_gib'], '.2f')} | {fmt(gflop, '.2f')} "
+            f"| {fmt(r.get('achieved_tflops'), '.4f')} | {'-' if frac is None else f'{100 * frac:.1f} %'} |")
+        notes.add(r.get("peak_note", ""))
+    return [*lines, "", *[f"- peak used: {n}" for n in sorted(notes) if n], ""]
 
 
 # ---------------------------------------------------------------------------------------- 4 batch size
@@ -171,15 +202,19 @@ def forced_oom(chk: Check, spec: TrainerSpec) -> dict:
 
     err = io.StringIO()
     chk.reset_memory()
+    out = io.StringIO()
     try:
-        with mock.patch.object(spec.step_class(), "train_step", step), contextlib.redirect_stderr(err):
+        with (mock.patch.object(spec.step_class(), "train_step", step), spec.cli_context(),
+              contextlib.redirect_stderr(err), contextlib.redirect_stdout(out)):
             rc = main(argv)
     finally:
         if chk.device.type == "cuda":
             torch.cuda.set_per_process_memory_fraction(1.0, chk.device)
         chk.reset_memory()
     text = err.getvalue()
-    print(text, flush=True)
+    print(out.getvalue(), text, flush=True)
+    if RANDOM_BACKBONE_NOTE in out.getvalue():
+        how += f"; {RANDOM_BACKBONE_NOTE}"
     ok = rc == 4 and "out of memory" in text.lower() and OOM_ADVICE in text
     return {"how": how, "exit_code": rc, "advice_printed": OOM_ADVICE in text, "ok": ok,
             "message": next((ln for ln in text.splitlines() if ln.startswith("error:")), text.strip()[:200])}
@@ -215,7 +250,7 @@ def finder_and_steps(chk: Check, sec: Section, spec: TrainerSpec, steps: int) ->
 
 
 def section_batch_size(chk: Check, sec: Section) -> None:
-    steps = 2 if chk.dry else 20
+    steps = 2 if chk.dry else 10
     sec.markdown += ["| trainer | finder says | picked | steps at it | step s | peak GiB | forced OOM | exit code |",
                      "|---|---|---|---|---|---|---|---|"]
     for name, spec in TRAINERS.items():
@@ -243,6 +278,7 @@ def section_batch_size(chk: Check, sec: Section) -> None:
         except Exception:
             res["oom"] = {"skipped": "failed: " + chk.error(f"forced OOM {name}")}
             sec.partial(res["oom"]["skipped"])
+        chk.progress()
         oom = res["oom"]
         sec.markdown.append(
             f"| {name} | {res.get('finder', res.get('skipped', ''))} | {res.get('picked', '-')} | {res.get('steps', '-')} "

@@ -16,6 +16,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from unittest import mock
 
 import torch
 import yaml
@@ -69,6 +70,10 @@ class TrainerSpec:
     def step_class(self) -> type:
         """The class whose `train_step` the dry run's forced OOM patches."""
         raise NotImplementedError
+
+    def cli_context(self) -> contextlib.AbstractContextManager:
+        """What the trainer's CLI run needs on a machine with nothing cached (the lent GPU machine)."""
+        return contextlib.nullcontext()
 
 
 def _sets(overrides: list[str]) -> list[str]:
@@ -248,6 +253,22 @@ VAE_TINY_KEYS = ("channels", "z_channels", "layers_per_block", "norm_num_groups"
                  "disc_channels", "disc_layers", "perceptual_weight", "num_workers", "persistent_workers", "pin_memory")
 
 
+RANDOM_BACKBONE_NOTE = ("LPIPS with a random-weight VGG16 (the ImageNet backbone is not in the torchvision cache): "
+                        "the same compute and memory as the real one")
+
+
+def lpips_or_random(net: str = "vgg", weights_path: str | None = None, random_backbone: bool = False):
+    """FrozenLPIPS with the real backbone when it is cached, else with random weights (said once on stdout):
+    a GPU machine with no network must still measure the VAE's full step."""
+    from vae.losses import FrozenLPIPS, PerceptualWeightsError
+
+    try:
+        return FrozenLPIPS(net, weights_path, random_backbone)
+    except PerceptualWeightsError:
+        print(f"note: {RANDOM_BACKBONE_NOTE}", flush=True)
+        return FrozenLPIPS(net, random_backbone=True)
+
+
 class Vae(TrainerSpec):
     """vae/train_vae.py: base.yaml and the default 5090 profile, standard_1024.yaml. The tables run the
     full step (GAN and EMA on from step 0, as bench_vae does); LPIPS with a random-weight backbone when
@@ -281,14 +302,11 @@ class Vae(TrainerSpec):
         return load_config(config, VAEConfig, ["disc_start=0", *overrides])
 
     def perceptual(self, cfg):
-        from vae.losses import FrozenLPIPS, PerceptualWeightsError
+        return lpips_or_random(cfg.perceptual_net, cfg.perceptual_weights or None) if cfg.perceptual_weight > 0 else None
 
-        if cfg.perceptual_weight <= 0:
-            return None
-        try:
-            return FrozenLPIPS(cfg.perceptual_net, cfg.perceptual_weights or None)
-        except PerceptualWeightsError:
-            return FrozenLPIPS(cfg.perceptual_net, random_backbone=True)
+    def cli_context(self) -> contextlib.AbstractContextManager:
+        """The CLI builds its LPIPS in vae.train_vae: there too a random-weight backbone when none is cached."""
+        return mock.patch("vae.train_vae.FrozenLPIPS", lpips_or_random)
 
     def build(self, config, overrides, data, run, device, preset) -> Stepper:
         from common.data import ResumableSampler, make_loader
