@@ -28,6 +28,23 @@ def _grads(shapes, steps, seed=0):
     return [[torch.randn(s, generator=g) for s in shapes] for _ in range(steps)]
 
 
+def torch_muon_takes(adjust_lr_fn: str) -> bool:
+    """Whether the installed torch.optim.Muon accepts this `adjust_lr_fn`: torch 2.11's refuses
+    "spectral_unclamped" (a ValueError from its constructor), which later versions added."""
+    try:
+        torch.optim.Muon([torch.zeros(2, 2, requires_grad=True)], adjust_lr_fn=adjust_lr_fn)
+    except ValueError:
+        return False
+    return True
+
+
+def _torch_muon_case(adjust_lr_fn: str):
+    """A parametrize value that skips, with its reason, where torch's Muon (the oracle) lacks the option."""
+    return pytest.param(adjust_lr_fn, marks=pytest.mark.skipif(
+        not torch_muon_takes(adjust_lr_fn),
+        reason=f"torch {torch.__version__}'s torch.optim.Muon has no adjust_lr_fn={adjust_lr_fn!r} (added later)"))
+
+
 def _run(opt, params, grads):
     for step_grads in grads:
         for p, g in zip(params, step_grads):
@@ -36,7 +53,7 @@ def _run(opt, params, grads):
 
 
 @pytest.mark.parametrize("nesterov", [True, False])
-@pytest.mark.parametrize("adjust_lr_fn", [None, "original", "match_rms_adamw", "spectral_unclamped"])
+@pytest.mark.parametrize("adjust_lr_fn", [None, "original", "match_rms_adamw", _torch_muon_case("spectral_unclamped")])
 def test_muon_matches_torch_on_2d(adjust_lr_fn, nesterov):
     torch.manual_seed(0)
     ours = [torch.randn(s, requires_grad=True) for s in SHAPES_2D]
@@ -93,6 +110,20 @@ def test_never_fp16():
     assert torch.isfinite(p).all()
     torch.testing.assert_close(p.detach().float(), ref, rtol=2e-3, atol=2e-3)
 
+
+def test_step_sizes_without_the_torch_oracle():
+    """Each `adjust_lr_fn` written out, so all of them stay checked where torch's Muon lacks one (torch 2.11:
+    no "spectral_unclamped"; ours never calls torch's Muon, so it works there)."""
+    assert adjust_lr(1.0, None, 32, 8) == adjust_lr(1.0, "original", 32, 8) == 2.0
+    assert adjust_lr(1.0, "original", 8, 32) == 1.0
+    assert adjust_lr(1.0, "match_rms_adamw", 8, 32) == pytest.approx(0.2 * 32 ** 0.5)
+    assert adjust_lr(1.0, "spectral_unclamped", 8, 32) == 0.5 and adjust_lr(1.0, "spectral_unclamped", 32, 8) == 2.0
+    g = torch.randn(8, 32, generator=torch.Generator().manual_seed(5))
+    p = torch.zeros(8, 32, requires_grad=True)
+    p.grad = g.clone()
+    Muon([p], lr=1.0, weight_decay=0.0, momentum=0.0, nesterov=False, adjust_lr_fn="spectral_unclamped").step()
+    ref = -0.5 * zeropower_via_newtonschulz(g, (3.4445, -4.775, 2.0315), 5, 1e-7)
+    torch.testing.assert_close(p.detach(), ref.float())
 
 def test_muon_rejects_1d():
     with pytest.raises(ValueError, match="AdamW"):
