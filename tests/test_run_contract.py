@@ -30,6 +30,7 @@ import torch
 from common import exit_codes
 from common.atomic_write import DiskFullError
 from common.checkpoint import CheckpointManager, load_checkpoint, save_atomic
+from tests.child_env import child_env
 from tests.tts.test_vits_train import FAST as VITS_FAST
 from tests.tts.test_vits_train import _corpus
 from tests.vae.helpers import TINY_CONFIG as VAE_TINY
@@ -122,7 +123,7 @@ class _Process:
 
     def __init__(self, argv: list[str], new_session: bool = False) -> None:
         # The progress bar redraws every 30 s off a terminal: ask for a redraw every 0.1 s here.
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "TQDM_MININTERVAL": "0.1"}
+        env = child_env(OMP_NUM_THREADS="1", TQDM_MININTERVAL="0.1")
         # SIGINT at its default, as in a terminal: a shell's background job (`make test &`) starts with SIGINT
         # ignored, and a Python child keeps that instead of raising KeyboardInterrupt on Ctrl-C.
         self.proc = subprocess.Popen([sys.executable, *argv], cwd=REPO, env=env, stdout=subprocess.PIPE,

@@ -1,7 +1,6 @@
 """Exact resume across fresh processes, and DDP replicas staying equal (2-process gloo)."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,10 +8,11 @@ from pathlib import Path
 import torch
 
 from common.checkpoint import load_checkpoint
+from tests.child_env import child_env
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = str(Path(__file__).with_name("toy_train.py"))
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+ENV = child_env(OMP_NUM_THREADS="1")
 
 
 def run(*args: str) -> None:

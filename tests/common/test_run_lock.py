@@ -20,6 +20,7 @@ import pytest
 from common.config import ConfigError
 from common.run_dir import OutputPathError, prepare_run_dir
 from common.run_lock import LOCK_NAME, RunFolderInUse, RunLock, release_run_locks
+from tests.child_env import child_env
 
 REPO = Path(__file__).resolve().parents[2]
 HOLD = """
@@ -37,7 +38,7 @@ time.sleep(120)
 def _holder(run: Path, then: str = "sleep") -> subprocess.Popen:
     """A real second process that takes the lock of `run` and then sleeps (or raises)."""
     proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run), then], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+                            stderr=subprocess.PIPE, text=True, env=child_env())
     assert proc.stdout.readline().strip() == "locked", proc.stderr.read()
     return proc
 
@@ -161,7 +162,7 @@ def test_of_runs_starting_together_exactly_one_gets_the_lock(tmp_path):
             "except RunFolderInUse:\n    print('refused', flush=True)\n")
     start = time.time() + 1.5
     procs = [subprocess.Popen([sys.executable, "-c", race, str(tmp_path), str(start)], cwd=REPO, text=True,
-                              stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)}) for _ in range(4)]
+                              stdout=subprocess.PIPE, env=child_env()) for _ in range(4)]
     try:
         answers = sorted(p.stdout.readline().strip() for p in procs)
     finally:
