@@ -147,13 +147,16 @@ def section_profile_memory(chk: Check, sec: Section) -> None:
     resolutions, batches = ([32, 64], [1, 2]) if chk.dry else ([256, 512, 1024, 2048], [1, 2, 4, 8, 16])
     log = io.StringIO()
     with contextlib.redirect_stdout(log):
-        rc = profile_memory(new_step, cfg, resolutions, batches)
+        rc = profile_memory(new_step, cfg, resolutions, batches, deadline=sec.deadline)
     said = log.getvalue().strip()
     print(said, flush=True)
     table = Path(cfg.output_dir) / "memory_profile.json"
     sec.data = {"exit_code": rc, "resolutions": resolutions, "batches": batches, "printed": said.splitlines()}
     if table.is_file():
         sec.data["rows"] = json.loads(table.read_text())["rows"]
+        late = [r for r in sec.data["rows"] if r["status"].startswith("not measured")]
+        if late:
+            sec.partial(f"{len(late)} of {len(sec.data['rows'])} cells not measured: the section's time ran out")
         sec.markdown += (Path(cfg.output_dir) / "memory_profile.md").read_text().splitlines()
     else:
         sec.data["rows"] = []

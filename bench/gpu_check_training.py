@@ -23,18 +23,25 @@ def measure_steps(chk: Check, spec: TrainerSpec, which: str, overrides: list[str
     """Step time, samples/s, data-wait fraction (time blocked on the trainer's own loader), peak memory,
     and with `count` FLOPs, counted on the first, untimed step (rows of the same config and batch do the
     same math whatever the precision or layout, so they reuse that count)."""
+    t0 = time.perf_counter()
     data = chk.data(spec)
+    t1 = time.perf_counter()
     st = build(spec, which, overrides, data, chk.run_dir(f"{spec.name}_{which}"), chk.device, chk.dry)
     it = st.batches()
     first = next(it)
+    t2 = time.perf_counter()
     flops = None
     if count and not st.compiled:
         flops = count_flops(lambda: st.step(first))
     else:
         st.step(first)
+    chk.sync()
+    t3 = time.perf_counter()
     for _ in range(warmup - 1):
         st.step(next(it))
     chk.sync()
+    # where a row's time goes besides its timed steps (the first lent GPU spent ~40 s a row at real size)
+    phases = {"data_s": t1 - t0, "build_s": t2 - t1, "first_step_s": t3 - t2, "warmup_s": time.perf_counter() - t3}
     chk.reset_memory()
     wait = busy = 0.0
     for _ in range(steps):
@@ -48,7 +55,7 @@ def measure_steps(chk: Check, spec: TrainerSpec, which: str, overrides: list[str
     tf32 = chk.device.type == "cuda" and torch.backends.cuda.matmul.fp32_precision == "tf32"
     row = {"batch": st.batch_size, "samples_per_step": st.samples, "precision": st.precision, "step_s": step_s,
            "samples_per_s": st.samples / step_s, "data_wait": wait / (wait + busy), "peak_gib": chk.peak_gib(),
-           "flops_per_step": flops, "math": math_mode(st.precision, tf32)}
+           "flops_per_step": flops, "math": math_mode(st.precision, tf32), "phases": phases}
     return row
 
 
@@ -121,7 +128,7 @@ def _measure_row(chk: Check, sec: Section, spec: TrainerSpec, label: str, which:
         if why:
             sec.partial(why)
             return {"skipped": why}
-        key = (spec.name, which if label.endswith("(as shipped)") else "plain")
+        key = (spec.name, which)  # precision and layout do not change the math: one count per config file
         t0 = time.monotonic()
         row = measure_steps(chk, spec, which, change, steps, warmup, count=key not in flops)
         if compiled:
@@ -143,11 +150,11 @@ def _measure_row(chk: Check, sec: Section, spec: TrainerSpec, label: str, which:
 def _table_markdown(name: str, table: dict[str, dict]) -> list[str]:
     plain = table.get("plain: base with every speed key off", {}).get("step_s")
     lines = [f"### {name}", "", "| row | batch | precision | step s | samples/s | × plain | data wait "
-             "| peak GiB | GFLOP/step | TFLOP/s | % of peak |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| peak GiB | GFLOP/step | TFLOP/s | % of peak | setup s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     notes = set()
     for label, r in table.items():
         if "skipped" in r:
-            lines.append(f"| {label} | {r['skipped']} |||||||||| ")
+            lines.append(f"| {label} | {r['skipped']} ||||||||||| ")
             continue
         ratio = f"{plain / r['step_s']:.2f}" if plain else "-"
         frac = r.get("fraction_of_peak")
@@ -155,7 +162,8 @@ def _table_markdown(name: str, table: dict[str, dict]) -> list[str]:
         lines.append(
             f"| {label} | {r['batch']} | {r['precision']} | {r['step_s']:.4f} | {r['samples_per_s']:.2f} | {ratio} "
             f"| {100 * r['data_wait']:.1f} % | {fmt(r['peak_gib'], '.2f')} | {fmt(gflop, '.2f')} "
-            f"| {fmt(r.get('achieved_tflops'), '.4f')} | {'-' if frac is None else f'{100 * frac:.1f} %'} |")
+            f"| {fmt(r.get('achieved_tflops'), '.4f')} | {'-' if frac is None else f'{100 * frac:.1f} %'} "
+            f"| {sum(r.get('phases', {}).values()):.1f} |")
         notes.add(r.get("peak_note", ""))
     return [*lines, "", *[f"- peak used: {n}" for n in sorted(notes) if n], ""]
 

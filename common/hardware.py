@@ -252,11 +252,20 @@ def resolve_preset(name: str, trainer: str | None = None, vram_gb: float | None 
 
 
 def is_oom(exc: BaseException) -> bool:
-    """True for a CUDA (or other accelerator) out-of-memory error."""
+    """True for a CUDA (or other accelerator) out-of-memory error, and for a tensor past a kernel's 2^31-element
+    limit (`exceeds_int32_indexing`): a batch too large either way, with the same remedy."""
     if isinstance(exc, torch.OutOfMemoryError):
         return True
     msg = str(exc).lower()
-    return isinstance(exc, RuntimeError) and ("out of memory" in msg or "cublas_status_alloc_failed" in msg)
+    return isinstance(exc, RuntimeError) and ("out of memory" in msg or "cublas_status_alloc_failed" in msg
+                                              or exceeds_int32_indexing(exc))
+
+
+def exceeds_int32_indexing(exc: BaseException) -> bool:
+    """A CUDA kernel that indexes with 32 bits refused a tensor of 2^31 elements or more (seen on an H200:
+    "upsample_nearest_nhwc only supports grad_output tensors with less than INT_MAX elements" at 2048 px,
+    batch 8, channels_last): memory would have fitted, the batch does not."""
+    return isinstance(exc, RuntimeError) and "int_max" in str(exc).lower()
 
 
 def cuda_memory_stats(device: int | torch.device | None = None) -> dict:
@@ -275,8 +284,9 @@ class OutOfMemory(RuntimeError):
     """CUDA ran out of memory; the message (from `oom_message`) says what to lower. Exit code 4."""
 
 
-def oom_message(what: str, batch_size: int, hints: dict | None = None) -> str:
+def oom_message(what: str, batch_size: int, hints: dict | None = None, cause: BaseException | None = None) -> str:
     """Explain an OOM and list concrete next settings as `--set` overrides; every trainer prints it.
+    `cause`: the error itself, where it was a kernel's 2^31-element limit rather than memory.
 
     `hints` (all optional) describes what the trainer can do:
       batch_key ("batch_size"), accum_key ("accumulate_grad_batches"; None: the trainer has no
@@ -291,6 +301,9 @@ def oom_message(what: str, batch_size: int, hints: dict | None = None) -> str:
     accum_key = h.get("accum_key", "accumulate_grad_batches")
     accum = int(h.get("accumulation", 1))
     lines = [f"CUDA out of memory in {what} at {batch_key}={batch_size}."]
+    if cause is not None and exceeds_int32_indexing(cause):
+        lines = [f"A tensor too large for a CUDA kernel (2^31 elements or more) in {what} at {batch_key}={batch_size}: "
+                 f"{str(cause).splitlines()[0]}. Memory may fit; this batch does not."]
     stats = cuda_memory_stats()
     if stats:
         lines.append(f"Peak allocated {stats['peak_gib']:.2f} GiB, reserved {stats['reserved_gib']:.2f} GiB "
@@ -323,7 +336,7 @@ def explain_oom(what: str, batch_size: int, hints: dict | None = None) -> Iterat
     except RuntimeError as e:
         if isinstance(e, OutOfMemory) or not is_oom(e):
             raise
-        raise OutOfMemory(oom_message(what, batch_size, hints)) from e
+        raise OutOfMemory(oom_message(what, batch_size, hints, e)) from e
 
 
 def _free_cuda() -> None:

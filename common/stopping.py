@@ -102,7 +102,7 @@ class RunStop:
             hint = nonfinite_stop_message(self.last_good(), self.lr_hint, self.resume_hint)
             raise NonFiniteError(f"{exc}\n{hint}") from None
         if self.oom is not None and isinstance(exc, RuntimeError) and not isinstance(exc, OutOfMemory) and is_oom(exc):
-            raise OutOfMemory(oom_message(*self.oom)) from exc
+            raise OutOfMemory(oom_message(*self.oom, cause=exc)) from exc
 
     @property
     def signal_name(self) -> str:

@@ -21,7 +21,7 @@ import torch
 from common.atomic_write import write_text
 from common.config import ConfigError, config_to_dict
 from common.distributed import gather_objects
-from common.hardware import find_batch_size, fit_batch_size, is_oom, resolve_preset
+from common.hardware import exceeds_int32_indexing, find_batch_size, fit_batch_size, is_oom, resolve_preset
 from common.precision import normalize_precision
 from common.run_dir import check_output_dir
 from vae.config import VAEConfig
@@ -97,9 +97,12 @@ def choose_batch_size(new_step: NewStep, cfg: VAEConfig, device: torch.device, p
             print(f"batch finder: {line}")
 
 
-def profile_memory(new_step: NewStep, cfg: VAEConfig, resolutions: list[int], batches: list[int]) -> int:
+def profile_memory(new_step: NewStep, cfg: VAEConfig, resolutions: list[int], batches: list[int],
+                   deadline: float | None = None) -> int:
     """Peak GPU memory of one full training step (VAE + LPIPS + GAN on) per resolution and batch, written
-    to `<output_dir>/memory_profile.md` and `.json`. The step is the trainer's own (`new_step`)."""
+    to `<output_dir>/memory_profile.md` and `.json`. The step is the trainer's own (`new_step`). A batch past
+    memory or a kernel's 2^31-element limit ends its resolution's row; past `deadline` (time.monotonic())
+    the cells not yet measured are listed as not measured."""
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type != "cuda":
         print("--profile_memory measures GPU memory and needs a CUDA GPU; this machine has none, so there is "
@@ -123,6 +126,9 @@ def profile_memory(new_step: NewStep, cfg: VAEConfig, resolutions: list[int], ba
     for res in resolutions:
         trial.image_size = res
         for b in batches:
+            if deadline is not None and time.monotonic() > deadline:
+                rows.append({"image_size": res, "batch_size": b, "status": "not measured (time limit)"})
+                continue
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
             row = {"image_size": res, "batch_size": b}
@@ -141,11 +147,11 @@ def profile_memory(new_step: NewStep, cfg: VAEConfig, resolutions: list[int], ba
             except Exception as exc:
                 if not is_oom(exc):
                     raise
-                row.update(status="OOM")
+                row.update(status="too large (2^31 elements)" if exceeds_int32_indexing(exc) else "OOM")
             rows.append(row)
             print(f"  {res:5d} px  batch {b:3d}: " + (f"{row['peak_gib']:6.2f} GiB  {row['images_per_s']} img/s"
-                                                      if row["status"] == "ok" else "OOM"))
-            if row["status"] == "OOM":
+                                                      if row["status"] == "ok" else row["status"]))
+            if row["status"] != "ok":
                 break  # larger batches will not fit either
     out = check_output_dir(cfg.output_dir, "--output_dir")
     write_text(out / "memory_profile.json", json.dumps({"gpu": name, "total_gib": total, "rows": rows,
@@ -156,7 +162,7 @@ def profile_memory(new_step: NewStep, cfg: VAEConfig, resolutions: list[int], ba
              f"GAN on", "", "| image_size | batch | peak GiB | images/s |", "|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['image_size']} | {r['batch_size']} | "
-                     + (f"{r['peak_gib']} | {r['images_per_s']} |" if r["status"] == "ok" else "OOM | - |"))
+                     + (f"{r['peak_gib']} | {r['images_per_s']} |" if r["status"] == "ok" else f"{r['status']} | - |"))
     write_text(out / "memory_profile.md", "\n".join(lines) + "\n")
     print(f"wrote {out / 'memory_profile.md'} and memory_profile.json")
     return 0

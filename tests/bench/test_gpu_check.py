@@ -122,3 +122,119 @@ def test_an_unknown_section_is_refused_not_skipped(tmp_path, capsys):
         gpu_check.main(["--out", str(tmp_path / "r"), "--dry-run", "--sections", "pytest_cuda,inference_speed"])
     assert exit_.value.code == 2 and not (tmp_path / "r").exists()
     assert "unknown inference_speed; choose from environment," in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------- the lent machine's limits
+def test_default_fits_one_command_on_the_lent_machine_most_valuable_first(dry_run, monkeypatch):
+    """One command there may run 10 minutes; pytest (slowest to say anything new) comes last."""
+    assert gpu_check.DEFAULT_BUDGET_MINUTES + 1 <= 9 and gpu_check.DEFAULT_COMPILE_MINUTES < gpu_check.DEFAULT_BUDGET_MINUTES
+    assert list(gpu_check.SECTIONS) == ["environment", "step_tables", "batch_size", "inference", "profile_memory",
+                                        "pytest_cuda"]
+    sections = json.loads((dry_run[1] / "report.json").read_text())["sections"]
+    # a section that finishes early leaves its time to the ones after it: the last gets more than its share
+    share = gpu_check.BUDGET_SHARES["pytest_cuda"] / sum(gpu_check.BUDGET_SHARES.values())
+    assert sections["pytest_cuda"]["budget_s"] > 2 * share * 60 * gpu_check.DEFAULT_BUDGET_MINUTES
+    monkeypatch.setenv("OUT", "/somewhere/out")
+    assert gpu_check.default_out() == str(Path("/somewhere/out") / "gpu_check")
+    monkeypatch.delenv("OUT")
+    assert gpu_check.default_out() == "runs/gpu_check"
+
+
+def test_a_compile_starts_only_when_its_time_is_left(tmp_path):
+    import time
+
+    from bench.gpu_check_base import Check, Section
+
+    chk = Check(tmp_path, True, torch.device("cpu"), tmp_path, compile_left_s=150.0)
+    sec = Section("step_tables", "t", 100.0, deadline=time.monotonic() + 30)
+    why = chk.compile_skip(sec, "vocoder / plain + torch.compile")
+    assert why.startswith("vocoder / plain + torch.compile: skipped, a compile needs ~60 s") and "section's time" in why
+    sec.deadline = time.monotonic() + 1000
+    assert chk.compile_skip(sec, "x") is None
+    chk.compiled(120.0)  # a slow compile: the allowance shrinks and the next estimate grows
+    assert chk.compile_need_s == 120.0 and "run's compile allowance" in chk.compile_skip(sec, "x")
+
+
+def test_a_run_stopped_by_a_signal_keeps_its_report(tmp_path):
+    """A command killed at its time limit (SIGINT / SIGTERM) still brings back report.md with what it measured."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.child_env import child_env
+
+    out = tmp_path / "stopped"
+    proc = subprocess.Popen([sys.executable, "-m", "bench.gpu_check", "--dry-run", "--out", str(out)], cwd=REPO,
+                            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        t_end = time.monotonic() + 120
+        while time.monotonic() < t_end:  # wait for a step-table row: the run is inside a section
+            report = out / "report.json"
+            if report.is_file() and "step_s" in report.read_text():
+                break
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        said, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, said
+    report = json.loads((out / "report.json").read_text())
+    assert report["stopped_by"] == "SIGINT" and report["finished"] is False
+    secs = report["sections"]
+    assert secs["environment"]["status"] == "ok"
+    assert secs["step_tables"]["status"] == "stopped" and secs["pytest_cuda"]["status"] == "skipped"
+    assert any("step_s" in row for row in secs["step_tables"]["data"]["vocoder"].values())
+    assert "STOPPED by SIGINT" in (out / "report.md").read_text()
+
+
+def test_without_a_gpu_a_real_run_says_so_in_its_report(tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    rc = gpu_check.main(["--out", str(tmp_path / "r")])
+    assert rc == 2 and "error: no CUDA GPU here" in capsys.readouterr().err
+    assert (tmp_path / "r" / "report.md").read_text().startswith("# gpu_check: NOT RUN")
+
+
+def test_the_vae_cli_trains_with_a_random_backbone_when_none_is_cached(tmp_path, monkeypatch, capsys):
+    """The lent machine has no torchvision cache: the VAE's forced OOM (its CLI at real size) must reach
+    exit 4, not stop at exit 2 for the missing VGG16."""
+    from unittest import mock
+
+    from bench import gpu_trainers
+    from vae.train_vae import VAETrainer
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "empty_torch_home"))
+    spec = TRAINERS["vae"]
+    data = spec.make_data(tmp_path / "data", dry=True)
+
+    def oom(*_a, **_k):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB (test)")
+
+    codes = []
+    for context in (mock.MagicMock(), spec.cli_context()):  # without it, then with it
+        main, argv = gpu_trainers.cli(spec, "rtx5090", ["perceptual_weight=1.0"], data, tmp_path / f"run{len(codes)}",
+                                      torch.device("cpu"), dry=True, steps=1)
+        with mock.patch.object(VAETrainer, "train_step", oom), context:
+            codes.append(main(argv))
+    said = capsys.readouterr()
+    assert codes == [2, 4], said.err[-2000:]
+    assert "not in the torchvision cache" in said.err and gpu_trainers.RANDOM_BACKBONE_NOTE in said.out
+
+
+@pytest.mark.skipif(__import__("os").name == "nt", reason="a bash script")
+def test_the_shell_entry_uses_the_torch_it_is_given(tmp_path):
+    """shell/gpu_check.sh with an interpreter that has everything: nothing installed, one line says what it used."""
+    import subprocess
+    import sys
+
+    from tests.child_env import child_env
+
+    proc = subprocess.run(["bash", "shell/gpu_check.sh", "--dry-run", "--sections", "environment", "--out",
+                           str(tmp_path / "r")], cwd=REPO, env=child_env(PYTHON=sys.executable),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith(f"gpu_check: {sys.executable} (Python ") and f"torch {torch.__version__}" in first
+    assert first.endswith("nothing to install")
+    assert json.loads((tmp_path / "r" / "report.json").read_text())["sections"]["environment"]["status"] == "ok"

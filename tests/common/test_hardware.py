@@ -159,3 +159,19 @@ def test_fit_batch_size_keeps_a_fitting_batch_and_lowers_one_that_does_not():
     tried.clear()
     batch, accum, line = fit_batch_size(fake_trainer(0, tried), 16, 1, cuda_available=False)
     assert (batch, accum) == (16, 1) and tried == [] and "cannot be measured" in line
+
+
+def test_a_tensor_past_a_kernels_int32_limit_is_a_batch_too_large():
+    """Seen on an H200 (VAE, 2048 px, batch 8, channels_last): not memory, but the same remedy as an OOM."""
+    from common.hardware import OutOfMemory, exceeds_int32_indexing, explain_oom, is_oom
+
+    err = RuntimeError("upsample_nearest_nhwc only supports grad_output tensors with less than INT_MAX elements, "
+                       "but got [8, 256, 1024, 1024]")
+    assert is_oom(err) and exceeds_int32_indexing(err)
+    assert not exceeds_int32_indexing(RuntimeError("CUDA out of memory")) and not is_oom(RuntimeError("shape mismatch"))
+    with pytest.raises(OutOfMemory) as caught:
+        with explain_oom("the VAE step", 8):
+            raise err
+    said = str(caught.value)
+    assert said.startswith("A tensor too large for a CUDA kernel (2^31 elements or more) in the VAE step at batch_size=8")
+    assert "Try, in this order:" in said and "--set batch_size=4" in said
