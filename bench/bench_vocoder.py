@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import resource
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ import soundfile as sf
 import torch
 
 from common.config import load_config
+from common.log import peak_rss_gib
 from vocoder.config import VocoderConfig
 from vocoder.infer import VocoderInference
 from vocoder.prepare_data import prepare
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'inference RTF (full-size generator, 2 s audio)':52s} {'fp32':>8s} {'bf16':>8s} {'fp16':>18s}")
         for name, r in results["inference_rtf"].items():
             print(f"{name:52s} {_fmt(r['fp32'], '8.3f')} {_fmt(r['bf16'], '8.3f')} {_fmt(r['fp16'], '>18s')}")
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    peak_rss = peak_rss_gib()
     print()
     print(f"x base = base step time / row step time (higher is faster). Process peak RSS {peak_rss:.2f} GiB"
           f"{'' if cuda else '; per-row peak memory ' + NA_CUDA}. Total {time.time() - t_start:.0f} s.")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import os
-import resource
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -263,6 +262,21 @@ def peak_memory_gib(device: torch.device | None = None) -> float:
     process's peak RSS, in GiB (the progress bar and the VAE's `memory_gib` scalar)."""
     if device is not None and device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 1024**3
+    return peak_rss_gib()
+
+
+def peak_rss_gib() -> float:
+    """This process's peak resident memory in GiB: `resource` where it exists (Linux, macOS), else psutil's
+    peak working set (Windows has no `resource` module), else 0.0 (nothing to read it with)."""
+    try:
+        import resource
+    except ImportError:
+        try:
+            import psutil
+        except ImportError:
+            return 0.0
+        info = psutil.Process().memory_info()
+        return getattr(info, "peak_wset", info.rss) / 1024**3
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     return rss / (1024**3 if sys.platform == "darwin" else 1024**2)  # macOS reports bytes
 
