@@ -10,7 +10,7 @@
     make bench-learning                                    # all three, default settings
 
 For one trainer: its demo data (made by the demo's own data functions, reused when present), a small
-fixed recipe (the demo config + RECIPE below), a fixed seed, and ONE stored sequence of batches that
+fixed recipe (the demo config + learning_base.RECIPE), a fixed seed, and ONE stored sequence of batches that
 both settings train on, interleaved step by step in this process (so machine load hits both alike;
 the same RNG seed before each step, so noise draws match too). Prints the held-out metric curve
 (vocoder: MR-STFT distance, its log-magnitude part, mel L1 and MCD-DTW; VITS: MCD-DTW and alignment sharpness of
@@ -35,41 +35,17 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch.nn.utils import parametrize
 
-REPO = Path(__file__).resolve().parent.parent
-DATA = REPO / "data" / "demo"
+from bench.learning_base import DATA, RECIPE, REPO, Runner, take_batches
+
 TRAINERS = ("vocoder", "vits", "vae")
-# The fixed recipe per trainer: the demo config plus these (fp32: the issue's reference precision).
-RECIPE = {
-    # Critics from the first step and no frame-energy term, whatever the demo configs (the base) add:
-    # the vocoder loop calls train_step without advancing tr.step, so the demo's generator-only warm-up
-    # would never end here, and the figures in the README were measured with the critics from step 0
-    # and without the energy term (the references have neither).
-    "vocoder": ["precision=32-true", "num_valid_plots=0", "volume_aug=false",
-                "discriminator_train_start_steps=0", "lab_aux_energyloss=0.0"],
-    "vits": ["precision=32-true", "progress_bar=false", "discriminator_train_start_steps=0", "c_energy=0.0"],
-    "vae": ["perceptual_weight=0.0", "ema_decay=0.0"],
-}
 DEFAULT_COMPARE = {"vocoder": "init=old,new", "vits": "init=old,new", "vae": "precision=32-true,bf16-mixed"}
 DEFAULT_STEPS = {"vocoder": 200, "vits": 300, "vae": 300}
 OLD_INIT_STD = 0.01
-
-
-@dataclass
-class Runner:
-    """One setting under test: ``step(batch)`` trains one step, ``evaluate()`` measures held-out metrics."""
-
-    label: str
-    step: Callable[[object], object]
-    evaluate: Callable[[], dict]
-    times: list[float] = field(default_factory=list)
-    train_loss: list[float] = field(default_factory=list)  # what ``step`` returned, when it returns a float
 
 
 def redraw_old_init(model: torch.nn.Module, prefixes: tuple[str, ...], seed: int) -> int:
@@ -101,19 +77,6 @@ def parse_compare(text: str) -> tuple[str, list[str]]:
 def setting_overrides(key: str, value: str) -> tuple[list[str], str]:
     """(config overrides, init) for one side of --compare."""
     return ([], value) if key == "init" else ([f"{key}={value}"], "new")
-
-
-def take_batches(loader, sampler, steps: int) -> list:
-    """The stored sequence: the first ``steps`` batches of the loader over as many epochs as needed."""
-    out, epoch = [], 0
-    while len(out) < steps:
-        sampler.set_epoch(epoch)
-        for batch in loader:
-            out.append(batch)
-            if len(out) == steps:
-                break
-        epoch += 1
-    return out
 
 
 # ----------------------------------------------------------------------------------- trainers

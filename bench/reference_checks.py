@@ -35,7 +35,6 @@ import argparse
 import copy
 import json
 import math
-import re
 import statistics
 import sys
 import time
@@ -74,12 +73,6 @@ def first_spectral_weight(m: torch.nn.Module) -> torch.Tensor:
     hook = next(h for h in m._forward_pre_hooks.values() if hasattr(h, "compute_weight"))
     with torch.no_grad():
         return hook.compute_weight(m, do_power_iteration=True).detach()
-
-
-def their_flow_names(name: str) -> str:
-    """jaywalnut310 keeps a parameter-free Flip between couplings (flow.flows.0, 2, 4, 6 hold weights);
-    ours flips inside the coupling (flow.flows.0..3)."""
-    return re.sub(r"^flow\.flows\.(\d+)\.", lambda m: f"flow.flows.{int(m.group(1)) // 2}.", name)
 
 
 def compare_init(ours: torch.nn.Module, theirs: torch.nn.Module, rename=lambda n: n) -> dict:
@@ -131,6 +124,7 @@ def median_time(fn, reps: int) -> float:
 
 
 def vits_checks(args) -> None:
+    from bench.vits_reference import their_names
     from common.training import critic_outputs_for_generator
     from tts.text import SYMBOLS
     from tts.vits.config import model_args
@@ -146,7 +140,7 @@ def vits_checks(args) -> None:
                                                                             if k != "use_spectral_norm"})
     torch.manual_seed(args.seed)
     ours = VITS(len(SYMBOLS), 513, 1, model_args("vits_base"), 256)
-    res = compare_init(ours, theirs, their_flow_names)
+    res = compare_init(ours, theirs, their_names)
     print(f"(1) VITS generator (vits_base vs ljs_base), effective init: {res['compared']} tensors compared, "
           f"std ratio ours/theirs {res['std_ratio_min']:.3f}..{res['std_ratio_max']:.3f}, "
           f"{len(res['differs'])} outside 6 standard errors; only ours {res['only_ours']}, only theirs "
@@ -199,7 +193,7 @@ def vits_checks(args) -> None:
 
 
 def vocoder_checks(args) -> None:
-    from bench.learning import RECIPE
+    from bench.learning_base import RECIPE
     from bench.vocoder_reference import REFERENCE_RECIPE, ReferenceTrainer, import_reference
     from common.config import load_config
     from vocoder.config import VocoderConfig

@@ -2,7 +2,7 @@
 
     python -m bench.learning --trainer vits --reference_dir /path/to/jaywalnut310-vits [--same_init] [--steps 450]
 
-Both sides are built from ONE config: the TTS demo config + ``bench.learning.RECIPE["vits"]`` +
+Both sides are built from ONE config: the TTS demo config + ``bench.learning_base.RECIPE["vits"]`` +
 ``REFERENCE_RECIPE`` below (fp32; AdamW lr 2e-4, betas (0.8, 0.99), eps 1e-9, weight decay 0.01 (torch's
 AdamW default, which theirs uses); constant LR (lr_gamma 1: their per-epoch ExponentialLR is left out on
 both sides); no gradient clipping (theirs only measures the norm); the paper's objective: c_mel 45, c_kl 1,
@@ -41,6 +41,7 @@ values by keyword and return ``view_as_real`` of the complex result, which is wh
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 import types
 from pathlib import Path
@@ -275,8 +276,7 @@ class TheirsForEval(torch.nn.Module):
 def their_names(name: str) -> str:
     """Their generator's parameter name → ours: a parameter-free Flip sits between their couplings
     (flow.flows.0, 2, 4, 6 hold weights; ours flips inside the coupling: flow.flows.0..3)."""
-    from bench.reference_checks import their_flow_names
-    return their_flow_names(name)
+    return re.sub(r"^flow\.flows\.(\d+)\.", lambda m: f"flow.flows.{int(m.group(1)) // 2}.", name)
 
 
 def copy_initial_weights(theirs: ReferenceTrainer, gen: torch.nn.Module, disc: torch.nn.Module) -> str:
@@ -310,7 +310,7 @@ def parameter_counts(gen: torch.nn.Module, disc: torch.nn.Module, theirs: Refere
 
 def runners(args, tmp: Path):
     """(Runner ours, Runner theirs), the stored batches: ``bench.learning``'s --trainer vits --reference_dir."""
-    from bench.learning import DATA, RECIPE, Runner, take_batches
+    from bench.learning_base import DATA, RECIPE, Runner, take_batches
     from common.config import load_config
     from common.distributed import setup_distributed
     from tts.vits import demo
