@@ -10,10 +10,11 @@ treats such steps the same way.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import statistics
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -495,3 +496,18 @@ def count_parameters(module: nn.Module, trainable_only: bool = False) -> int:
     """Number of parameter elements (all, or only those with requires_grad); one counter for every
     trainer's start-up line and the model-size tests."""
     return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)
+
+
+@contextlib.contextmanager
+def frozen(module: nn.Module) -> Iterator[None]:
+    """No parameter gradients for `module` inside (the critics during a GAN's generator update); every
+    parameter's own flag comes back on the way out, exceptions included (a frozen layer stays frozen, and an
+    OOM or NaN stop inside cannot leave the critic untrainable for the rest of the run)."""
+    flags = [(p, p.requires_grad) for p in module.parameters()]
+    for p, _ in flags:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)

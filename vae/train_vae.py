@@ -19,6 +19,7 @@ samples every `save_samples_freq`, validation every `val_freq`, `checkpoint_epoc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -54,6 +55,7 @@ from common.training import (
     backward,
     check_run_ended_good,
     count_parameters,
+    frozen,
     saving_blocked,
     step_optimizer,
 )
@@ -126,6 +128,7 @@ class VAETrainer:
         self.schedulers = build_lr_schedules(cfg, self.optimizers, self.total_steps)
         self.ema = self._new_ema()
         self.guard = NonFiniteGuard(cfg.max_nonfinite)
+        self.d_guard = NonFiniteGuard(cfg.max_nonfinite)  # the critic's own streak: a NaN critic must stop the run too
         self.divergence = DivergenceGuard([*self.g_params, *(self.disc.parameters() if self.disc else ())],
                                           cfg.max_nonfinite, across_ranks=self.info.enabled)
         self.buffers = BufferSnapshot(self.vae, self.disc)  # the discriminator's BatchNorm stats
@@ -185,22 +188,19 @@ class VAETrainer:
         logs: dict[str, torch.Tensor] = {}
         recs = []
         self.buffers.take()
-        if gan:
-            self.disc.requires_grad_(False)  # the generator's GAN term must not train D
-        for i, x in enumerate(micro_batches):
-            x = self.precision.prepare_input(x.to(self.device, non_blocking=True))
-            with no_sync(self.vae_ddp, i < n - 1):
-                with self.precision.autocast():
-                    x_rec, posterior = self.vae_ddp(x)
-                    loss, parts = self.loss.generator_loss(x, x_rec, posterior, global_step,
-                                                           self.disc if gan else None,
-                                                           self.vae.last_layer, grad_scale)
-                backward(loss / n, scaler)
-            recs.append((x, x_rec.detach()))
-            for k, v in parts.items():
-                logs[k] = logs.get(k, 0) + v / n
-        if gan:
-            self.disc.requires_grad_(True)
+        with frozen(self.disc) if gan else contextlib.nullcontext():  # the generator's GAN term must not train D
+            for i, x in enumerate(micro_batches):
+                x = self.precision.prepare_input(x.to(self.device, non_blocking=True))
+                with no_sync(self.vae_ddp, i < n - 1):
+                    with self.precision.autocast():
+                        x_rec, posterior = self.vae_ddp(x)
+                        loss, parts = self.loss.generator_loss(x, x_rec, posterior, global_step,
+                                                               self.disc if gan else None,
+                                                               self.vae.last_layer, grad_scale)
+                    backward(loss / n, scaler)
+                recs.append((x, x_rec.detach()))
+                for k, v in parts.items():
+                    logs[k] = logs.get(k, 0) + v / n
         logvar = self.loss.logvar.logvar
         if self.info.enabled and logvar.requires_grad and logvar.grad is not None:
             logvar.grad.copy_(all_reduce_mean(logvar.grad))  # not inside the DDP module: average by hand
@@ -217,7 +217,7 @@ class VAETrainer:
                     backward(d_loss / n, scaler)
                 for k, v in parts.items():
                     logs[k] = logs.get(k, 0) + v / n
-            d_norm, d_finite = step_optimizer(None, self.d_opt, self.disc.parameters(), scaler, clip, None)
+            d_norm, d_finite = step_optimizer(None, self.d_opt, self.disc.parameters(), scaler, clip, self.d_guard)
             logs["disc_grad_norm"] = d_norm
         if not (stepped and d_finite):
             self.buffers.restore()  # no BatchNorm statistics from a skipped step
@@ -245,13 +245,13 @@ class VAETrainer:
              "num_train": len(self.data.train_files)}
         return make_state(self.models, self.optimizers, self.schedulers, self.precision.scaler,
                           {"vae": self.ema} if self.ema else None, c, config_to_dict(self.cfg),
-                          extra={"arch": self.vae.arch(), "guard": self.guard.state_dict(),
+                          extra={"arch": self.vae.arch(), "guard": self.guard.state_dict(), "d_guard": self.d_guard.state_dict(),
                                  "divergence": self.divergence.state_dict(),
                                  "best_psnr": self.best_psnr, "stages": self.stages})
 
     def save(self, reason: str = "") -> bool:
         """`checkpoint_last.pt` (outside rotation); False while the newest steps are non-finite."""
-        if saving_blocked(self.guard, self.divergence):
+        if saving_blocked(self.guard, self.d_guard, self.divergence):
             self.log(f"not saving checkpoint_last.pt at step {self.step} ({reason}): the newest steps were "
                      f"non-finite or diverging; the last good checkpoint is {self.last_good or 'none'}")
             return False
@@ -277,6 +277,7 @@ class VAETrainer:
                                self.precision.scaler, self.ema, info.rank, self.log)
             extra = ckpt.get("extra", {})
             self.guard.load_state_dict(extra.get("guard", self.guard.state_dict()))
+            self.d_guard.load_state_dict(extra.get("d_guard", self.d_guard.state_dict()))
             self.divergence.load_state_dict(extra.get("divergence"))
             self.best_psnr = extra.get("best_psnr")
             self.stages = list(extra.get("stages", self.stages))
@@ -375,7 +376,7 @@ class VAETrainer:
         if self.batch_in_epoch // accum < data.steps_per_epoch:
             return stopped  # left mid-epoch: the epoch counter stays
         self.epoch, self.batch_in_epoch = epoch + 1, 0
-        if (epoch + 1) % cfg.checkpoint_freq == 0 and not saving_blocked(self.guard, self.divergence):
+        if (epoch + 1) % cfg.checkpoint_freq == 0 and not saving_blocked(self.guard, self.d_guard, self.divergence):
             s = self._state()
             if main:
                 self.last_good = self.manager.save(s, epoch + 1, metric=self.last_psnr)
@@ -396,7 +397,7 @@ class VAETrainer:
     def _finish(self, stop: RunStop) -> dict:
         """The last checkpoint, validation and samples; a finished (or time-boxed) run is exported."""
         reason, why = stop.reason, stop.signal_name if stop.reason == SIGNAL else stop.reason
-        check_run_ended_good(self.guard, self.divergence)  # inside a streak: exit 3, nothing to save
+        check_run_ended_good(self.guard, self.d_guard, self.divergence)  # inside a streak: exit 3, nothing to save
         saved = self.save(why or "end of training")
         if self.info.is_main:
             m = self.validate() if self.val_batches else {}

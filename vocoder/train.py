@@ -63,6 +63,7 @@ from common.training import (
     check_run_ended_good,
     count_parameters,
     critic_outputs_for_generator,
+    frozen,
     optimizer_overrides,
     saving_blocked,
     step_optimizer,
@@ -170,7 +171,6 @@ class VocoderTrainer:
         if resume_path is None:  # a new run: weights from elsewhere, if asked
             load_start_weights(cfg, init_from, self.generator, self.discriminator, self.log)
         self.frozen = apply_freezing(cfg, self.generator, self.discriminator)
-        self._d_trainable = [p for p in self.discriminator.parameters() if p.requires_grad]
         if self.frozen:
             self.log(f"frozen: {len(self.frozen)} parameter tensors ({', '.join(cfg.frozen_params)})")
 
@@ -253,10 +253,6 @@ class VocoderTrainer:
         return pitch_cycle.generate(self.generator_ddp, self.input_mel, mel, f0, self.cfg.pc_aug_rate,
                                     self.cfg.pc_aug_key, self.generator.source_sr / 2)
 
-    def _set_d_grad(self, enabled: bool) -> None:
-        for p in self._d_trainable:
-            p.requires_grad_(enabled)
-
     def _critic_outputs(self, real: torch.Tensor, fake: torch.Tensor) -> tuple[dict, dict]:
         """The frozen critics' outputs for the G update: (on real, no grad), (on fake, with grad)."""
         with self.precision.autocast():
@@ -285,8 +281,7 @@ class VocoderTrainer:
             logs.update(d_logs, loss_d=loss_d.detach(), grad_norm_d=d_norm)
 
         # ---- generator update (critics frozen, called unwrapped: their grads are not needed)
-        self._set_d_grad(False)
-        try:
+        with frozen(self.discriminator):
             mel_l, energy_l = self.mel_loss.with_energy(fake[:b], real, energy=cfg.lab_aux_energyloss > 0)
             mel_l = mel_l * cfg.lab_aux_melloss
             loss_g = mel_l
@@ -313,8 +308,6 @@ class VocoderTrainer:
             self.divergence.observe(mel_l)  # the weights that made this loss, before G's update
             g_norm, _ = step_optimizer(loss_g, self.g_opt, self.generator.parameters(), self.scaler,
                                        cfg.clip_grad_norm, self.g_guard)
-        finally:
-            self._set_d_grad(True)
         logs.update(loss_g=loss_g.detach(), grad_norm_g=g_norm)
         self.scaler.update()
         self.g_sched.step()

@@ -138,3 +138,20 @@ def test_split_call_gives_the_concatenated_calls_gradient(spectral):
     torch.testing.assert_close(new, old, rtol=1e-4, atol=1e-5 * old.abs().max().item())
     for k, v in disc.state_dict().items():
         torch.testing.assert_close(v, after_old[k])
+
+
+def test_frozen_gives_every_flag_back_even_when_the_step_fails():
+    """The critics are frozen for the generator's update; an OOM or a NaN stop inside must not leave them
+    untrainable, and a layer frozen by the config must stay frozen."""
+    from torch import nn
+
+    from common.training import frozen
+
+    critic = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    critic[0].weight.requires_grad_(False)
+    before = [p.requires_grad for p in critic.parameters()]
+    with pytest.raises(RuntimeError, match="out of memory"):
+        with frozen(critic):
+            assert not any(p.requires_grad for p in critic.parameters())
+            raise RuntimeError("CUDA out of memory")
+    assert [p.requires_grad for p in critic.parameters()] == before == [False, True, True, True]

@@ -433,3 +433,22 @@ def test_training_skips_what_prepare_skips_instead_of_upscaling(image_dir, tmp_p
     assert f"{mixed}: 10 of 12 images usable, 2 skipped (2 too small)" in out
     for name, side in (("eight.png", 8), ("one.png", 1)):  # each file named with its reason
         assert f"\n  skipped {mixed / name}: too small: {side}x{side}, shorter side < --min_size 32\n" in out, out
+
+
+def test_a_critic_that_stays_nonfinite_stops_the_run(image_dir, tmp_path, monkeypatch, capsys):
+    """The discriminator's step has its own guard: NaN critic gradients, step after step, stop the run
+    (exit 3, no checkpoint of the bad state) instead of a run whose critic silently never learns again."""
+    real = VAELoss.discriminator_loss
+
+    def nan_critic(self, disc, x, x_rec, step, *a, **k):
+        loss, logs = real(self, disc, x, x_rec, step, *a, **k)
+        return (loss * float("nan") if step >= 5 else loss), logs
+
+    monkeypatch.setattr(VAELoss, "discriminator_loss", nan_critic)
+    out = tmp_path / "run"
+    rc = run(image_dir, out, "--num_epochs", "3", "--no-export_diffusers", "--set", "max_nonfinite=3",
+             "--set", "disc_start=0")
+    assert rc == 3 and "consecutive" in capsys.readouterr().err
+    assert sorted(p.name for p in out.glob("checkpoint_*.pt")) == ["checkpoint_epoch_1.pt"]
+    ckpt = load_checkpoint(out / "checkpoint_epoch_1.pt")
+    assert ckpt["extra"]["d_guard"]["skipped_total"] == 0 and ckpt["counters"]["step"] == 4

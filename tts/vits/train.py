@@ -17,7 +17,6 @@ producing them stopped with its last good checkpoint intact, exact resume.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import sys
 import time
@@ -64,6 +63,7 @@ from common.training import (
     check_run_ended_good,
     count_parameters,
     critic_outputs_for_generator,
+    frozen,
     optimizer_overrides,
     saving_blocked,
     step_optimizer,
@@ -103,19 +103,6 @@ def schedule_kwargs(cfg: TrainConfig, steps_per_epoch: int) -> dict:
     references) or optimizer steps. `steps_per_epoch` is this rank's number of optimizer steps
     per epoch (the batch sampler shards batches by rank; VITS does not accumulate gradients)."""
     return {"gamma": cfg.lr_gamma, "per": cfg.lr_scheduler_per, "steps_per_epoch": steps_per_epoch}
-
-
-@contextlib.contextmanager
-def frozen(module: torch.nn.Module):
-    """No parameter gradients for ``module`` inside (the discriminator during the G step)."""
-    flags = [p.requires_grad for p in module.parameters()]
-    for p in module.parameters():
-        p.requires_grad_(False)
-    try:
-        yield
-    finally:
-        for p, f in zip(module.parameters(), flags):
-            p.requires_grad_(f)
 
 
 class VitsTrainer:
