@@ -277,7 +277,7 @@ def test_signal_saves_and_exits_then_resumes(tiny_data, tmp_path, monkeypatch):
 
 
 def test_worker_counts_reach_the_pools(tiny_data, tmp_path, monkeypatch):
-    tr = _trainer(tiny_data, tmp_path, "ds_workers=2", "dataloader_prefetch_factor=3")
+    tr = _trainer(tiny_data, tmp_path, "num_workers=2", "dataloader_prefetch_factor=3")
     assert tr.loader.num_workers == 2 and tr.loader.prefetch_factor == 3 and tr.loader.persistent_workers
     import vocoder.prepare_data as prep
 
@@ -337,7 +337,7 @@ def test_split_critic_call_gives_the_concatenated_calls_grads(tiny_data, tmp_pat
     batch = next(iter(tr.loader))
     real, b = batch["audio"], batch["audio"].shape[0]
     fake = tr.generator(batch["mel"], batch["f0"])
-    tr._set_d_grad(False)
+    tr.discriminator.requires_grad_(False)  # the G update freezes the critics (common.training.frozen)
     spectral_state = {k: v.clone() for k, v in tr.discriminator.state_dict().items()}  # power-iteration u, v
 
     d_real, d_fake = split_outputs(tr._critics_no_ddp(torch.cat([real, fake])), b)  # the former call
