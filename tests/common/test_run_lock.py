@@ -1,11 +1,14 @@
 """The run folder's lock (`common.run_lock`, taken by `common.run_dir.prepare_run_dir`), against real
-second processes: a live holder refuses the folder (exit-2 error naming it), a killed one is taken
-over with one line, another host's lock is refused with the instruction to remove it, a torchrun rank
-other than 0 takes nothing, and the lock goes away on a normal exit, an exception and SIGTERM.
+second processes: a live holder refuses the folder (exit-2 error naming it), a killed one's lock is
+free at once and its file is taken with one line, another host's file is refused with the instruction
+to remove it, a torchrun rank other than 0 takes nothing, and the lock goes away on a normal exit, an
+exception and SIGTERM. The lock is the operating system's (flock / msvcrt.locking), never a pid
+guess; the module imports without fcntl and then takes the msvcrt path, or goes on unguarded with one line.
 The four trainers' use of it is checked in tests/test_run_contract.py."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -17,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from common import run_lock
 from common.config import ConfigError
 from common.run_dir import OutputPathError, prepare_run_dir
 from common.run_lock import LOCK_NAME, RunFolderInUse, RunLock, release_run_locks
@@ -87,11 +91,8 @@ def test_a_killed_holder_is_taken_over_with_one_line(tmp_path):
 
 
 def test_a_reused_pid_is_not_the_holder(tmp_path):
-    """The pid of a dead run now names another process: its start time tells them apart."""
-    if not Path(f"/proc/{os.getppid()}/stat").exists():
-        pytest.skip("no /proc here")
-    stale = {"pid": os.getppid(), "host": socket.gethostname(), "started": "2020-01-01 00:00:00 UTC",
-             "process_start": "1"}
+    """The pid of a dead run now names another, live process: the lock is free, so the file is taken."""
+    stale = {"pid": os.getppid(), "host": socket.gethostname(), "started": "2020-01-01 00:00:00 UTC"}
     (tmp_path / LOCK_NAME).write_text(json.dumps(stale))
     lines: list[str] = []
     RunLock(tmp_path).acquire(log=lines.append)
@@ -170,3 +171,186 @@ def test_of_runs_starting_together_exactly_one_gets_the_lock(tmp_path):
             p.kill()
             p.wait(timeout=30)
     assert answers == ["refused", "refused", "refused", "won"]
+
+
+# ---------------------------------------------------------------------- the operating system's lock
+needs_flock = pytest.mark.skipif(run_lock.fcntl is None, reason="POSIX flock")
+
+
+def _no_pid_checks(monkeypatch) -> None:
+    """Makes `os.kill(pid, 0)` fail the test: the lock code never asks whether a pid lives (on Windows that
+    signal is CTRL_C_EVENT); the test's own kills still work."""
+    real_kill = os.kill
+
+    def kill(pid, sig):
+        if sig == 0:
+            raise AssertionError(f"os.kill({pid}, 0) called")
+        real_kill(pid, sig)
+    monkeypatch.setattr(os, "kill", kill)
+
+
+def _flock_is_free(path: Path) -> bool:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        run_lock.fcntl.flock(fd, run_lock.fcntl.LOCK_EX | run_lock.fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # (closing drops a lock this test took)
+
+
+@needs_flock
+def test_the_os_lock_decides_not_the_pid_in_the_file(tmp_path, monkeypatch):
+    """While the holder lives, its lock refuses the folder whatever pid the file names; the message names
+    what the file says."""
+    proc = _holder(tmp_path)
+    try:
+        assert not _flock_is_free(tmp_path / LOCK_NAME)  # a second open+flock fails, in any process
+        (tmp_path / LOCK_NAME).write_text(json.dumps({"pid": 2**22 + 12345, "host": socket.gethostname(),
+                                                      "started": "then", "command": "train.py --x 1"}))
+        _no_pid_checks(monkeypatch)
+        with pytest.raises(RunFolderInUse, match=rf"in use by another run \(pid {2**22 + 12345} on .*, started "
+                                                 rf"then: train.py --x 1\); wait for it to end"):
+            RunLock(tmp_path).acquire()
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+@needs_flock
+def test_a_killed_holder_frees_the_lock_at_once(tmp_path, monkeypatch):
+    proc = _holder(tmp_path)
+    assert not _flock_is_free(tmp_path / LOCK_NAME)
+    proc.kill()  # SIGKILL: no cleanup runs, the file stays with its content
+    proc.wait(timeout=30)
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == proc.pid
+    assert _flock_is_free(tmp_path / LOCK_NAME)  # the system let it go with the process: nothing to guess
+    _no_pid_checks(monkeypatch)
+    lines: list[str] = []
+    RunLock(tmp_path).acquire(log=lines.append)
+    assert len(lines) == 1 and f"(pid {proc.pid} on " in lines[0] and lines[0].endswith("is gone")
+
+
+@needs_flock
+def test_in_process_a_second_open_is_refused_and_the_same_run_again_takes_it_over(tmp_path):
+    first = RunLock(tmp_path).acquire()
+    assert not _flock_is_free(tmp_path / LOCK_NAME)  # flock is per open file: this process too
+    lines: list[str] = []
+    second = RunLock(tmp_path).acquire(log=lines.append)  # a run called in-process again: no refusal
+    assert lines == [] and first._fd is None and second._fd is not None
+    first.release()  # it gave its descriptor away: nothing happens
+    assert not _flock_is_free(tmp_path / LOCK_NAME)
+    release_run_locks()
+    assert not (tmp_path / LOCK_NAME).exists() and RunLock._held == {}
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_leaves_its_parents_lock_alone(tmp_path):
+    RunLock(tmp_path).acquire()
+    pid = os.fork()
+    if pid == 0:  # e.g. a DataLoader worker that runs the exit handlers
+        try:
+            release_run_locks()
+        finally:
+            os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert (tmp_path / LOCK_NAME).is_file() and json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+    with pytest.raises(RunFolderInUse):
+        _second_process_acquire(tmp_path)
+
+
+def _second_process_acquire(run: Path) -> None:
+    code = ("import sys\nfrom common.run_lock import RunLock, RunFolderInUse\n"
+            "try:\n    RunLock(sys.argv[1]).acquire()\nexcept RunFolderInUse as e:\n    print(e); sys.exit(2)\n")
+    res = subprocess.run([sys.executable, "-c", code, str(run)], cwd=REPO, capture_output=True, text=True,
+                         env=child_env(), timeout=60)
+    if res.returncode == 2:
+        raise RunFolderInUse(res.stdout.strip())
+    assert res.returncode == 0, res.stderr
+
+
+class _FakeMsvcrt:
+    """msvcrt.locking's contract on Linux: the byte range at the file position, LK_NBLCK fails with EACCES
+    while another open file holds it (here through a real flock, so two open files conflict)."""
+    LK_UNLCK, LK_LOCK, LK_NBLCK, LK_RLCK, LK_NBRLCK = 0, 1, 2, 3, 4
+
+    def __init__(self, fcntl):
+        self.fcntl, self.calls = fcntl, []
+
+    def locking(self, fd, mode, nbytes):
+        self.calls.append((mode, nbytes, os.lseek(fd, 0, os.SEEK_CUR)))
+        if mode == self.LK_UNLCK:
+            self.fcntl.flock(fd, self.fcntl.LOCK_UN)
+            return
+        try:
+            self.fcntl.flock(fd, self.fcntl.LOCK_EX | self.fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OSError(errno.EACCES, "Permission denied") from None
+
+
+@needs_flock
+def test_without_fcntl_the_msvcrt_path_locks_one_byte_past_the_holders_text(tmp_path, monkeypatch):
+    fake = _FakeMsvcrt(run_lock.fcntl)
+    monkeypatch.setattr(run_lock, "fcntl", None)
+    monkeypatch.setattr(run_lock, "msvcrt", fake)
+    assert run_lock.lock_backend() == "msvcrt"
+    lock = RunLock(tmp_path).acquire()
+    assert fake.calls == [(fake.LK_NBLCK, 1, run_lock.WINDOWS_LOCK_OFFSET)]
+    text = (tmp_path / LOCK_NAME).read_bytes()
+    assert len(text) < run_lock.WINDOWS_LOCK_OFFSET and json.loads(text)["pid"] == os.getpid()  # readable
+    other = RunLock(tmp_path)
+    other._key = "another process"  # not this process's own lock again: the contention path
+    with pytest.raises(RunFolderInUse, match=rf"in use by another run \(pid {os.getpid()} on "):
+        other.acquire()
+    assert fake.calls[-1] == (fake.LK_NBLCK, 1, run_lock.WINDOWS_LOCK_OFFSET)
+    lock.release()
+    assert fake.calls[-1] == (fake.LK_UNLCK, 1, run_lock.WINDOWS_LOCK_OFFSET)
+    assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_with_no_lock_module_the_run_goes_on_with_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_lock, "fcntl", None)
+    monkeypatch.setattr(run_lock, "msvcrt", None)
+    assert run_lock.lock_backend() is None
+    lines: list[str] = []
+    RunLock(tmp_path).acquire(log=lines.append)
+    assert lines == [f"warning: {tmp_path / LOCK_NAME} cannot be locked: this Python has neither fcntl (POSIX) "
+                     f"nor msvcrt (Windows) to lock files with; a second run started in {tmp_path} is not stopped"]
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+    release_run_locks()
+    assert not (tmp_path / LOCK_NAME).exists()
+
+
+IMPORT_WITHOUT_POSIX = """
+import sys, types
+for name in ("fcntl", "termios", "pwd", "grp", "resource"):
+    sys.modules[name] = None  # as on Windows: importing them fails
+if sys.argv[1] == "msvcrt":
+    fake = types.ModuleType("msvcrt")
+    fake.LK_UNLCK, fake.LK_NBLCK = 0, 2
+    fake.locking = lambda fd, mode, nbytes: None
+    sys.modules["msvcrt"] = fake
+import common.run_lock as m
+print(m.lock_backend())
+"""
+
+
+@pytest.mark.parametrize("msvcrt", ["msvcrt", "none"])
+def test_the_module_imports_without_fcntl(msvcrt):
+    """A fresh interpreter (a reload here would replace the classes other modules hold) with the POSIX-only
+    modules unavailable: the import works and picks msvcrt, or nothing."""
+    res = subprocess.run([sys.executable, "-c", IMPORT_WITHOUT_POSIX, msvcrt], cwd=REPO, capture_output=True,
+                         text=True, env=child_env(), timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == ("msvcrt" if msvcrt == "msvcrt" else "None")
+
+
+def test_process_is_running_sends_no_signal(monkeypatch):
+    """Kept for `common.atomic_write.remove_stale_temp_folders`; asks without os.kill(pid, 0)."""
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait(timeout=30)
+    _no_pid_checks(monkeypatch)
+    assert run_lock.process_is_running(os.getpid()) and run_lock.process_is_running(os.getppid())
+    assert not run_lock.process_is_running(done.pid)  # reaped: gone (unless the pid was reused at once)
+    assert not run_lock.process_is_running(10**30)
