@@ -49,6 +49,8 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from torch.optim.adamw import adamw as functional_adamw
 
+from common.errors import ConfigError
+
 DEFAULT_NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 MUON_EPS = 1e-7
 ADJUST_LR_FNS = (None, "original", "match_rms_adamw", "spectral_unclamped")
@@ -307,10 +309,10 @@ def split_params(
 
     AdamW gets: 1-D params (biases, norm gains), embeddings, norm layers, weight-norm magnitudes (old
     `weight_g` and new `parametrizations.weight.original0`), every parameter of the first and last
-    module that owns parameters in registration order (the vocoder: conv_post, and conv_pre only with
-    the mini-NSF source; with the full NSF source the first is m_source.l_linear, so conv_pre stays on
-    Muon, as in SingingVocoders' Muon_AdamW, which learned better there: bench/README.md, "Muon and the
-    vocoder's conv_pre"; the VAE: encoder.conv_in and post_quant_conv), grouped/depthwise convs (their
+    module that owns parameters in registration order (an NSF-HiFiGAN generator: conv_post, and conv_pre
+    only with the mini-NSF source; with the full NSF source the first is m_source.l_linear, so conv_pre
+    stays on Muon, as in openvpi's Muon_AdamW, which learned better there: bench/README.md, its section on
+    Muon and conv_pre; a KL autoencoder: encoder.conv_in and post_quant_conv), grouped/depthwise convs (their
     (out, -1) view mixes unrelated groups), vectors (a side of 1), and whatever the model marks: `exclude`
     name substrings, `muon_exclude = True` on a module (covers its children), `_no_muon = True` on a
     parameter. Everything else (hidden >=2-D weights, incl. weight-norm direction `original1`) -> Muon.
@@ -434,24 +436,24 @@ def build_optimizer(cls_name: str, model: nn.Module, **kwargs: Any) -> Optimizer
     """The optimizer a config names (`optimizer_cls` + its args) over `model`'s trainable parameters.
 
     `cls_name`: an alias (AdamW, Adam, MuonAdamW, Muon_AdamW) or a dotted path to a torch.optim.Optimizer
-    subclass. `beta1`/`beta2` (SingingVocoders configs) become `betas`.
+    subclass (anything else: ConfigError, exit 2). `beta1`/`beta2` (the seed configs' spelling) become `betas`.
     """
     from common.config import import_from_string
 
     valid = f"aliases {sorted(OPTIMIZER_ALIASES)} or a dotted path such as 'torch.optim.AdamW'"
     if not isinstance(cls_name, str) or not cls_name:
-        raise ValueError(f"optimizer class must be a name: {valid}; got {cls_name!r}")
+        raise ConfigError(f"optimizer class must be a name: {valid}; got {cls_name!r}")
     if cls_name in OPTIMIZER_ALIASES:
         cls = import_from_string(OPTIMIZER_ALIASES[cls_name])
     elif "." in cls_name:
         try:
             cls = import_from_string(cls_name)
         except (ValueError, ImportError) as exc:
-            raise ValueError(f"unknown optimizer class {cls_name!r} ({exc}); use {valid}") from None
+            raise ConfigError(f"unknown optimizer class {cls_name!r} ({exc}); use {valid}") from None
     else:
-        raise ValueError(f"unknown optimizer class {cls_name!r}; use {valid}")
+        raise ConfigError(f"unknown optimizer class {cls_name!r}; use {valid}")
     if not (inspect.isclass(cls) and issubclass(cls, Optimizer)):
-        raise ValueError(f"{cls_name!r} is not a torch.optim.Optimizer subclass; use {valid}")
+        raise ConfigError(f"{cls_name!r} is not a torch.optim.Optimizer subclass; use {valid}")
 
     if "beta1" in kwargs or "beta2" in kwargs:
         if "betas" in kwargs:

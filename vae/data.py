@@ -180,7 +180,7 @@ def usable_images(files: list[Path], size: int, max_pixels: int = DEFAULT_MAX_PI
                   where: str | Path = "", log: Callable[[str], None] = print) -> list[Path]:
     """The files that pass prepare_data.py's filters at crop `size` (decoded once, JPEGs at draft
     scale). Each skipped file is named with its reason through `log`, as prepare_data.py names them;
-    none usable → ValueError with one line: how many were skipped and why."""
+    none usable → ConfigError (exit 2) with one line: how many were skipped and why."""
     good, skipped, kinds = [], [], Counter()
     for path in files:
         try:
@@ -198,9 +198,9 @@ def usable_images(files: list[Path], size: int, max_pixels: int = DEFAULT_MAX_PI
             log(line)
         if not good:
             first, reason = skipped[0]
-            raise ValueError(f"no usable image in {where} ({len(skipped)} files skipped: {summary}; e.g. "
-                             f"{Path(first).name}: {reason}). Check the folder with `python vae/prepare_data.py "
-                             "--mode validate`")
+            raise ConfigError(f"no usable image in {where} ({len(skipped)} files skipped: {summary}; e.g. "
+                              f"{Path(first).name}: {reason}). Check the folder with `python vae/prepare_data.py "
+                              "--mode validate`")
     return good
 
 
@@ -254,8 +254,8 @@ def split_train_val(files: list[Path], num_val: int, seed: int = 1234) -> tuple[
     if num_val <= 0:
         return list(files), []
     if len(files) < 2:
-        raise ValueError(f"only {len(files)} image(s): need at least 2 to hold one out for validation "
-                         "(or set num_val_images: 0)")
+        raise ConfigError(f"only {len(files)} image(s): need at least 2 to hold one out for validation "
+                          "(or set num_val_images: 0)")
     num_val = min(num_val, max(1, len(files) // 5))
     order = np.random.default_rng(seed).permutation(len(files))
     val_idx = set(order[:num_val].tolist())

@@ -455,8 +455,10 @@ def train(cfg: VAEConfig, overwrite: bool = False, init_from: str | None = None,
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Bad input arrives as the project's error classes (exit 2); a bare ValueError is a bug in our code
+    # and keeps its traceback (exit 1), it is not reported as bad input.
     return exit_codes.run_main(lambda: run(args), (ConfigError, CheckpointError, PerceptualWeightsError,
-                                                   FileNotFoundError, ValueError))
+                                                   FileNotFoundError))
 
 
 def run(args: argparse.Namespace) -> int:
