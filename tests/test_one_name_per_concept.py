@@ -1,35 +1,49 @@
-"""The README's "One name per concept" table: every trainer reads the canonical key into its own
-field, and the names it read before still work."""
+"""The "One name per concept" table (docs/conventions.md): every trainer's config field is named by the
+canonical key, and the names the guides, the seeds and older runs used are aliases, translated once, at
+load (YAML, `--set`, a trainer's flags, the config stored in an older checkpoint)."""
 
 from __future__ import annotations
 
-import pytest
+import dataclasses
 
-from common.config import load_config
+import pytest
+import torch
+import yaml
+
+from common.config import config_to_dict, load_config, save_config
 from tts.clone.config import CloneConfig
 from tts.vits.config import TrainConfig
 from vae.config import VAEConfig
 from vocoder.config import VocoderConfig
 
-# schema -> (section prefix of the canonical key, {canonical: (field read, [older names])})
+# schema -> {canonical key (= the field the code reads): [the other spellings it accepts]}
 TABLE = {
-    VocoderConfig: ("", {"num_workers": ("ds_workers", ["ds_workers"]),
-                         "save_n_checkpoints": ("num_ckpt_keep", ["num_ckpt_keep"]),
-                         "val_check_interval": ("val_check_interval", []),
-                         "clip_grad_norm": ("clip_grad_norm", ["grad_clip", "gradient_clip_val"])}),
-    TrainConfig: ("", {"num_workers": ("num_loader_workers", ["num_loader_workers", "ds_workers"]),
-                       "save_n_checkpoints": ("save_n_checkpoints", []),
-                       "val_check_interval": ("eval_interval", ["eval_interval"]),
-                       "clip_grad_norm": ("grad_clip", ["grad_clip", "grad_clip_norm", "gradient_clip_val"])}),
-    CloneConfig: ("", {"train.num_workers": ("train.num_workers", []),
-                       "train.save_n_checkpoints": ("train.save_n_checkpoints", []),
-                       "train.val_check_interval": ("train.val_check_interval", []),
-                       "optim.clip_grad_norm": ("optim.clip_grad_norm", [])}),
-    VAEConfig: ("", {"num_workers": ("num_workers", []),
-                     "save_n_checkpoints": ("keep_checkpoints", ["keep_checkpoints"]),
-                     "val_check_interval": ("val_freq", ["val_freq"]),
-                     "clip_grad_norm": ("gradient_clip", ["gradient_clip"])}),
+    VocoderConfig: {"num_workers": ["ds_workers"],
+                    "save_n_checkpoints": ["num_ckpt_keep"],
+                    "val_check_interval": [],
+                    "clip_grad_norm": ["grad_clip", "gradient_clip_val"]},
+    TrainConfig: {"num_workers": ["num_loader_workers", "ds_workers"],
+                  "save_n_checkpoints": [],
+                  "val_check_interval": ["eval_interval"],
+                  "clip_grad_norm": ["grad_clip", "grad_clip_norm", "gradient_clip_val"]},
+    CloneConfig: {"train.num_workers": [],
+                  "train.save_n_checkpoints": [],
+                  "train.val_check_interval": [],
+                  "optim.clip_grad_norm": []},
+    VAEConfig: {"num_workers": [],
+                "save_n_checkpoints": ["keep_checkpoints"],
+                "val_check_interval": ["val_freq"],
+                "clip_grad_norm": ["gradient_clip"]},
 }
+# schema -> {the field name an older run stored in its checkpoint / config.yaml: today's field}
+RENAMED = {
+    VocoderConfig: {"ds_workers": "num_workers", "num_ckpt_keep": "save_n_checkpoints"},
+    TrainConfig: {"num_loader_workers": "num_workers", "eval_interval": "val_check_interval",
+                  "grad_clip": "clip_grad_norm"},
+    VAEConfig: {"keep_checkpoints": "save_n_checkpoints", "val_freq": "val_check_interval",
+                "gradient_clip": "clip_grad_norm"},
+}
+IDS = lambda s: s.__module__  # noqa: E731
 
 
 def _get(cfg, dotted: str):
@@ -38,10 +52,85 @@ def _get(cfg, dotted: str):
     return cfg
 
 
-@pytest.mark.parametrize("schema", list(TABLE), ids=lambda s: s.__module__)
+@pytest.mark.parametrize("schema", list(TABLE), ids=IDS)
+def test_the_field_is_named_by_the_canonical_key(schema):
+    cfg = schema()
+    for canonical, older in TABLE[schema].items():
+        *parents, leaf = canonical.split(".")
+        node = _get(cfg, ".".join(parents)) if parents else cfg
+        names = {f.name for f in dataclasses.fields(node)}
+        assert leaf in names, f"{schema.__name__}: no field '{canonical}'"
+        assert not names & set(older), f"{schema.__name__}: an alias of '{canonical}' is still a field"
+
+
+@pytest.mark.parametrize("schema", list(TABLE), ids=IDS)
 def test_canonical_and_old_names_reach_the_same_field(schema):
-    _, keys = TABLE[schema]
-    for value, (canonical, (field, older)) in enumerate(keys.items(), start=3):
-        assert _get(load_config(None, schema, [f"{canonical}={value}"]), field) == value
+    for value, (canonical, older) in enumerate(TABLE[schema].items(), start=3):
+        assert _get(load_config(None, schema, [f"{canonical}={value}"]), canonical) == value
         for old in older:
-            assert _get(load_config(None, schema, [f"{old}={value}"]), field) == value
+            assert _get(load_config(None, schema, [f"{old}={value}"]), canonical) == value
+
+
+@pytest.mark.parametrize("schema", list(RENAMED), ids=IDS)
+def test_a_yaml_in_the_old_spelling_loads_to_the_same_values(schema, tmp_path):
+    """Each renamed key, spelled the old way in a config file, gives what the canonical spelling gives;
+    the resolved config written into the run folder names it canonically."""
+    for value, (old, canonical) in enumerate(RENAMED[schema].items(), start=2):
+        old_file, new_file = tmp_path / f"old_{old}.yaml", tmp_path / f"new_{old}.yaml"
+        old_file.write_text(f"{old}: {value}\n")
+        new_file.write_text(f"{canonical}: {value}\n")
+        via_old, via_new = load_config(old_file, schema), load_config(new_file, schema)
+        assert getattr(via_old, canonical) == value
+        assert config_to_dict(via_old) == config_to_dict(via_new)
+        saved = yaml.safe_load(save_config(via_old, tmp_path / f"run_{old}").read_text())
+        assert saved[canonical] == value and old not in saved
+
+
+def _old_style(schema, values: dict) -> dict:
+    """The config dict an older run stored (its checkpoint's "config", its config.yaml): today's
+    resolved config with the renamed fields under the names they had then, set to `values`."""
+    stored = config_to_dict(load_config(None, schema))
+    for old, canonical in RENAMED[schema].items():
+        del stored[canonical]
+        stored[old] = values[old]
+    return stored
+
+
+OLD_VALUES = {
+    VocoderConfig: {"ds_workers": 3, "num_ckpt_keep": 7},
+    TrainConfig: {"num_loader_workers": 3, "eval_interval": 250, "grad_clip": 0.5},
+    VAEConfig: {"keep_checkpoints": 7, "val_freq": 250, "gradient_clip": 0.5},
+}
+
+
+@pytest.mark.parametrize("schema", list(RENAMED), ids=IDS)
+def test_a_stored_config_of_an_older_run_still_loads(schema, tmp_path):
+    """A checkpoint's stored config is read back through `load_config` (e.g. `tts/vits/synthesize.py`,
+    `--init_from`), an older run folder's config.yaml as a config file: the aliases translate both."""
+    values = OLD_VALUES[schema]
+    stored = _old_style(schema, values)
+    from_dict = load_config(None, schema, extra=stored)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(stored, sort_keys=False))
+    from_file = load_config(tmp_path / "config.yaml", schema)
+    for cfg in (from_dict, from_file):
+        for old, canonical in RENAMED[schema].items():
+            assert getattr(cfg, canonical) == values[old]
+    assert config_to_dict(from_dict) == config_to_dict(from_file)
+    assert not set(RENAMED[schema]) & set(config_to_dict(from_dict))  # written back canonically
+
+
+def test_an_older_vits_checkpoint_loads_for_synthesis():
+    """tts/vits/synthesize.py's `load_generator` (also the path of `--init_from` our own VITS file) on a
+    checkpoint whose stored config uses the field names of before the rename."""
+    from tts.text.phonemes import Frontend
+    from tts.vits.model import VITS
+    from tts.vits.synthesize import load_generator
+
+    tiny = load_config(None, TrainConfig, ["model=tiny"])
+    torch.manual_seed(0)
+    vits = VITS(len(Frontend.of(tiny).symbols), tiny.audio.n_fft // 2 + 1, 1, tiny.args(), tiny.audio.hop_length)
+    stored = {**_old_style(TrainConfig, OLD_VALUES[TrainConfig]), "model": "tiny"}
+    ckpt = {"models": {"generator": vits.state_dict()}, "config": stored, "extra": {"speakers": {"anna": 0}}}
+    model, cfg, speakers = load_generator("old.pt", ckpt=ckpt, remove_wn=False)
+    assert (cfg.num_workers, cfg.val_check_interval, cfg.clip_grad_norm) == (3, 250, 0.5)
+    assert speakers == {"anna": 0} and isinstance(model, VITS)

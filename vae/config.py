@@ -30,9 +30,10 @@ class VAEConfig:
     ALIASES: ClassVar[dict[str, str]] = {"lr": "learning_rate", "epochs": "num_epochs",
                                          "gradient_accumulation_steps": "accumulation_steps",
                                          "block_out_channels": "channels", "latent_channels": "z_channels",
-                                         # the names every trainer reads (README, "One name per concept")
-                                         "save_n_checkpoints": "keep_checkpoints",
-                                         "val_check_interval": "val_freq", "clip_grad_norm": "gradient_clip"}
+                                         # the guide's spellings of the names every trainer reads
+                                         # (docs/conventions.md, "One name per concept"); its flags too
+                                         "keep_checkpoints": "save_n_checkpoints",
+                                         "val_freq": "val_check_interval", "gradient_clip": "clip_grad_norm"}
     # `--preset` (common.presets): each card setting of common.hardware.PRESETS -> the key it sets here.
     # Workers and precision only: the guide fixes batch and crop per resolution profile (24/16/8/4 at
     # 768/1024/1536/2048) and `fit_batch_size` lowers the batch at start when memory says so.
@@ -99,7 +100,7 @@ class VAEConfig:
     stop_at_step: NonNegativeInt = 0          # >0: save and stop at this step WITHOUT changing the LR plan
     time_limit_minutes: NonNegativeFloat = 0.0  # >0: save and stop after this long (plan unchanged)
     accumulation_steps: PositiveInt = 1
-    gradient_clip: NonNegativeFloat = 1.0     # max grad norm; 0 disables clipping (the norm is still logged)
+    clip_grad_norm: NonNegativeFloat = 1.0    # max grad norm (gradient_clip); 0 = no clipping (the norm is still logged)
     ema_decay: Fraction = 0.999               # 0 disables the EMA copy
     max_nonfinite: PositiveInt = 20           # consecutive non-finite steps before the run stops
     seed: AnyInt = 42
@@ -114,10 +115,10 @@ class VAEConfig:
 
     # ---- checkpoints, logging, validation
     checkpoint_freq: PositiveInt = 1          # epochs between checkpoint_epoch_{N}.pt
-    keep_checkpoints: PositiveInt = 3         # rotation: newest N epoch checkpoints are kept
+    save_n_checkpoints: PositiveInt = 3       # rotation: newest N epoch checkpoints are kept (keep_checkpoints)
     save_every_steps: NonNegativeInt = 0      # >0: also refresh checkpoint_last.pt every N steps
     save_samples_freq: NonNegativeInt = 500   # steps between reconstruction grids
-    val_freq: NonNegativeInt = 1000           # steps between validation (PSNR/SSIM/LPIPS)
+    val_check_interval: NonNegativeInt = 1000  # steps between validation (PSNR/SSIM/LPIPS); the guide's val_freq
     log_freq: PositiveInt = 20                # steps between TensorBoard scalars
     num_sample_images: PositiveInt = 4
     latent_stats_images: PositiveInt = 64     # images encoded at the end for the scaling factor

@@ -1,4 +1,6 @@
-"""The RTX 5090 VAE guide's command-line flags, each a `VAEConfig` key, and how they meet the config.
+"""The RTX 5090 VAE guide's command-line flags, each a `VAEConfig` key (or its alias: the guide's
+`--gradient_clip`, `--val_freq`, `--keep_checkpoints` set `clip_grad_norm`, `val_check_interval`,
+`save_n_checkpoints`), and how they meet the config.
 
 A flag left out is None ("not given"), so the config's value stands; `--set key=value` overrides
 any key. Kept out of `train_vae.py` so the trainer reads as builders -> one step -> the loop.
@@ -29,7 +31,7 @@ BOOL_FLAGS = ("mixed_precision", "use_bf16", "use_torch_compile", "enable_tf32",
 def add_guide_flags(p: argparse.ArgumentParser) -> None:
     """`--<key> VALUE` for every value flag, `--channels W ...`, `--<key>` / `--no-<key>` for switches."""
     for name, tp in VALUE_FLAGS.items():
-        p.add_argument(f"--{name}", type=tp, default=None, help=f"config key {name}")
+        p.add_argument(f"--{name}", type=tp, default=None, help=f"config key {VAEConfig.ALIASES.get(name, name)}")
     p.add_argument("--channels", type=int, nargs="+", default=None, help="block widths, e.g. 128 256 512 512")
     for name in BOOL_FLAGS:
         p.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=None)

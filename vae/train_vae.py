@@ -12,7 +12,7 @@ Resuming at another `--image_size` starts a new resolution stage (vae/README.md,
 
 The loop: accumulate `accumulation_steps` micro-batches -> VAE update (reconstruction + LPIPS + KL
 [+ adaptive GAN term]) -> PatchGAN update (after `disc_start`) -> EMA -> log every `log_freq` steps,
-samples every `save_samples_freq`, validation every `val_freq`, `checkpoint_epoch_N.pt` every
+samples every `save_samples_freq`, validation every `val_check_interval`, `checkpoint_epoch_N.pt` every
 `checkpoint_freq` epochs -> at the end `checkpoint_last.pt`, `vae_final.pt` and the diffusers folder.
 """
 
@@ -151,7 +151,7 @@ class VAETrainer:
             return
         # ---- a run: per-rank noise, then resume (restores the RNG) or weights from elsewhere
         torch.manual_seed(cfg.seed + self.info.rank)
-        self.manager = CheckpointManager(out_dir, keep_last=cfg.keep_checkpoints, mode="max",
+        self.manager = CheckpointManager(out_dir, keep_last=cfg.save_n_checkpoints, mode="max",
                                          name_fn=lambda n: f"checkpoint_epoch_{n}.pt")
         resume = resolve_resume(cfg.resume_from, out_dir, self.manager, extra_names=("checkpoint_last.pt",))
         if resume is not None:
@@ -204,7 +204,7 @@ class VAETrainer:
         logvar = self.loss.logvar.logvar
         if self.info.enabled and logvar.requires_grad and logvar.grad is not None:
             logvar.grad.copy_(all_reduce_mean(logvar.grad))  # not inside the DDP module: average by hand
-        clip = cfg.gradient_clip or None
+        clip = cfg.clip_grad_norm or None
         self.divergence.observe(logs[f"rec_{cfg.rec_loss}"])  # the weights that made this loss, before the update
         g_norm, stepped = step_optimizer(None, self.g_opt, self.g_params, scaler, clip, self.guard)
         logs["grad_norm"] = g_norm
@@ -289,7 +289,7 @@ class VAETrainer:
     def validate(self) -> dict:
         """Held-out metrics of the EMA weights (rank 0, once per step) to TensorBoard and `metrics.jsonl`."""
         if self.last_val[0] == self.global_step:
-            return self.last_val[1]  # already measured at this step (val_freq hit the last step)
+            return self.last_val[1]  # already measured at this step (val_check_interval hit the last step)
         m = evaluate(self.eval_model, self.val_batches, self.device, self.precision.autocast, self.perceptual)
         if m:
             self.writer.scalars(m, self.global_step, "val")
@@ -363,7 +363,7 @@ class VAETrainer:
             progress.update(step, t1 - t0, time.perf_counter() - t1, **shown)
             if main and cfg.save_samples_freq and step % cfg.save_samples_freq == 0:
                 self._save_samples()
-            if main and cfg.val_freq and step % cfg.val_freq == 0 and self.val_batches:
+            if main and cfg.val_check_interval and step % cfg.val_check_interval == 0 and self.val_batches:
                 self.log(f"step {self.global_step}: {validation.describe(self.validate())}")
             if cfg.save_every_steps and step % cfg.save_every_steps == 0:
                 self.save(f"every {cfg.save_every_steps} steps")

@@ -4,11 +4,13 @@ DiffSinger name and meaning, and the code that reads it.
 Loaded by ``common.config.load_config(path, VocoderConfig, overrides)``; an unknown key is an
 error naming the closest valid key, so a typo never silently does nothing. The seed configs'
 misspelt optimizer keys (``generater_optimizer_args``, ``discriminate_optimizer_args``),
-``save_n_checkpoints`` and Muon_AdamW's ``muon_args.weight_decay`` / ``adamw_args.{weight_decay,eps}``
-are accepted as aliases, in any layer (the later layer wins whichever spelling it uses). The mel
-settings are the shared ``audio:`` block (``common.audio.AudioSettings``); the seed's flat keys
-(``audio_sample_rate``, ``hop_size``, ``fft_size``, ``win_size``, ``audio_num_mel_bins``, ``fmin``,
-``fmax``) are aliases of its fields.
+``ds_workers``, ``num_ckpt_keep`` and ``pl_trainer_precision`` (the fields ``num_workers``,
+``save_n_checkpoints`` and ``precision``: "One name per concept" in docs/conventions.md) and
+Muon_AdamW's ``muon_args.weight_decay`` / ``adamw_args.{weight_decay,eps}`` are accepted as
+aliases, in any layer (the later layer wins whichever spelling it uses), and translated to the field
+names at load. The mel settings are the shared ``audio:`` block (``common.audio.AudioSettings``); the
+seed's flat keys (``audio_sample_rate``, ``hop_size``, ``fft_size``, ``win_size``,
+``audio_num_mel_bins``, ``fmin``, ``fmax``) are aliases of its fields.
 
 Step semantics: one "step" (``max_updates``, ``val_check_interval``, ``log_interval``,
 ``warmup_steps``, ``save_best_after``) is one training iteration = one discriminator update
@@ -171,7 +173,8 @@ class VocoderConfig:
         "shuff_val": ("SingingVocoders' validation-pick shuffle; here binarization_args.shuffle (a seeded "
                       "shuffle before the val_num files are held out)"),
         **dict.fromkeys(("permanent_ckpt_start", "permanent_ckpt_interval"),
-                        "not implemented here: the newest num_ckpt_keep checkpoints and best.pt are kept"),
+                        "not implemented here: the newest save_n_checkpoints (num_ckpt_keep) checkpoints and best.pt "
+                        "are kept"),
         "accumulate_grad_batches": ("not implemented for this GAN loop (one critic and one generator update per "
                                     "batch); raise batch_size, or lower crop_mel_frames to fit it"),
         "sampler_frame_count_grid": ("SingingVocoders' length-grid sampler setting; training crops here have one "
@@ -181,14 +184,14 @@ class VocoderConfig:
     # read by vocoder/prepare_data.py alone: training reads the manifest and the stored mels / f0
     PREPARE_ONLY: ClassVar[tuple[str, ...]] = ("binarization_args", "data_input_path", "val_num", "test_prefixes",
                                                "pe", "f0_min", "f0_max")
-    PRESET_KEYS: ClassVar[dict[str, str]] = {"batch_size": "batch_size", "num_workers": "ds_workers",
+    PRESET_KEYS: ClassVar[dict[str, str]] = {"batch_size": "batch_size", "num_workers": "num_workers",
                                              "crop": "crop_mel_frames", "precision": "precision"}
     ALIASES: ClassVar[dict[str, str]] = {
         "generater_optimizer_args": "generator_optimizer_args",
         "discriminate_optimizer_args": "discriminator_optimizer_args",
-        "save_n_checkpoints": "num_ckpt_keep", "pl_trainer_precision": "precision",
-        # the names every trainer reads (README, "One name per concept")
-        "num_workers": "ds_workers", "grad_clip": "clip_grad_norm", "gradient_clip_val": "clip_grad_norm",
+        # the seed's spellings of the names every trainer reads (docs/conventions.md, "One name per concept")
+        "ds_workers": "num_workers", "num_ckpt_keep": "save_n_checkpoints", "pl_trainer_precision": "precision",
+        "grad_clip": "clip_grad_norm", "gradient_clip_val": "clip_grad_norm",
         # the seed's flat mel keys -> the audio: block
         **{k: f"audio.{v}" for k, v in AudioSettings.ALIASES.items() if k in _SEED_AUDIO_KEYS},
         "fmin": "audio.fmin", "fmax": "audio.fmax",
@@ -220,7 +223,7 @@ class VocoderConfig:
     # ---- data loading and augmentation
     crop_mel_frames: PositiveInt = 48  # random training crop, in mel frames (x hop_size samples)
     batch_size: PositiveInt = 16
-    ds_workers: NonNegativeInt = 4  # DataLoader worker processes
+    num_workers: NonNegativeInt = 4  # DataLoader worker processes (the seed's ds_workers)
     dataloader_prefetch_factor: PositiveInt = 2  # batches each worker keeps ready
     volume_aug: bool = True  # random gain (and the matching log-mel shift)
     volume_aug_prob: Probability = 0.5
@@ -269,7 +272,7 @@ class VocoderConfig:
     num_sanity_val_steps: NonNegativeInt = 1  # >0: validate that many files before the first step
     num_valid_plots: NonNegativeInt = 10  # validation files logged as audio + mel plots
     valid_max_seconds: PositiveFloat = 20.0  # validation files are cut to this length
-    num_ckpt_keep: PositiveInt = 5
+    save_n_checkpoints: PositiveInt = 5  # the newest N step checkpoints kept (the seed's num_ckpt_keep)
     save_best_after: NonNegativeInt = 0  # best.pt (lowest held-out MR-STFT distance) only from this step on
 
     # ---- fine-tuning and freezing

@@ -10,7 +10,7 @@ One step = one discriminator update followed by one generator update; ``max_upda
 The loop: crop batch -> G(mel, f0) -> D update (LSGAN on real vs detached fake) -> G update
 (adversarial + feature matching + mel L1 [+ MR-STFT] [+ pitch-shift cycle]) -> log ->
 every ``val_check_interval`` steps: held-out MR-STFT distance, audio + mel plots, checkpoint
-(last ``num_ckpt_keep`` kept, ``best.pt`` by the distance after ``save_best_after``).
+(last ``save_n_checkpoints`` kept, ``best.pt`` by the distance after ``save_best_after``).
 Ctrl-C / SIGTERM saves a checkpoint and exits; ``--resume auto`` continues bit-exactly.
 A non-finite loss or gradient skips that network's update (no optimizer state touched);
 ``max_nonfinite_steps`` in a row stop the run with the last good checkpoint left as newest.
@@ -156,16 +156,16 @@ class VocoderTrainer:
         self.valid_set = VocoderDataset(data_dir, manifest["valid"], cfg, train=False) if manifest["valid"] else None
         self.sampler = ResumableSampler(self.train_set, shuffle=True, seed=cfg.seed)
         self.loader = make_loader(
-            self.train_set, batch_size=cfg.batch_size, sampler=self.sampler, num_workers=cfg.ds_workers,
+            self.train_set, batch_size=cfg.batch_size, sampler=self.sampler, num_workers=cfg.num_workers,
             prefetch_factor=cfg.dataloader_prefetch_factor, pin_memory=self.device.type == "cuda",
-            persistent_workers=cfg.ds_workers > 0, collate_fn=collate, seed=cfg.seed, drop_last=True,
+            persistent_workers=cfg.num_workers > 0, collate_fn=collate, seed=cfg.seed, drop_last=True,
         )
 
         # ---- models (same init on every rank), then per-rank noise
         torch.manual_seed(cfg.seed)
         self.generator = build_generator(cfg).to(self.device)
         self.discriminator = build_discriminator(cfg).to(self.device)
-        self.manager = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.num_ckpt_keep,
+        self.manager = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.save_n_checkpoints,
                                          save_best_after=cfg.save_best_after, mode="min", prefix="model")
         resume_path = resolve_resume(resume, self.run_dir / "checkpoints", self.manager)
         if resume_path is None:  # a new run: weights from elsewhere, if asked

@@ -42,7 +42,7 @@ def test_the_recipe_is_one_both_codes_can_express():
     cfg = recipe_config()
     vr.check_expressible(cfg.args())  # their hard-coded sizes
     assert (cfg.lr, list(cfg.betas), cfg.eps, cfg.weight_decay) == (2e-4, [0.8, 0.99], 1e-9, 0.01)
-    assert (cfg.precision, cfg.grad_clip, cfg.lr_gamma, cfg.c_stft, cfg.mas_prior_steps) == ("32-true", None, 1.0, 0.0, 0)
+    assert (cfg.precision, cfg.clip_grad_norm, cfg.lr_gamma, cfg.c_stft, cfg.mas_prior_steps) == ("32-true", None, 1.0, 0.0, 0)
     with pytest.raises(SystemExit, match="n_layers_q=3"):  # the tiny preset's posterior encoder is not theirs
         vr.check_expressible(recipe_config(["model_args.n_layers_q=3"]).args())
 

@@ -150,10 +150,10 @@ CLI_CASES = [  # the values that crashed mid-run or were silently changed, and w
     ("vits", "max_steps=-5", "max_steps"), ("vits", "model_args.segment_frames=0", "model_args.segment_frames"),
     ("vits", "betas=[0.8]", "betas"), ("vits", "batch_size=0", "batch_size"),
     ("vocoder", "generator_optimizer_args.lr=-1", "generator_optimizer_args.lr"),
-    ("vocoder", "num_ckpt_keep=0", "num_ckpt_keep"), ("vocoder", "pl_trainer_precision=fp8", "fp8"),
+    ("vocoder", "save_n_checkpoints=0", "save_n_checkpoints"), ("vocoder", "pl_trainer_precision=fp8", "fp8"),
     ("cloning", "train.save_n_checkpoints=0", "train.save_n_checkpoints"),
     ("cloning", "audio.n_mels=0", "audio.n_mels"), ("cloning", "data.num_buckets=0", "data.num_buckets"),
-    ("vae", "keep_checkpoints=0", "keep_checkpoints"), ("vae", "learning_rate=-1", "learning_rate"),
+    ("vae", "save_n_checkpoints=0", "save_n_checkpoints"), ("vae", "learning_rate=-1", "learning_rate"),
 ]
 
 

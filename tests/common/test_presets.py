@@ -23,8 +23,8 @@ CONFIGS = {  # a shipped recipe per trainer: the preset must change it (it sits 
     "vae": (VAEConfig, REPO / "vae/configs/base.yaml"),
 }
 EXPECTED_5090 = {
-    "vocoder": {"batch_size": 32, "ds_workers": 12, "crop_mel_frames": 80, "precision": "16-mixed"},
-    "tts": {"batch_size": 96, "num_loader_workers": 8, "model_args.segment_frames": 32, "precision": "bf16-mixed"},
+    "vocoder": {"batch_size": 32, "num_workers": 12, "crop_mel_frames": 80, "precision": "16-mixed"},
+    "tts": {"batch_size": 96, "num_workers": 8, "model_args.segment_frames": 32, "precision": "bf16-mixed"},
     "tts_clone": {"train.batch_size": 48, "train.num_workers": 12, "data.ref_seconds": 3.0,
                   "train.precision": "bf16-mixed"},
     "vae": {"num_workers": 12, "precision": "bf16-mixed"},  # batch and crop: the profile's

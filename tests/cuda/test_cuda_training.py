@@ -110,8 +110,8 @@ def test_vae_pinned_memory_loading_with_workers(tiny_data, tmp_path):
 
 
 @pytest.mark.parametrize("trainer,keys", [
-    ("vocoder", ("ds_workers=2",)),  # pins on CUDA by itself
-    ("vits", ("num_loader_workers=2", "pin_memory=true", "persistent_workers=true")),
+    ("vocoder", ("num_workers=2",)),  # pins on CUDA by itself
+    ("vits", ("num_workers=2", "pin_memory=true", "persistent_workers=true")),
     ("clone", ("train.num_workers=2", "data.pin_memory=true")),
     ("vae", ("num_workers=2", "pin_memory=true", "persistent_workers=true")),
 ])

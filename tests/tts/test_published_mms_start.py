@@ -19,9 +19,9 @@ from tts.vits import train as train_mod
 from tts.vits.config import TrainConfig
 
 VOCAB = ["к", "а", "б", "е", "ш", "л", "о", "м", "с", " ", "д", "у", "н", "т", "и", "р", "г", "."]
-FAST = ["model=tiny", "batch_size=2", "num_loader_workers=0", "persistent_workers=false", "pin_memory=false",
+FAST = ["model=tiny", "batch_size=2", "num_workers=0", "persistent_workers=false", "pin_memory=false",
         "precision=32-true", "run_eval=false", "eval_at_start=false", "test_sentences=[]", "print_step=1",
-        "save_step=100", "eval_interval=0", "data.num_buckets=2", "max_minutes=null", "progress_bar=false",
+        "save_step=100", "val_check_interval=0", "data.num_buckets=2", "max_minutes=null", "progress_bar=false",
         "model_args.segment_frames=8", "max_steps=1"]
 
 

@@ -1,4 +1,4 @@
-"""tts/vits/config.py: the guide's spelling gradient_clip_val is grad_clip, and the shipped recipes
+"""tts/vits/config.py: the guide's spelling gradient_clip_val is clip_grad_norm, and the shipped recipes
 name their card and enable cudnn_benchmark."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from tts.vits.config import TrainConfig
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_gradient_clip_val_is_grad_clip(tmp_path):
-    assert load_config(None, TrainConfig, ["gradient_clip_val=0.5"]).grad_clip == 0.5
+def test_gradient_clip_val_is_clip_grad_norm(tmp_path):
+    assert load_config(None, TrainConfig, ["gradient_clip_val=0.5"]).clip_grad_norm == 0.5
     # --set items are layers: the later one wins whichever spelling it uses
-    assert load_config(None, TrainConfig, ["gradient_clip_val=0.5", "grad_clip=1.0"]).grad_clip == 1.0
+    assert load_config(None, TrainConfig, ["gradient_clip_val=0.5", "grad_clip=1.0"]).clip_grad_norm == 1.0
     both = tmp_path / "both.yaml"
     both.write_text("gradient_clip_val: 0.5\ngrad_clip: 1.0\n")
     with pytest.raises(ConfigError, match="twice"):  # one file giving both spellings is ambiguous

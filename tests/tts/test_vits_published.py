@@ -38,9 +38,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:Found keys that are in the model
 RECIPE = Path(__file__).resolve().parents[2] / "tts/vits/configs/finetune_piper.yaml"
 OUR = {s: i for i, s in enumerate(ESPEAK_SYMBOLS)}
 # Our recipe for these tests: tiny and fast; the model's shape comes from the source voice
-FAST = ["model=tiny", "batch_size=2", "num_loader_workers=0", "persistent_workers=false", "pin_memory=false",
+FAST = ["model=tiny", "batch_size=2", "num_workers=0", "persistent_workers=false", "pin_memory=false",
         "precision=32-true", "run_eval=false", "eval_at_start=false", "test_sentences=[]", "print_step=1",
-        "save_step=100", "eval_interval=0", "data.num_buckets=2", "max_minutes=null", "progress_bar=false",
+        "save_step=100", "val_check_interval=0", "data.num_buckets=2", "max_minutes=null", "progress_bar=false",
         "model_args.segment_frames=8", "max_steps=1"]
 SAYS = ["s", "a", "l", "o", "m", " ", "d", "u", "n", "ˈ", "ɑ", "ː", "."]  # what both models are given
 CACHED = ["salom", "dunˈɑː", "bugun", "kitob", "ʃoi", "men", "bu", "ʘ"]  # phonemes of TEXTS (no espeak-ng needed)

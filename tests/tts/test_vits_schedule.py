@@ -41,7 +41,7 @@ def _reference_lrs(lr: float, gamma: float, epochs: int, steps_per_epoch: int) -
 def test_recipe_decays_per_epoch_like_the_reference(name):
     cfg = load_config(CONFIGS / name, TrainConfig)
     assert cfg.lr_scheduler_per == "epoch"
-    assert cfg.weight_decay == 0.01 and cfg.grad_clip == 1.0  # references' AdamW decay; the guide's clip
+    assert cfg.weight_decay == 0.01 and cfg.clip_grad_norm == 1.0  # references' AdamW decay; the guide's clip
     total = cfg.epochs * STEPS_PER_EPOCH if cfg.max_steps is None else min(cfg.max_steps, cfg.epochs * STEPS_PER_EPOCH)
     epochs = -(-total // STEPS_PER_EPOCH)
     curve = lr_curve(_build(cfg, STEPS_PER_EPOCH)(one_param_optimizer(cfg.lr)))

@@ -221,7 +221,7 @@ def test_train_rtx5090_sh_tiny_run(data_one, tmp_path):
 
 @pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
 def test_gradient_clipping_really_clips_and_bf16_losses_are_fp32(data_one, tmp_path):
-    cfg = load_config(None, TrainConfig, [*FAST, "max_steps=1", "grad_clip=0.01",
+    cfg = load_config(None, TrainConfig, [*FAST, "max_steps=1", "clip_grad_norm=0.01",
                                           "precision=bf16-mixed"],
                       extra={"data_dir": str(data_one), "run_dir": str(tmp_path / "clip")})
     trainer = train_mod.VitsTrainer(cfg, setup_distributed("cpu"))
@@ -381,7 +381,7 @@ def test_two_processes_end_a_run_together_when_the_last_step_was_saved_but_not_e
     decision: it was rank 0's evaluation result, so rank 0 saved alone (a collective the others never
     joined) and the run failed at its last checkpoint."""
     run = tmp_path / "ddp"
-    sets = [*FAST, "max_steps=2", "run_eval=true", "save_step=2", "eval_interval=0"]
+    sets = [*FAST, "max_steps=2", "run_eval=true", "save_step=2", "val_check_interval=0"]
     run_torchrun(["--master_port", "29533", "-m", "tts.vits.train", "--data_dir", str(data_one), "--run_dir", str(run),
                   "--device", "cpu", *sum((["--set", s] for s in sets), [])])
     ckpt = load_checkpoint(CheckpointManager(run / "checkpoints", prefix="vits").latest())

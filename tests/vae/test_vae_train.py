@@ -71,6 +71,7 @@ def test_guide_flags_override_config_and_resolved_config_is_saved(image_dir, tmp
     assert saved["image_size"] == 40 and saved["z_channels"] == 8 and saved["kl_weight"] == 1e-5
     assert saved["accumulation_steps"] == 2 and saved["ema_decay"] == 0.5 and saved["disc_weight"] == 0.25
     assert saved["channels"] == [16, 32]  # from the YAML
+    assert saved["clip_grad_norm"] == 0.5 and "gradient_clip" not in saved  # the guide's flag, saved canonically
     assert (out / "checkpoint_epoch_1.pt").is_file() and (out / "vae_final.pt").is_file()
     assert (out / "lr_schedule.png").is_file()
     assert sorted(p.name for p in (out / "samples").iterdir())[-1] == "step_0000002.png"
@@ -197,7 +198,7 @@ def _grads_of_one_step(cfg, micro, monkeypatch):
 
 
 def test_accumulation_divides_the_loss(monkeypatch):
-    cfg = tiny_cfg(disc_weight=0.0, ema_decay=0.0, gradient_clip=0.0)
+    cfg = tiny_cfg(disc_weight=0.0, ema_decay=0.0, clip_grad_norm=0.0)
     torch.manual_seed(1)
     x = torch.rand(4, 3, 32, 32) * 2 - 1
     whole, logs_whole = _grads_of_one_step(cfg, [x], monkeypatch)
@@ -208,10 +209,10 @@ def test_accumulation_divides_the_loss(monkeypatch):
 
 def test_gradient_clip_really_clips(monkeypatch):
     x = torch.rand(2, 3, 32, 32) * 2 - 1
-    clipped, logs = _grads_of_one_step(tiny_cfg(disc_weight=0.0, gradient_clip=1e-3), [x], monkeypatch)
+    clipped, logs = _grads_of_one_step(tiny_cfg(disc_weight=0.0, clip_grad_norm=1e-3), [x], monkeypatch)
     assert logs["grad_norm"].item() > 1e-2  # the reported norm is the one before clipping
     assert clipped.norm().item() == pytest.approx(1e-3, rel=1e-3)
-    free, _ = _grads_of_one_step(tiny_cfg(disc_weight=0.0, gradient_clip=0.0), [x], monkeypatch)
+    free, _ = _grads_of_one_step(tiny_cfg(disc_weight=0.0, clip_grad_norm=0.0), [x], monkeypatch)
     assert free.norm().item() == pytest.approx(logs["grad_norm"].item(), rel=1e-4)
 
 
@@ -219,7 +220,7 @@ def test_fp16_step_on_cpu_really_scales_the_loss():
     """--mixed_precision alone: fp16 autocast + GradScaler("cpu"): backward sees gradients x scale,
     the optimizer sees them unscaled, and a non-finite step is skipped with the scale halved."""
     base = yaml.safe_load(TINY_CONFIG.read_text())
-    cfg = VAEConfig(**{**base, "precision": "16-mixed", "disc_weight": 0.0, "gradient_clip": 0.0,
+    cfg = VAEConfig(**{**base, "precision": "16-mixed", "disc_weight": 0.0, "clip_grad_norm": 0.0,
                         "warmup_steps": 0, "lr_scheduler": "constant"})
     t = tv.VAETrainer(cfg, torch.device("cpu"), total_steps=4, quiet=True)
     assert t.precision.amp_dtype == torch.float16 and t.precision.scaler.is_enabled()
@@ -280,7 +281,7 @@ def test_repeated_nonfinite_stops_with_last_good_checkpoint(image_dir, tmp_path,
 
 def test_exact_resume_is_bitwise_with_rotation(image_dir, tmp_path):
     straight, resumed, split = tmp_path / "straight", tmp_path / "resumed", tmp_path / "split"
-    assert run(image_dir, straight, "--num_epochs", "3", "--set", "keep_checkpoints=2") == 0
+    assert run(image_dir, straight, "--num_epochs", "3", "--set", "save_n_checkpoints=2") == 0
     # Rotation: epochs 1..3 were written, the newest 2 kept.
     assert sorted(p.name for p in straight.glob("checkpoint_epoch_*.pt")) == ["checkpoint_epoch_2.pt",
                                                                              "checkpoint_epoch_3.pt"]

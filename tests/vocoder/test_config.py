@@ -17,7 +17,7 @@ def test_base_hifi_gpu_table_values():
         assert opt.optimizer_cls == "torch.optim.AdamW" and opt.lr == 1e-4
         assert (opt.beta1, opt.beta2) == (0.8, 0.99)
     assert c.precision == "32-true"
-    assert (c.ds_workers, c.dataloader_prefetch_factor) == (6, 4)
+    assert (c.num_workers, c.dataloader_prefetch_factor) == (6, 4)
     assert c.binarization_args.num_workers == 8
     assert c.model_args.discriminator_periods == [3, 5, 7, 11, 17, 23, 37]
     assert c.discriminator_names == ["mpd", "msd"]
@@ -44,7 +44,7 @@ def test_base_hifi_rtx5090_table_values():
     raw = yaml.safe_load(RTX_YAML.read_text())
     assert raw["generator_optimizer_args"]["optimizer_cls"] == "Muon_AdamW"
     assert c.precision == "16-mixed"
-    assert (c.ds_workers, c.dataloader_prefetch_factor) == (12, 4)
+    assert (c.num_workers, c.dataloader_prefetch_factor) == (12, 4)
     assert c.binarization_args.num_workers == 16
     assert c.model_args.discriminator_periods == [2, 3, 5, 7, 11, 17, 23]
     assert c.model_args.fast_mpd_strides == [4, 4, 4] and c.model_args.fast_mpd_kernel_size == 11
@@ -85,7 +85,7 @@ def test_seed_aliases_and_task_names(tmp_path):
     assert c.task == "fast"
     assert c.generator_optimizer_args.is_muon and c.generator_optimizer_args.lr == 2e-4
     assert c.discriminator_optimizer_args.lr == 3e-4
-    assert c.num_ckpt_keep == 3
+    assert c.save_n_checkpoints == 3
     assert task_kind("nsf_HiFigan_task.nsf_HiFigan") == "standard"
     with pytest.raises(ConfigError, match="nsf_HiFigan"):
         load_config(None, VocoderConfig, ["task_cls=training.univnet.UnivNet"])
@@ -101,8 +101,8 @@ def test_inconsistent_values_are_rejected():
 
 
 def test_singingvocoders_spellings_layer_over_our_base_configs(tmp_path):
-    """A SingingVocoders-style file over base_hifi_gpu.yaml (which spells the keys our way): the later
-    layer wins whichever spelling it uses, keys it does not give are inherited."""
+    """A file in other spellings over base_hifi_gpu.yaml: the later layer wins whichever spelling it
+    uses, keys it does not give are inherited."""
     sv = tmp_path / "sv.yaml"
     sv.write_text(f"base_config: {GPU_YAML}\n"
                   "generater_optimizer_args: {optimizer_cls: modules.optimizer.muon.Muon_AdamW, lr: 0.0002}\n"
@@ -112,13 +112,13 @@ def test_singingvocoders_spellings_layer_over_our_base_configs(tmp_path):
     g, d = c.generator_optimizer_args, c.discriminator_optimizer_args
     assert g.is_muon and g.lr == 2e-4 and (g.beta1, g.beta2) == (0.8, 0.99)  # betas from the base
     assert d.optimizer_cls == "torch.optim.AdamW" and d.lr == 5e-5
-    assert c.num_ckpt_keep == 3
-    # ours over theirs: the child's canonical spelling wins over the base's alias
+    assert c.save_n_checkpoints == 3
+    # the child's spelling (num_ckpt_keep, SingingVocoders') wins over its base's (save_n_checkpoints)
     ours = tmp_path / "ours.yaml"
     ours.write_text(f"base_config: {sv}\ngenerator_optimizer_args: {{lr: 0.0004}}\nnum_ckpt_keep: 2\n")
     c = load_config(ours, VocoderConfig, ["discriminate_optimizer_args.lr=0.0007"])
     assert c.generator_optimizer_args.lr == 4e-4 and c.generator_optimizer_args.is_muon
-    assert c.num_ckpt_keep == 2 and c.discriminator_optimizer_args.lr == 7e-4
+    assert c.save_n_checkpoints == 2 and c.discriminator_optimizer_args.lr == 7e-4
     both = tmp_path / "both.yaml"
     both.write_text("num_ckpt_keep: 2\nsave_n_checkpoints: 3\n")
     with pytest.raises(ConfigError, match="twice"):

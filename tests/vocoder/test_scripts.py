@@ -14,7 +14,7 @@ from vocoder.prepare_data import prepare
 from .conftest import REPO, RTX_YAML, write_tones
 
 TINY_5090 = [
-    "max_updates=2", "batch_size=1", "crop_mel_frames=8", "ds_workers=0", "num_sanity_val_steps=0",
+    "max_updates=2", "batch_size=1", "crop_mel_frames=8", "num_workers=0", "num_sanity_val_steps=0",
     "valid_max_seconds=0.3", "val_check_interval=1000", "log_interval=1",
     "model_args.upsample_initial_channel=32", "model_args.resblock_kernel_sizes=[3]",
     "model_args.resblock_dilation_sizes=[[1]]", "model_args.mrd_channels=4", "model_args.fast_mpd_init_channel=2",

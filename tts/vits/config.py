@@ -3,11 +3,12 @@
 One schema serves prepare_data.py, train.py, synthesize.py and export_onnx.py, so the YAML a
 user trains with is also the one that prepared the data (same sample rate, hop, filters).
 Key names follow Coqui TTS / jaywalnut310 VITS where those exist (``batch_size``,
-``eval_batch_size``, ``num_loader_workers``, ``print_step``, ``save_step``,
-``save_n_checkpoints``, ``save_best_after``, ``test_delay_epochs``, ``test_sentences``,
-``filter_length``/``sampling_rate`` as aliases; Coqui's ``mixed_precision`` + ``amp_dtype`` spell
-``precision``) so their configs read
-naturally here.
+``eval_batch_size``, ``print_step``, ``save_step``, ``save_n_checkpoints``, ``save_best_after``,
+``test_delay_epochs``, ``test_sentences``), except the keys every trainer shares ("One name per
+concept" in docs/conventions.md: ``num_workers``, ``val_check_interval``, ``clip_grad_norm``,
+``precision``), whose Coqui / guide spellings (``num_loader_workers``, ``eval_interval``,
+``grad_clip``, ``gradient_clip_val``, ``mixed_precision`` + ``amp_dtype``, and ``filter_length`` /
+``sampling_rate`` in ``audio``) are aliases translated at load, so their configs read naturally here.
 """
 
 from __future__ import annotations
@@ -166,7 +167,7 @@ class TrainConfig:
     # batches and loading
     batch_size: PositiveInt = 64
     eval_batch_size: PositiveInt = 16
-    num_loader_workers: NonNegativeInt = 6
+    num_workers: NonNegativeInt = 6  # DataLoader workers (Coqui's num_loader_workers)
     num_eval_loader_workers: NonNegativeInt = 2
     pin_memory: bool = True
     prefetch_factor: PositiveInt = 2
@@ -183,7 +184,7 @@ class TrainConfig:
     # ... applied once per EPOCH as jaywalnut310 (scheduler.step() after each epoch) and Coqui
     # (scheduler_after_epoch) do; "step" applies it after every optimizer step (far faster decay)
     lr_scheduler_per: Literal["step", "epoch"] = "epoch"
-    grad_clip: PositiveFloat | None = 1.0  # max total gradient norm per network (None: measure only)
+    clip_grad_norm: PositiveFloat | None = 1.0  # max total gradient norm per network (None: measure only)
     # 32-true | 16-mixed | bf16-mixed | auto; Coqui's `mixed_precision: true|false` + `amp_dtype: fp16|bf16`
     # are read as this key when the config loads (MULTI_KEY_ALIASES)
     precision: str = "bf16-mixed"
@@ -222,7 +223,7 @@ class TrainConfig:
     save_step: PositiveInt = 500
     save_n_checkpoints: PositiveInt = 8
     save_best_after: NonNegativeInt = 5000
-    eval_interval: NonNegativeInt = 500  # 0 = no mid-epoch evaluation
+    val_check_interval: NonNegativeInt = 500  # steps between evaluations; 0 = no mid-epoch evaluation
     test_delay_epochs: NonNegativeInt = 3
     run_eval: bool = True
     eval_at_start: bool = False  # evaluate the untrained model too (the demo's "step 0" figures)
@@ -237,16 +238,16 @@ class TrainConfig:
     data_dir: str | None = None
     run_dir: str | None = None
     # `--preset` (common.presets): each card setting of common.hardware.PRESETS -> the key it sets here
-    PRESET_KEYS: ClassVar[dict[str, str]] = {"batch_size": "batch_size", "num_workers": "num_loader_workers",
+    PRESET_KEYS: ClassVar[dict[str, str]] = {"batch_size": "batch_size", "num_workers": "num_workers",
                                              "crop": "model_args.segment_frames", "precision": "precision"}
     ALIASES: ClassVar[dict[str, str]] = {
-        "num_workers": "num_loader_workers", "ds_workers": "num_loader_workers",
-        "max_updates": "max_steps", "val_check_interval": "eval_interval",
-        "checkpoint_interval": "save_step", "log_interval": "print_step",
-        "learning_rate": "lr", "lr_decay": "lr_gamma", "grad_clip_norm": "grad_clip",
-        "gradient_clip_val": "grad_clip",  # Lightning's name, as the 4090 guide writes it
-        # the names every trainer reads (README, "One name per concept")
-        "clip_grad_norm": "grad_clip",
+        # Coqui's / the guides' spellings of the names every trainer reads (docs/conventions.md, "One name
+        # per concept"); gradient_clip_val is Lightning's name, as the 4090 guide writes it
+        "num_loader_workers": "num_workers", "ds_workers": "num_workers",
+        "eval_interval": "val_check_interval",
+        "grad_clip": "clip_grad_norm", "grad_clip_norm": "clip_grad_norm", "gradient_clip_val": "clip_grad_norm",
+        "max_updates": "max_steps", "checkpoint_interval": "save_step", "log_interval": "print_step",
+        "learning_rate": "lr", "lr_decay": "lr_gamma",
     }
     MULTI_KEY_ALIASES: ClassVar[tuple[MixedPrecisionSwitch, ...]] = (MixedPrecisionSwitch(
         "mixed_precision", "amp_dtype", (("fp16", "16-mixed"), ("bf16", "bf16-mixed")), default_mixed="bf16-mixed"),)

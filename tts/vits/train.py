@@ -8,7 +8,7 @@
 
 One loop: discriminator step → generator step → log → evaluate → checkpoint. Separate AdamW
 optimizers and exponential schedulers for G and D (``lr_gamma`` per step or per epoch, see
-``lr_scheduler_per``), gradient-norm clipping of each network (``grad_clip``; the norm before
+``lr_scheduler_per``), gradient-norm clipping of each network (``clip_grad_norm``; the norm before
 clipping is logged), mixed precision (autocast for the networks; spectrograms, flows'
 log-determinants, MAS and every loss in fp32), non-finite steps skipped and a run that keeps
 producing them stopped with its last good checkpoint intact, exact resume.
@@ -143,7 +143,7 @@ class VitsTrainer:
                        if cfg.compile or benchmark else None)
         if self.shapes is not None:
             self.log(f"batches padded to {len(self.shapes.shapes())} bucket shapes (text, frames): {self.shapes.shapes()}")
-        self.loader = make_loader(self.train_set, batch_sampler=self.sampler, num_workers=cfg.num_loader_workers,
+        self.loader = make_loader(self.train_set, batch_sampler=self.sampler, num_workers=cfg.num_workers,
                                   prefetch_factor=cfg.prefetch_factor, pin_memory=cfg.pin_memory,
                                   persistent_workers=cfg.persistent_workers, seed=cfg.seed,
                                   collate_fn=functools.partial(collate, shapes=self.shapes))
@@ -169,7 +169,7 @@ class VitsTrainer:
         self.guard = NonFiniteGuard(cfg.max_nonfinite_steps)
         self.divergence = DivergenceGuard([*self.generator.parameters(), *self.discriminator.parameters()],
                                           cfg.max_nonfinite_steps)
-        self.clip_stats = ClipStats(cfg.grad_clip)
+        self.clip_stats = ClipStats(cfg.clip_grad_norm)
         self.manager = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.save_n_checkpoints,
                                          save_best_after=cfg.save_best_after, mode="min", prefix="vits")
         self.step = self.epoch = self.batch_in_epoch = 0
@@ -300,7 +300,7 @@ class VitsTrainer:
                 y_d_r, y_d_g, _, _ = self.discriminator_ddp(y, y_hat.detach())
             with self.precision.no_autocast():
                 loss_d = discriminator_loss(y_d_r, y_d_g)
-            gn_d, ok_d = step_optimizer(loss_d, self.d_opt, self.discriminator.parameters(), self.scaler, self.cfg.grad_clip)
+            gn_d, ok_d = step_optimizer(loss_d, self.d_opt, self.discriminator.parameters(), self.scaler, self.cfg.clip_grad_norm)
 
         # generator (through the unwrapped, frozen D: its gradients are not needed)
         self.g_opt.zero_grad(set_to_none=True)
@@ -312,7 +312,7 @@ class VitsTrainer:
             losses = self._generator_losses(out, y_d_g, fmap_r, fmap_g, mel_y, mel_hat, y, y_hat)
         self.divergence.observe(losses["mel"])  # the weights that made this loss, before G's update
         gn_g, ok_g = step_optimizer(losses["total"], self.g_opt, self.generator.parameters(), self.scaler,
-                                    self.cfg.grad_clip)
+                                    self.cfg.clip_grad_norm)
         self.clip_stats.update("g", gn_g)
         if adversarial:
             self.clip_stats.update("d", gn_d)
@@ -401,7 +401,7 @@ class VitsTrainer:
                         progress.update(self.step, data_s, time.time() - t0)
                         if self.step % cfg.print_step == 0 and self.info.is_main:
                             self._log_step(metrics, progress)
-                        if cfg.eval_interval and self.step % cfg.eval_interval == 0 and self.epoch >= cfg.test_delay_epochs:
+                        if cfg.val_check_interval and self.step % cfg.val_check_interval == 0 and self.epoch >= cfg.test_delay_epochs:
                             last_metrics = self.validate()
                             last_eval = self.step
                             self.save(last_metrics["score"] if last_metrics else None)
