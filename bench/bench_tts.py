@@ -141,7 +141,7 @@ def synthetic_corpus(root: Path, n: int, seconds: float = 2.0) -> Path:
 
 
 def data_wait_fraction(steps: int = 12) -> tuple[float, str]:
-    """Fraction of a tiny-preset training loop spent waiting for batches (num_loader_workers 0),
+    """Fraction of a tiny-preset training loop spent waiting for batches (num_workers 0),
     over the demo's prepared data (made if missing: a small synthetic set)."""
     from common.config import load_config
     from common.distributed import setup_distributed
@@ -152,7 +152,7 @@ def data_wait_fraction(steps: int = 12) -> tuple[float, str]:
     if not (data / "train.jsonl").is_file():
         tmp = tempfile.TemporaryDirectory()
         data = synthetic_corpus(Path(tmp.name), 16)
-    sets = ["model=tiny", "batch_size=8", "num_loader_workers=0", "persistent_workers=false", "pin_memory=false",
+    sets = ["model=tiny", "batch_size=8", "num_workers=0", "persistent_workers=false", "pin_memory=false",
             "precision=32-true", "run_eval=false", "test_sentences=[]", f"max_steps={steps}",
             "progress_bar=false", "save_step=100000", "print_step=100000", "max_minutes=null"]
     with tempfile.TemporaryDirectory() as run_dir:
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         line = (f"{preset:<10}{g:>8.2f}{d:>8.2f}{step_s:>9.2f}{ups:>8.2f}{rtf_pt:>11.3f}"
                 f"{(rtf_ort or float('nan')):>10.3f}{(rtf_pt / rtf_ort if rtf_ort else float('nan')):>14.2f}x")
         print(line + ("" if cpu else f"{rtf_gpu:>10.4f}"))
-    print(f"data-wait fraction (tiny preset, batch 8, num_loader_workers 0, {data_src}): {wait:.1%}")
+    print(f"data-wait fraction (tiny preset, batch 8, num_workers 0, {data_src}): {wait:.1%}")
     print(f"total {time.perf_counter() - t_all:.0f} s")
     return 0
 

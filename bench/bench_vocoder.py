@@ -73,7 +73,7 @@ def rows(cuda: bool, force_compile: bool, force_fp16: bool) -> list[Row]:
         Row("  fast MPD instead of MPD (+MSD)", BASE, ["model_args.discriminators=[fast_mpd,msd]"]),
         Row("  fast task critics (fast MPD + MRD)", BASE, ["task_cls=nsf_HiFigan_fast_task.nsf_HiFigan"]),
         Row("  mini_nsf source", BASE, ["model_args.mini_nsf=true"]),
-        Row("  ds_workers=2 (vs 0)", BASE, ["ds_workers=2"]),
+        Row("  num_workers=2 (vs 0)", BASE, ["num_workers=2"]),
         Row("  torch.compile", BASE, ["compile=true"], cuda_only=compile_note),
     ]
 
@@ -111,8 +111,8 @@ def _sync(device: torch.device) -> None:
 def measure_training(row: Row, data: Path, tmp: Path, steps: int, warmup: int, cuda: bool) -> dict:
     overrides = [*cpu_scale(row.config, cuda), *row.overrides, "num_sanity_val_steps=0", "log_interval=1000000",
                  "val_check_interval=1000000", f"max_updates={steps + warmup}"]
-    if not any(o.startswith("ds_workers=") for o in row.overrides):
-        overrides.append("ds_workers=0")
+    if not any(o.startswith("num_workers=") for o in row.overrides):
+        overrides.append("num_workers=0")
     cfg = load_config(row.config, VocoderConfig, overrides)
     device = "cuda" if cuda else "cpu"
     tr = VocoderTrainer(cfg, data, tmp / row.name.strip().replace(" ", "_")[:40], device=device,

@@ -330,7 +330,7 @@ class Vae(TrainerSpec):
 
         return main, ["--config", str(config), "--data_path", str(data), "--output_dir", str(run),
                       "--no-export_diffusers", "--stop_at_step", str(steps),
-                      *_sets([f"device={device.type}", "fit_batch_size=false", "val_freq=0", "save_samples_freq=0",
+                      *_sets([f"device={device.type}", "fit_batch_size=false", "val_check_interval=0", "save_samples_freq=0",
                               *overrides])]
 
     def step_class(self) -> type:

@@ -13,7 +13,7 @@ VOCODER_TINY = [
     "model_args.fast_mpd_init_channel=2",
     "crop_mel_frames=8",
     "batch_size=2",
-    "ds_workers=0",
+    "num_workers=0",
     "precision=32-true",
     "loss_fft_sizes=[256,512]",
     "loss_hop_sizes=[64,128]",
@@ -31,9 +31,9 @@ VOCODER_TINY = [
 ]
 
 # Uzbek VITS (`--set` values): the tiny preset, batch 2, no evaluation.
-VITS_FAST = ["model=tiny", "batch_size=2", "num_loader_workers=0", "persistent_workers=false", "pin_memory=false",
+VITS_FAST = ["model=tiny", "batch_size=2", "num_workers=0", "persistent_workers=false", "pin_memory=false",
              "precision=32-true", "run_eval=false", "eval_at_start=false", "test_sentences=[]", "print_step=1",
-             "save_step=2", "eval_interval=0", "data.num_buckets=2", "max_minutes=null", "progress_bar=false",
+             "save_step=2", "val_check_interval=0", "data.num_buckets=2", "max_minutes=null", "progress_bar=false",
              "model_args.segment_frames=8", "model_args.upsample_initial_channel=32", "model_args.n_layers_q=2"]
 
 # Voice cloning: the audio settings of the synthetic 22.05 kHz corpus (`tts.clone`'s default is 24 kHz / 100 mels).

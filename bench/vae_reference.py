@@ -68,7 +68,7 @@ REQUIRED_TAMING = ("taming/modules/losses/vqperceptual.py", "taming/modules/disc
                    "taming/modules/vqvae/quantize.py", "taming/util.py")
 # Our config set to what their loop can express (on top of bench.learning's RECIPE["vae"]).
 REFERENCE_RECIPE = ["precision=32-true", "optimizer_cls=Adam", "lr_scheduler=constant", "warmup_steps=0",
-                    "gradient_clip=0", "ema_decay=0.0", "learn_logvar=false", "rec_loss=l1", "weight_decay=0.0",
+                    "clip_grad_norm=0", "ema_decay=0.0", "learn_logvar=false", "rec_loss=l1", "weight_decay=0.0",
                     "accumulation_steps=1", "disc_learning_rate=0.0"]
 THEIR_BETAS = (0.5, 0.9)  # fixed in their configure_optimizers
 THEIR_CRITIC_CHANNELS = 64  # LPIPSWithDiscriminator does not pass ndf: taming's default

@@ -51,7 +51,7 @@ def train(data: Path, run: Path, steps: int, eval_every: int, init_from: Path | 
     metrics = read_metrics(run)
     if metrics and metrics[-1]["step"] >= steps:
         return metrics
-    sets = {"max_steps": steps, "eval_interval": eval_every, "save_step": eval_every, "eval_at_start": True,
+    sets = {"max_steps": steps, "val_check_interval": eval_every, "save_step": eval_every, "eval_at_start": True,
             "max_minutes": 600, "epochs": 100000}
     argv = ["--config", str(CONFIG), "--data_dir", str(data), "--run_dir", str(run), "--device", "cpu", "--overwrite",
             *sum((["--set", f"{k}={v}"] for k, v in sets.items()), [])]

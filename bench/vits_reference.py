@@ -57,7 +57,7 @@ THEIR_FIXED = {"posterior_kernel_size": 5, "n_layers_q": 16, "n_flows": 4, "flow
                "flow_kernel_size": 5, "window_size": 4, "use_sdp": True, "mpd_periods": [2, 3, 5, 7, 11],
                "disc_channel_scale": 1.0, "use_spectral_norm": False}
 REFERENCE_RECIPE = [
-    "lr=0.0002", "betas=[0.8,0.99]", "eps=1e-9", "weight_decay=0.01", "lr_gamma=1.0", "grad_clip=null",
+    "lr=0.0002", "betas=[0.8,0.99]", "eps=1e-9", "weight_decay=0.01", "lr_gamma=1.0", "clip_grad_norm=null",
     "c_mel=45.0", "c_kl=1.0", "c_stft=0.0", "mas_prior_steps=0", "batch_size=4",
     # small sizes both codes take as arguments (tiny preset: 32 hidden, 2 layers; decoder 64 ch, resblock 2)
     "model_args.hidden_channels=64", "model_args.inter_channels=64", "model_args.filter_channels=256",
