@@ -5,8 +5,8 @@ reconstruction/NLL over pixels and the KL over latent elements, and divides both
 `kl_weight=1e-6` and `disc_weight=0.5` are tuned for that. We divide that whole objective by the
 number of pixel values per image (C·H·W). Every relative weight is therefore exactly
 latent-diffusion's (`--kl_weight 1e-6` means what users expect), while the loss stays a per-pixel
-mean: readable in TensorBoard, independent of the crop size, and on the scale `--gradient_clip`
-expects. The logged `kl` is latent-diffusion's value (sum over latent elements / batch size).
+mean: readable in TensorBoard, independent of the crop size, and on the scale `clip_grad_norm`
+(`--gradient_clip`) expects. The logged `kl` is latent-diffusion's value (sum over latent elements / batch size).
 
 The one constant that does not survive that division by itself is the adaptive GAN weight's clamp:
 taming/latent-diffusion clamp ||∇nll|| / ||∇g|| at 1e4 on THEIR (summed) scale, where the ratio is
