@@ -98,7 +98,8 @@ class DivergenceGuard:
     weights that produced `loss`, and the loss, and copies them to the host behind the step's work.
     They are judged at the next `observe`, when that copy is long done (so the check adds no host
     sync to the step), or at `settle()`, which every save runs through `saving_blocked` and which also
-    judges the weights as they are after the last update.
+    judges the weights as they are after the last update. `in_streak` only reads what was last judged
+    (no device work, never raises); `settle()` is the call that reads the device.
     A non-finite loss is left to `NonFiniteGuard` (that step is skipped); a non-finite weight norm is
     divergence (finite weights near 1e20 already overflow a float32 norm). `loss` must be positive (a
     reconstruction loss, or a sum of positive terms), so that "1000x its median" means a blow-up.
@@ -113,6 +114,7 @@ class DivergenceGuard:
         self.recent: dict[str, list[float]] = {"weight norm": [], "loss": []}
         self.pending: tuple[torch.Tensor, torch.cuda.Event | None] | None = None  # (values on the host, copy done)
         self.reason = ""
+        self.weights_bad = False  # the last settle() found the weights after the last update out of range
 
     @torch.no_grad()
     def weight_norm(self) -> torch.Tensor:
@@ -142,11 +144,15 @@ class DivergenceGuard:
         why = self._why_bad("weight norm", float(self.weight_norm()))
         if why is not None:
             self.reason = f"after the last update {why}"
+        self.weights_bad = why is not None
         return why is None
 
     @property
     def in_streak(self) -> bool:
-        return not self.settle()
+        """The state as last judged (by `observe` or `settle`): a diverging streak, or weights out of range.
+        A plain read: no device sync, never raises; a step still pending counts once judged, so whoever
+        needs the state now (a save, the end of a run) calls `settle()` first, as `saving_blocked` does."""
+        return self.consecutive > 0 or self.weights_bad
 
     def _why_bad(self, name: str, value: float) -> str | None:
         history = self.recent[name]
@@ -176,6 +182,7 @@ class DivergenceGuard:
                     "Likely fixes: a lower learning rate, a longer warmup, or gradient clipping.")
             return
         self.consecutive = 0
+        self.weights_bad = False  # a later step's weights were judged in range
         for name, v in zip(self.recent, values):
             if math.isfinite(v):
                 history = self.recent[name]
@@ -197,7 +204,15 @@ def saving_blocked(*guards: NonFiniteGuard | DivergenceGuard | None) -> bool:
     """The one rule for every trainer: no checkpoint is written while any guard counts a non-finite
     or diverging streak, so the newest checkpoint on disk is always a good state (rotation can never
     push the pre-streak checkpoints out, and a non-finite stop leaves the last good one newest)."""
-    return any(g is not None and g.in_streak for g in guards)
+    return any(g is not None and _judged_in_streak(g) for g in guards)
+
+
+def _judged_in_streak(g: NonFiniteGuard | DivergenceGuard) -> bool:
+    """`g.in_streak` as of now: a DivergenceGuard first settles (its one host sync; at `max_consecutive`
+    it raises `NonFiniteError`)."""
+    if isinstance(g, DivergenceGuard):
+        g.settle()
+    return g.in_streak
 
 
 def check_run_ended_good(*guards: NonFiniteGuard | DivergenceGuard | None) -> None:
@@ -206,7 +221,7 @@ def check_run_ended_good(*guards: NonFiniteGuard | DivergenceGuard | None) -> No
     good state to save: it fails like a non-finite stop (`NonFiniteError`: exit 3, and `RunStop` names
     the last good checkpoint), never as a success that saved nothing."""
     for g in guards:
-        if g is not None and g.in_streak:
+        if g is not None and _judged_in_streak(g):
             what = f"diverging step(s) ({g.reason})" if isinstance(g, DivergenceGuard) else "non-finite step(s)"
             raise NonFiniteError(f"the run ended inside a streak of {max(1, g.consecutive)} {what}, "
                                  "so its final state is not good and was not saved")

@@ -95,6 +95,46 @@ def test_divergence_guard_counts_a_finite_blow_up_like_a_nonfinite_step():
     assert fresh.consecutive == 1
 
 
+def test_divergence_guard_in_streak_is_a_plain_read_that_never_raises(monkeypatch):
+    """`in_streak` (e.g. `if guard.in_streak` in logging code) reads the last judgement: no device work,
+    no judging of the pending step, no NonFiniteError; `saving_blocked` is where the device is read."""
+    model = nn.Linear(8, 8)
+    guard = DivergenceGuard(model.parameters(), max_consecutive=2)
+    for loss in (1.0, 0.9, 1.2):
+        guard.observe(torch.tensor(loss))
+    with torch.no_grad():
+        model.weight.mul_(1e29)  # ruined, finite
+    guard.observe(torch.tensor(1.0))  # records the ruined weights
+    guard.observe(torch.tensor(1.0))  # judges them: diverging, 1 of 2; this step is pending (diverging too)
+    assert guard.consecutive == 1 and guard.pending is not None
+
+    def device_work(*args, **kwargs):
+        raise AssertionError("in_streak read the device")
+    with monkeypatch.context() as m:
+        m.setattr(guard, "weight_norm", device_work)
+        m.setattr(guard, "_judge_pending", device_work)
+        assert guard.in_streak and guard.in_streak  # judging the pending step now would raise NonFiniteError
+    assert guard.consecutive == 1 and guard.pending is not None  # reading it changed nothing
+    with pytest.raises(NonFiniteError, match="2 consecutive steps diverged"):
+        saving_blocked(guard)
+
+    fresh = DivergenceGuard(model.parameters(), max_consecutive=5)
+    with torch.no_grad():
+        model.weight.div_(1e29)
+    for loss in (1.0, 0.9, 1.2):
+        fresh.observe(torch.tensor(loss))
+    with torch.no_grad():
+        model.weight.mul_(1e29)
+    assert not fresh.in_streak  # nothing judged the ruined weights yet
+    assert saving_blocked(fresh) and fresh.in_streak  # settled: the weights after the last update
+    with torch.no_grad():
+        model.weight.div_(1e29)  # back in range (as a reloaded state would be)
+    fresh.observe(torch.tensor(1.0))
+    assert fresh.in_streak  # still the last judgement
+    fresh.observe(torch.tensor(1.0))  # judges the step before: its weights were in range
+    assert not fresh.in_streak and not saving_blocked(fresh)
+
+
 def test_clip_stats_counts_clipped_steps_per_window():
     stats = ClipStats(1.0)
     for g, d in ((150.0, 0.5), (0.9, 2.0), (320.0, 0.1), (1.0, 0.2)):  # a norm equal to the limit is not clipped
