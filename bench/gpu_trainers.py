@@ -220,10 +220,11 @@ class Clone(TrainerSpec):
     def build(self, config, overrides, data, run, device, preset) -> Stepper:
         from common.presets import apply_preset
         from tts.clone.options import build_parser, resolve_config
+        from tts.clone.presets import CARD_PRESETS
         from tts.clone.train import CloneTrainer
 
         res = resolve_config(build_parser().parse_args(self._argv(config, overrides, data, run, device)))
-        apply_preset(res.cfg, preset, "tts_clone", log=lambda _line: None)  # as main() does
+        apply_preset(res.cfg, preset, CARD_PRESETS, log=lambda _line: None)  # as main() does
         with _quiet():
             tr = CloneTrainer(res, log=lambda *a, **k: None)
         t = res.cfg.train

@@ -115,7 +115,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
 
 
 # A stored weight or buffer beyond this is a diverged run, not a model: the largest |value| in the demo runs'
-# checkpoints of the four trainers is 7.4 (the cloning model's mel mean; weights stay below 3), a diverged
+# checkpoints of every trainer is 7.4 (a mel mean kept as a buffer; weights stay below 3), a diverged
 # run (learning rate 1e30) stores values near 1e29, and such weights crash inference (durations, lengths,
 # spectrograms overflow) instead of saying what is wrong.
 MAX_WEIGHT = 1e8
@@ -140,62 +140,47 @@ def diverged(ckpt: dict) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Which trainer made a checkpoint: for messages when a file is given to the wrong script
+# Which trainer wrote a checkpoint: for messages when a file is given to the wrong script
 # ---------------------------------------------------------------------------------------------
-# kind -> (what the file is, the scripts that use it). The layouts are the ones each trainer saves
-# (`make_state` with its network names and `extra`) and the exported / released files they read.
-CHECKPOINT_KINDS = {
-    "vocoder": ("a vocoder training checkpoint (vocoder/train.py)",
-                "vocoder/infer.py, vocoder/export.py, or --init_from of vocoder/train.py"),
-    "vocoder_export": ("an exported vocoder (vocoder/export.py, or a DiffSinger / SingingVocoders release)",
-                       "vocoder/infer.py, or --init_from of vocoder/train.py"),
-    "vits": ("a VITS checkpoint (tts/train.py)",
-             "tts/synthesize.py, tts/export_onnx.py, or --init_from of tts/train.py"),
-    "clone": ("a voice-cloning checkpoint (tts/train_main.py)",
-              "tts/infer_clone.py, tts/export_clone_onnx.py, or --init_from of tts/train_main.py"),
-    "vae": ("a VAE checkpoint (vae/train_vae.py)",
-            "vae/reconstruct.py, or --init_from of vae/train_vae.py"),
-}
+TRAINER_FIELD = "trainer"  # the name of the trainer that wrote a checkpoint (`make_state(trainer=...)`)
 
 
 def checkpoint_kind(ckpt: dict) -> str | None:
-    """The key of `CHECKPOINT_KINDS` whose layout `ckpt` has, or None for a file none of them made."""
-    models, extra = ckpt.get("models"), ckpt.get("extra")
-    models = models if isinstance(models, dict) else {}
-    extra = extra if isinstance(extra, dict) else {}
-    config = ckpt.get("config") if isinstance(ckpt.get("config"), dict) else {}
-    if "model" in models:
-        return "clone"
-    if "vae" in models or "arch" in extra or ("state_dict" in ckpt and "arch" in ckpt):
-        return "vae"
-    if "generator" in models:
-        if "speakers" in extra or "symbols" in extra:
-            return "vits"
-        if "export" in extra or "task_cls" in config:
-            return "vocoder"
-    if isinstance(ckpt.get("generator"), dict):
-        return "vocoder_export"
-    state = ckpt.get("state_dict")
-    if isinstance(state, dict) and any(str(k).startswith("generator.") for k in state):
-        return "vocoder_export"
-    return None
+    """Which kind of file `ckpt` is: the trainer it records (`TRAINER_FIELD`); for a file that records none
+    (written before checkpoints recorded it, an export, a published release) the kind a trainer recognises
+    it as (`common.trainers.recognise`: each trainer's own guess from its layouts); None when none does."""
+    name = ckpt.get(TRAINER_FIELD)
+    if isinstance(name, str) and name:
+        return name
+    from common.trainers import recognise
+
+    return recognise(ckpt)
+
+
+def describe_kind(kind: str) -> tuple[str, str]:
+    """(what a file of `kind` is, the scripts that take it), as its trainer declares them; a kind no
+    trainer here declares (a newer trainer's file) is named as it is recorded."""
+    from common.trainers import file_kinds
+
+    return file_kinds().get(kind) or (f"a checkpoint of the '{kind}' trainer",
+                                      f"the scripts of the '{kind}' trainer")
 
 
 def _made_by_note(ckpt: dict) -> str:
     """'; the file is <what made it>' for a file a trainer of this repo made, else ''."""
     kind = checkpoint_kind(ckpt)
-    return f"; the file is {CHECKPOINT_KINDS[kind][0]}" if kind else ""
+    return f"; the file is {describe_kind(kind)[0]}" if kind else ""
 
 
 def refuse_other_kind(path: str | Path, ckpt: dict, *accepted: str) -> None:
-    """CheckpointError when another trainer of this repo made `ckpt` than the `accepted` kinds (keys of
-    `CHECKPOINT_KINDS`, the first one named in the message): the message says which trainer made it and
-    which scripts use it, instead of a config or shape error deep inside the loader. A file none of the
-    trainers made is left to the caller's own layout checks."""
+    """CheckpointError when `ckpt` is another kind of file than the `accepted` ones (a trainer's name or
+    another kind it declares; the first one is named in the message): the message says which trainer made
+    it and which scripts use it, instead of a config or shape error deep inside the loader. A file no
+    trainer made or recognises is left to the caller's own layout checks."""
     kind = checkpoint_kind(ckpt)
     if kind is not None and kind not in accepted:
-        what, use = CHECKPOINT_KINDS[kind]
-        raise CheckpointError(f"{path} is {what}, not {CHECKPOINT_KINDS[accepted[0]][0]}: use it with {use}")
+        what, use = describe_kind(kind)
+        raise CheckpointError(f"{path} is {what}, not {describe_kind(accepted[0])[0]}: use it with {use}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,10 +221,14 @@ def make_state(
     counters: dict[str, Any] | None = None,
     config: dict | None = None,
     extra: dict | None = None,
+    trainer: str | None = None,
 ) -> dict:
-    """Call on every rank (it gathers each rank's RNG), then save on the main rank."""
+    """Call on every rank (it gathers each rank's RNG), then save on the main rank. `trainer`: the name of
+    the trainer that writes it (its `TrainerInfo.name`), stored as given in `TRAINER_FIELD` so that a
+    reader can tell which trainer wrote the file (`checkpoint_kind`)."""
     rng_all = distributed.gather_objects(capture_rng())
     state = {
+        **({TRAINER_FIELD: trainer} if trainer else {}),
         "models": {k: _unwrap(m).state_dict() for k, m in models.items()},
         "optimizers": {k: o.state_dict() for k, o in (optimizers or {}).items()},
         "schedulers": {k: s.state_dict() for k, s in (schedulers or {}).items()},
@@ -362,7 +351,7 @@ class CheckpointManager:
                 self._ours.add(p.name)
 
     def forget_best(self) -> None:
-        """The metric changes meaning (the VAE's next resolution stage: PSNR at another crop size), so the
+        """The metric changes meaning (a next training stage at another resolution: PSNR at another crop size), so the
         best so far (its files kept aside by the caller) no longer competes with the next value."""
         self.best_metric = None
 
@@ -446,7 +435,7 @@ def _find_resume(arg: str, ckpt_dir: str | Path, manager: CheckpointManager, ext
     in a warning, and the one before it is tried. When no intact one is left but damaged ones were
     found (now or by an earlier start: `*.corrupt` files), the run must not quietly start again from
     step 0: CheckpointError (exit 2) says what was found and what to do. `extra_names` are unnumbered
-    files that compete by modification time (the VAE's `checkpoint_last.pt`)."""
+    files that compete by modification time (e.g. a trainer's `checkpoint_last.pt`)."""
     if arg == "auto":
         candidates = [p for _, p in manager.checkpoints()]
         extras = [manager.dir / n for n in extra_names if (manager.dir / n).is_file()]
@@ -550,9 +539,8 @@ def load_matching(model: nn.Module, state_dict: dict[str, torch.Tensor], ignore:
                   ckpt: dict | None = None) -> InitReport:
     """Loads every tensor whose name and shape match; lists the rest by name. With `strict_shapes`, a
     shape mismatch is an error instead (fine-tuning that must match). With `source` (the `--init_from`
-    file, given for the network a run trains: generator, cloning model, VAE; not for critics), a file
-    of which fewer than `MIN_INIT_SHARE` of the model's tensors load is CheckpointError (exit 2) before
-    anything is loaded; `ckpt` (the whole file) lets the message say which trainer made it."""
+    file, given for the network a run trains, not for its critics), a file of which fewer than
+    `MIN_INIT_SHARE` of the model's tensors load is CheckpointError (exit 2) before anything is loaded; `ckpt` (the whole file) lets the message say which trainer made it."""
     model = _unwrap(model)
     own = model.state_dict()
     report = compare_state(own, state_dict, ignore)

@@ -3,9 +3,8 @@
 - `hardware_report()` answers "will this torch run on my GPU?" before a long job starts
   (RTX 50xx cards need a torch built for sm_120; older wheels import fine and then fail on the
   first kernel, which is the most common first-day problem).
-- `PRESETS` / `resolve_preset()` give batch size, DataLoader workers, precision and the training
-  crop per card, so a user with a 4090 or 5090 does not have to tune them by hand (`--preset` on
-  every trainer: `common.presets`).
+- `preset_name()` picks the card preset (`rtx4090 | rtx5090 | cpu`, or `auto` by the detected GPU);
+  what each preset sets lives with each trainer (`common.presets.CardPresets`, applied by `--preset`).
 - `find_batch_size()` measures the largest batch that fits instead of guessing.
 - `is_oom()` / `oom_message()` turn a CUDA OOM traceback into the next settings to try.
 """
@@ -13,7 +12,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import gc
 import os
 import platform
@@ -26,49 +24,9 @@ import torch
 
 GIB = 1024**3
 
-# Per-card settings. Keys per trainer (common.presets maps them onto each trainer's own config keys):
-#   batch_size  - per-GPU batch (DDP multiplies it by the number of GPUs)
-#   num_workers - DataLoader worker processes per GPU (the seed configs call it `ds_workers`)
-#   precision   - `32-true | 16-mixed | bf16-mixed` (see common.precision)
-#   crop        - the training crop: vocoder mel frames, VITS latent segment frames, voice-cloning
-#                 reference seconds, VAE square crop in pixels
-# Why these values:
-# - vocoder (NSF-HiFiGAN, fixed mel crops): openvpi's recipe trains in fp16 and warns that bf16
-#   costs audio quality, so 16-mixed. The generator + MPD/MSD at batch 16 x 48 frames fits a 24 GB
-#   card; the 5090 guide's 32 x 80 frames fits 32 GB. Waveform crops are cheap to load but f0/mel
-#   caching still wants workers, hence 6 / 12 (the 5090 eats batches twice as fast).
-# - tts (VITS, text -> wav with random slice decoding): jaywalnut310's base config is batch 64
-#   per GPU with 32-frame segments (8192 samples / hop 256); it fits 24 GB under autocast, and the
-#   5090 recipe (tts/vits/configs/uzbek_vits_rtx5090.yaml) takes 96 with 8 workers. bf16 avoids fp16
-#   overflow in the flow/duration losses.
-# - tts_clone (transformer text + reference -> mel): full-length mel targets, so a smaller batch;
-#   the crop is the 3-second reference clip of the recipe.
-# - vae (KL autoencoder + LPIPS + patch discriminator at 1024 px): activations dominate; 4 per
-#   24 GB card and 8 per 32 GB card in bf16. `--preset` applies only its workers and precision to
-#   the VAE (the guide's profiles fix batch and crop per resolution); the batch here is the
-#   `--batch_size auto` answer where memory cannot be measured.
-# - cpu: tiny settings so tests and the demo finish; fp32 because it is the safe default here.
-PRESETS: dict[str, dict[str, dict]] = {
-    "rtx4090": {  # 24 GB, Ada, sm_89
-        "vocoder": {"batch_size": 16, "num_workers": 6, "precision": "16-mixed", "crop": 48},
-        "tts": {"batch_size": 64, "num_workers": 6, "precision": "bf16-mixed", "crop": 32},
-        "tts_clone": {"batch_size": 32, "num_workers": 6, "precision": "bf16-mixed", "crop": 3.0},
-        "vae": {"batch_size": 4, "num_workers": 6, "precision": "bf16-mixed", "crop": 1024},
-    },
-    "rtx5090": {  # 32 GB, Blackwell, sm_120
-        "vocoder": {"batch_size": 32, "num_workers": 12, "precision": "16-mixed", "crop": 80},
-        "tts": {"batch_size": 96, "num_workers": 8, "precision": "bf16-mixed", "crop": 32},
-        "tts_clone": {"batch_size": 48, "num_workers": 12, "precision": "bf16-mixed", "crop": 3.0},
-        "vae": {"batch_size": 8, "num_workers": 12, "precision": "bf16-mixed", "crop": 1024},
-    },
-    "cpu": {
-        "vocoder": {"batch_size": 2, "num_workers": 0, "precision": "32-true", "crop": 32},
-        "tts": {"batch_size": 4, "num_workers": 0, "precision": "32-true", "crop": 16},
-        "tts_clone": {"batch_size": 4, "num_workers": 0, "precision": "32-true", "crop": 2.0},
-        "vae": {"batch_size": 2, "num_workers": 0, "precision": "32-true", "crop": 256},
-    },
-}
-TRAINERS = ("vocoder", "tts", "tts_clone", "vae")
+# The card presets: settings a trainer keeps per card for them (`common.presets.CardPresets`, with its
+# reasons). `auto` picks one of them by GPU memory (`preset_name`).
+CARDS = ("rtx4090", "rtx5090", "cpu")  # rtx4090: 24 GB, Ada, sm_89; rtx5090: 32 GB, Blackwell, sm_120
 
 
 # ----------------------------------------------------------------------------- detection
@@ -212,7 +170,7 @@ def _preset_for_vram(vram_gb: float | None) -> str:
         return "cpu"
     if vram_gb >= 30:
         return "rtx5090"
-    return "rtx4090"  # below 20 GB too, with a warning from resolve_preset
+    return "rtx4090"  # below 20 GB too, with a warning from preset_name
 
 
 def preset_name(name: str, vram_gb: float | None = None, say: Callable[[str], None] = print) -> str:
@@ -231,21 +189,9 @@ def preset_name(name: str, vram_gb: float | None = None, say: Callable[[str], No
         if vram is not None and vram < 20:
             say(f"[preset] warning: {vram:.0f} GB is less than the 24 GB preset assumes; if it runs out "
                 "of memory, lower batch_size or use common.hardware.find_batch_size")
-    if key not in PRESETS:
-        raise ValueError(f"unknown preset '{name}': valid presets are {', '.join(['auto', *PRESETS])}")
+    if key not in CARDS:
+        raise ValueError(f"unknown preset '{name}': valid presets are {', '.join(['auto', *CARDS])}")
     return key
-
-
-def resolve_preset(name: str, trainer: str | None = None, vram_gb: float | None = None) -> dict:
-    """Settings of preset `name` for `trainer` (a copy), or the whole preset when trainer is None.
-    `auto` as in `preset_name`."""
-    key = preset_name(name, vram_gb)
-    if trainer is None:
-        return copy.deepcopy(PRESETS[key])
-    if trainer not in PRESETS[key]:
-        raise ValueError(f"preset '{key}' has no settings for trainer '{trainer}': "
-                         f"valid trainers are {', '.join(PRESETS[key])}")
-    return dict(PRESETS[key][trainer])
 
 
 # ----------------------------------------------------------------------------- OOM

@@ -2,11 +2,10 @@
 
 `--preset {rtx4090,rtx5090,auto,cpu}` is one flag with the same meaning in every trainer. It fills
 in the settings that depend on the card — batch size, DataLoader workers, precision and the
-training crop — so a user with a 4090 or 5090 need not tune them by hand. The values per card live
-in `common.hardware.PRESETS` (with the reasons); each trainer's schema maps them onto its own config
-keys (`PRESET_KEYS`), and this module applies them. A trainer's own recipe flag (the cloning
-trainer's `--fast-convergence`, whose values are data in `tts/clone/presets.py`) goes through the
-same `apply_settings`.
+training crop — so a user with a 4090 or 5090 need not tune them by hand. Each trainer keeps its
+values per card (with the reasons) in its own `CardPresets` table, and its schema maps them onto its
+own config keys (`PRESET_KEYS`); this module applies a table it is given and knows no trainer. A
+trainer's own recipe flag (data in that trainer's package) goes through the same `apply_settings`.
 
 Precedence, lowest first: schema defaults < the YAML config < a preset < what the user typed
 (the trainer's flags and `--set`). A preset sits above the YAML on purpose: every shipped recipe
@@ -27,40 +26,71 @@ from typing import Any
 
 from common.config import explicit_keys, import_from_string, mark_explicit
 from common.distributed import launched_as_rank0
-from common.hardware import PRESETS, preset_name
+from common.hardware import CARDS, preset_name
 
 PRESET_CHOICES = ("rtx4090", "rtx5090", "auto", "cpu")
+# The settings a card preset may give (a trainer's schema maps those it takes in `PRESET_KEYS`):
+#   batch_size  - per-GPU batch (DDP multiplies it by the number of GPUs)
+#   num_workers - DataLoader worker processes per GPU
+#   precision   - `32-true | 16-mixed | bf16-mixed` (see common.precision)
+#   crop        - the training crop, in the trainer's own unit (frames, seconds, pixels)
+SETTINGS = ("batch_size", "num_workers", "precision", "crop")
 
-# The trainers that take `--preset` (`make check` lists them; a test runs each with it), and the
-# schema whose `PRESET_KEYS` maps each card setting onto that trainer's own config key.
-TRAINER_SCRIPTS = {"vocoder": "vocoder/train.py", "tts": "tts/train.py", "tts_clone": "tts/train_main.py",
-                   "vae": "vae/train_vae.py"}
-TRAINER_SCHEMAS = {"vocoder": "vocoder.config.VocoderConfig", "tts": "tts.vits.config.TrainConfig",
-                   "tts_clone": "tts.clone.config.CloneConfig", "vae": "vae.config.VAEConfig"}
+
+@dataclass(frozen=True)
+class CardPresets:
+    """One trainer's settings per card preset. `trainer`: how the preset line names it ("[preset] rtx5090
+    for <trainer>: ..."); `script`: the script that takes `--preset` (`make check` lists it); `schema`: its
+    config schema, whose `PRESET_KEYS` maps each setting onto its own key; `values`: card (every name of
+    `common.hardware.CARDS`) -> {setting: value}."""
+
+    trainer: str
+    script: str
+    schema: type
+    values: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if set(self.values) != set(CARDS):
+            raise ValueError(f"{self.trainer} presets: values for {sorted(self.values)}, need exactly {list(CARDS)}")
+        for card, settings in self.values.items():
+            unknown = set(settings) - set(SETTINGS)
+            if unknown:
+                raise ValueError(f"{self.trainer} preset {card}: unknown settings {sorted(unknown)} "
+                                 f"(valid: {', '.join(SETTINGS)})")
+
+    def resolve(self, name: str, vram_gb: float | None = None, say: Callable[[str], None] = print) -> dict[str, Any]:
+        """The settings of preset `name` (a copy); `auto` as in `common.hardware.preset_name`."""
+        return dict(self.values[preset_name(name, vram_gb, say=say)])
 
 
 def add_preset_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--preset", choices=PRESET_CHOICES, type=str.lower, default=None,
         help="card preset for an RTX 4090 / 5090, the CPU, or auto (by the detected GPU): workers and precision, "
-             "and for the speech trainers batch size and training crop (the VAE keeps its resolution profile's); "
+             "and batch size and training crop where this trainer takes them from the card; "
              "your flags and --set win over it")
 
 
-def preset_settings(name: str, trainer: str, preset_keys: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """{setting: {config key: value}} of preset `name` (not `auto`) for `trainer`, in the keys its
-    schema's `PRESET_KEYS` ({setting: config key}) names."""
-    values = PRESETS[name][trainer]
-    return {setting: {key: values[setting]} for setting, key in preset_keys.items()}
+def preset_settings(name: str, presets: CardPresets) -> dict[str, dict[str, Any]]:
+    """{setting: {config key: value}} of preset `name` (not `auto`) in `presets`, in the keys its schema's
+    `PRESET_KEYS` ({setting: config key}) names."""
+    values = presets.values[name]
+    return {setting: {key: values[setting]} for setting, key in presets.schema.PRESET_KEYS.items()}
+
+
+def registered_presets() -> list[CardPresets]:
+    """The `CardPresets` of every trainer that has them (`common.trainers`, in pyproject.toml's order)."""
+    from common.trainers import trainers
+
+    return [import_from_string(info.presets) for info in trainers() if info.presets]
 
 
 def preset_summary(name: str) -> list[str]:
     """One line per trainer: the script and the config values preset `name` (not `auto`) sets."""
     lines = []
-    for trainer, script in TRAINER_SCRIPTS.items():
-        keys = import_from_string(TRAINER_SCHEMAS[trainer]).PRESET_KEYS
-        values = [f"{k}={v}" for keys in preset_settings(name, trainer, keys).values() for k, v in keys.items()]
-        lines.append(f"{script} --preset {name}: {', '.join(values)}")
+    for presets in registered_presets():
+        values = [f"{k}={v}" for keys in preset_settings(name, presets).values() for k, v in keys.items()]
+        lines.append(f"{presets.script} --preset {name}: {', '.join(values)}")
     return lines
 
 
@@ -117,22 +147,24 @@ def apply_settings(cfg: Any, settings: dict[str, dict[str, Any]], source: str) -
     return out
 
 
-def apply_preset(cfg: Any, name: str | None, trainer: str, log: Callable[[str], None] | None = None,
+def apply_preset(cfg: Any, name: str | None, presets: CardPresets, log: Callable[[str], None] | None = None,
                  vram_gb: float | None = None) -> dict[str, Any]:
-    """Applies card preset `name` (None: nothing) to a loaded config in place, in the keys its schema's
-    `PRESET_KEYS` names; returns {key: value} it set.
+    """Applies card preset `name` (None: nothing) of a trainer's `presets` to its loaded config in place, in
+    the keys its schema's `PRESET_KEYS` names; returns {key: value} it set.
 
     A setting the user typed (`common.config.explicit_keys`, any spelling of it: aliases resolve at
     load) is left alone. Prints one line (rank 0 only under torchrun)."""
     if name is None:
         return {}
+    if not isinstance(cfg, presets.schema):
+        raise TypeError(f"the {presets.trainer} presets set keys of {presets.schema.__name__}, not of {type(cfg).__name__}")
     if log is None:
         log = print if launched_as_rank0() else (lambda _line: None)
     name = preset_name(name, vram_gb, say=log)
-    done = apply_settings(cfg, preset_settings(name, trainer, type(cfg).PRESET_KEYS), f"--preset {name}")
+    done = apply_settings(cfg, preset_settings(name, presets), f"--preset {name}")
     set_words = [f"{k}={new}" + (f" (config had {old})" if old is not None and old != new else "")
                  for k, (old, new) in done.written.items()]
     kept_words = [f"{k}={now} ({src}; preset: {preset})" for k, (now, preset, src) in done.kept.items()]
-    line = f"[preset] {name} for {trainer}: set {', '.join(set_words) or 'nothing'}"
+    line = f"[preset] {name} for {presets.trainer}: set {', '.join(set_words) or 'nothing'}"
     log(line + (f"; kept what you typed: {', '.join(kept_words)}" if kept_words else ""))
     return {k: new for k, (_, new) in done.written.items()}

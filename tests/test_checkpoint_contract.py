@@ -3,6 +3,7 @@ their run files, checked the same way for all four:
 
 - `--resume` after a change of model width: exit 2 with one line (`common.checkpoint.restore_state`'s
   message: what does not fit, and what to do), never a load_state_dict traceback;
+- every checkpoint records the trainer that wrote it (`"trainer"`), which readers go by;
 - `--init_from` another trainer's checkpoint: exit 2 naming the trainer that made it; a file of this
   trainer whose tensors mostly do not fit (another width): exit 2 with the share that matched
   (`common.checkpoint.MIN_INIT_SHARE`), never "loaded 0 tensors" and a run from scratch;
@@ -63,6 +64,15 @@ def test_resume_with_another_model_width_is_one_line_exit_2(name, runs, data, ca
     error = _one_error(capsys)
     assert re.match(r"error: cannot resume from \S+\.pt: its \w+ weights do not fit this configuration \(", error), error
     assert "differ in shape, e.g. " in error and "--init_from" in error and MADE_BY[name] in error, error
+
+
+@pytest.mark.parametrize("name", list(TRAINERS))
+def test_a_checkpoint_records_the_trainer_that_wrote_it(name, runs):
+    """The name readers go by (`common.checkpoint.checkpoint_kind`), not a guess from the file's keys."""
+    from common.checkpoint import checkpoint_kind, load_checkpoint
+
+    ckpt = load_checkpoint(_checkpoint(name, runs[name]))
+    assert ckpt["trainer"] == name and checkpoint_kind(ckpt) == name
 
 
 @pytest.mark.parametrize("name", list(TRAINERS))

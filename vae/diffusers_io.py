@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from common.atomic_write import write_text
-from common.checkpoint import load_checkpoint, save_atomic
+from common.checkpoint import TRAINER_FIELD, load_checkpoint, save_atomic
 from common.config import config_to_dict
 from common.log import RunLogger
 from common.precision import Precision
@@ -272,7 +272,7 @@ def export_final(cfg: VAEConfig, model: AutoencoderKL, precision: Precision, tra
         writer.scalars({f"mean_{c}": mu, f"std_{c}": sd}, gstep, "latent_channel")
     print(f"latents over {n} images: mean {stats['mean']:.4f}, std {stats['std']:.4f} -> scaling_factor "
           f"{stats['scaling_factor']:.5f} (shift_factor {stats['shift_factor']:.5f} for FLUX-style pipelines)")
-    final = {"arch": model.arch(), "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+    final = {TRAINER_FIELD: "vae", "arch": model.arch(), "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
              "latent_stats": stats, "metrics": metrics, "config": config_to_dict(cfg), "step": gstep}
     save_atomic(final, out_dir / "vae_final.pt")
     print(f"saved {out_dir / 'vae_final.pt'}" + (" (EMA weights)" if ema else ""))

@@ -21,11 +21,12 @@ import torch
 from common.atomic_write import write_text
 from common.config import ConfigError, config_to_dict
 from common.distributed import gather_objects
-from common.hardware import exceeds_int32_indexing, find_batch_size, fit_batch_size, is_oom, resolve_preset
+from common.hardware import exceeds_int32_indexing, find_batch_size, fit_batch_size, is_oom
 from common.precision import normalize_precision
 from common.run_dir import check_output_dir
 from vae.config import VAEConfig
 from vae.losses import FrozenLPIPS, PerceptualWeightsError
+from vae.presets import CARD_PRESETS
 
 # new_step(cfg, device, perceptual) -> a fresh model's training step: step(micro_batches, global_step)
 NewStep = Callable[[VAEConfig, torch.device, FrozenLPIPS | None], Callable[[list[torch.Tensor], int], object]]
@@ -83,7 +84,7 @@ def choose_batch_size(new_step: NewStep, cfg: VAEConfig, device: torch.device, p
     cuda = device.type == "cuda"
     if cfg.batch_size == "auto":
         if not cuda:
-            cfg.batch_size = resolve_preset("cpu", "vae")["batch_size"]
+            cfg.batch_size = CARD_PRESETS.values["cpu"]["batch_size"]
             print(f"--batch_size auto: no CUDA device, so GPU memory cannot be measured; using batch_size "
                   f"{cfg.batch_size} (the CPU preset). Give an explicit --batch_size to choose another.")
             return

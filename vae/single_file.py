@@ -235,7 +235,8 @@ def _tensors(obj: dict) -> dict[str, torch.Tensor]:
 
 
 def is_ours(obj: dict) -> bool:
-    """A checkpoint one of this repo's trainers wrote (handled by `vae.pretrained.init_from_checkpoint`)."""
+    """A checkpoint one of this repo's trainers wrote (handled by `vae.pretrained.init_from_checkpoint`): it
+    records its trainer, or a trainer recognises its layout, or it has our `models` block."""
     return checkpoint_kind(obj) is not None or "models" in obj
 
 

@@ -68,6 +68,7 @@ from vae.losses import FrozenLPIPS, PatchDiscriminator, PerceptualWeightsError, 
 from vae.memory import add_profile_args, choose_batch_size, oom_advice, profile_grid, profile_memory
 from vae.metrics import evaluate
 from vae.model import AutoencoderKL, build_vae
+from vae.presets import CARD_PRESETS
 from vae.pretrained import forget_stale_record, init_weights
 from vae.startup import continue_stage, report_plan, start_stage
 
@@ -247,7 +248,7 @@ class VAETrainer:
                           {"vae": self.ema} if self.ema else None, c, config_to_dict(self.cfg),
                           extra={"arch": self.vae.arch(), "guard": self.guard.state_dict(), "d_guard": self.d_guard.state_dict(),
                                  "divergence": self.divergence.state_dict(),
-                                 "best_psnr": self.best_psnr, "stages": self.stages})
+                                 "best_psnr": self.best_psnr, "stages": self.stages}, trainer="vae")
 
     def save(self, reason: str = "") -> bool:
         """`checkpoint_last.pt` (outside rotation); False while the newest steps are non-finite."""
@@ -464,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     """The config, then `--profile_memory` or training; failures reach `main` as exceptions."""
     cfg = resolve_config(args)
-    apply_preset(cfg, args.preset, "vae")
+    apply_preset(cfg, args.preset, CARD_PRESETS)
     resolutions, batches = profile_grid(args)
     if args.profile_memory:
         return profile_memory(new_step, cfg, resolutions, batches)

@@ -81,6 +81,7 @@ from vocoder.losses import (
     generator_adv_loss,
 )
 from vocoder.model import Generator
+from vocoder.presets import CARD_PRESETS
 from vocoder.pretrained import apply_freezing, load_start_weights
 
 # With fp16 the GradScaler skips a step now and then (inf gradients while it calibrates the scale);
@@ -239,7 +240,7 @@ class VocoderTrainer:
                     "divergence": self.divergence.state_dict(), "history": json.dumps(self.history)}
         state = make_state({"generator": self.generator, "discriminator": self.discriminator},
                            self.optimizers, self.schedulers, self.scaler, counters=counters,
-                           config=config_to_dict(self.cfg), extra={"export": export_info(self.cfg)})
+                           config=config_to_dict(self.cfg), extra={"export": export_info(self.cfg)}, trainer="vocoder")
         path = self.manager.save(state, self.step, metric) if self.is_main else None
         self.last_good = path or self.last_good
         distributed.barrier()
@@ -430,7 +431,7 @@ def run(args: argparse.Namespace) -> int:
     """The run the command line asks for; failures reach `main` as exceptions (`common.exit_codes`)."""
     cfg = load_config(args.config, VocoderConfig, args.overrides,
                       extra={"precision": args.precision, "binary_data_dir": args.data_dir})
-    apply_preset(cfg, args.preset, "vocoder")
+    apply_preset(cfg, args.preset, CARD_PRESETS)
     note_prepare_keys(cfg, VocoderConfig.PREPARE_ONLY, "vocoder/prepare_data.py")
     if not cfg.binary_data_dir:
         raise ConfigError("no dataset: pass --data_dir (a folder made by vocoder/prepare_data.py) or set binary_data_dir")

@@ -15,6 +15,8 @@ from common.checkpoint import (
     checkpoint_kind,
     load_checkpoint,
     load_matching,
+    make_state,
+    refuse_other_kind,
     resolve_resume,
     restore_state,
     save_atomic,
@@ -155,6 +157,29 @@ def test_init_from_refuses_a_file_of_which_less_than_the_share_fits_and_loads_no
     assert len(load_matching(half, src.state_dict(), source="x.pt").loaded) == 5
     assert torch.equal(half[0].weight, src[0].weight)
     assert checkpoint_kind({}) is None and checkpoint_kind({"models": {"model": {}}}) == "clone"
+
+
+def test_a_checkpoint_records_its_trainer_and_readers_go_by_that_field():
+    """`make_state(trainer=...)` stores the name it is given; `checkpoint_kind` reads it before any layout
+    guess, and a file without it (older checkpoints, exports) is recognised by the trainers' own guesses."""
+    net = nn.Linear(2, 2)
+    assert "trainer" not in make_state({"model": net})  # common adds nothing of its own
+    state = make_state({"model": net}, trainer="vae")  # a `model` network would be guessed as a cloning file
+    assert state["trainer"] == "vae" and checkpoint_kind(state) == "vae"
+    with pytest.raises(CheckpointError, match=r"^x\.pt is a VAE checkpoint \(vae/train_vae\.py\), not a "
+                       r"voice-cloning checkpoint \(tts/train_main\.py\): use it with vae/reconstruct\.py"):
+        refuse_other_kind("x.pt", state, "clone")
+    refuse_other_kind("x.pt", state, "vae")  # its own reader takes it
+    with pytest.raises(CheckpointError, match=r"x\.pt is a checkpoint of the 'wav2x' trainer, not a VITS "):
+        refuse_other_kind("x.pt", {"trainer": "wav2x"}, "vits")  # a trainer this checkout does not have
+    # files that record no trainer: each trainer's own guess from its layouts
+    legacy = {"vocoder": {"models": {"generator": {}}, "extra": {"export": {}}},
+              "vocoder_export": {"generator": {}},
+              "vits": {"models": {"generator": {}}, "extra": {"symbols": []}},
+              "clone": {"models": {"model": {}}},
+              "vae": {"models": {"vae": {}}, "extra": {"arch": {}}}}
+    assert {kind: checkpoint_kind(ckpt) for kind, ckpt in legacy.items()} == {k: k for k in legacy}
+    refuse_other_kind("x.pt", {"state_dict": {}}, "vits")  # nobody's: left to the caller's own checks
 
 
 def test_resume_into_another_width_is_a_checkpoint_error_naming_what_differs():

@@ -9,7 +9,7 @@ import torch
 
 from common import hardware
 from common.hardware import (
-    PRESETS,
+    CARDS,
     arch_support,
     cuda_memory_stats,
     find_batch_size,
@@ -17,8 +17,9 @@ from common.hardware import (
     hardware_report,
     is_oom,
     oom_message,
-    resolve_preset,
+    preset_name,
 )
+from common.presets import CardPresets, registered_presets
 
 CUDA = torch.cuda.is_available()
 
@@ -107,25 +108,30 @@ def test_hardware_report_on_cpu():
 
 
 def test_presets_and_resolve(capsys):
-    for name in ("rtx4090", "rtx5090", "cpu"):
-        for trainer in ("vocoder", "tts", "tts_clone", "vae"):
-            s = PRESETS[name][trainer]
+    tables = {p.trainer: p for p in registered_presets()}  # each trainer's own (common/ holds none)
+    assert set(tables) == {"vocoder", "tts", "tts_clone", "vae"}
+    for presets in tables.values():
+        assert set(presets.values) == set(CARDS)
+        for s in presets.values.values():
             assert {"batch_size", "num_workers", "precision"} <= set(s)
-    assert PRESETS["rtx5090"]["vocoder"]["batch_size"] > PRESETS["rtx4090"]["vocoder"]["batch_size"]
-    got = resolve_preset("rtx5090", "vocoder")
+    vocoder, vae, tts = tables["vocoder"], tables["vae"], tables["tts"]
+    assert vocoder.values["rtx5090"]["batch_size"] > vocoder.values["rtx4090"]["batch_size"]
+    got = vocoder.resolve("rtx5090")
     got["batch_size"] = -1  # a copy: the table is not modified
-    assert PRESETS["rtx5090"]["vocoder"]["batch_size"] == 32
-    assert resolve_preset("auto", "vae", vram_gb=32.6) == PRESETS["rtx5090"]["vae"]
-    assert resolve_preset("auto", "tts", vram_gb=25.3) == PRESETS["rtx4090"]["tts"]
+    assert vocoder.values["rtx5090"]["batch_size"] == 32
+    assert vae.resolve("auto", vram_gb=32.6) == vae.values["rtx5090"]
+    assert tts.resolve("auto", vram_gb=25.3) == tts.values["rtx4090"]
     assert "rtx4090" in capsys.readouterr().out
     if not CUDA:
-        assert resolve_preset("auto", "tts") == PRESETS["cpu"]["tts"]
+        assert tts.resolve("auto") == tts.values["cpu"]
         assert "'cpu'" in capsys.readouterr().out
-    assert set(resolve_preset("RTX4090")) == {"vocoder", "tts", "tts_clone", "vae"}
+    assert preset_name("RTX4090") == "rtx4090"
     with pytest.raises(ValueError, match="valid presets are auto, rtx4090, rtx5090, cpu"):
-        resolve_preset("a100", "tts")
-    with pytest.raises(ValueError, match="valid trainers"):
-        resolve_preset("rtx4090", "gpt")
+        preset_name("a100")
+    with pytest.raises(ValueError, match=r"need exactly \['rtx4090', 'rtx5090', 'cpu'\]"):
+        CardPresets("x", "x.py", object, {"rtx4090": {}})
+    with pytest.raises(ValueError, match="unknown settings"):
+        CardPresets("x", "x.py", object, {card: {"batch": 1} for card in CARDS})
     assert hardware._preset_for_vram(None) == "cpu"
 
 

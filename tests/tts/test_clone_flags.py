@@ -193,11 +193,12 @@ def test_the_guides_standard_command_takes_two_prepared_folders(tmp_path):
 def test_one_precedence_rule_yaml_card_preset_fast_convergence_flags_set(tmp_path):
     from common.config import explicit_keys
     from common.presets import apply_preset
+    from tts.clone.presets import CARD_PRESETS
 
     y = tmp_path / "c.yaml"
     y.write_text("train:\n  batch_size: 8\n  grad_accum: 2\n  precision: 16-mixed\n")
     res = resolve("--config", str(y), "--fast-convergence", "--num-workers", "3", "--set", "train.num_workers=5")
-    apply_preset(res.cfg, "rtx5090", "tts_clone", log=lambda _line: None)
+    apply_preset(res.cfg, "rtx5090", CARD_PRESETS, log=lambda _line: None)
     t = res.cfg.train
     assert (t.batch_size, t.grad_accum) == (48, 8)  # --fast-convergence over the YAML and over the card
     assert t.num_workers == 5  # --set over the flag over both presets

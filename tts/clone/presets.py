@@ -1,4 +1,10 @@
-"""The voice-cloning guide's performance flags of tts/train_main.py: `--fast-convergence`, `--max-gpu-memory`.
+"""The voice-cloning trainer's presets: what `--preset {rtx4090,rtx5090,cpu}` sets (`CARD_PRESETS`), and
+the guide's performance flags of tts/train_main.py: `--fast-convergence`, `--max-gpu-memory`.
+
+Card presets (`common.presets` applies them, into the keys `CloneConfig.PRESET_KEYS` names:
+train.batch_size, train.num_workers, data.ref_seconds, train.precision): the transformer text +
+reference -> mel model trains on full-length mel targets, so a smaller batch than VITS; the crop is the
+3-second reference clip of the recipe. The CPU preset: tiny settings so tests and the demo finish.
 
 The guide ("Fast Convergence Optimizations for MyXTTS Training", the page these users arrive with)
 lists its "after" values: LR 1e-4 with cosine_with_warmup, batch 48 x grad-accum 8, Adam beta2
@@ -14,6 +20,18 @@ is the newer, more specific request), also with one line per replaced value. Her
 from __future__ import annotations
 
 import torch
+
+from common.presets import CardPresets
+from tts.clone.config import CloneConfig
+
+CARD_PRESETS = CardPresets(
+    trainer="tts_clone", script="tts/train_main.py", schema=CloneConfig,
+    values={  # crop: reference seconds
+        "rtx4090": {"batch_size": 32, "num_workers": 6, "precision": "bf16-mixed", "crop": 3.0},
+        "rtx5090": {"batch_size": 48, "num_workers": 12, "precision": "bf16-mixed", "crop": 3.0},
+        "cpu": {"batch_size": 4, "num_workers": 0, "precision": "32-true", "crop": 2.0},
+    },
+)
 
 # dotted config key → the guide's "after" value (the schedule keys are computed from the epochs)
 FAST_CONVERGENCE: dict[str, object] = {

@@ -72,7 +72,7 @@ from tts.clone.options import (
     effective_block,
     resolve_config,
 )
-from tts.clone.presets import cap_gpu_memory
+from tts.clone.presets import CARD_PRESETS, cap_gpu_memory
 from tts.text import SYMBOLS
 
 
@@ -210,7 +210,7 @@ class CloneTrainer:
                            self.precision.scaler, counters=counters, config=config_to_dict(self.cfg),
                            extra={"guard": self.guard.state_dict(), "divergence": self.divergence.state_dict(),
                                   "plateau": self.plateau.state_dict(),
-                                  "history": self.history})
+                                  "history": self.history}, trainer="clone")
         if self.info.is_main:
             self.last_good = self.manager.save(state, self.step, metric)
         barrier()  # no rank runs ahead (or tears the process group down) while rank 0 still writes
@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     """The run the options ask for; failures reach `main` as exceptions (`common.exit_codes.run_main`)."""
     res = resolve_config(args)
-    apply_preset(res.cfg, args.preset, "tts_clone")
+    apply_preset(res.cfg, args.preset, CARD_PRESETS)
     prepare_run_dir(res.cfg.train.checkpoint_dir, None, args.resume, args.overwrite, args.init_from,
                     keep=("features",), run_flag=args.run_flag)
     trainer = CloneTrainer(res, args.resume, args.init_from)

@@ -75,6 +75,7 @@ from tts.vits.discriminator import MultiPeriodDiscriminator
 from tts.vits.evaluation import evaluate, record_metrics, speak_test_sentences
 from tts.vits.losses import discriminator_loss, feature_loss, generator_loss, kl_loss
 from tts.vits.model import VITS, apply_layout_and_compile, slice_segments
+from tts.vits.presets import CARD_PRESETS
 from tts.vits.published.source import SourceError
 from tts.vits.published.start import (
     SourceStart,
@@ -252,7 +253,7 @@ class VitsTrainer:
                     "guard": self.guard.state_dict(), "divergence": self.divergence.state_dict()}
         state = make_state(*self._parts(), self.scaler, counters=counters, config=config_to_dict(self.cfg),
                            extra={"speakers": self.speakers, **Frontend.of(self.cfg).to_checkpoint(),
-                                  **({"licence": self.licence} if self.licence else {})})
+                                  **({"licence": self.licence} if self.licence else {})}, trainer="vits")
         path = self.manager.save(state, self.step, metric) if self.info.is_main else None
         self.last_good = path or self.last_good
         barrier()
@@ -491,7 +492,7 @@ def plan_source_start(cfg: TrainConfig, args: argparse.Namespace) -> SourceStart
 def run(args: argparse.Namespace) -> int:
     """The run the command line asks for; failures reach `main` as exceptions (`common.exit_codes`)."""
     cfg = load_config(args.config, TrainConfig, args.overrides, extra={"data_dir": args.data_dir, "run_dir": args.run_dir})
-    apply_preset(cfg, args.preset, "tts")
+    apply_preset(cfg, args.preset, CARD_PRESETS)
     note_prepare_keys(cfg, DataConfig.PREPARE_ONLY, "tts/prepare_data.py")
     source = plan_source_start(cfg, args)  # --init_from is read and checked before the run folder changes
     own = read_own_init(args.init_from) if args.init_from and source is None else None
