@@ -10,7 +10,7 @@ is removed and the destination keeps its previous content (or stays absent). ENO
 and trainer exits 2 with that one line.
 
 Temp names: a file `.<name>.<random>.tmp` (what `common.run_dir.remove_stale_temp_files` cleans up),
-a folder `<name>.tmp<pid>` (the vocoder's prepared items; `remove_stale_temp_folders` cleans those).
+a folder `<name>.tmp<pid>` (a prepared item made of several files; `remove_stale_temp_folders` cleans those).
 """
 
 from __future__ import annotations

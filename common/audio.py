@@ -1,5 +1,5 @@
-"""Audio I/O, checks, mel/linear spectrograms and f0: the one implementation the vocoder and
-both TTS models share, so a mel made in preprocessing is bit-for-bit the mel made in training.
+"""Audio I/O, checks, mel/linear spectrograms and f0: the one implementation every audio trainer
+shares, so a mel made in preprocessing is bit-for-bit the mel made in training.
 
 I/O is soundfile (libsndfile: wav/flac/ogg/mp3, every PCM width, float) and resampling is soxr
 'HQ'; the STFT is `torch.stft` with librosa's slaney mel filterbank (the HiFi-GAN convention,
@@ -204,13 +204,13 @@ def check_audio(
 
 @dataclass
 class AudioSettings:
-    """The mel contract a model is trained on, as one config block (`audio:`) of the vocoder, VITS
-    and voice-cloning schemas: a mel made with other values is another model's input.
+    """The mel contract a model is trained on, as one config block (`audio:`) of every audio schema:
+    a mel made with other values is another model's input.
 
-    Defaults are the 44.1 kHz NSF-HiFiGAN contract (the vocoder's, which the cloning model must
-    match); a schema with other defaults subclasses this with its own values. The seed configs'
-    key names are aliases: SingingVocoders / DiffSinger (`audio_sample_rate`, `fft_size`,
-    `win_size`, `hop_size`, `audio_num_mel_bins`) and Coqui / jaywalnut310 VITS (`sampling_rate`,
+    Defaults are the 44.1 kHz NSF-HiFiGAN contract (a model whose mels feed such a waveform model
+    must match it); a schema with other defaults subclasses this with its own values. The seed
+    configs' key names are aliases: openvpi / DiffSinger (`audio_sample_rate`, `fft_size`,
+    `win_size`, `hop_size`, `audio_num_mel_bins`) and Coqui / jaywalnut310 (`sampling_rate`,
     `filter_length`, `num_mels`, `n_mel_channels`, `mel_fmin`, `mel_fmax`)."""
 
     ALIASES: ClassVar[dict[str, str]] = {
@@ -245,8 +245,8 @@ class MelSpectrogram(nn.Module):
     """Log-mel (and linear magnitude) spectrogram in the HiFi-GAN / NSF-HiFiGAN convention.
 
     center=False: reflect-pad (n_fft - hop) // 2 per side, so T samples → T // hop frames, frame
-    i centred on sample i * hop + hop / 2 (this is what makes mel frames and vocoder output line
-    up exactly). center=True is torch.stft's own centring: T // hop + 1 frames centred on i * hop.
+    i centred on sample i * hop + hop / 2 (this is what makes mel frames and a waveform model's output
+    line up exactly). center=True is torch.stft's own centring: T // hop + 1 frames centred on i * hop.
     Magnitude is sqrt(re² + im² + 1e-9) (the epsilon keeps the gradient finite at 0), the mel is
     librosa's slaney filterbank, and the log is natural log of clamp(min=1e-5).
 

@@ -118,7 +118,7 @@ def _field_schema(cls: Any, name: str) -> type | None:
 
 
 def _flatten_nested_aliases(aliases: dict[str, str], data: dict, source: str, prefix: str):
-    """Yields (key, value) of `data`, a mapping whose keys have dotted aliases (SingingVocoders'
+    """Yields (key, value) of `data`, a mapping whose keys have dotted aliases (a seed recipe's
     `muon_args: {weight_decay: x}` → `muon_weight_decay`) replaced by their targets."""
     for raw_key, value in data.items():
         nested = {a: t for a, t in aliases.items() if a.startswith(f"{raw_key}.")}
@@ -142,7 +142,7 @@ def canonical_names(schema: type, data: dict, source: str, prefix: str = "") -> 
     aliases, out, lifted = _aliases(schema), {}, []
     for raw_key, value in _flatten_nested_aliases(aliases, data, source, prefix):
         key = aliases.get(raw_key, raw_key)
-        if "." in key:  # a flat seed key of a nested block (the vocoder's `hop_size` → `audio.hop_length`)
+        if "." in key:  # a flat seed key of a nested block (e.g. `hop_size` → `audio.hop_length`)
             lifted.append((raw_key, key, value))
             continue
         if key in out:
@@ -336,7 +336,7 @@ def _build(cls: type[T], data: dict, prefix: str, sources: dict[str, Path], defa
 
 def build_dataclass(cls: type[T], data: dict, prefix: str, source: str) -> T:
     """`data` → `cls` with a loaded config's checks (unknown keys, types, ranges), for a block the
-    schema keeps as a free mapping and builds later (VITS' `model_args` over its preset)."""
+    schema keeps as a free mapping and builds later (e.g. `model_args` over a model-size preset)."""
     return _build(cls, data, prefix, {}, source)
 
 
@@ -440,8 +440,8 @@ def explicit_keys(cfg: Any) -> dict[str, str]:
 def note_prepare_keys(cfg: Any, prepare_keys: tuple[str, ...], prepare_command: str, log=print) -> None:
     """One line (rank 0) when the command line of a training run sets a key only data preparation reads
     (a filter, the split, the f0 extractor): training reads the prepared folder as it is, so the value
-    changes nothing here (one list of --set for both commands is common). The vocoder also refuses a
-    dataset whose recorded audio / f0 settings differ from its config (`vocoder.data.load_manifest`)."""
+    changes nothing here (one list of --set for both commands is common). A trainer may also refuse a
+    dataset whose recorded settings differ from its config (its own manifest check)."""
     hits = [f"{key} ({src})" for key, src in explicit_keys(cfg).items()
             if any(key == p or key.startswith(p + ".") for p in prepare_keys)]
     if hits and launched_as_rank0():

@@ -1,4 +1,4 @@
-"""Real human speech for the vocoder demo, from a Debian package, fetched at data time.
+"""Real human speech for the demos, from a Debian package, fetched at data time.
 
 Debian's `tuxpaint-stamps-default` ships several thousand short descriptions of Tux Paint's
 stamps read aloud by people, one reader per language (44.1 kHz Ogg Vorbis, ~1-2 s each;
@@ -8,7 +8,7 @@ the Ogg files of the chosen readers are taken out of it and written as mono wavs
 sample rate; the .deb is deleted afterwards and nothing of it is committed.
 
 The demo trains on `TRAIN_READERS` and holds out `HELD_OUT_READERS`: voices it never heard.
-No package has Uzbek recordings, so the TTS demos keep espeak-ng (`common.demo_speech`).
+No package has Uzbek recordings, so the Uzbek text-to-speech demos keep espeak-ng (`common.demo_speech`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ PACKAGE = "tuxpaint-stamps-default"
 LICENCE = "GPL-2 (Debian package tuxpaint-stamps-default: © 2002-2022 Bill Kendrick and the Tux Paint contributors)"
 # One reader per language. Median f0 measured with Praat on 12 files each: fr 128, ru 125, ca 143
 # (male voices), be 236, es 257, el 208 Hz (female); held out: da 125 (male), ro 221 Hz (female).
-# Not used: bg (heavily noise-gated and band-processed: the demo vocoder scored MCD ~9 dB on it).
+# Not used: bg (heavily noise-gated and band-processed: the waveform demo scored MCD ~9 dB on it).
 # Held out, be came out 7-11 dB too quiet after the 2700 steps the demo had then (ro, el: within 3 dB): an
 # unseen voice can sit outside what a few CPU minutes generalise to, so be is a training reader.
 TRAIN_READERS = ("fr", "ru", "ca", "be", "es", "el")

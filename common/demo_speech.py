@@ -1,6 +1,6 @@
 """Demo speech made on this machine with espeak-ng (voice `uz`), never downloaded.
 
-Used by the vocoder demo, the TTS demos and the tests: a few clearly different synthetic
+Used by the speech demos and the tests: a few clearly different synthetic
 speakers reading natural Uzbek sentences. espeak-ng is a formant synthesiser, so this is data
 to exercise the pipelines end to end, not data to judge voice quality by.
 

@@ -7,6 +7,7 @@ Also the one message for a missing third-party module (`missing_dependency_messa
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 
 class ConfigError(ValueError):
@@ -21,7 +22,9 @@ class OutputPathError(ConfigError):
 # it. The pip name where it differs from the module name; any other module installs under its own name.
 PIP_NAMES = {"parselmouth": "praat-parselmouth", "PIL": "pillow", "yaml": "PyYAML", "skimage": "scikit-image",
              "sklearn": "scikit-learn", "cv2": "opencv-python"}
-OWN_PACKAGES = ("common", "vocoder", "tts", "vae", "bench", "tests")  # an import of these failing is a bug
+# This repository's own top-level packages (each folder beside common/ with an __init__.py): an import of
+# these failing is a bug, not a missing install.
+OWN_PACKAGES = tuple(sorted(p.parent.name for p in Path(__file__).resolve().parents[1].glob("*/__init__.py")))
 
 
 def missing_module_name(exc: ImportError) -> str | None:

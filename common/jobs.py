@@ -2,13 +2,13 @@
 line of output prefixed by its job's name (``make demo`` runs the four trainer demos this way).
 
 Why not one after another: the demos train small models whose CPU ops scale poorly past one
-thread (measured: the vocoder demo's step is only ~1.35x faster on 2 threads than on 1), so two
+thread (measured: a GAN demo's step is only ~1.35x faster on 2 threads than on 1), so two
 single-threaded demos at once finish far sooner than two 2-thread demos in turn. Why not
 ``make -j``: a job here waits for named jobs whether they passed or failed, its output stays
 readable while two jobs print, and the end repeats each job's verdict in one place.
 
     python -m common.jobs --slots 2 --log_dir runs/demo_logs \\
-        --job 'vocoder=make vocoder-demo' --job 'clone@vocoder,tts=make tts-clone-demo' ...
+        --job 'a=make a-demo' --job 'c@a,b=make c-demo' ...
 
 A job is ``NAME[@NEEDS,...]=COMMAND`` (run by the shell). Each child gets
 ``OMP_NUM_THREADS = cores // slots`` (unless set already); a progress bar redrawn with a carriage

@@ -1,9 +1,9 @@
 """A folder of precomputed mels (one `<name>.npy` per audio file, float `[n_mels, frames]`) and the
-settings file beside them, so a writer (an acoustic model's teacher-forced mels, `tts/infer_clone.py
---teacher_forced`) and a reader (`vocoder/prepare_data.py --mel_dir`) agree on one format.
+settings file beside them, so a writer (an acoustic model's teacher-forced mels) and a reader (the
+data preparation of a model trained on them) agree on one format.
 
 The settings file records the mel contract (`common.audio.AudioSettings`, the seven `mel_kwargs`
-fields) the mels were made with: a vocoder must only be trained on mels of its own settings, and a
+fields) the mels were made with: a model must only be trained on mels of its own settings, and a
 mel's frame grid (hop) cannot be checked from the array alone.
 """
 

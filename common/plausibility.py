@@ -120,7 +120,7 @@ def compare_speech(name: str, generated: np.ndarray, reference: np.ndarray, mel:
 
 def compare_mels(name: str, generated: np.ndarray, reference: np.ndarray) -> SpeechPair:
     """The same figures from two natural-log mels of one filterbank (a model that outputs mels and
-    has no vocoder yet): the level is the difference of their mean mel power, which tracks the RMS
+    has no waveform model yet): the level is the difference of their mean mel power, which tracks the RMS
     difference of the waveforms because both pass the same filterbank."""
     gen, ref = np.asarray(generated, dtype=np.float64), np.asarray(reference, dtype=np.float64)
 

@@ -72,7 +72,7 @@ def _switch_on(value: Any, key: str) -> bool:
 @dataclass(frozen=True)
 class MixedPrecisionSwitch:
     """A guide's two-key spelling of `precision`: an on/off switch (`mixed_precision`) and a key that
-    picks the autocast dtype (`amp_dtype: fp16|bf16` in VITS, `use_bf16: true|false` in the VAE).
+    picks the autocast dtype (e.g. `amp_dtype: fp16|bf16`, or `use_bf16: true|false`).
 
     `common.config.load_config` calls `combine` once per layer (each YAML file of a `base_config`
     chain, then the command line as one layer) with the switch keys that layer gives and the precision

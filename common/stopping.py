@@ -1,11 +1,11 @@
-"""How a training run stops, written once for the four trainers.
+"""How a training run stops, written once for every trainer.
 
 A run stops at the end of its plan, or early: on SIGINT/SIGTERM, at a time limit, at `stop_at_step`
 (tests, benchmarks), after too many non-finite or diverging steps in a row, or when CUDA runs out of
 memory. Every trainer wraps its loop in one `RunStop` and asks `stop.check(step)` after each optimizer step:
 
     with RunStop(time_limit_minutes, stop_at_step, last_good=lambda: self.last_good, lr_hint=...,
-                 oom=("the vocoder training step", batch_size, hints)) as stop:
+                 oom=("the training step", batch_size, hints)) as stop:
         while ...:
             ...train one step, log, validate, checkpoint...
             if stop.check(self.step):
