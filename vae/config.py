@@ -34,7 +34,7 @@ class VAEConfig:
                                          # (docs/conventions.md, "One name per concept"); its flags too
                                          "keep_checkpoints": "save_n_checkpoints",
                                          "val_freq": "val_check_interval", "gradient_clip": "clip_grad_norm"}
-    # `--preset` (common.presets): each card setting of common.hardware.PRESETS -> the key it sets here.
+    # `--preset` (common.presets): each card setting of vae/presets.py -> the key it sets here.
     # Workers and precision only: the guide fixes batch and crop per resolution profile (24/16/8/4 at
     # 768/1024/1536/2048) and `fit_batch_size` lowers the batch at start when memory says so.
     PRESET_KEYS: ClassVar[dict[str, str]] = {"num_workers": "num_workers", "precision": "precision"}

@@ -180,7 +180,7 @@ class VocoderConfig:
         "sampler_frame_count_grid": ("SingingVocoders' length-grid sampler setting; training crops here have one "
                                      "fixed length (crop_mel_frames)"),
     }
-    # `--preset` (common.presets): each card setting of common.hardware.PRESETS -> the key it sets here
+    # `--preset` (common.presets): each card setting of vocoder/presets.py -> the key it sets here
     # read by vocoder/prepare_data.py alone: training reads the manifest and the stored mels / f0
     PREPARE_ONLY: ClassVar[tuple[str, ...]] = ("binarization_args", "data_input_path", "val_num", "test_prefixes",
                                                "pe", "f0_min", "f0_max")

@@ -159,7 +159,7 @@ class VocoderConfig:
 @dataclass
 class CloneConfig:
     ALIASES: ClassVar[dict[str, str]] = {"precision": "train.precision"}  # the key every trainer reads
-    # `--preset` (common.presets): each card setting of common.hardware.PRESETS -> the key it sets here
+    # `--preset` (common.presets): each card setting of tts/clone/presets.py -> the key it sets here
     PRESET_KEYS: ClassVar[dict[str, str]] = {"batch_size": "train.batch_size", "num_workers": "train.num_workers",
                                              "crop": "data.ref_seconds", "precision": "train.precision"}
 

@@ -237,7 +237,7 @@ class TrainConfig:
     # data location (usually from the command line)
     data_dir: str | None = None
     run_dir: str | None = None
-    # `--preset` (common.presets): each card setting of common.hardware.PRESETS -> the key it sets here
+    # `--preset` (common.presets): each card setting of tts/vits/presets.py -> the key it sets here
     PRESET_KEYS: ClassVar[dict[str, str]] = {"batch_size": "batch_size", "num_workers": "num_workers",
                                              "crop": "model_args.segment_frames", "precision": "precision"}
     ALIASES: ClassVar[dict[str, str]] = {
