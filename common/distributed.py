@@ -36,7 +36,7 @@ def is_enabled() -> bool:
 
 
 def setup_distributed(device: str | None = None, timeout_minutes: int = 30) -> DistInfo:
-    """Reads torchrun's RANK/WORLD_SIZE/LOCAL_RANK; nccl on GPUs, gloo on CPU. `device` forces
+    """Reads torchrun's RANK/WORLD_SIZE/LOCAL_RANK; nccl on GPUs (gloo where torch has no NCCL), gloo on CPU. `device` forces
     "cpu" (tests, CPU clusters) even where CUDA exists."""
     use_cuda = torch.cuda.is_available() and device != "cpu"
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -54,16 +54,25 @@ def setup_distributed(device: str | None = None, timeout_minutes: int = 30) -> D
     else:
         dev = torch.device("cpu")
     if not is_enabled():
+        backend = pick_backend(use_cuda)
+        if use_cuda and backend == "gloo" and rank == 0:
+            print("note: this torch has no NCCL (Windows builds never do): DDP runs on gloo, whose gradient "
+                  "all-reduce is slower; on Linux, torch's CUDA wheels bring NCCL", flush=True)
         dist.init_process_group(
-            backend="nccl" if use_cuda else "gloo",
+            backend=backend,
             timeout=datetime.timedelta(minutes=timeout_minutes),
-            device_id=dev if use_cuda else None,
+            device_id=dev if backend == "nccl" else None,
         )
     # every trainer calls this after `prepare_run_dir`: no rank reads the run folder before rank 0 has
     # checked it, taken its lock and moved an old run aside (init_process_group waits for all ranks only
     # as a side effect of the backend's rendezvous)
     dist.barrier()
     return DistInfo(rank, world, local_rank, dev, True)
+
+
+def pick_backend(use_cuda: bool) -> str:
+    """nccl for GPUs where this torch has it, else gloo (CPU runs; Windows, whose torch has no NCCL)."""
+    return "nccl" if use_cuda and dist.is_nccl_available() else "gloo"
 
 
 def wrap_ddp(model: nn.Module, info: DistInfo, **kwargs: Any) -> nn.Module:
