@@ -14,7 +14,9 @@ The guides' other spellings are read only at the edge, when a config loads: a va
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -111,6 +113,19 @@ class MixedPrecisionSwitch:
         return dtype if below_mixed and dtype else below
 
 
+def compile_unavailable(device: torch.device) -> str | None:
+    """Why `torch.compile` cannot work on `device` here, or None. Inductor writes Triton kernels for CUDA
+    and C++ for the CPU: PyTorch ships no Triton for Windows, and no C++ compiler anywhere."""
+    if device.type == "cuda":
+        if importlib.util.find_spec("triton") is None:
+            return "Triton is not installed (PyTorch ships none for Windows; there, pip install triton-windows)"
+        return None
+    if not any(shutil.which(c) for c in ("cl", "g++", "c++", "clang++")):
+        return ("no C++ compiler on PATH (Inductor compiles CPU code with one; on Windows, Visual Studio's "
+                "Build Tools and a Developer prompt)")
+    return None
+
+
 class Precision:
     """Applies a precision choice on `device` and records what it applied and what it could not.
     `precision` is any spelling `normalize_precision` reads (a config's `precision` field)."""
@@ -165,7 +180,11 @@ class Precision:
             self._make_deterministic(is_cuda, cudnn_benchmark)
         if channels_last:
             self.applied.append("channels_last memory format for 4-D conv weights and inputs")
-        if compile:
+        why_not = compile_unavailable(self.device) if compile else None
+        if why_not:  # a config or preset that asks for compile still trains, eagerly, and says so
+            self.compile = False
+            self.notes.append(f"torch.compile requested but {why_not}: the model trains eager")
+        elif compile:
             self.applied.append("torch.compile on the model")
 
     def _make_deterministic(self, is_cuda: bool, cudnn_benchmark: bool) -> None:

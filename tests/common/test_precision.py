@@ -110,3 +110,26 @@ def test_a_switch_combines_with_the_layer_below(tmp_path):
         load_config(None, TrainConfig, ["precision=32-true", "amp_dtype=fp16"])
     with pytest.raises(ConfigError, match="unknown precision 'fp8'"):
         load_config(None, VocoderConfig, ["precision=fp8"])
+
+
+def test_compile_where_it_cannot_work_trains_eager_and_says_so(monkeypatch):
+    """Windows has no Triton and usually no C++ compiler: a config or preset that asks for torch.compile
+    must still train (eager), with one line saying why, not crash at the first step."""
+    import shutil
+
+    from common import precision as prec
+    from common.precision import Precision, compile_unavailable
+
+    monkeypatch.setattr(shutil, "which", lambda _name: None)
+    why = compile_unavailable(torch.device("cpu"))
+    assert why.startswith("no C++ compiler on PATH")
+    p = Precision("32-true", "cpu", compile=True)
+    assert p.compile is False and "torch.compile on the model" not in " ".join(p.applied)
+    assert any(line.startswith("not applied: torch.compile requested but no C++ compiler") for line in p.report())
+    model = torch.nn.Linear(2, 2)
+    assert p.prepare_model(model) is model  # eager: not an OptimizedModule
+    monkeypatch.setattr(prec.importlib.util, "find_spec", lambda name: None)
+    assert compile_unavailable(torch.device("cuda")).startswith("Triton is not installed")
+    monkeypatch.undo()
+    if compile_unavailable(torch.device("cpu")) is None:  # this machine has a compiler: compile is kept
+        assert Precision("32-true", "cpu", compile=True).compile is True

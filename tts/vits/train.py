@@ -50,7 +50,7 @@ from common.data import BucketBatchSampler, BucketShapes, make_loader
 from common.distributed import DistInfo, barrier, cleanup, setup_distributed, wrap_ddp
 from common.log import Printer, Progress, RunLogger, plot_alignment, report_lr_plan
 from common.muon import build_optimizer
-from common.precision import Precision
+from common.precision import Precision, compile_unavailable
 from common.presets import add_preset_arg, apply_preset
 from common.run_dir import add_run_args, prepare_run_dir, tensorboard_dir
 from common.schedulers import build_scheduler, lr_curve
@@ -184,8 +184,10 @@ class VitsTrainer:
                  f"{self.generator.inference_parameters() / 1e6:.2f} M")
         self.log(f"data: {len(self.train_set)} train / {len(self.eval_set)} eval utterances, "
                  f"{len(self.speakers)} speaker(s), {self.steps_per_epoch} steps per epoch of batch {self.batch_size}")
-        for line in (self.precision.report()
-                     + apply_layout_and_compile(self.generator, self.discriminator, cfg.channels_last, cfg.compile)):
+        why_not = compile_unavailable(self.device) if cfg.compile else None  # it compiles parts, not the model
+        notes = [f"not applied: torch.compile requested but {why_not}: training runs eager"] if why_not else []
+        for line in (self.precision.report() + notes + apply_layout_and_compile(
+                self.generator, self.discriminator, cfg.channels_last, cfg.compile and not why_not)):
             self.log(line)
         path = resolve_resume(resume, self.manager.dir, self.manager)
         if path is not None:
