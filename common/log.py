@@ -259,7 +259,7 @@ def save_figure(fig: Figure, path: str | Path, colors: int = 64) -> Path:
 
 def peak_memory_gib(device: torch.device | None = None) -> float:
     """Peak CUDA memory allocated on a CUDA `device` (allocator statistics, no device sync), else the
-    process's peak RSS, in GiB (the progress bar and the VAE's `memory_gib` scalar)."""
+    process's peak RSS, in GiB (the progress bar and a trainer's memory scalar)."""
     if device is not None and device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 1024**3
     return peak_rss_gib()

@@ -3,9 +3,9 @@
 Why: pretrained weights (a diffusers `AutoencoderKL` folder, a single-file SD/SD3/FLUX checkpoint, most
 hub models) ship as `.safetensors`, the format that cannot carry code (no pickle: reading one is as safe
 as `torch.load(weights_only=True)` and more). The package reads every dtype the format has (F8_E4M3,
-F8_E5M2, U16/U32/U64, ... — an fp8 FLUX/SD3 all-in-one file whose VAE is bf16 loads) and reads lazily:
+F8_E5M2, U16/U32/U64, ... — an fp8 FLUX/SD3 all-in-one file whose autoencoder is bf16 loads) and reads lazily:
 `safe_open` memory-maps the file and checks its whole header against the file's size when it opens, and
-only the tensors asked for are read (the VAE of a multi-GB checkpoint, never its UNet/transformer).
+only the tensors asked for are read (one part of a multi-GB checkpoint, never the rest).
 
 What this module adds to the package: the package's errors (`SafetensorError`, with messages that differ
 between its versions) become `SafetensorsError`, one line naming the file and the problem, which the
@@ -108,8 +108,8 @@ def safetensors_metadata(path: str | Path) -> dict[str, str]:
 
 def load_safetensors(path: str | Path, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
     """The tensors of a `.safetensors` file (CPU, the stored dtype, fp8 included): all of them, or only
-    `names` (what reading one part of a multi-GB checkpoint needs, e.g. the VAE of a Stable Diffusion or
-    FLUX file: the other tensors are never read). Names not in the file are skipped. The whole header is
+    `names` (what reading one part of a multi-GB checkpoint needs, e.g. the autoencoder of a Stable
+    Diffusion or FLUX file: the other tensors are never read). Names not in the file are skipped. The whole header is
     checked first: a truncated file is an error, never a partial read. A tensor whose dtype this torch
     has no type for is an error only when it is asked for."""
     path = Path(path)

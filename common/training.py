@@ -79,10 +79,9 @@ class NonFiniteGuard:
 # Finite divergence: a step whose weight norm or loss is more than GROWTH_FACTOR x the median of the last
 # GROWTH_WINDOW good steps counts as a bad step. Measured on normal runs, the largest ratio of a step's value
 # to that median: the tiny CPU configs of the four trainers' tests, 60 steps each at their test learning rate
-# (and at 10x it: vocoder 1e-2, VITS 2e-3, cloning 3e-3): weight norm vocoder 1.004 (1.051), VITS 1.001
-# (1.005), cloning 1.000 (1.007), VAE 1.001; loss vocoder 1.14 (1.27), VITS 1.01 (1.07), cloning 1.01 (1.12),
-# VAE 1.17; the demo runs' logged losses (2700 / 800 / 550 steps): vocoder mel 1.54, VITS mel 0.99, cloning
-# 0.83. 1e3 ("orders of magnitude") leaves a margin of 650x over the largest (1.54); a learning rate of
+# (and at 10x it): weight norm at most 1.004 (1.051), loss at most 1.17 (1.27); the three speech demo runs'
+# logged losses (2700 / 800 / 550 steps): at most 1.54 (per trainer: docs/conventions.md, "Divergence").
+# 1e3 ("orders of magnitude") leaves a margin of 650x over the largest (1.54); a learning rate of
 # 1e30 gives the weight norm an overflow or a ratio near 1e28 at the first step after it.
 GROWTH_FACTOR = 1e3
 GROWTH_WINDOW = 32
@@ -109,7 +108,7 @@ class DivergenceGuard:
                  factor: float = GROWTH_FACTOR, window: int = GROWTH_WINDOW, across_ranks: bool = True) -> None:
         self.parameters = [p for p in parameters if p.requires_grad]
         self.max_consecutive, self.factor, self.window = max_consecutive, factor, window
-        self.across_ranks = across_ranks  # False: a step run on one rank alone (the VAE's batch-size probe)
+        self.across_ranks = across_ranks  # False: a step run on one rank alone (a batch-size probe)
         self.consecutive = 0
         self.recent: dict[str, list[float]] = {"weight norm": [], "loss": []}
         self.pending: tuple[torch.Tensor, torch.cuda.Event | None] | None = None  # (values on the host, copy done)
@@ -264,7 +263,7 @@ def optimizer_overrides(cfg: Any, spec: dict[str, dict[str, tuple[tuple[str, ...
     """Which optimizer hyper-parameters the user set explicitly for this run.
 
     `spec`: optimizer name → hyper-parameter → (the config keys that decide it, its value now), e.g.
-    `{"vae": {"lr": (("learning_rate",), 1e-5), "betas": (("adam_beta1", "adam_beta2"), (0.5, 0.9))}}`.
+    `{"generator": {"lr": (("learning_rate",), 1e-5), "betas": (("adam_beta1", "adam_beta2"), (0.5, 0.9))}}`.
     Returns only the entries whose keys appear in `common.config.explicit_keys(cfg)`."""
     explicit = explicit_keys(cfg)
 
@@ -449,7 +448,7 @@ class EMA:
     """Exponential moving average of a model's floating-point state (fp32 shadow copy).
 
     `only`: state-dict name prefixes to average (default: everything). A model part that never trains
-    (the frozen encoder of a decoder-only VAE fine-tune) is left out: averaging it would only copy it,
+    (the frozen encoder of a decoder-only fine-tune) is left out: averaging it would only copy it,
     and the checkpoint then says plainly which part the EMA holds."""
 
     def __init__(self, model: nn.Module, decay: float = 0.999, only: tuple[str, ...] = ()) -> None:

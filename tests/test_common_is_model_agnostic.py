@@ -29,13 +29,7 @@ TEXT_TOKENS = {tokenize.NAME, tokenize.STRING, tokenize.COMMENT} | (
 
 # file -> why it is skipped for now (another change owned the file when this test was added; its hits are
 # comments and docstrings only). Reword the hits, then remove the entry.
-SKIPPED: dict[str, str] = {
-    "log.py": "owned by another change at the time; a docstring names the VAE's `memory_gib` scalar",
-    "safetensors_io.py": "owned by another change at the time; a docstring's example is 'the VAE of a Stable "
-                         "Diffusion file'",
-    "training.py": "owned by another change at the time; comments quote per-trainer measurements (vocoder, "
-                   "VITS, cloning, VAE) and docstrings use the VAE as an example",
-}
+SKIPPED: dict[str, str] = {}
 
 
 def trainer_names(source: str) -> list[tuple[int, str]]:
