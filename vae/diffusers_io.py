@@ -157,7 +157,7 @@ def pipeline_factors(model: AutoencoderKL, stats: dict) -> dict[str, float | Non
 def save_diffusers(model: AutoencoderKL, folder: str | Path, sample_size: int = 512,
                    scaling_factor: float = DEFAULT_SCALING_FACTOR, shift_factor: float | None = None) -> Path:
     """Writes `folder/config.json` and the weights as `diffusion_pytorch_model.safetensors`
-    (`common.safetensors_io`, no `safetensors` package needed), the file diffusers reads first."""
+    (`common.safetensors_io`), the file diffusers reads first."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     sd = {k: v.detach().float().cpu().contiguous() for k, v in to_diffusers(model.state_dict(), len(model.channels)).items()}

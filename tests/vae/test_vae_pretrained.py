@@ -1,5 +1,5 @@
 """--init_from a diffusers AutoencoderKL folder (our exporter's, diffusers' own save_pretrained when
-installed), read safely (safetensors without the package, .bin weights-only), layout checks that name
+installed), read safely (safetensors through the `safetensors` package, .bin weights-only), layout checks that name
 the keys, and the latent factors kept from the folder."""
 
 from __future__ import annotations
