@@ -19,6 +19,7 @@ import errno
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,6 +31,46 @@ MIB = 1024 * 1024
 
 class DiskFullError(OutputPathError):
     """The disk (or the user's quota) filled up while a file was written; no partial file is left."""
+
+
+class FileInUseError(OutputPathError):
+    """Windows would not replace or remove a file another program holds open, for all of `IN_USE_WAIT_S`."""
+
+
+# Windows refuses to replace or delete a file another process has open (TensorBoard reading an event file,
+# an antivirus scanning a new checkpoint, a viewer on best.pt): such a hold is usually brief, so the rename
+# is retried with backoff this long before one line says which file and what to close.
+ON_WINDOWS = os.name == "nt"
+IN_USE_WAIT_S = 10.0
+
+
+def _retry_while_in_use(action, path: Path, what: str) -> None:
+    """Runs `action()`; on Windows, a PermissionError (a file held open elsewhere) is retried with backoff."""
+    delay, waited = 0.05, 0.0
+    while True:
+        try:
+            action()
+            return
+        except PermissionError:
+            if not ON_WINDOWS:
+                raise
+            if waited >= IN_USE_WAIT_S:
+                raise FileInUseError(f"cannot {what} {path}: another program holds it open (Windows cannot "
+                                     f"{what} an open file); close it (TensorBoard, a viewer, a sync tool) and "
+                                     f"run again") from None
+            time.sleep(delay)
+            waited += delay
+            delay = min(2 * delay, 1.0)
+
+
+def replace(src: str | Path, dst: str | Path) -> None:
+    """`os.replace`, waiting out a brief hold on `dst` by another program on Windows."""
+    _retry_while_in_use(lambda: os.replace(src, dst), Path(dst), "replace")
+
+
+def remove(path: str | Path) -> None:
+    """`unlink(missing_ok=True)`, waiting out a brief hold by another program on Windows."""
+    _retry_while_in_use(lambda: Path(path).unlink(missing_ok=True), Path(path), "remove")
 
 
 def free_mib(path: str | Path) -> float:
@@ -99,7 +140,7 @@ def atomic_output(path: str | Path, folder: bool = False, fsync: bool = False, n
                 os.fsync(f.fileno())
         if folder and path.is_dir():
             shutil.rmtree(path)
-        os.replace(tmp, path)
+        replace(tmp, path)
     except BaseException as exc:
         if tmp is not None:
             if tmp.is_dir():

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from common import distributed
-from common.atomic_write import atomic_output, write_text
+from common.atomic_write import FileInUseError, atomic_output, remove, replace, write_text
 from common.distributed import unwrap as _unwrap
 
 
@@ -365,7 +365,10 @@ class CheckpointManager:
         self._ours.add(path.name)
         ours = [p for _, p in self.checkpoints() if p.name in self._ours]
         for old in ours[: -self.keep_last]:
-            old.unlink(missing_ok=True)
+            try:
+                remove(old)
+            except FileInUseError as exc:  # an old checkpoint left behind costs disk, not the run
+                print(f"warning: {exc}; it stays", flush=True)
             self._ours.discard(old.name)
         if metric is not None and step >= self.save_best_after and np.isfinite(metric) and self.is_better(metric):
             second_name(path, self.dir / "best.pt", state)
@@ -447,7 +450,7 @@ def _find_resume(arg: str, ckpt_dir: str | Path, manager: CheckpointManager, ext
             if problem is None:
                 return path
             bad = path.with_name(path.name + ".corrupt")
-            os.replace(path, bad)
+            replace(path, bad)
             damaged.append(f"{path.name} ({problem})")
             log(f"warning: skipping {path}: {problem}; renamed it to {bad.name} and trying the checkpoint before it")
         earlier = sorted(p.name for p in manager.dir.glob("*.corrupt")) if manager.dir.is_dir() else []

@@ -9,13 +9,13 @@ never. Nothing in the logs would show that until the run is over, so the trainer
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from common import distributed
+from common.atomic_write import replace
 from common.checkpoint import restore_state
 from common.config import format_config, save_config
 from common.log import RunLogger, report_lr_plan
@@ -102,7 +102,7 @@ def keep_stage_files(out_dir: Path, stage: int, image_size: int | None) -> list[
     for name, suffix in (("checkpoint_last.pt", "last.pt"), ("best.pt", "best.pt"), ("best.json", "best.json")):
         src, dst = out_dir / name, out_dir / f"stage{stage}_{image_size}px_{suffix}"
         if src.is_file() and not dst.exists():
-            os.replace(src, dst)
+            replace(src, dst)
             kept.append(dst.name)
     return [k for k in kept if not k.endswith(".json")]
 
