@@ -1,0 +1,69 @@
+"""Windows has no fork: DataLoader workers and preparation workers are spawned, so whatever a worker needs
+must pickle and every entry point must guard `__main__`. Here, on Linux, one child interpreter switches the
+default start method to `spawn` and runs every preparation with two workers and every trainer's CLI with one
+loader worker (tiny sizes, `bench.gpu_trainers`), as a Windows machine would."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.child_env import child_env
+
+REPO = Path(__file__).resolve().parents[1]
+
+CHILD = """
+import multiprocessing as mp, sys
+from pathlib import Path
+
+def main(root):
+    mp.set_start_method("spawn", force=True)
+    import numpy as np, soundfile as sf, torch
+    torch.set_num_threads(1)
+    from bench.gpu_trainers import TRAINERS, cli
+    from tts.prepare_data import prepare as prepare_tts
+    from tts.vits.config import TrainConfig
+    from vae.prepare_data import main as prepare_vae
+
+    done = []
+    # preparations, two spawned workers each (the vocoder's always spawns: its own tests cover it)
+    (root / "a").mkdir(parents=True)
+    t = np.arange(22050) / 22050
+    for i in range(4):
+        sf.write(root / "a" / f"{i}.wav", (0.3 * np.sin(2 * np.pi * (110 + 7 * i) * t)).astype(np.float32), 22050)
+    (root / "m.csv").write_text("".join(f"{i}|bugun havo juda yaxshi edi\\n" for i in range(4)))
+    cfg = TrainConfig()
+    cfg.data.eval_split_size = 1
+    report = prepare_tts(root / "m.csv", root / "a", root / "tts", cfg, num_workers=2, quiet=True)
+    assert len(list((root / "tts").rglob("*.wav"))) >= 4, report
+    done.append("tts prepare")
+    images = TRAINERS["vae"].make_data(root / "img", dry=True)
+    assert prepare_vae(["--mode", "preprocess", "--input_dir", str(images), "--output_dir", str(root / "vae"),
+                        "--num_workers", "2", "--min_size", "32"]) == 0
+    done.append("vae prepare")
+    # each trainer's own CLI, one spawned loader worker
+    workers = {"vocoder": ["num_workers=1"], "vits": ["num_workers=1"], "clone": ["train.num_workers=1"],
+               "vae": ["num_workers=1"]}
+    for name, keys in workers.items():
+        spec = TRAINERS[name]
+        main_, argv = cli(spec, "base", keys, spec.make_data(root / f"d_{name}", dry=True), root / f"run_{name}",
+                          torch.device("cpu"), dry=True, steps=2)
+        rc = main_(argv)
+        assert rc == 0, (name, rc)
+        done.append(f"{name} train")
+    print("SPAWNED OK:", ", ".join(done))
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
+"""
+
+
+def test_every_preparation_and_trainer_runs_with_spawned_workers(tmp_path):
+    script = tmp_path / "spawn_run.py"
+    script.write_text(CHILD)
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "work")], cwd=REPO,
+                          env=child_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=900)
+    said = proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, said
+    assert "SPAWNED OK: tts prepare, vae prepare, vocoder train, vits train, clone train, vae train" in proc.stdout, said
