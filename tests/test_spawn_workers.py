@@ -42,8 +42,8 @@ def main(root):
     assert prepare_vae(["--mode", "preprocess", "--input_dir", str(images), "--output_dir", str(root / "vae"),
                         "--num_workers", "2", "--min_size", "32"]) == 0
     done.append("vae prepare")
-    # each trainer's own CLI, one spawned loader worker
-    workers = {"vocoder": ["num_workers=1"], "vits": ["num_workers=1"], "clone": ["train.num_workers=1"],
+    # each trainer's own CLI, one spawned loader worker (the cloning trainer two: its feature cache is a pool too)
+    workers = {"vocoder": ["num_workers=1"], "vits": ["num_workers=1"], "clone": ["train.num_workers=2"],
                "vae": ["num_workers=1"]}
     for name, keys in workers.items():
         spec = TRAINERS[name]
