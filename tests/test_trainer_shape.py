@@ -131,3 +131,50 @@ def test_no_import_cycle_in_the_packages():
 def test_the_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+# ----------------------------------------------------------------------------------- the one loop
+LOOPED = [VocoderTrainer]  # the trainers ported to common.loop so far (see common/loop.py)
+
+
+def calls_in(func) -> set[str]:
+    """The dotted names a function calls (`loop.run`, `stop.check`, `check_run_ended_good`, ...)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
+    return {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+
+
+@pytest.mark.parametrize("cls", LOOPED, ids=lambda c: c.__name__)
+def test_the_trainer_runs_through_the_one_loop(cls):
+    names = set().union(*(calls_in(f) for f in vars(cls).values() if inspect.isfunction(f)))
+    assert "loop.run" in names, f"{cls.__name__}.fit does not run common.loop"
+    # the loop's own work is not done again by hand
+    assert not names & {"stop.check", "check_run_ended_good", "self._run_epoch"}, sorted(names)
+    # every optimizer's guard reaches the loop, which refuses a missing one (next test)
+    call = next(n for n in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(cls.fit))))
+                if isinstance(n, ast.Call) and ast.unparse(n.func) == "loop.run")
+    passed = {k.arg: ast.unparse(k.value) for k in call.keywords}
+    assert passed["optimizers"] == "self.optimizers" and passed["guards"] == "self.guards", passed
+
+
+def test_the_loop_refuses_a_trainer_that_skips_a_guard():
+    from common import loop
+    from common.log import Progress
+    from common.stopping import RunStop
+    from common.training import DivergenceGuard, NonFiniteGuard
+
+    class Skipper:  # two optimizers, one guard: its critic's NaN streak would go unnoticed
+        step = epoch = batch_in_epoch = 0
+        optimizers = {"generator": object(), "discriminator": object()}
+        guards = {"generator": NonFiniteGuard(3)}
+
+        def train_step(self, batch):
+            raise AssertionError("the loop must refuse before the first step")
+
+    t = Skipper()
+    common_args = dict(epoch_batches=lambda: [1, 2], optimizers=t.optimizers, log=lambda logs, bar: {})
+    with pytest.raises(ValueError, match="discriminator"):
+        loop.run(t, loop.Cadence(total_steps=2, log_every=1), RunStop(), Progress(2, enabled=False),
+                 guards=t.guards, divergence=DivergenceGuard([], 3), **common_args)
+    with pytest.raises(ValueError, match="divergence"):
+        loop.run(t, loop.Cadence(total_steps=2, log_every=1), RunStop(), Progress(2, enabled=False),
+                 guards={**t.guards, "discriminator": NonFiniteGuard(3)}, divergence=None, **common_args)

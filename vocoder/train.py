@@ -21,16 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 import warnings
 from pathlib import Path
 
 import torch
-from torch.optim.lr_scheduler import LambdaLR
 
-from common import distributed, exit_codes
+from common import distributed, exit_codes, loop
 from common.atomic_write import write_text
-from common.audio import MelSpectrogram
 from common.checkpoint import (
     CheckpointError,
     CheckpointManager,
@@ -41,27 +38,19 @@ from common.checkpoint import (
 )
 from common.config import (
     ConfigError,
-    add_config_args,
     config_to_dict,
-    format_config,
-    load_config,
-    note_prepare_keys,
     save_config,
 )
-from common.data import ResumableSampler, make_loader
 from common.log import Printer, Progress, RunLogger, report_lr_plan
-from common.muon import build_optimizer
+from common.loop import Cadence
 from common.precision import Precision
-from common.presets import add_preset_arg, apply_preset
-from common.run_dir import add_run_args, prepare_run_dir, tensorboard_dir
-from common.schedulers import lr_curve, lr_lambda
+from common.run_dir import tensorboard_dir
+from common.schedulers import lr_curve
 from common.stopping import RunStop, exit_code
 from common.training import (
     DivergenceGuard,
     NonFiniteGuard,
     apply_optimizer_overrides,
-    check_run_ended_good,
-    count_parameters,
     critic_outputs_for_generator,
     frozen,
     optimizer_overrides,
@@ -69,19 +58,26 @@ from common.training import (
     step_optimizer,
 )
 from vocoder import pitch_cycle, validation
-from vocoder.config import OptimizerArgs, VocoderConfig
-from vocoder.data import DatasetError, VocoderDataset, collate, load_manifest
-from vocoder.discriminators import Discriminators, build_discriminators, head_outputs, split_outputs
-from vocoder.export import export_info, generator_args
+from vocoder.build import (  # noqa: F401 (the builders are imported from here by tests and tools)
+    build_data,
+    build_discriminator,
+    build_generator,
+    build_losses,
+    build_lr_scheduler,
+    build_optimizer_from_args,
+    build_parser,
+    resolve_run,
+    startup_lines,
+)
+from vocoder.config import VocoderConfig
+from vocoder.data import DatasetError
+from vocoder.discriminators import head_outputs, split_outputs
+from vocoder.export import export_info
 from vocoder.losses import (
-    MelLoss,
-    MultiResolutionSTFTLoss,
     discriminator_loss,
     feature_matching_loss,
     generator_adv_loss,
 )
-from vocoder.model import Generator
-from vocoder.presets import CARD_PRESETS
 from vocoder.pretrained import apply_freezing, load_start_weights
 
 # With fp16 the GradScaler skips a step now and then (inf gradients while it calibrates the scale);
@@ -90,43 +86,6 @@ from vocoder.pretrained import apply_freezing, load_start_weights
 warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
 
 LR_HINT = "--set generator_optimizer_args.lr=<lower> --set discriminator_optimizer_args.lr=<lower>"
-
-
-# --------------------------------------------------------------------------------------- builders
-def build_generator(cfg: VocoderConfig) -> Generator:
-    return Generator(generator_args(export_info(cfg)))
-
-
-def build_discriminator(cfg: VocoderConfig) -> Discriminators:
-    m = cfg.model_args
-    return build_discriminators(cfg.discriminator_names, m.discriminator_periods, m.fast_mpd_strides,
-                                m.fast_mpd_kernel_size, m.fast_mpd_init_channel, m.mrd_fft_sizes,
-                                m.mrd_hop_sizes, m.mrd_win_lengths, m.mrd_channels)
-
-
-def build_optimizer_from_args(args: OptimizerArgs, model: torch.nn.Module) -> torch.optim.Optimizer | None:
-    """The config's optimizer over the model's trainable parameters (None if all are frozen).
-    beta1/beta2 reach AdamW and the AdamW half of Muon_AdamW alike."""
-    if not any(p.requires_grad for p in model.parameters()):
-        return None
-    kwargs = dict(lr=args.lr, beta1=args.beta1, beta2=args.beta2, eps=args.eps, weight_decay=args.weight_decay)
-    if args.is_muon and args.muon_weight_decay is not None:
-        kwargs["muon_weight_decay"] = args.muon_weight_decay
-    return build_optimizer(args.optimizer_cls, model, **kwargs)
-
-
-def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: VocoderConfig, base_lr: float) -> LambdaLR:
-    """LambdaLR stepped once per training step. The multiplier is evaluated at step + 1 so the
-    first update already has a non-zero learning rate (lr / warmup_steps)."""
-    s = cfg.lr_scheduler_args
-    kwargs: dict = {"warmup_steps": s.warmup_steps}
-    if s.name == "exponential":
-        kwargs["gamma"] = s.gamma
-    if s.name == "cosine_with_warmup":
-        kwargs["total_steps"] = cfg.max_updates
-        kwargs["min_ratio"] = min(1.0, s.min_lr / base_lr) if base_lr > 0 else 0.0
-    fn = lr_lambda(s.name, **kwargs)
-    return LambdaLR(optimizer, lambda step: fn(step + 1))
 
 
 # --------------------------------------------------------------------------------------- trainer
@@ -150,19 +109,11 @@ class VocoderTrainer:
         self.scaler = self.precision.scaler
 
         # ---- data
-        manifest = load_manifest(data_dir, cfg)
-        world = self.info.world_size
-        self.train_set = VocoderDataset(data_dir, manifest["train"], cfg, train=True,
-                                        min_len=cfg.batch_size * world)
-        self.valid_set = VocoderDataset(data_dir, manifest["valid"], cfg, train=False) if manifest["valid"] else None
-        self.sampler = ResumableSampler(self.train_set, shuffle=True, seed=cfg.seed)
-        self.loader = make_loader(
-            self.train_set, batch_size=cfg.batch_size, sampler=self.sampler, num_workers=cfg.num_workers,
-            prefetch_factor=cfg.dataloader_prefetch_factor, pin_memory=self.device.type == "cuda",
-            persistent_workers=cfg.num_workers > 0, collate_fn=collate, seed=cfg.seed, drop_last=True,
-        )
+        self.train_set, self.valid_set, self.sampler, self.loader = build_data(cfg, data_dir, self.info.world_size,
+                                                                                self.device)
 
-        # ---- models (same init on every rank), then per-rank noise
+        # ---- models (same init on every rank), then per-rank noise. Build order kept as it was (seed, models,
+        # optimizers, per-rank seed, compile, DDP): the per-rank seed first would change the RNG stream (the digest).
         torch.manual_seed(cfg.seed)
         self.generator = build_generator(cfg).to(self.device)
         self.discriminator = build_discriminator(cfg).to(self.device)
@@ -186,14 +137,11 @@ class VocoderTrainer:
         self.schedulers = {k: v for k, v in (("generator", self.g_sched), ("discriminator", self.d_sched)) if v is not None}
         self.g_guard = NonFiniteGuard(cfg.max_nonfinite_steps)
         self.d_guard = NonFiniteGuard(cfg.max_nonfinite_steps)
+        self.guards = {"generator": self.g_guard, "discriminator": self.d_guard}  # by optimizer name
         self.divergence = DivergenceGuard([*self.generator.parameters(), *self.discriminator.parameters()],
                                           cfg.max_nonfinite_steps)
 
-        # ---- losses (fp32 inside)
-        loss_mel = dict(cfg.audio.mel_kwargs, fmax=cfg.fmax_for_loss)
-        self.mel_loss = MelLoss(MelSpectrogram(**loss_mel)).to(self.device)
-        self.input_mel = MelSpectrogram(**cfg.audio.mel_kwargs).to(self.device)  # pc_aug + validation
-        self.stft = MultiResolutionSTFTLoss(cfg.loss_fft_sizes, cfg.loss_hop_sizes, cfg.loss_win_lengths).to(self.device)
+        self.mel_loss, self.input_mel, self.stft = build_losses(cfg, self.device)  # fp32 inside
 
         # ---- counters and resume
         self.step = self.epoch = self.batch_in_epoch = 0
@@ -350,78 +298,39 @@ class VocoderTrainer:
         stop = RunStop(last_good=lambda: self.last_good, lr_hint=LR_HINT, oom=("the vocoder training step", cfg.batch_size, {
             "accum_key": None, "precision": cfg.precision, "crop_key": "crop_mel_frames",
             "crop": cfg.crop_mel_frames, "resume": "--resume auto"}))
+        cadence = Cadence(total_steps=cfg.max_updates, log_every=cfg.log_interval, validate_every=cfg.val_check_interval)
         try:
-            with stop:
-                while self.step < cfg.max_updates and not self._run_epoch(progress, stop):
-                    pass
+            reason = loop.run(self, cadence, stop, progress, epoch_batches=self._epoch_batches,
+                              optimizers=self.optimizers, guards=self.guards, divergence=self.divergence,
+                              log=self._log_train, metric=lambda result: result["mrstft"] if result else None)
         finally:
             self.log.bar = None
             progress.close()
             self.writer.close()
-        result = {"step": self.step, "stopped": stop.reason, "valid": self.history.get("valid", []),
+        if reason:
+            self.log(stop.message(self.step))
+        result = {"step": self.step, "stopped": reason, "valid": self.history.get("valid", []),
                   "skipped_g": self.g_guard.skipped_total, "skipped_d": self.d_guard.skipped_total,
                   "data_wait_fraction": progress.data_wait_fraction, "latest": str(self.manager.latest())}
         if self.is_main:
             write_text(self.run_dir / "summary.json", json.dumps(result, indent=1))
         return result
 
-    def _run_epoch(self, progress: Progress, stop: RunStop) -> bool:
-        """One (possibly resumed) pass over the loader; True when the run stops early."""
-        cfg = self.cfg
+    def _epoch_batches(self):
+        """The current epoch's batches from the run's position (the sampler skips what was trained)."""
         self.sampler.set_epoch(self.epoch)
-        self.sampler.skip_samples(self.batch_in_epoch * cfg.batch_size)
-        it = iter(self.loader)
-        while self.step < cfg.max_updates:
-            t0 = time.perf_counter()
-            try:
-                batch = next(it)
-            except StopIteration:
-                self.epoch += 1
-                self.batch_in_epoch = 0
-                return False
-            t1 = time.perf_counter()
-            logs = self.train_step(batch)
-            self.step += 1
-            self.batch_in_epoch += 1
-            t2 = time.perf_counter()
-            shown = {}
-            if self.step % cfg.log_interval == 0 or self.step == 1:
-                logs.update(lr_g=self.g_opt.param_groups[-1]["lr"],
-                            skipped_g=self.g_guard.skipped_total, skipped_d=self.d_guard.skipped_total,
-                            data_wait_fraction=progress.data_wait_fraction)
-                self.writer.scalars(logs, self.step, prefix="train")
-                shown = {"loss_g": float(logs["loss_g"]), "mel": float(logs["loss_mel"])}
-            progress.update(self.step, t1 - t0, t2 - t1, **shown)
-            last = self.step >= cfg.max_updates
-            stopping = stop.check(self.step)
-            if last or stopping:  # inside a non-finite/diverging streak: exit 3, nothing to save
-                check_run_ended_good(self.g_guard, self.d_guard, self.divergence)
-            saved = self.step % cfg.val_check_interval == 0 or last
-            if saved:
-                result = self.validate()
-                self.save(result["mrstft"] if result else None)
-            if stopping:
-                if not saved:
-                    self.save()
-                self.log(stop.message(self.step))
-                return True
-        return False
+        self.sampler.skip_samples(self.batch_in_epoch * self.cfg.batch_size)
+        return self.loader
+
+    def _log_train(self, logs: dict, progress: Progress) -> dict:
+        """One log point to TensorBoard; returns what the progress bar shows."""
+        logs.update(lr_g=self.g_opt.param_groups[-1]["lr"], skipped_g=self.g_guard.skipped_total,
+                    skipped_d=self.d_guard.skipped_total, data_wait_fraction=progress.data_wait_fraction)
+        self.writer.scalars(logs, self.step, prefix="train")
+        return {"loss_g": float(logs["loss_g"]), "mel": float(logs["loss_mel"])}
 
 
 # --------------------------------------------------------------------------------------- CLI
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_config_args(p, default_config=str(Path(__file__).parent / "configs" / "base_hifi_gpu.yaml"))
-    p.add_argument("--data_dir", default=None, help="prepared dataset (default: binary_data_dir)")
-    add_run_args(p, run_help="checkpoints, TensorBoard logs, config (default: runs/vocoder/<config>)")
-    p.add_argument("--precision", default=None,
-                   help="shortcut for --set precision=... (32-true|16-mixed|bf16-mixed|auto)")
-    p.add_argument("--device", default=None, help="force a device, e.g. cpu (default: cuda if available)")
-    add_preset_arg(p)
-    return p
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return exit_codes.run_main(lambda: run(args), (ConfigError, DatasetError, CheckpointError), distributed.cleanup)
@@ -429,21 +338,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """The run the command line asks for; failures reach `main` as exceptions (`common.exit_codes`)."""
-    cfg = load_config(args.config, VocoderConfig, args.overrides,
-                      extra={"precision": args.precision, "binary_data_dir": args.data_dir})
-    apply_preset(cfg, args.preset, CARD_PRESETS)
-    note_prepare_keys(cfg, VocoderConfig.PREPARE_ONLY, "vocoder/prepare_data.py")
-    if not cfg.binary_data_dir:
-        raise ConfigError("no dataset: pass --data_dir (a folder made by vocoder/prepare_data.py) or set binary_data_dir")
-    run_dir = Path(args.run_dir or Path("runs") / "vocoder" / Path(args.config or "default").stem)
-    prepare_run_dir(run_dir, run_dir / "checkpoints", args.resume, args.overwrite, args.init_from)
+    cfg, run_dir = resolve_run(args)
     trainer = VocoderTrainer(cfg, cfg.binary_data_dir, run_dir, args.resume, args.init_from, args.device)
     if trainer.is_main:
-        print(format_config(cfg))
-        for line in trainer.precision.report():
-            print(line)
-        print(f"run dir: {run_dir}; generator {count_parameters(trainer.generator) / 1e6:.2f} M params, "
-              f"critics {cfg.discriminator_names} {count_parameters(trainer.discriminator) / 1e6:.2f} M params")
+        print(startup_lines(cfg, trainer.precision, trainer.generator, trainer.discriminator, run_dir))
     return exit_code(trainer.fit()["stopped"])
 
 
