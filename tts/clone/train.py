@@ -20,14 +20,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.optim.lr_scheduler import LambdaLR
 
-from common import exit_codes
+from common import exit_codes, loop
 from common.checkpoint import (
     CheckpointError,
     CheckpointManager,
@@ -41,25 +41,24 @@ from common.checkpoint import (
 from common.config import ConfigError, config_to_dict, save_config
 from common.distributed import all_reduce_mean, barrier, cleanup, no_sync, setup_distributed, wrap_ddp
 from common.log import Printer, Progress, RunLogger, report_lr_plan
-from common.muon import build_optimizer
+from common.loop import Cadence
 from common.precision import Precision
 from common.presets import apply_preset
 from common.run_dir import prepare_run_dir, tensorboard_dir
-from common.schedulers import build_scheduler, lr_curve
-from common.stopping import SIGNAL, STOP_AT_STEP, TIME_LIMIT, RunStop, exit_code
+from common.schedulers import lr_curve
+from common.stopping import RunStop, exit_code
 from common.training import (
     DivergenceGuard,
     NonFiniteError,
     NonFiniteGuard,
     apply_optimizer_overrides,
     backward,
-    check_run_ended_good,
     count_parameters,
     optimizer_overrides,
     saving_blocked,
     step_optimizer,
 )
-from tts.clone.config import CloneConfig, SchedulerConfig, TrainConfig
+from tts.clone.build import build_clone_optimizer, build_clone_scheduler, pick_device, planned_steps
 from tts.clone.data import CloneData, DataError, feature_stats, load_reference
 from tts.clone.evaluation import PlateauDetector, evaluate, log_validation, to_device
 from tts.clone.infer import VocoderMismatchError, load_matching_vocoder
@@ -76,49 +75,6 @@ from tts.clone.presets import CARD_PRESETS, cap_gpu_memory
 from tts.text import SYMBOLS
 
 
-# --------------------------------------------------------------------------------------- builders
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"train.device {name} requested but no CUDA device is available")
-    return dev
-
-
-def planned_steps(t: TrainConfig, batches_per_epoch: int, n_items: int) -> tuple[int, int]:
-    """(optimizer steps per epoch, planned optimizer steps of the run) from this rank's batches per
-    epoch: one step is grad_accum batches; the plan is max_updates, or epochs x steps per epoch."""
-    steps_per_epoch = batches_per_epoch // t.grad_accum
-    if steps_per_epoch < 1:
-        raise UsageError(f"{n_items} training utterances give {batches_per_epoch} full batches of "
-                         f"{t.batch_size} per epoch (per rank), fewer than --grad-accum {t.grad_accum}: "
-                         "lower --batch-size or --grad-accum, or add data")
-    return steps_per_epoch, t.max_updates or t.epochs * steps_per_epoch
-
-
-def build_clone_scheduler(optimizer: torch.optim.Optimizer, s: SchedulerConfig, total_steps: int) -> LambdaLR:
-    """The run's LR schedule, stepped once per optimizer update (after `grad_accum` micro-batches):
-    cosine_with_warmup warms up linearly over warmup_steps and follows a half cosine to
-    min_ratio x lr at `total_steps`, the planned updates of the whole run (max_updates, or epochs x
-    optimizer steps per epoch); exponential multiplies by gamma every update after the warmup."""
-    sched_kw: dict = {"warmup_steps": 0 if s.name == "constant" else s.warmup_steps}
-    if s.name == "cosine_with_warmup":
-        if total_steps <= s.warmup_steps:
-            raise UsageError(f"the run has {total_steps} optimizer steps but the warmup is {s.warmup_steps}: "
-                             "lower --warmup-steps or train longer (--epochs / train.max_updates)")
-        sched_kw.update(total_steps=total_steps, min_ratio=s.min_ratio)
-    elif s.name == "exponential":
-        sched_kw.update(gamma=s.gamma)
-    return build_scheduler(optimizer, s.name, **sched_kw)
-
-
-def build_clone_optimizer(cfg: CloneConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
-    o = cfg.optim
-    return build_optimizer({"adamw": "AdamW", "muon_adamw": "MuonAdamW"}[o.optimizer], model, lr=o.lr,
-                           betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
-
-
 # --------------------------------------------------------------------------------------- trainer
 class CloneTrainer:
     """Everything a run needs, built from the resolved options; `fit()` runs the loop."""
@@ -132,6 +88,8 @@ class CloneTrainer:
         self.log = Printer(self.info.is_main, log)
         res.notices.extend(device_notices(res, device))
         cap_gpu_memory(t.max_gpu_memory, device)  # on a CPU run device_notices() above says it is ignored
+        # Build order kept (seed, data, model, optimizer, resume, compile, DDP; no per-rank seed): a reseed or a
+        # moved model init changes the order of RNG draws, which the digest pins.
         torch.manual_seed(t.seed)
         np.random.seed(t.seed)
         self.run_dir = Path(t.checkpoint_dir)
@@ -146,6 +104,7 @@ class CloneTrainer:
         self.optimizer = build_clone_optimizer(cfg, self.model)
         self.scheduler = build_clone_scheduler(self.optimizer, cfg.scheduler, self.total_steps)
         self.guard = NonFiniteGuard(t.max_nonfinite)
+        self.optimizers, self.guards = {"optimizer": self.optimizer}, {"optimizer": self.guard}  # by optimizer name
         self.divergence = DivergenceGuard(self.model.parameters(), t.max_nonfinite)
         self.plateau = PlateauDetector(cfg.val.plateau_patience, cfg.val.plateau_min_delta)
         self.manager = CheckpointManager(self.run_dir, keep_last=t.save_n_checkpoints,
@@ -153,8 +112,7 @@ class CloneTrainer:
 
         # ---- counters, then resume (exact) or a new run (feature statistics, optional --init_from weights)
         self.step = self.epoch = self.batch_in_epoch = 0  # batch_in_epoch counts micro-batches
-        self.train_time = 0.0  # wall time spent training (not validating)
-        self._t_last = 0.0  # when train_time was last brought up to date
+        self.train_time = 0.0  # wall time spent in training steps (not validating or saving)
         self.history: list[dict] = []
         self.last_good = resolve_resume(resume, self.run_dir, self.manager)  # newest checkpoint known good
         if self.last_good is not None:
@@ -216,21 +174,23 @@ class CloneTrainer:
         barrier()  # no rank runs ahead (or tears the process group down) while rank 0 still writes
 
     # ------------------------------------------------------------------ one step
-    def train_step(self, it) -> tuple[torch.Tensor, bool, float]:
-        """One optimizer step over `grad_accum` micro-batches of `it` (DDP syncs on the last only);
-        the losses add up for the next log point. Returns (grad norm before clipping, whether the
-        optimizer stepped, seconds spent waiting for data)."""
+    def train_step(self, batch: Iterable[dict]) -> dict:
+        """One optimizer step over the `grad_accum` micro-batches of `batch`, fetched one by one between the
+        forward passes (the order of data and RNG draws the digest pins; DDP syncs on the last only); the
+        losses add up for the next log point. Returns the grad norm before clipping and the data wait."""
         cfg, accum = self.cfg, self.cfg.train.grad_accum
+        t_start = time.perf_counter()
+        micro_batches = iter(batch)
         data_s, step_loss = 0.0, 0.0
         for micro in range(accum):
             td = time.perf_counter()
-            batch = to_device(next(it), self.device)
+            mb = to_device(next(micro_batches), self.device)
             data_s += time.perf_counter() - td
             with no_sync(self.model_ddp, micro < accum - 1):
                 with self.precision.autocast():
-                    out = self.model_ddp(batch["text"], batch["text_mask"], batch["mel"], batch["mel_mask"],
-                                   batch["ref_mel"], batch["ref_mask"])
-                losses = self.model.losses(out, batch, cfg.loss)
+                    out = self.model_ddp(mb["text"], mb["text_mask"], mb["mel"], mb["mel_mask"], mb["ref_mel"],
+                                         mb["ref_mask"])
+                losses = self.model.losses(out, mb, cfg.loss)
                 backward(losses["loss"] / accum, self.precision.scaler)
             step_loss = step_loss + losses["loss"].detach() / accum
             for k, v in losses.items():
@@ -241,20 +201,24 @@ class CloneTrainer:
         self.precision.scaler.update()
         self.scheduler.step()
         self._n_acc += 1
-        return grad_norm, stepped, data_s
+        if not stepped:
+            self.writer.scalar("train/skipped_steps", self.guard.skipped_total, self.step + 1)
+        self.train_time += time.perf_counter() - t_start  # training time: validation and saving excluded
+        return {"grad_norm": grad_norm, "data_wait_s": data_s}
 
-    def _log_train(self, grad_norm: torch.Tensor, bar: Progress, print_line: bool) -> None:
+    def _log_train(self, logs: dict, bar: Progress, print_line: bool) -> dict:
         """The means since the last log point (over ranks) and the step's health, to TensorBoard."""
         means = {k: all_reduce_mean(v / self._n_acc) for k, v in self._acc.items()}
         self.writer.scalars(means, self.step, "train")
         loss_now = float(means["loss"])
         self.recent.append(loss_now)
-        self.writer.scalars({"lr": self.scheduler.get_last_lr()[-1], "grad_norm": float(grad_norm),
+        self.writer.scalars({"lr": self.scheduler.get_last_lr()[-1], "grad_norm": float(logs["grad_norm"]),
                             "skipped_steps": self.guard.skipped_total, "data_wait_fraction": bar.data_wait_fraction,
                             "samples_per_s": bar.samples_per_second() or 0.0}, self.step, "train")
         if print_line:  # no progress bar: one line per log point
             self.log(f"step {self.step}: loss {loss_now:.4f} (skipped {self.guard.skipped_total})")
         self._acc, self._n_acc = {}, 0
+        return {}
 
     def validate(self) -> float:
         """Teacher-forced held-out mel L1 (`tts.clone.evaluation`), the fixed sentences in TensorBoard, the
@@ -295,20 +259,31 @@ class CloneTrainer:
             self.validate()
         bar = Progress(self.total_steps, self.step, t.batch_size * t.grad_accum * info.world_size,
                        enabled=progress and info.is_main)
-        self._t_last = time.perf_counter()
         self.model_ddp.train()
         stop = RunStop(t.max_minutes, stop_at_step, last_good=lambda: self.last_good, lr_hint="--lr <lower>", oom=(
             "voice-cloning training", t.batch_size, {
                 "batch_key": "train.batch_size", "accum_key": "train.grad_accum", "accumulation": t.grad_accum,
                 "precision_key": "train.precision", "precision": self.precision.precision, "resume": "--resume auto"}))
+        cadence = Cadence(total_steps=self.total_steps, log_every=t.log_interval, validate_every=t.val_check_interval,
+                          save_every=t.save_interval, steps_per_epoch=self.steps_per_epoch, batches_per_step=t.grad_accum)
         try:
-            with stop:
-                while self.step < self.total_steps and not self._run_epoch(bar, stop, progress):
-                    pass
+            reason = loop.run(self, cadence, stop, bar, epoch_batches=self._epoch_batches, optimizers=self.optimizers,
+                              guards=self.guards, divergence=self.divergence,
+                              log=lambda logs, bar: self._log_train(logs, bar, print_line=not progress))
         finally:
             bar.close()
             self.writer.close()
-        return self._summary(stop.reason, bar.data_wait_fraction)
+        if reason:
+            self.log(stop.message(self.step))
+        return self._summary(reason, bar.data_wait_fraction)
+
+    def _epoch_batches(self) -> Iterator[Iterator[dict]]:
+        """The current epoch's optimizer steps from the run's position, each a lazy run of `grad_accum`
+        micro-batches (fetched by `train_step` one at a time, as before the loop was shared)."""
+        accum = self.cfg.train.grad_accum
+        it = iter(self.data.epoch_loader(self.epoch, self.batch_in_epoch, self.cfg.train.seed))
+        while self.batch_in_epoch + accum <= self.steps_per_epoch * accum:
+            yield islice(it, accum)
 
     def _summary(self, stopped: str | None, data_wait_fraction: float | None = None) -> dict:
         history = self.history
@@ -322,44 +297,6 @@ class CloneTrainer:
             "ckpt_dir": str(self.run_dir), "best": self.manager.best_metric, "n_params": self.n_params,
             "last_good": str(self.last_good) if self.last_good else None,
         }
-
-    def _run_epoch(self, bar: Progress, stop: RunStop, progress: bool) -> bool:
-        """One (possibly resumed) pass over the training set; True when the run stops."""
-        t = self.cfg.train
-        it = iter(self.data.epoch_loader(self.epoch, self.batch_in_epoch, t.seed))
-        while self.batch_in_epoch + t.grad_accum <= self.steps_per_epoch * t.grad_accum:
-            t0 = time.perf_counter()
-            grad_norm, stepped, data_s = self.train_step(it)
-            self.step += 1
-            self.batch_in_epoch += t.grad_accum
-            now = time.perf_counter()
-            self.train_time += now - self._t_last
-            self._t_last = now
-            bar.update(self.step, data_s, now - t0 - data_s)
-            reason = stop.check(self.step)
-            last = self.step >= self.total_steps or reason == TIME_LIMIT
-            if last or reason:  # inside a non-finite/diverging streak: exit 3, nothing to save
-                check_run_ended_good(self.guard, self.divergence)
-            if self.step % t.log_interval == 0 or last:
-                self._log_train(grad_norm, bar, print_line=not progress)
-            if not stepped:
-                self.writer.scalar("train/skipped_steps", self.guard.skipped_total, self.step)
-            if self.step % t.val_check_interval == 0 or last:
-                self.save(self.validate())
-                self._t_last = time.perf_counter()  # validation time is not training time
-            elif self.step % t.save_interval == 0:
-                self.save()
-                self._t_last = time.perf_counter()
-            if reason in (SIGNAL, STOP_AT_STEP):
-                if not self.history or self.history[-1]["step"] != self.step:
-                    self.save()
-                self.log(stop.message(self.step))
-                return True
-            if last:
-                return True
-        self.epoch += 1
-        self.batch_in_epoch = 0
-        return False
 
 
 def train(res: Resolved, resume: str | None = None, log: Callable[..., None] = print, progress: bool = True,
