@@ -7,7 +7,12 @@ feature caches) is therefore written to a temp file beside its destination (same
 filesystem) and renamed over it with `os.replace`, which is atomic. Whatever goes wrong, the temp file
 is removed and the destination keeps its previous content (or stays absent). ENOSPC / EDQUOT become
 `DiskFullError`, "disk full while writing FILE: N MiB free" — an `OutputPathError`, so every script
-and trainer exits 2 with that one line.
+and trainer exits 2 with that one line. So does a short write that carries no errno (numpy's
+`np.save`/`tofile`: "N requested and M written"): a full disk is a run error, never one file's problem.
+
+The final file gets the mode a plain `open()` would give it (0666 & ~umask; a folder 0777 & ~umask),
+not the 0600 of `tempfile.mkstemp`, so a shared machine's group (or a web server) can read checkpoints
+and datasets as it reads everything else the user writes.
 
 Temp names: a file `.<name>.<random>.tmp` (what `common.run_dir.remove_stale_temp_files` cleans up),
 a folder `<name>.tmp<pid>` (a prepared item made of several files; `remove_stale_temp_folders` cleans those).
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -85,19 +91,53 @@ def free_mib(path: str | Path) -> float:
 
 
 
+# numpy's C writer (`ndarray.tofile`, which `np.save` uses on a real file) reports a short fwrite as
+# OSError("%ld requested and %ld written") with no errno: on a local disk that is a full disk (or quota).
+_SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")
+
+
 def is_disk_full(exc: BaseException) -> bool:
-    """ENOSPC / EDQUOT as Python sees it anywhere in the exception chain, or as a C++ writer reports it
-    (torch's zip writer: "enforce fail ... unexpected pos"; "No space left on device")."""
+    """ENOSPC / EDQUOT as Python sees it anywhere in the exception chain, a short write as numpy reports it
+    ("N requested and M written", no errno), or as a C++ writer reports it (torch's zip writer:
+    "enforce fail ... unexpected pos"; "No space left on device")."""
     seen: set[int] = set()
     e: BaseException | None = exc
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        if isinstance(e, OSError) and (e.errno in (errno.ENOSPC, errno.EDQUOT)
+                                       or (e.errno is None and _SHORT_WRITE.search(str(e)))):
             return True
         if isinstance(e, RuntimeError) and ("unexpected pos" in str(e) or "No space left" in str(e)):
             return True
         e = e.__cause__ or e.__context__
     return False
+
+
+def current_umask() -> int:
+    """The process's umask. Linux reads it from /proc (no change, safe beside other threads); elsewhere it is
+    set and restored at once, which a thread creating a file in that instant would see (umask 022 there)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def set_plain_mode(path: str | Path, folder: bool = False) -> None:
+    """Gives `path` the mode a plain `open()` (`mkdir()`) would have: 0666 (0777) & ~umask. Not on Windows
+    (mkstemp's mode means nothing there and chmod only sets read-only, which would block a later rotation);
+    where chmod fails (a mount without permissions) the file stays as it is."""
+    if ON_WINDOWS:
+        return
+    try:
+        os.chmod(path, (0o777 if folder else 0o666) & ~current_umask())
+    except (OSError, NotImplementedError):
+        pass
 
 
 def disk_full(path: str | Path, note: str = "") -> DiskFullError:
@@ -135,6 +175,7 @@ def atomic_output(path: str | Path, folder: bool = False, fsync: bool = False, n
             os.close(fd)
             tmp = Path(name)
         yield tmp
+        set_plain_mode(tmp, folder)  # mkstemp made 0600 (and so might a writer's own temp file): as open() would
         if fsync and not folder:
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
@@ -189,7 +230,7 @@ def append_text(path: str | Path, text: str, encoding: str = "utf-8") -> Path:
     before the append (no half line for a reader to choke on) and DiskFullError is raised."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # & ~umask, as open() does
     try:
         start = os.fstat(fd).st_size
         try:

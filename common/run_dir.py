@@ -9,6 +9,9 @@ Why these rules:
   exit 2 instead of a traceback an hour into training.
 - Temp files left by a kill in the middle of an atomic save (`.model_00000006.pt.<rand>.tmp`) are
   removed when that run starts again.
+- An output folder never overlaps an input (`check_apart`): one that is, contains or lies inside the
+  audio/image/data folder would overwrite the user's files, or move them into `overwritten-*/` on
+  `--overwrite`; it is refused before anything is written (exit 2), naming both.
 - A run folder has one owner: the main rank takes `<run_dir>/run.lock` (`common.run_lock`) before it
   changes anything there and holds it until the process exits, so a second run on the same folder
   stops at once (exit 2, naming the first) instead of overwriting its checkpoints hours later.
@@ -59,6 +62,46 @@ def _existing_parent(path: Path) -> Path:
     while not p.exists() and not p.is_symlink() and p != p.parent:
         p = p.parent
     return p
+
+
+def _same_place(a: Path, b: Path) -> bool:
+    """`a` and `b` name one file or folder: the same inode where both exist (a symlink, a bind mount, another
+    case on a case-insensitive disk), else the same absolute path."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.normcase(str(a)) == os.path.normcase(str(b))
+
+
+def is_within(path: str | Path, folder: str | Path) -> bool:
+    """`path` is `folder` or lies somewhere under it (symlinks followed; `path` need not exist yet)."""
+    p, f = Path(path).resolve(), Path(folder).resolve()
+    return any(_same_place(q, f) for q in (p, *p.parents))
+
+
+def check_apart(output: str | Path, flag: str, inputs: dict[str, str | Path | list | tuple | None],
+                suffix: str = "_prepared", doing: str = "writing there") -> None:
+    """OutputPathError (exit 2) when the output folder `output` (the user's `flag`) is, contains or lies
+    inside any existing input of `inputs` ({flag: path or paths}; a file counts when `output` contains it,
+    e.g. the metadata file with outputs written next to it): writing there would overwrite the user's files,
+    and `--overwrite` would move them into `overwritten-*/`. Call it before anything is written."""
+    out = Path(output)
+    for in_flag, value in inputs.items():
+        for given in (value if isinstance(value, (list, tuple)) else [value]):
+            if not given or not Path(given).exists():
+                continue  # a missing input is the caller's own message; nothing of it can be harmed
+            inp = Path(given)
+            if is_within(inp, out):
+                how, outer = ("is" if is_within(out, inp) else "contains"), out
+            elif is_within(out, inp):
+                how, outer = "is inside", inp
+            else:
+                continue
+            outer = outer.resolve()
+            example = f", e.g. {outer.parent / (outer.name + suffix)}" if outer.name else ""
+            raise OutputPathError(f"{flag} {out} {how} {in_flag} {inp}: {doing} would overwrite or mix with your files, "
+                                  f"and --overwrite would move them aside; choose a separate folder{example} "
+                                  "(inputs are never modified)")
 
 
 def check_output_dir(path: str | Path, flag: str = "--run_dir", need_bytes: int | None = None) -> Path:
@@ -138,14 +181,16 @@ def existing_checkpoints(ckpt_dir: str | Path) -> list[Path]:
 def prepare_run_dir(run_dir: str | Path, ckpt_dir: str | Path | None = None, resume: str | None = None,
                     overwrite: bool = False, init_from: str | None = None, need_bytes: int | None = None,
                     keep: tuple[str, ...] = (), is_main: bool | None = None, run_flag: str = "--run_dir",
-                    log=print) -> Path:
+                    log=print, inputs: dict[str, str | Path | list | tuple | None] | None = None) -> Path:
     """The start of every training run (call on every rank; the others only check the flags: the main
     rank alone looks at and changes the folder, and `setup_distributed` holds them until it has).
 
     Checks the folder is writable (with room for one more checkpoint as large as the newest there),
     removes stale temp files, refuses a used folder without `--resume`/`--overwrite` (OutputPathError, exit 2) and, with `--overwrite`, moves everything in it
     except `keep` (e.g. a feature cache) and earlier `overwritten-*` folders into
-    `<run_dir>/overwritten-<time>/`. The main rank holds the folder's lock (`common.run_lock`) from here
+    `<run_dir>/overwritten-<time>/`. A run folder that is, contains or lies inside one of `inputs` (the
+    data the trainer reads, {flag: path or paths}, e.g. {"--data_dir": cfg.data_dir}) is refused before it
+    is touched (`check_apart`): `--overwrite` would move the dataset aside. The main rank holds the folder's lock (`common.run_lock`) from here
     until the process exits; another run holding it is RunFolderInUse (exit 2).
     Returns the folder the old files went to, or `run_dir`."""
     run_dir = Path(run_dir)
@@ -156,6 +201,8 @@ def prepare_run_dir(run_dir: str | Path, ckpt_dir: str | Path | None = None, res
     if resume and resume != "auto" and init_from:  # (`--resume auto --init_from`: said below when a run is there)
         raise OutputPathError(f"--resume {resume} and --init_from exclude each other: --resume continues a run, "
                               f"--init_from starts a new one from {init_from}'s weights")
+    if inputs:  # every rank: a pure path check, so all of them stop together
+        check_apart(run_dir, run_flag, inputs, suffix="_runs", doing="training there")
     if is_main is None:  # before the process group exists
         is_main = launched_as_rank0()
     if not is_main:  # nothing to look at: rank 0 alone writes here, and may be moving the folder aside now

@@ -43,7 +43,7 @@ from common import exit_codes
 from common.atomic_write import atomic_output, write_text
 from common.audio import AudioError, MelSpectrogram, check_audio, load_audio, save_wav, to_float32, to_int16
 from common.config import ConfigError, load_config
-from common.run_dir import check_output_dir, check_prepared_settings
+from common.run_dir import check_apart, check_output_dir, check_prepared_settings
 from common.workers import RUN_ERRORS, process_pool
 from tts.text import SYMBOLS, find_unknown, normalize, text_to_ids
 from tts.text.phonemes import PhonemeCache
@@ -384,8 +384,7 @@ def prepare(metadata: str | Path, audio_dir: str | Path, output_dir: str | Path,
     metadata, audio_dir, out = Path(metadata), Path(audio_dir), Path(output_dir)
     if not audio_dir.is_dir():
         raise PrepareError(f"audio folder not found: {audio_dir} (--audio_dir)")
-    if out.resolve() == audio_dir.resolve():
-        raise PrepareError("--output_dir must differ from --audio_dir (the input is never modified)")
+    check_apart(out, "--output_dir", {"--audio_dir": audio_dir, "--metadata": metadata})  # before any write
     rows, problems, fmt = parse_metadata(metadata, fmt, speaker, speaker_from_path)
     state_path = out / "prepare_state.json"
     old = json.loads(state_path.read_text()) if state_path.is_file() else None
@@ -502,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         cfg = load_config(args.config, TrainConfig, args.overrides)
+        check_apart(args.output_dir, "--output_dir", {"--audio_dir": args.audio_dir, "--metadata": args.metadata})
         check_output_dir(args.output_dir, "--output_dir")
         prepare(args.metadata, args.audio_dir, args.output_dir, cfg, args.num_workers, args.format, args.speaker,
                 speaker_from_path=args.speaker_from_path, overwrite=args.overwrite)

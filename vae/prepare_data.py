@@ -29,7 +29,13 @@ from tqdm import tqdm
 
 from common import exit_codes
 from common.atomic_write import atomic_output, write_text
-from common.run_dir import OutputPathError, check_output_dir, check_output_file, check_prepared_settings
+from common.run_dir import (
+    OutputPathError,
+    check_apart,
+    check_output_dir,
+    check_output_file,
+    check_prepared_settings,
+)
 from common.workers import RUN_ERRORS, process_pool
 from vae.data import (
     DEFAULT_MAX_PIXELS,
@@ -128,10 +134,8 @@ def _output_names(files: list[Path], root: Path, fmt: str) -> list[str]:
 
 def preprocess(args: argparse.Namespace) -> int:
     src_root, out_root = Path(args.input_dir).resolve(), Path(args.output_dir).resolve()
-    if out_root == src_root or src_root in out_root.parents:
-        # Allowed only as a sibling/outside folder: writing inside the input would re-read outputs.
-        print(f"error: --output_dir {args.output_dir} is inside --input_dir; choose a folder outside it")
-        return 2
+    # only apart from the input: inside it the outputs would be re-read, around it --overwrite would move it
+    check_apart(args.output_dir, "--output_dir", {"--input_dir": args.input_dir})
     settings = {"target_size": args.target_size, "resize_mode": args.resize_mode, "format": args.format,
                 "min_size": args.min_size, "background": list(args.background)}
     settings_file = out_root / "prepare_settings.json"
@@ -335,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
             if not args.output_dir:
                 print("error: --mode preprocess needs --output_dir")
                 return 2
+            check_apart(args.output_dir, "--output_dir", {"--input_dir": args.input_dir})  # before it is made
             check_output_dir(args.output_dir, "--output_dir")
         else:
             check_output_file(args.output_file, "--output_file")

@@ -44,7 +44,7 @@ import numpy as np
 from common import exit_codes
 from common.atomic_write import atomic_output, remove_stale_temp_folders, write_text
 from common.config import ConfigError, add_config_args, load_config
-from common.run_dir import check_output_dir, check_prepared_settings
+from common.run_dir import check_apart, check_output_dir, check_prepared_settings
 from common.workers import RUN_ERRORS, process_pool
 from vocoder.config import VocoderConfig
 from vocoder.gta_mels import MelDirError, check_mel_dir, load_gta_mel
@@ -264,8 +264,7 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
     if missing:
         raise PrepareError(f"input path(s) not found: {', '.join(missing)}")
     out = Path(output)
-    if any(out.resolve() == r.resolve() or r.resolve() in out.resolve().parents for r in roots if r.is_dir()):
-        raise PrepareError(f"--output {out} is inside an input folder; choose a separate folder (inputs are never modified)")
+    check_apart(out, "--output", {"--input": roots, "--mel_dir": mel_dir})  # before anything is written
     settings = Settings.from_config(cfg, mel_dir)
     workers = cfg.binarization_args.num_workers if num_workers is None else num_workers
     files = find_audio(roots)
@@ -379,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.mel_dir and roots and all(r.exists() for r in roots):
             # judged before check_output_dir makes the output folder: a --mel_dir that does not fit leaves nothing
             mels = check_mel_dir(Path(args.mel_dir), find_audio(roots), cfg.audio)
+        check_apart(output, "--output", {"--input": list(inputs or []), "--mel_dir": args.mel_dir})
         check_output_dir(output, "--output")
         prepare(cfg, inputs, output, args.num_workers, overwrite=args.overwrite, mel_dir=args.mel_dir, mels=mels)
         return exit_codes.OK

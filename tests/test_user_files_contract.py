@@ -1,0 +1,224 @@
+"""The user's own files are sacred (issue "Never lose a run, round 3", data lost):
+1. an output folder that is, contains or lies inside an input is refused before anything is written, by all
+   three prepares (exit 2, one line naming both), so no recording is replaced by its prepared copy;
+2. with `--overwrite` nothing the user had is moved aside either: not by a prepare, not by a trainer whose
+   run folder is (or holds, or lies in) its data folder;
+3. a short write with no errno (numpy's "N requested and M written") is a full disk: the run stops with the
+   one disk-full line (exit 2) instead of skipping files or a traceback;
+4. what the atomic writer writes has the mode a plain open() gives (0666 & ~umask), not mkstemp's 0600."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from common import atomic_write
+from common.atomic_write import DiskFullError, atomic_output, is_disk_full, write_text
+from common.errors import OutputPathError
+from common.run_dir import check_apart, prepare_run_dir
+from tests.vae.helpers import write_images
+from tests.vocoder.conftest import voiced_tone, write_tones
+
+TEXT = "Bugun havo juda yaxshi, biz bogʻda sayr qildik."
+
+
+def _snapshot(root: Path) -> dict[str, bytes | None]:
+    """Every path under `root` with its bytes (None for a folder)."""
+    return {p.relative_to(root).as_posix(): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+def _lj_corpus(root: Path, n: int = 3) -> Path:
+    """An LJSpeech folder as users download it: metadata.csv and wavs/ at 44.1 kHz / 24 bit."""
+    (root / "wavs").mkdir(parents=True)
+    for i in range(n):
+        sf.write(root / "wavs" / f"LJ{i:03d}.wav", voiced_tone(2.5, 44100, seed=i), 44100, subtype="PCM_24")
+    (root / "metadata.csv").write_text("".join(f"LJ{i:03d}|{TEXT}\n" for i in range(n)), encoding="utf-8")
+    return root
+
+
+# --------------------------------------------------------------------------------------------- the rule
+def test_check_apart_names_the_relation_and_both_folders(tmp_path):
+    data = tmp_path / "corpus"
+    (data / "wavs").mkdir(parents=True)
+    (data / "metadata.csv").write_text("x|y\n")
+    inputs = {"--audio_dir": data / "wavs", "--metadata": data / "metadata.csv"}
+    for out, how in ((data / "wavs", "is"), (data, "contains"), (data / "wavs" / "prep", "is inside"),
+                     (tmp_path, "contains")):
+        with pytest.raises(OutputPathError, match=rf"^--output_dir {out} {how} --audio_dir .*choose a separate folder"):
+            check_apart(out, "--output_dir", inputs)
+    link = tmp_path / "link"
+    link.symlink_to(data / "wavs")
+    with pytest.raises(OutputPathError, match="is --audio_dir"):  # the same folder under another name
+        check_apart(link, "--output_dir", inputs)
+    with pytest.raises(OutputPathError, match=r"contains --metadata .*metadata\.csv"):  # files next to it
+        check_apart(data, "--output_dir", {"--metadata": data / "metadata.csv"})
+    check_apart(data / "prepared", "--output_dir", inputs)  # beside the recordings: fine
+    check_apart(tmp_path / "out", "--output_dir", {"--audio_dir": tmp_path / "gone", "--metadata": None})
+
+
+# ----------------------------------------------------------------------------- 1 + 2: the three prepares
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_tts_prepare_into_the_corpus_itself_is_refused_and_no_recording_changes(tmp_path, overwrite, capsys):
+    from tts import prepare_data
+
+    corpus = _lj_corpus(tmp_path / "LJSpeech-1.1")
+    before = _snapshot(corpus)
+    for out in (corpus, corpus / "wavs" / "prepared"):
+        code = prepare_data.main(["--metadata", str(corpus / "metadata.csv"), "--audio_dir", str(corpus / "wavs"),
+                                  "--output_dir", str(out), "--num_workers", "1", *overwrite])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and str(out) in err[0] and str(corpus / "wavs") in err[0], err
+        assert _snapshot(corpus) == before  # nothing written, replaced or moved aside
+    # the metadata's folder, with the audio elsewhere: the outputs would land next to (and move) the metadata
+    code = prepare_data.main(["--metadata", str(corpus / "metadata.csv"), "--audio_dir", str(corpus / "wavs"),
+                              "--output_dir", str(corpus), "--num_workers", "1", *overwrite])
+    assert code == 2 and _snapshot(corpus) == before
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_vocoder_prepare_around_its_input_is_refused_and_nothing_moves(tmp_path, overwrite, capsys):
+    from vocoder import prepare_data
+
+    write_tones(tmp_path / "project" / "raw", 2, 44100)
+    before = _snapshot(tmp_path / "project")
+    for out in (tmp_path / "project", tmp_path / "project" / "raw", tmp_path / "project" / "raw" / "bin"):
+        code = prepare_data.main(["--input", str(tmp_path / "project" / "raw"), "--output", str(out),
+                                  "--num_workers", "0", *overwrite])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and "--input" in err[0] and str(out) in err[0], err
+        assert _snapshot(tmp_path / "project") == before
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_vae_prepare_around_its_input_is_refused_and_nothing_moves(tmp_path, overwrite, capsys):
+    from vae import prepare_data
+
+    write_images(tmp_path / "project" / "photos", 2, size=48)
+    before = _snapshot(tmp_path / "project")
+    for out in (tmp_path / "project", tmp_path / "project" / "photos" / "prep"):
+        code = prepare_data.main(["--mode", "preprocess", "--input_dir", str(tmp_path / "project" / "photos"),
+                                  "--output_dir", str(out), "--num_workers", "1", "--target_size", "32",
+                                  "--min_size", "8", *overwrite])
+        lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("error:")]
+        assert code == 2 and len(lines) == 1 and "--input_dir" in lines[0] and str(out) in lines[0], lines
+        assert _snapshot(tmp_path / "project") == before
+
+
+# ------------------------------------------------------------------------------------ 2: a trainer's run
+def test_a_run_folder_overlapping_the_data_folder_is_refused_and_the_dataset_stays(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "manifest.json").write_text("{}")
+    (data / "model_00000001.pt").write_bytes(b"a checkpoint of a run that trained here")  # a used folder
+    before = _snapshot(tmp_path)
+    for run in (data, data / "run", tmp_path):
+        with pytest.raises(OutputPathError, match=r"^--run_dir .* --data_dir .*choose a separate folder"):
+            prepare_run_dir(run, overwrite=True, is_main=True, inputs={"--data_dir": data}, log=lambda *a: None)
+        assert _snapshot(tmp_path) == before  # nothing moved into overwritten-*/, no run.lock
+    for is_main in (True, False):  # every rank says the same, before any of them waits for the others
+        with pytest.raises(OutputPathError):
+            prepare_run_dir(data, is_main=is_main, inputs={"--data_dir": data})
+    # apart from the data, --init_from inside the run folder: the run starts as before
+    run = tmp_path / "runs" / "a"
+    assert prepare_run_dir(run, init_from=str(run / "x.pt"), is_main=True, inputs={"--data_dir": data}) == run
+
+
+# ---------------------------------------------------------------------------- 3: a short write is a full disk
+def _short_write(dest, *args, **kwargs):
+    """What np.save does when fwrite comes back short (ndarray.tofile): some bytes, then an OSError with no errno."""
+    with open(dest, "ab") if not hasattr(dest, "write") else open(os.devnull, "wb") as f:
+        f.write(b"\x93NUMPY" + b"\0" * 58)
+    raise OSError("4194304 requested and 1703936 written")
+
+
+def test_numpy_short_write_counts_as_a_full_disk(tmp_path):
+    assert is_disk_full(OSError("4194304 requested and 1703936 written"))
+    assert not is_disk_full(OSError("some other failure")) and not is_disk_full(OSError(errno.EACCES, "denied"))
+    with pytest.raises(DiskFullError, match=r"^disk full while writing .*item: \d+ MiB free$"):
+        with atomic_output(tmp_path / "item", folder=True) as tmp:
+            _short_write(tmp / "audio.npy")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_during_vocoder_preparation_stops_it_with_one_line(tmp_path, monkeypatch, capsys):
+    from vocoder import prepare_data
+
+    write_tones(tmp_path / "raw", 3, 44100)
+    monkeypatch.setattr(np, "save", _short_write)
+    code = prepare_data.main(["--input", str(tmp_path / "raw"), "--output", str(tmp_path / "bin"),
+                              "--num_workers", "0"])
+    out, err = capsys.readouterr()
+    assert code == 2 and "SKIPPED" not in out and "unexpected error" not in out, out
+    assert err.strip().startswith("error: disk full while writing") and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "bin" / "manifest.json").exists()
+
+
+def test_a_full_disk_during_tts_preparation_is_one_line_not_a_traceback(tmp_path, monkeypatch, capsys):
+    from tts import prepare_data
+
+    corpus = _lj_corpus(tmp_path / "lj", n=2)
+    monkeypatch.setattr(np, "save", _short_write)
+    code = prepare_data.main(["--metadata", str(corpus / "metadata.csv"), "--audio_dir", str(corpus / "wavs"),
+                              "--output_dir", str(tmp_path / "prep"), "--num_workers", "1"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("error: disk full while writing") and "Traceback" not in err, err
+
+
+# ------------------------------------------------------------------------- 4: modes, as a plain open() gives
+@pytest.fixture()
+def umask():
+    old = os.umask(0o022)
+    os.umask(old)
+
+    def set_to(mask: int) -> None:
+        os.umask(mask)
+    yield set_to
+    os.umask(old)
+
+
+@pytest.mark.skipif(os.name == "nt", reason="POSIX modes")
+@pytest.mark.parametrize("mask", [0o022, 0o077, 0o002])
+@pytest.mark.parametrize("proc", [True, False], ids=["proc", "no-proc"])
+def test_written_files_have_the_mode_a_plain_open_gives(tmp_path, umask, mask, proc, monkeypatch):
+    from common.audio import save_wav
+    from common.checkpoint import save_atomic
+
+    if not proc:  # elsewhere than Linux: the umask is read by setting and restoring it
+        real_open = open
+        monkeypatch.setattr("builtins.open", lambda f, *a, **k: (_ for _ in ()).throw(OSError("no /proc"))
+                            if str(f) == "/proc/self/status" else real_open(f, *a, **k))
+    umask(mask)
+    with open(tmp_path / "plain", "w"):
+        pass
+    plain = (tmp_path / "plain").stat().st_mode & 0o777
+    assert plain == 0o666 & ~mask
+    write_text(tmp_path / "config.yaml", "a: 1\n")
+    save_atomic({"w": 1}, tmp_path / "model_00000001.pt")
+    save_wav(tmp_path / "a.wav", np.zeros(100, np.float32), 22050)
+    atomic_write.save_png(np.zeros((4, 4, 3), np.uint8), tmp_path / "a.png")
+    atomic_write.append_text(tmp_path / "metrics.jsonl", "{}\n")
+    for name in ("config.yaml", "model_00000001.pt", "a.wav", "a.png", "metrics.jsonl"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == plain, name
+    with atomic_output(tmp_path / "item", folder=True) as tmp:
+        np.save(tmp / "mel.npy", np.zeros(3))
+    assert (tmp_path / "item").stat().st_mode & 0o777 == 0o777 & ~mask
+    assert (tmp_path / "item" / "mel.npy").stat().st_mode & 0o777 == plain
+    assert atomic_write.current_umask() == mask and os.umask(mask) == mask  # reading it left it as it was
+
+
+def test_where_chmod_cannot_the_write_still_succeeds(tmp_path, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(atomic_write.os, "chmod", refuse)  # a mount without permissions
+    write_text(tmp_path / "a.txt", "x")
+    monkeypatch.setattr(atomic_write, "ON_WINDOWS", True)  # Windows: not even tried
+    calls = []
+    monkeypatch.setattr(atomic_write.os, "chmod", lambda *a, **k: calls.append(a))
+    write_text(tmp_path / "b.txt", "y")
+    assert (tmp_path / "a.txt").read_text() == "x" and (tmp_path / "b.txt").read_text() == "y" and calls == []
