@@ -134,7 +134,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 
 # ----------------------------------------------------------------------------------- the one loop
-LOOPED = [VocoderTrainer, CloneTrainer]  # the trainers ported to common.loop so far (see common/loop.py)
+LOOPED = [VocoderTrainer, CloneTrainer, VAETrainer]  # the trainers ported to common.loop so far (see common/loop.py)
 
 
 def calls_in(func) -> set[str]:

@@ -22,13 +22,13 @@ import argparse
 import contextlib
 import json
 import sys
-import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from common import distributed, exit_codes
+from common import distributed, exit_codes, loop
 from common.atomic_write import append_text, save_png
 from common.checkpoint import (
     CheckpointError,
@@ -41,6 +41,7 @@ from common.checkpoint import (
 from common.config import ConfigError, add_config_args, config_to_dict
 from common.distributed import DistInfo, all_reduce_mean, no_sync, wrap_ddp
 from common.log import Printer, Progress, RunLogger, peak_memory_gib
+from common.loop import Cadence
 from common.muon import build_optimizer
 from common.precision import Precision
 from common.presets import add_preset_arg, apply_preset
@@ -53,7 +54,6 @@ from common.training import (
     DivergenceGuard,
     NonFiniteGuard,
     backward,
-    check_run_ended_good,
     count_parameters,
     frozen,
     saving_blocked,
@@ -130,6 +130,7 @@ class VAETrainer:
         self.ema = self._new_ema()
         self.guard = NonFiniteGuard(cfg.max_nonfinite)
         self.d_guard = NonFiniteGuard(cfg.max_nonfinite)  # the critic's own streak: a NaN critic must stop the run too
+        self.guards = {"vae": self.guard, "disc": self.d_guard}  # by optimizer name
         self.divergence = DivergenceGuard([*self.g_params, *(self.disc.parameters() if self.disc else ())],
                                           cfg.max_nonfinite, across_ranks=self.info.enabled)
         self.buffers = BufferSnapshot(self.vae, self.disc)  # the discriminator's BatchNorm stats
@@ -179,10 +180,13 @@ class VAETrainer:
         return EMA(self.vae, self.cfg.ema_decay, only=AutoencoderKL.DECODER_SIDE if self.cfg.train_decoder_only else ())
 
     # ------------------------------------------------------------------ one step
-    def train_step(self, micro_batches: list[torch.Tensor], global_step: int) -> tuple[dict[str, torch.Tensor], bool]:
+    def train_step(self, micro_batches: list[torch.Tensor], global_step: int | None = None) -> dict:
         """One optimizer step over `len(micro_batches)` accumulated micro-batches (the loss of each is
-        divided by their number, so the gradient is the mean over the whole effective batch)."""
+        divided by their number, so the gradient is the mean over the whole effective batch). `global_step`
+        is the run's own (`self.global_step`) unless a benchmark or a memory probe names one. The logs
+        hold "stepped": whether the VAE's optimizer stepped (False: a skipped non-finite step)."""
         cfg, scaler = self.cfg, self.precision.scaler
+        global_step = self.global_step if global_step is None else global_step
         n = len(micro_batches)
         gan = self.disc is not None and self.loss.gan_active(global_step)
         grad_scale = float(scaler.get_scale()) if scaler.is_enabled() else 1.0
@@ -226,7 +230,8 @@ class VAETrainer:
         step_schedulers(self.schedulers.values())
         if stepped and self.ema is not None:
             self.ema.update(self.vae)
-        return logs, stepped
+        logs["stepped"] = stepped
+        return logs
 
     @property
     def eval_model(self) -> AutoencoderKL:
@@ -250,8 +255,10 @@ class VAETrainer:
                                  "divergence": self.divergence.state_dict(),
                                  "best_psnr": self.best_psnr, "stages": self.stages}, trainer="vae")
 
-    def save(self, reason: str = "") -> bool:
-        """`checkpoint_last.pt` (outside rotation); False while the newest steps are non-finite."""
+    def save(self, metric: float | None = None) -> bool:
+        """`checkpoint_last.pt` (outside rotation; `metric`, the latest PSNR, ranks the epoch checkpoints
+        instead); False while the newest steps are non-finite."""
+        reason = "end of training" if self.step >= self.data.total_steps else f"PSNR {metric:.2f}" if metric else "saved"
         if saving_blocked(self.guard, self.d_guard, self.divergence):
             self.log(f"not saving checkpoint_last.pt at step {self.step} ({reason}): the newest steps were "
                      f"non-finite or diverging; the last good checkpoint is {self.last_good or 'none'}")
@@ -289,8 +296,10 @@ class VAETrainer:
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict:
         """Held-out metrics of the EMA weights (rank 0, once per step) to TensorBoard and `metrics.jsonl`."""
+        if not (self.info.is_main and self.val_batches):
+            return {}
         if self.last_val[0] == self.global_step:
-            return self.last_val[1]  # already measured at this step (val_check_interval hit the last step)
+            return self.last_val[1]  # already measured at this step
         m = evaluate(self.eval_model, self.val_batches, self.device, self.precision.autocast, self.perceptual)
         if m:
             self.writer.scalars(m, self.global_step, "val")
@@ -299,6 +308,7 @@ class VAETrainer:
             append_text(self.out_dir / "metrics.jsonl",
                         json.dumps({"step": self.global_step, "image_size": self.cfg.image_size, **m}) + "\n")
         self.last_val = (self.global_step, m)
+        self.log(f"step {self.global_step}: {validation.describe(m)}")
         return m
 
     def _save_samples(self) -> None:
@@ -309,8 +319,8 @@ class VAETrainer:
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict:
-        """Say the plan, run the epochs, save and export; returns {"step", "stopped" (None: the plan ran out)}
-        (a non-finite stop raises `NonFiniteError` naming the last good checkpoint: `main` prints it)."""
+        """Say the plan, run the epochs (`common.loop`), save and export; returns {"step", "stopped" (None: the
+        plan ran out)} (a non-finite stop raises `NonFiniteError` naming the last good checkpoint: `main` prints it)."""
         cfg, data, main = self.cfg, self.data, self.info.is_main
         if main:
             report_plan(cfg, data, self.schedulers, self.loss, self.out_dir, self.writer, self.steps_before_stage,
@@ -318,75 +328,68 @@ class VAETrainer:
             (self.out_dir / "samples").mkdir(exist_ok=True)
             self.writer.scalar("train/image_size", cfg.image_size, self.global_step)  # this stage's resolution
             if self.step == 0 and self.val_batches:
-                self.log(f"step {self.global_step}: {validation.describe(self.validate())}")
+                self.validate()
                 self._save_samples()
         progress = Progress(data.total_steps, initial=self.step, samples_per_step=data.samples_per_step, enabled=main)
         self.log.bar = progress
-        stop = RunStop(cfg.time_limit_minutes or None, cfg.stop_at_step or None, lr_hint="--learning_rate <lower>",
+        # stop_at_step counts the steps of every resolution stage (the global step), as the user sees them
+        stop_at = cfg.stop_at_step - self.steps_before_stage if cfg.stop_at_step else None
+        stop = RunStop(cfg.time_limit_minutes or None, stop_at, lr_hint="--learning_rate <lower>",
                        last_good=lambda: self.last_good, resume_hint="--resume_from auto",
                        oom=oom_advice(cfg, self.precision.precision))
+        # validation needs held-out files (every rank knows whether there are; rank 0 alone measures)
+        cadence = Cadence(total_steps=data.total_steps, log_every=cfg.log_freq,
+                          validate_every=cfg.val_check_interval if data.val_files else 0, validate_at_end=bool(data.val_files),
+                          save_every=cfg.save_every_steps, steps_per_epoch=data.steps_per_epoch,
+                          batches_per_step=cfg.accumulation_steps)
         try:
-            with stop:  # the final save too: a second signal during it is ignored (`common.stopping.GracefulExit`)
-                try:
-                    while self.step < data.total_steps:
-                        epoch = self.epoch
-                        if self._run_epoch(progress, stop) or self.epoch == epoch:
-                            break  # a stop, or left mid-epoch at the planned last step
-                finally:
-                    self.log.bar = None
-                    progress.close()
-                return self._finish(stop)
-        except BaseException:
+            try:
+                reason = loop.run(self, cadence, stop, progress, epoch_batches=self._epoch_batches,
+                                  optimizers=self.optimizers, guards=self.guards, divergence=self.divergence,
+                                  log=self._log_train, metric=lambda m: m.get("psnr") if m else None,
+                                  after_step=self._samples_on_cadence, epoch_end=self._epoch_checkpoint)
+            finally:
+                self.log.bar = None
+                progress.close()
+            return self._finish(reason, stop.signal_name if reason == SIGNAL else reason)
+        finally:
             self.writer.close()
-            raise
 
-    def _run_epoch(self, progress: Progress, stop: RunStop) -> bool:
-        """One (possibly resumed) pass over the data; True when the run stops early."""
-        cfg, data, main = self.cfg, self.data, self.info.is_main
-        accum, epoch = cfg.accumulation_steps, self.epoch
-        data.sampler.set_epoch(epoch)
+    def _epoch_batches(self) -> Iterator[list[torch.Tensor]]:
+        """The current epoch's optimizer steps from the run's position, each a list of `accumulation_steps`
+        micro-batches collected before the step (as this trainer always did: its crops draw no global RNG)."""
+        cfg, data = self.cfg, self.data
+        data.sampler.set_epoch(self.epoch)
         data.sampler.skip_samples(self.batch_in_epoch * int(cfg.batch_size))
         micro: list[torch.Tensor] = []
-        shown: dict[str, float] = {}  # loss values shown on the progress bar, refreshed at log steps only
-        stopped, t0 = False, time.perf_counter()
         for x in data.loader:
             micro.append(x)
-            if len(micro) < accum:
-                continue
-            t1 = time.perf_counter()
-            logs, _ = self.train_step(micro, self.global_step)
-            micro = []
-            self.step += 1
-            step = self.step
-            self.batch_in_epoch += accum
-            if main and (step % cfg.log_freq == 0 or step == data.total_steps):
-                shown = self._log_train(logs, progress)
-            progress.update(step, t1 - t0, time.perf_counter() - t1, **shown)
-            if main and cfg.save_samples_freq and step % cfg.save_samples_freq == 0:
-                self._save_samples()
-            if main and cfg.val_check_interval and step % cfg.val_check_interval == 0 and self.val_batches:
-                self.log(f"step {self.global_step}: {validation.describe(self.validate())}")
-            if cfg.save_every_steps and step % cfg.save_every_steps == 0:
-                self.save(f"every {cfg.save_every_steps} steps")
-            if stop.check(self.global_step):
-                stopped = True
-                break
-            if step >= data.total_steps:
-                break
-            t0 = time.perf_counter()
-        if self.batch_in_epoch // accum < data.steps_per_epoch:
-            return stopped  # left mid-epoch: the epoch counter stays
-        self.epoch, self.batch_in_epoch = epoch + 1, 0
-        if (epoch + 1) % cfg.checkpoint_freq == 0 and not saving_blocked(self.guard, self.d_guard, self.divergence):
-            s = self._state()
-            if main:
-                self.last_good = self.manager.save(s, epoch + 1, metric=self.last_psnr)
-                self.log(f"saved {self.last_good}")
-            distributed.barrier()
-        return stopped
+            if len(micro) == cfg.accumulation_steps:
+                yield micro
+                micro = []
+
+    def _samples_on_cadence(self) -> None:
+        """Hook (the VAE alone shows reconstructions): sample images every `save_samples_freq` steps, rank 0."""
+        freq = self.cfg.save_samples_freq
+        if self.info.is_main and freq and self.step % freq == 0:
+            self._save_samples()
+
+    def _epoch_checkpoint(self, epochs_done: int) -> None:
+        """Hook (the VAE alone keeps per-epoch files): the rotated `checkpoint_epoch_N.pt` every
+        `checkpoint_freq` epochs, ranked by the latest PSNR."""
+        if epochs_done % self.cfg.checkpoint_freq or saving_blocked(self.guard, self.d_guard, self.divergence):
+            return
+        s = self._state()
+        if self.info.is_main:
+            self.last_good = self.manager.save(s, epochs_done, metric=self.last_psnr)
+            self.log(f"saved {self.last_good}")
+        distributed.barrier()
 
     def _log_train(self, logs: dict, progress: Progress) -> dict[str, float]:
-        """The step's losses and health to TensorBoard; returns the values the progress bar shows."""
+        """The step's losses and health to TensorBoard (rank 0); returns the values the progress bar shows."""
+        logs.pop("stepped")
+        if not self.info.is_main:
+            return {}
         logs.update({"lr": self.g_opt.param_groups[0]["lr"], "images_per_sec": progress.samples_per_second() or 0.0,
                      "memory_gib": peak_memory_gib(self.device), "data_wait": progress.data_wait_fraction,
                      "nonfinite_skipped": self.guard.skipped_total})
@@ -395,23 +398,17 @@ class VAETrainer:
         self.writer.scalars(logs, self.global_step, "train")  # one host sync for all the tensors
         return {"loss": float(logs["total"]), "rec": float(logs[f"rec_{self.cfg.rec_loss}"])}
 
-    def _finish(self, stop: RunStop) -> dict:
-        """The last checkpoint, validation and samples; a finished (or time-boxed) run is exported."""
-        reason, why = stop.reason, stop.signal_name if stop.reason == SIGNAL else stop.reason
-        check_run_ended_good(self.guard, self.d_guard, self.divergence)  # inside a streak: exit 3, nothing to save
-        saved = self.save(why or "end of training")
+    def _finish(self, reason: str | None, why: str | None) -> dict:
+        """The final samples; a finished (or time-boxed) run is exported (the loop saved and validated)."""
         if self.info.is_main:
-            m = self.validate() if self.val_batches else {}
+            m = self.last_val[1] if self.last_val[0] == self.global_step else {}
             self._save_samples()
-            if m:
-                self.log(f"final (step {self.global_step}): {validation.describe(m)}")
             if reason:
                 self.log(f"stopped early ({why}) at step {self.step} of {self.data.total_steps}; "
                          f"continue with --resume_from {self.last_good or 'auto'}")
-            if reason in (None, TIME_LIMIT) and saved:
+            if reason in (None, TIME_LIMIT) and self.last_good is not None:
                 export_final(self.cfg, self.eval_model, self.precision, self.data.train_files, self.out_dir,
                              self.writer, self.global_step, m, self.eval_batch, ema=self.ema is not None)
-        self.writer.close()
         distributed.barrier()
         return {"step": self.step, "stopped": reason}
 

@@ -66,8 +66,7 @@ def test_encoder_is_frozen_bitwise_and_only_the_decoder_side_trains(optimizer):
     encoder_before = {k: v.clone() for k, v in vae.state_dict().items() if not k.startswith(AutoencoderKL.DECODER_SIDE)}
     decoder_before = {k: v.clone() for k, v in vae.state_dict().items() if k.startswith(AutoencoderKL.DECODER_SIDE)}
     for step in range(3):
-        _, stepped = t.train_step([x], step)
-        assert stepped
+        assert t.train_step([x], step)["stepped"]  # train_step returns its logs (common.loop)
         vae.train()  # what validation does around its evaluation: the encoder stays in eval mode
         assert vae.training and not vae.encoder.training and not vae.quant_conv.training
         assert vae.decoder.training

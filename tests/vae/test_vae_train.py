@@ -176,7 +176,7 @@ def test_mixed_precision_and_channels_last_steps(precision):
     before = t.vae.decoder.conv_out.weight.detach().clone()
     x = torch.rand(2, 3, 32, 32) * 2 - 1
     for s in range(3):
-        logs, stepped = t.train_step([x], s)
+        logs = t.train_step([x], s)  # train_step returns its logs (common.loop); logs['stepped'] says it stepped
     hook.remove()
     assert seen["dtype"] == t.precision.amp_dtype  # autocast really ran
     assert torch.isfinite(logs["total"]) and "d_loss" in logs  # GAN on (disc_start 1)
@@ -193,7 +193,7 @@ def _grads_of_one_step(cfg, micro, monkeypatch):
         captured["g"] = torch.cat([p.grad.flatten() for p in t.g_params if p.grad is not None]).clone()
 
     t.g_opt.register_step_pre_hook(spy)
-    logs, _ = t.train_step(micro, 0)
+    logs = t.train_step(micro, 0)  # train_step returns its logs (common.loop)
     return captured["g"], logs
 
 
@@ -231,13 +231,13 @@ def test_fp16_step_on_cpu_really_scales_the_loss():
     scale = t.precision.scaler.get_scale()
     x = torch.rand(2, 3, 32, 32) * 2 - 1
     before = w.detach().clone()
-    _, stepped = t.train_step([x], 0)
+    stepped = t.train_step([x], 0)["stepped"]  # train_step returns its logs (common.loop)
     assert stepped and not torch.equal(before, w)
     torch.testing.assert_close(seen["backward"], seen["step"] * scale, rtol=1e-3, atol=1e-6)
     x_bad = x.clone()
     x_bad[0, 0, 0, 0] = float("inf")
     before = w.detach().clone()
-    _, stepped = t.train_step([x_bad], 1)
+    stepped = t.train_step([x_bad], 1)["stepped"]
     assert not stepped and torch.equal(before, w) and t.precision.scaler.get_scale() == scale / 2
 
 
