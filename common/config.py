@@ -39,13 +39,97 @@ def _deep_merge(base: dict, child: dict) -> dict:
     return out
 
 
+# A YAML alias (`*name`) repeats the node its anchor (`&name`) marks. Nested aliases multiply ("billion
+# laughs": 100 KB of them stand for 10**11 values), and every later walk of the config (merging layers,
+# type checks, saving `config.yaml`) would expand them: minutes of CPU and gigabytes. No shipped config
+# uses anchors; a few for shared blocks are fine, so what aliases add, counted expanded, is bounded.
+MAX_ALIAS_EXPANSION = 10_000
+
+
+class YAMLAliasError(yaml.YAMLError):
+    """A YAML document whose aliases expand beyond MAX_ALIAS_EXPANSION values, or refer to themselves."""
+
+
+def _children(node: yaml.Node) -> list:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def expanded_size(root: yaml.Node) -> tuple[int, int]:
+    """(values the composed document `root` stands for with every alias expanded, distinct nodes in it).
+    Linear in the document (each node is sized once); YAMLAliasError for an alias inside its own anchor."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()  # the nodes being sized: the path from the root
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            sizes[key] = 1 + sum(sizes[id(c)] for c in _children(node))
+            open_.discard(key)
+            continue
+        if key in sizes:
+            continue
+        if key in open_:
+            raise YAMLAliasError("an alias (*name) inside the block its anchor (&name) marks repeats it forever")
+        open_.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in _children(node))
+    return sizes[id(root)], len(sizes)
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses aliases which expand to more than MAX_ALIAS_EXPANSION extra values."""
+
+    def compose_document(self):
+        node = super().compose_document()
+        if node is not None:
+            total, distinct = expanded_size(node)
+            if total - distinct > MAX_ALIAS_EXPANSION:
+                raise YAMLAliasError(f"its aliases (*name) repeat their anchors (&name) into more than "
+                                     f"{MAX_ALIAS_EXPANSION} values ({total} in all)")
+        return node
+
+
+def safe_load(text: str) -> Any:
+    """yaml.safe_load with the alias bound of ConfigLoader (YAMLAliasError beyond it)."""
+    return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A PyYAML error as one line: where (line, column) and what (its own text spans several lines)."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        return f"{where}{exc.problem}" + (f" ({exc.context})" if exc.context else "")
+    if isinstance(exc, yaml.reader.ReaderError):
+        code = ord(exc.character) if isinstance(exc.character, str) else exc.character
+        return f"character #x{code:04x} at offset {exc.position}: {exc.reason}"
+    return " ".join(str(exc).split())
+
+
 def _read_yaml(path: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        utf16 = " (it is UTF-16, Windows' 'Unicode')" if exc.object[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+        raise ConfigError(f"{path}: not a UTF-8 text file{utf16} (byte 0x{exc.object[exc.start]:02x} at offset "
+                          f"{exc.start}); a config is YAML text: save it as UTF-8, or give the right file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        data = safe_load(text)
+    except YAMLAliasError as exc:
+        raise ConfigError(f"{path}: refused: {exc}; write the values out instead of aliasing them") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML/JSON: {exc}") from None
+        raise ConfigError(f"{path}: not valid YAML/JSON: {_yaml_problem(exc)}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not a usable config: its blocks nest too deeply") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -359,8 +443,10 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not key:
         raise ConfigError(f"--set '{text}': the key is empty")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+        value = safe_load(raw) if raw.strip() else ""
+    except YAMLAliasError as exc:
+        raise ConfigError(f"--set {key}=…: refused: {exc}") from None
+    except (yaml.YAMLError, RecursionError):
         value = raw
     return key, value
 

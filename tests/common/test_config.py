@@ -1,3 +1,4 @@
+import re
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -153,3 +154,67 @@ def test_config_sources_name_the_file_the_flag_and_set(tmp_path):
     mark_explicit(cfg, "clip_grad_norm", "--preset cpu")
     assert config_sources(cfg)["clip_grad_norm"] == "--preset cpu"
 
+
+
+# ------------------------------------------------------------------ files that are not usable YAML text
+def _laughs(levels: int, width: int = 10) -> str:
+    """The "billion laughs": each level's list repeats the previous level's anchor `width` times."""
+    lines = ["lol0: &lol0 [" + ", ".join(["lol"] * width) + "]"]
+    lines += [f"lol{i}: &lol{i} [" + ", ".join([f"*lol{i - 1}"] * width) + "]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def test_yaml_aliases_that_expand_beyond_the_bound_are_refused_in_one_line(tmp_path):
+    import time
+
+    # 10**5 values from a few lines (under `extra`, a free mapping: without the bound it simply loads)
+    small = write(tmp_path / "small.yaml", "extra:\n  " + _laughs(5).replace("\n", "\n  "))
+    with pytest.raises(ConfigError) as e:
+        load_config(small, Schema)
+    msg = str(e.value)
+    assert msg.startswith(f"{small.resolve()}: refused: its aliases") and "\n" not in msg
+    # 100 KB of them (10**1000 values): refused at once, in a base_config too
+    big = write(tmp_path / "big.yaml", "extra:\n  " + _laughs(1000).replace("\n", "\n  ") + "\n")
+    assert big.stat().st_size > 100_000
+    child = write(tmp_path / "child.yaml", "base_config: big.yaml\nmax_updates: 3\n")
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(big.resolve()))}: refused: its aliases"):
+        load_config(child, Schema)
+    assert time.monotonic() - start < 5
+    # an alias inside its own anchor repeats forever
+    with pytest.raises(ConfigError, match="repeats it forever"):
+        load_config(write(tmp_path / "self.yaml", "extra: &a {x: [1, *a]}\n"), Schema)
+    # and on the command line
+    with pytest.raises(ConfigError, match=r"^--set extra=…: refused"):
+        load_config(None, Schema, overrides=["extra={" + _laughs(6).strip().replace("\n", ", ") + "}"])
+
+
+def test_a_few_anchors_and_base_config_still_load(tmp_path):
+    write(tmp_path / "base.yaml", "optim: &o\n  lr: 0.001\n  betas: [0.9, 0.99]\nextra: {a: *o, b: *o}\n")
+    child = write(tmp_path / "child.yaml", "base_config: base.yaml\noptim:\n  <<: {lr: 0.002}\n")
+    cfg = load_config(child, Schema, overrides=["extra={a: &x [1, 2], b: *x}"])
+    assert cfg.optim.lr == 0.002 and cfg.optim.betas == [0.9, 0.99] and cfg.extra == {"a": [1, 2], "b": [1, 2]}
+
+
+@pytest.mark.parametrize("content", [b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe", "max_updates: 5\n".encode("utf-16"),
+                                     "crop_mel_frames: 48  # caf\xe9\n".encode("latin-1")],
+                         ids=["binary", "utf-16", "latin-1"])
+@pytest.mark.parametrize("where", ["--config", "base_config"])
+def test_a_config_that_is_not_utf8_text_is_one_line_naming_it(tmp_path, content, where):
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(content)
+    path = bad if where == "--config" else write(tmp_path / "child.yaml", "base_config: bad.yaml\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path, Schema)
+    msg = str(e.value)
+    assert msg.startswith(f"{bad.resolve()}: not a UTF-8 text file") and "save it as UTF-8" in msg and "\n" not in msg
+
+
+def test_invalid_yaml_is_one_line_with_line_and_column(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path / "c.yaml", "optim:\n  lr: [0.1\nmax_updates: 3\n"), Schema)
+    assert "c.yaml: not valid YAML/JSON: line " in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"nul\.yaml: not valid YAML/JSON: character #x0000 at offset 13") as e:
+        load_config(write(tmp_path / "nul.yaml", "max_updates: \x003\n"), Schema)
+    with pytest.raises(ConfigError, match="nest too deeply"):
+        load_config(write(tmp_path / "deep.yaml", "extra: " + "[" * 20_000 + "\n"), Schema)
