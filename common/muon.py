@@ -41,6 +41,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -429,31 +430,47 @@ OPTIMIZER_ALIASES = {
     "Adam": "torch.optim.Adam",
     "MuonAdamW": "common.muon.MuonAdamW",
     "Muon_AdamW": "common.muon.MuonAdamW",
+    "modules.optimizer.muon.Muon_AdamW": "common.muon.MuonAdamW",  # the seed recipes' own copy: ours replaces it
 }
+# Where a dotted `optimizer_cls` may point: a config names a class, never code to run, so the name is looked
+# up in these two modules (already imported) and nothing is ever imported from a config's string.
+OPTIMIZER_NAMESPACES = ("torch.optim", "common.muon")
 
 
-def build_optimizer(cls_name: str, model: nn.Module, **kwargs: Any) -> Optimizer:
+def _namespace_optimizers(prefix: str) -> dict[str, type]:
+    module = torch.optim if prefix == "torch.optim" else sys.modules[__name__]
+    return {f"{prefix}.{name}": obj for name, obj in vars(module).items()
+            if not name.startswith("_") and inspect.isclass(obj) and issubclass(obj, Optimizer)
+            and obj is not Optimizer}
+
+
+def accepted_optimizers() -> str:
+    """The `optimizer_cls` values build_optimizer takes, in words (its refusal lists them)."""
+    dotted = [n for prefix in OPTIMIZER_NAMESPACES for n in sorted(_namespace_optimizers(prefix), key=str.lower)]
+    return f"an alias ({', '.join(OPTIMIZER_ALIASES)}) or one of {', '.join(dotted)}"
+
+
+def optimizer_class(cls_name: Any, key: str = "optimizer_cls") -> type[Optimizer]:
+    """The optimizer class `cls_name` names: an alias (OPTIMIZER_ALIASES) or `torch.optim.<Name>` /
+    `common.muon.<Name>` of a torch.optim.Optimizer subclass. Anything else: ConfigError (exit 2) naming
+    `key` and the accepted values; no module is imported for it."""
+    name = OPTIMIZER_ALIASES.get(cls_name, cls_name) if isinstance(cls_name, str) else None
+    prefix = name.rpartition(".")[0] if name else ""
+    if prefix in OPTIMIZER_NAMESPACES:
+        cls = _namespace_optimizers(prefix).get(name)
+        if cls is not None:
+            return cls
+    raise ConfigError(f"{key}: unknown optimizer class {cls_name!r}; use {accepted_optimizers()}")
+
+
+def build_optimizer(cls_name: str, model: nn.Module, *, key: str = "optimizer_cls", **kwargs: Any) -> Optimizer:
     """The optimizer a config names (`optimizer_cls` + its args) over `model`'s trainable parameters.
 
-    `cls_name`: an alias (AdamW, Adam, MuonAdamW, Muon_AdamW) or a dotted path to a torch.optim.Optimizer
-    subclass (anything else: ConfigError, exit 2). `beta1`/`beta2` (the seed configs' spelling) become `betas`.
+    `cls_name`: an alias (AdamW, Adam, MuonAdamW, Muon_AdamW) or `torch.optim.<Name>` / `common.muon.<Name>`
+    of a torch.optim.Optimizer subclass (`optimizer_class`; anything else: ConfigError naming `key`, exit 2).
+    `beta1`/`beta2` (the seed configs' spelling) become `betas`.
     """
-    from common.config import import_from_string
-
-    valid = f"aliases {sorted(OPTIMIZER_ALIASES)} or a dotted path such as 'torch.optim.AdamW'"
-    if not isinstance(cls_name, str) or not cls_name:
-        raise ConfigError(f"optimizer class must be a name: {valid}; got {cls_name!r}")
-    if cls_name in OPTIMIZER_ALIASES:
-        cls = import_from_string(OPTIMIZER_ALIASES[cls_name])
-    elif "." in cls_name:
-        try:
-            cls = import_from_string(cls_name)
-        except (ValueError, ImportError) as exc:
-            raise ConfigError(f"unknown optimizer class {cls_name!r} ({exc}); use {valid}") from None
-    else:
-        raise ConfigError(f"unknown optimizer class {cls_name!r}; use {valid}")
-    if not (inspect.isclass(cls) and issubclass(cls, Optimizer)):
-        raise ConfigError(f"{cls_name!r} is not a torch.optim.Optimizer subclass; use {valid}")
+    cls = optimizer_class(cls_name, key)
 
     if "beta1" in kwargs or "beta2" in kwargs:
         if "betas" in kwargs:

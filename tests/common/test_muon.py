@@ -383,3 +383,32 @@ def test_build_optimizer():
         build_optimizer("AdamW", model, lr=1e-3, betas=(0.9, 0.99), beta1=0.8)
     with pytest.raises(TypeError, match="muon_lr"):
         build_optimizer("AdamW", model, lr=1e-3, muon_lr=1e-2)
+
+
+def test_optimizer_cls_takes_the_documented_spellings_and_imports_nothing(tmp_path, monkeypatch):
+    import sys
+
+    from common.config import ConfigError
+
+    model = SplitNet()
+    for name, cls in [("AdamW", torch.optim.AdamW), ("torch.optim.AdamW", torch.optim.AdamW), ("Adam", torch.optim.Adam),
+                      ("torch.optim.SGD", torch.optim.SGD), ("common.muon.MuonAdamW", MuonAdamW),
+                      ("Muon_AdamW", MuonAdamW), ("MuonAdamW", MuonAdamW),
+                      ("modules.optimizer.muon.Muon_AdamW", MuonAdamW)]:  # SingingVocoders' spelling
+        assert type(build_optimizer(name, model, lr=1e-3)) is cls
+    # a module on the path that would run code on import, and even defines an Optimizer subclass
+    (tmp_path / "evil_optim.py").write_text(
+        "import pathlib, torch\n"
+        f"pathlib.Path({str(tmp_path / 'imported')!r}).write_text('ran')\n"
+        "class Optim(torch.optim.SGD):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ["evil_optim.Optim", "os.system", "subprocess.Popen", "torch.optim.Optimizer",
+                 "torch.optim.lr_scheduler.StepLR", "torch.nn.Linear", "Nope", ""]:
+        with pytest.raises(ConfigError) as e:
+            build_optimizer(name, model, lr=1e-3)
+        msg = str(e.value)
+        assert msg.startswith(f"optimizer_cls: unknown optimizer class {name!r}; use an alias (AdamW, ")
+        assert "torch.optim.AdamW" in msg and "common.muon.MuonAdamW" in msg and "\n" not in msg
+    assert not (tmp_path / "imported").exists() and "evil_optim" not in sys.modules
+    with pytest.raises(ConfigError, match="^generator_optimizer_args.optimizer_cls: unknown optimizer class"):
+        build_optimizer("os.system", model, key="generator_optimizer_args.optimizer_cls", lr=1e-3)
