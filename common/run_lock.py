@@ -12,8 +12,11 @@ real runs save hours apart. So a run holds `<run_dir>/run.lock` for its whole li
 - the file holds the pid, host, start time and command line of its owner as JSON, written after the
   lock is taken, so that a second run on the folder stops with exit 2 and names the holder;
 - a file left by a run that is gone has a free lock: it is simply taken, with one line naming that run;
-- a file written on another host whose lock is free here is refused with the instruction to remove it
-  when that run is over: file locks do not reach across machines on every shared file system;
+  so is one that names no run (empty, cut short by a kill or a full disk, garbage, a pid past 2**31):
+  its content never decides, the free lock does, and no file ever needs removing by hand;
+- except a file that names a run on another host while its lock is free here: refused with the
+  instruction to remove it when that run is over (file locks do not reach across machines on every
+  shared file system);
 - where no lock can be had (neither `fcntl` nor `msvcrt`, or a file system that refuses locks) the run
   goes on with one line saying that the folder is not guarded;
 - under torchrun only rank 0 takes it (the caller decides);
@@ -51,6 +54,7 @@ except ImportError:  # POSIX
     msvcrt = None
 
 LOCK_NAME = "run.lock"
+MAX_LOCK_BYTES = 1 << 20  # what is read of a lock file
 WINDOWS_LOCK_OFFSET = 1 << 30  # the byte msvcrt.locking locks; beyond EOF is allowed, and < 2**31 for _locking
 # "another process holds it": flock says EWOULDBLOCK, msvcrt's LK_NBLCK EACCES (EDEADLOCK after retries)
 _HELD_ERRNOS = {e for e in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES, getattr(errno, "EDEADLK", None),
@@ -139,20 +143,26 @@ def _windows_process_exists(pid: int) -> bool:
         kernel32.CloseHandle(handle)
 
 
+def _short(value: object, limit: int = 40) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 def _describe(holder: dict) -> str:
-    return (f"pid {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}"
-            + (f": {holder['command']}" if holder.get("command") else ""))
+    return (f"pid {_short(holder.get('pid'))} on {_short(holder.get('host'))}, "
+            f"started {_short(holder.get('started'))}" + (f": {holder['command']}" if holder.get("command") else ""))
 
 
 def _parse(text: str) -> dict | None:
-    """The holder a lock file names; None for an empty file; {} for a file this module did not write."""
+    """The holder a lock file names (a JSON object with a `host`; its pid is only shown, never asked
+    about); None for an empty file; {} for anything else (a file cut short, garbage, not ours)."""
     if not text.strip():
         return None
     try:
         holder = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON (or an int past Python's digit limit, or nested too deep)
         return {}
-    return holder if isinstance(holder, dict) and isinstance(holder.get("pid"), int) and holder.get("host") else {}
+    return holder if isinstance(holder, dict) and isinstance(holder.get("host"), str) and holder["host"] else {}
 
 
 def _read(path: Path, wait_s: float = 2.0) -> dict | None:
@@ -161,10 +171,11 @@ def _read(path: Path, wait_s: float = 2.0) -> dict | None:
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            holder = _parse(path.read_text())
+            with open(path, "rb") as f:
+                holder = _parse(f.read(MAX_LOCK_BYTES).decode("utf-8", errors="replace"))
         except FileNotFoundError:
             return None
-        except (OSError, UnicodeDecodeError):
+        except OSError:
             holder = {}
         if holder or time.monotonic() > deadline:
             return holder or {}
@@ -172,10 +183,12 @@ def _read(path: Path, wait_s: float = 2.0) -> dict | None:
 
 
 def _read_fd(fd: int) -> str:
+    """The lock file's text (its first MAX_LOCK_BYTES: ours is one short line; more is not ours anyway)."""
     os.lseek(fd, 0, os.SEEK_SET)
-    chunks = []
-    while chunk := os.read(fd, 1 << 16):
+    chunks, size = [], 0
+    while size < MAX_LOCK_BYTES and (chunk := os.read(fd, min(1 << 16, MAX_LOCK_BYTES - size))):
         chunks.append(chunk)
+        size += len(chunk)
     return b"".join(chunks).decode("utf-8", errors="replace")
 
 
@@ -228,7 +241,8 @@ class RunLock:
                 os.close(fd)
                 continue
             try:
-                previous = _parse(_read_fd(fd))
+                text = _read_fd(fd)
+                previous = _parse(text)
                 self._check_previous(previous, flag)
             except BaseException:
                 _unlock(fd)
@@ -239,15 +253,15 @@ class RunLock:
             self._on_exit_release()
             if previous:
                 log(f"taking over the lock of {self.path.parent}: its run ({_describe(previous)}) is gone")
+            elif text.strip():  # cut short by a kill or a full disk, or garbage: no run holds it, so it is ours
+                log(f"taking over the lock of {self.path.parent}: its {LOCK_NAME} named no run (not a lock this "
+                    "code wrote, or one cut short) and no run holds it")
             return self
         raise RunFolderInUse(f"{self.path.parent}: other runs keep taking its lock; choose another {flag}")
 
     def _check_previous(self, previous: dict | None, flag: str) -> None:
-        """Refuses a free lock whose file this code did not write, or that a run on another host wrote."""
-        if previous == {}:
-            raise RunFolderInUse(f"{self.path} exists but is not a lock this code wrote, so this run cannot "
-                                 f"tell who owns {self.path.parent}; if no run uses that folder, remove "
-                                 f"{self.path} and start again (or choose another {flag})")
+        """Refuses a free lock whose file names a run on another host (file locks may not reach across
+        machines). Any other free lock is this run's, whatever its file holds (empty, cut short, garbage)."""
         if previous and previous["host"] != self.holder["host"]:
             raise RunFolderInUse(f"{self.path.parent} is locked by a run on another host ({_describe(previous)}); "
                                  f"its lock is free here, but file locks do not reach across machines on every "

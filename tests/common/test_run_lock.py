@@ -108,10 +108,62 @@ def test_a_lock_from_another_host_is_refused_with_the_instruction_to_remove_it(t
     assert json.loads(lock.read_text())["host"] == "gpu-node-7"  # untouched
 
 
-def test_an_unreadable_lock_is_refused(tmp_path):
-    (tmp_path / LOCK_NAME).write_text("not json")
-    with pytest.raises(RunFolderInUse, match="not a lock this code wrote"):
+HOST = socket.gethostname()
+NOT_A_HOLDER = {  # a free lock whose file names no run: taken over, never a file to remove by hand
+    "garbage": b"not json",
+    "binary": bytes(range(256)) * 4,
+    "half-written": json.dumps({"pid": 4242, "host": "gpu-node-7", "started": "2026-01-01"}).encode()[:25],
+    "a JSON list": b"[1, 2]",
+    "no host": json.dumps({"pid": 4242}).encode(),
+    "a pid past Python's digit limit": b'{"pid": ' + b"9" * 5000 + b', "host": "gpu-node-7"}',
+    "nested too deep": b"[" * 100_000,
+    "5 MiB of garbage": b"x" * (5 << 20),
+}
+
+
+@pytest.mark.parametrize("content", NOT_A_HOLDER.values(), ids=NOT_A_HOLDER.keys())
+def test_a_free_lock_whose_file_names_no_run_is_taken_over_with_one_line(tmp_path, content):
+    (tmp_path / LOCK_NAME).write_bytes(content)
+    lines: list[str] = []
+    RunLock(tmp_path).acquire(log=lines.append)
+    assert lines == [f"taking over the lock of {tmp_path}: its {LOCK_NAME} named no run (not a lock this code "
+                     "wrote, or one cut short) and no run holds it"]
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+
+
+def test_an_empty_lock_is_taken_over_silently(tmp_path):
+    """What a run killed between creating the file and writing it leaves (and Windows' release, which
+    cannot remove an open file, may leave): nothing to name."""
+    (tmp_path / LOCK_NAME).write_bytes(b"")
+    lines: list[str] = []
+    RunLock(tmp_path).acquire(log=lines.append)
+    assert lines == [] and json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+
+
+@pytest.mark.parametrize("pid", [2**31, 2**32 + 7, 2**64, -1, "12x"])
+def test_a_free_lock_with_any_pid_is_taken_over_and_another_hosts_still_refused(tmp_path, pid):
+    """The pid is only shown, never asked about (a pid past 2**31 means nothing to os.kill or OpenProcess)."""
+    lock = tmp_path / LOCK_NAME
+    lock.write_text(json.dumps({"pid": pid, "host": HOST, "started": "2020-01-01 00:00:00 UTC"}))
+    lines: list[str] = []
+    RunLock(tmp_path).acquire(log=lines.append)
+    assert lines == [f"taking over the lock of {tmp_path}: its run (pid {pid} on {HOST}, started 2020-01-01 "
+                     "00:00:00 UTC) is gone"]
+    release_run_locks()
+    lock.write_text(json.dumps({"pid": pid, "host": "gpu-node-7", "started": "2026-01-01 10:00:00 UTC"}))
+    with pytest.raises(RunFolderInUse, match=rf"another host \(pid {pid} on gpu-node-7, .*remove {lock}"):
         RunLock(tmp_path).acquire()
+
+
+def test_a_live_holder_whose_file_is_garbage_still_refuses(tmp_path):
+    proc = _holder(tmp_path)
+    try:
+        (tmp_path / LOCK_NAME).write_bytes(b"\x00garbage")  # overwritten in place: the holder's lock stands
+        with pytest.raises(RunFolderInUse, match=rf"in use by another run \(its {LOCK_NAME} does not say which\)"):
+            RunLock(tmp_path).acquire()
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
 
 
 def test_only_rank_0_takes_the_lock(tmp_path, monkeypatch):
