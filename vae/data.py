@@ -216,13 +216,36 @@ def tensor_to_uint8(x: torch.Tensor) -> np.ndarray:
     return x.permute(1, 2, 0).cpu().numpy()
 
 
+def read_json(path: Path, advice: str, error: type[Exception] = ConfigError) -> dict:
+    """The JSON object in `path`; `error` (exit 2) in one line naming the file, what is wrong with it
+    and `advice` (what to do) when it cannot be read, is not UTF-8 JSON (cut short, binary) or not an object."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        why = "not UTF-8 text"
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        why = f"not valid JSON: {' '.join(str(exc).split())[:200]}"
+    except OSError as exc:
+        why = f"cannot be read: {exc.strerror or exc}"
+    else:
+        if isinstance(data, dict):
+            return data
+        why = f"a JSON {type(data).__name__}, not an object"
+    raise error(f"{path} is damaged ({why}); {advice}")
+
+
 def read_manifest(root: Path) -> list[Path] | None:
-    """Files listed by `prepare_data.py` (manifest.json), or None for a plain folder of images."""
+    """Files listed by `prepare_data.py` (manifest.json), or None for a plain folder of images. A damaged
+    one (cut short, garbage, not the layout prepare_data.py writes) is ConfigError naming it (exit 2)."""
     manifest = root / "manifest.json"
     if not manifest.is_file():
         return None
-    data = json.loads(manifest.read_text(encoding="utf-8"))
-    return [root / item["path"] for item in data.get("files", [])]
+    advice = (f"prepare the folder again (python vae/prepare_data.py --mode preprocess --input_dir <your images> "
+              f"--output_dir {root}: the images already done are kept and the manifest is written anew)")
+    files = read_json(manifest, advice).get("files", [])
+    if not (isinstance(files, list) and all(isinstance(i, dict) and isinstance(i.get("path"), str) for i in files)):
+        raise ConfigError(f"{manifest} is damaged (its 'files' is not a list of {{\"path\": ...}} entries); {advice}")
+    return [root / item["path"] for item in files]
 
 
 def find_training_images(data_path: str | Path) -> list[Path]:

@@ -20,13 +20,13 @@ from pathlib import Path
 import torch
 
 from common.atomic_write import write_text
-from common.checkpoint import TRAINER_FIELD, load_checkpoint, save_atomic
+from common.checkpoint import TRAINER_FIELD, CheckpointError, load_checkpoint, save_atomic
 from common.config import config_to_dict
 from common.log import RunLogger
 from common.precision import Precision
 from common.safetensors_io import load_safetensors, save_safetensors
 from vae.config import VAEConfig
-from vae.data import eval_loader
+from vae.data import eval_loader, read_json
 from vae.metrics import latent_statistics
 from vae.model import AutoencoderKL, build_vae
 
@@ -194,9 +194,21 @@ def read_diffusers_folder(folder: str | Path) -> tuple[dict[str, torch.Tensor], 
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{folder}: no config.json; expected a diffusers AutoencoderKL folder")
-    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    again = f"download {folder} again (its config.json and weights), or give another folder"
+    cfg = read_json(cfg_path, again, CheckpointError)
     if cfg.get("_class_name", "AutoencoderKL") != "AutoencoderKL":
-        raise ValueError(f"{cfg_path}: _class_name is {cfg.get('_class_name')!r}, not AutoencoderKL")
+        raise CheckpointError(f"{cfg_path}: _class_name is {cfg.get('_class_name')!r}, not AutoencoderKL; "
+                              "give the folder of a VAE (a pipeline's vae/ subfolder)")
+    try:
+        arch = arch_from_config(cfg)
+        usable = (isinstance(arch["channels"], list) and arch["channels"] and all(
+            isinstance(arch[k], int) for k in ("z_channels", "layers_per_block", "in_channels", "out_channels",
+                                               "norm_num_groups")) and all(isinstance(c, int) for c in arch["channels"]))
+    except (KeyError, TypeError):
+        usable = False
+    if not usable:
+        raise CheckpointError(f"{cfg_path} is damaged (no usable block_out_channels, latent_channels, "
+                              f"layers_per_block, ...: the keys of an AutoencoderKL config); {again}")
     path = weights_file(folder)
     raw = load_safetensors(path) if path.suffix == ".safetensors" else load_checkpoint(path)
     sd = {}

@@ -52,3 +52,56 @@ def test_bad_input_that_was_a_bare_valueerror_is_still_one_line_exit_2(case, ima
     assert run(data, tmp_path / "out", *extra) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and expect in err and "Traceback" not in err
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("content", ['{"settings": {}, "files": [{"path": "images/a.p', "\x00\x01garbage",
+                                     '{"files": [{"name": "a.png"}]}', "[1, 2]"],
+                         ids=["cut short", "garbage", "other layout", "a list"])
+def test_a_damaged_manifest_is_one_line_naming_it_and_what_to_do(content, image_dir, tmp_path, capsys):
+    data = tmp_path / "prepared"
+    data.mkdir()
+    (data / "manifest.json").write_text(content)
+    assert run(data, tmp_path / "out") == 2
+    err = _one_error_line(capsys)
+    assert f"{data / 'manifest.json'} is damaged (" in err and "prepare the folder again" in err
+    assert "vae/prepare_data.py --mode preprocess" in err and f"--output_dir {data}" in err
+
+
+@pytest.mark.parametrize("content", [b"\x00\xff garbage", b'{"_class_name": "AutoencoderKL", "block_out_ch',
+                                     b'{"_class_name": "AutoencoderKL"}', b'{"block_out_channels": "abc"}'],
+                         ids=["binary", "cut short", "no layout", "wrong types"])
+def test_a_damaged_diffusers_config_json_is_one_line_naming_it(content, image_dir, tmp_path, capsys):
+    folder = tmp_path / "vae_download"
+    folder.mkdir()
+    (folder / "config.json").write_bytes(content)
+    assert run(image_dir, tmp_path / "out", "--init_from", str(folder)) == 2
+    err = _one_error_line(capsys)
+    assert f"{folder / 'config.json'} is damaged (" in err and f"download {folder} again" in err
+
+
+@pytest.mark.parametrize("case", ["binary", "billion laughs", "optimizer_cls"])
+def test_an_unusable_config_is_one_line_exit_2(case, image_dir, tmp_path, capsys):
+    import vae.train_vae as tv
+
+    cfg = tmp_path / "bad.yaml"
+    if case == "binary":
+        cfg.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff")
+        expect = f"{cfg}: not a UTF-8 text file"
+    elif case == "billion laughs":
+        lines = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+        lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 20)]
+        cfg.write_text(f"base_config: {TINY_CONFIG}\n" + "\n".join(lines) + "\n")
+        expect = f"{cfg}: refused: its aliases"
+    else:
+        cfg.write_text(f"base_config: {TINY_CONFIG}\noptimizer_cls: os.system\n")
+        expect = "optimizer_cls: unknown optimizer class 'os.system'; use an alias (AdamW"
+    code = tv.main(["--config", str(cfg), "--data_path", str(image_dir), "--output_dir", str(tmp_path / "out"),
+                    "--max_steps", "1", "--num_workers", "0", "--perceptual_weight", "0"])
+    assert code == 2
+    assert expect in _one_error_line(capsys)
