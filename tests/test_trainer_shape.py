@@ -134,7 +134,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 
 # ----------------------------------------------------------------------------------- the one loop
-LOOPED = [VocoderTrainer, CloneTrainer, VAETrainer]  # the trainers ported to common.loop so far (see common/loop.py)
+LOOPED = TRAINERS  # every trainer runs through common.loop
 
 
 def calls_in(func) -> set[str]:

@@ -19,13 +19,13 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.utils.data import DataLoader
 
-from common import exit_codes
+from common import exit_codes, loop
 from common.audio import MelSpectrogram
 from common.checkpoint import (
     CheckpointError,
@@ -49,18 +49,18 @@ from common.config import (
 from common.data import BucketBatchSampler, BucketShapes, make_loader
 from common.distributed import DistInfo, barrier, cleanup, setup_distributed, wrap_ddp
 from common.log import Printer, Progress, RunLogger, plot_alignment, report_lr_plan
+from common.loop import Cadence
 from common.muon import build_optimizer
 from common.precision import Precision, compile_unavailable
 from common.presets import add_preset_arg, apply_preset
 from common.run_dir import add_run_args, prepare_run_dir, tensorboard_dir
 from common.schedulers import build_scheduler, lr_curve
-from common.stopping import SIGNAL, RunStop, exit_code
+from common.stopping import RunStop, exit_code
 from common.training import (
     ClipStats,
     DivergenceGuard,
     NonFiniteGuard,
     apply_optimizer_overrides,
-    check_run_ended_good,
     count_parameters,
     critic_outputs_for_generator,
     frozen,
@@ -167,7 +167,10 @@ class VitsTrainer:
         sched_kw = schedule_kwargs(cfg, self.steps_per_epoch)
         self.g_sched = build_scheduler(self.g_opt, "exponential", **sched_kw)
         self.d_sched = build_scheduler(self.d_opt, "exponential", **sched_kw)
+        self.optimizers = {"generator": self.g_opt, "discriminator": self.d_opt}  # by network name
         self.guard = NonFiniteGuard(cfg.max_nonfinite_steps)
+        # one guard judges the D and G updates together (a step is finite when both are): it covers both optimizers
+        self.guards = {"generator": self.guard, "discriminator": self.guard}
         self.divergence = DivergenceGuard([*self.generator.parameters(), *self.discriminator.parameters()],
                                           cfg.max_nonfinite_steps)
         self.clip_stats = ClipStats(cfg.clip_grad_norm)
@@ -175,7 +178,7 @@ class VitsTrainer:
                                          save_best_after=cfg.save_best_after, mode="min", prefix="vits")
         self.step = self.epoch = self.batch_in_epoch = 0
         self.last_good: Path | None = None  # the newest checkpoint known to hold a good state
-        self.last_finite = True  # whether the latest step was finite (no periodic save after a skipped one)
+        self.last_metrics: dict | None = None  # the latest held-out metrics (fit's result)
         self.last_attn: torch.Tensor | None = None  # the latest step's first alignment, for the log
 
         n_gen, n_disc = count_parameters(self.generator), count_parameters(self.discriminator)
@@ -328,7 +331,6 @@ class VitsTrainer:
         self.g_sched.step()
         if adversarial:  # D's schedule starts with D (as ParallelWaveGAN's)
             self.d_sched.step()
-        self.last_finite = finite
         out_metrics = {f"loss_{k}": v.detach() for k, v in losses.items()}
         out_metrics.update(grad_norm_g=gn_g)
         if adversarial:
@@ -350,11 +352,14 @@ class VitsTrainer:
             record_metrics(metrics, self.step, self.writer, self.run_dir, self.log)
             speak_test_sentences(self.generator, cfg, self.speakers, self.train_set.tokens, self.mel, self.writer,
                                  self.run_dir, self.step)
+        self.last_metrics = metrics
         return metrics
 
-    def _log_step(self, metrics: dict[str, torch.Tensor], progress: Progress) -> None:
-        """Every ``print_step`` steps: TensorBoard ``train/`` scalars (with the clipped fraction since
+    def _log_step(self, metrics: dict[str, torch.Tensor], progress: Progress) -> dict:
+        """Every ``print_step`` steps (rank 0): TensorBoard ``train/`` scalars (with the clipped fraction since
         the last line) and the alignment, and one progress line."""
+        if not self.info.is_main:
+            return {}
         lr = self.g_opt.param_groups[0]["lr"]
         metrics.update(self.clip_stats.pop())  # fraction of clipped steps since the last line
         self.writer.scalars({**metrics, "lr": lr, "data_wait": progress.data_wait_fraction,
@@ -362,6 +367,7 @@ class VitsTrainer:
         self.writer.figure("train/alignment", plot_alignment(self.last_attn.cpu()), self.step)
         line = " ".join(f"{k.replace('loss_', '')}={float(v):.3f}" for k, v in metrics.items())
         self.log(f"step {self.step} epoch {self.epoch}: {line} lr={lr:.2e}")
+        return {}
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict:
@@ -376,63 +382,37 @@ class VitsTrainer:
                       "lr_d": lambda t: lr_d(t - d_start) if t >= d_start else 0.0}  # D's schedule starts with D
             report_lr_plan(curves, total, "lr_gamma / lr_scheduler_per (or lr, epochs, max_steps)", self.run_dir,
                            self.writer, self.log)
-        last_metrics = None
         if cfg.eval_at_start and self.step == 0:
-            last_metrics = self.validate()
+            self.validate()
         progress = Progress(total, initial=self.step, samples_per_step=self.batch_size * self.info.world_size,
                             enabled=self.info.is_main and cfg.progress_bar)
         self.log.bar = progress
-        last_saved, last_eval, done = self.step, -1, self.step >= total
         self.generator_ddp.train()
         self.discriminator_ddp.train()
         stop = RunStop(cfg.max_minutes, last_good=lambda: self.last_good, lr_hint="--set lr=<lower>", oom=(
             "VITS training", cfg.batch_size, {
                 "accum_key": None, "precision": cfg.precision, "crop_key": "model_args.segment_frames",
                 "crop": cfg.args().segment_frames, "resume": "--resume auto"}))
-        with stop:  # the final save too: a second signal during it is ignored (`common.stopping.GracefulExit`)
-            try:
-                while not done:
-                    self.sampler.set_epoch(self.epoch)
-                    self.sampler.skip_batches(self.batch_in_epoch)
-                    t_data = time.time()
-                    for batch in self.loader:
-                        data_s = time.time() - t_data
-                        t0 = time.time()
-                        metrics = self.train_step(batch)
-                        self.step += 1
-                        self.batch_in_epoch += 1
-                        progress.update(self.step, data_s, time.time() - t0)
-                        if self.step % cfg.print_step == 0 and self.info.is_main:
-                            self._log_step(metrics, progress)
-                        if cfg.val_check_interval and self.step % cfg.val_check_interval == 0 and self.epoch >= cfg.test_delay_epochs:
-                            last_metrics = self.validate()
-                            last_eval = self.step
-                            self.save(last_metrics["score"] if last_metrics else None)
-                            last_saved = self.step
-                        elif self.step % cfg.save_step == 0 and self.last_finite:
-                            self.save()
-                            last_saved = self.step
-                        if stop.check(self.step) or self.step >= total:
-                            done = True
-                            break
-                        t_data = time.time()
-                    else:
-                        self.epoch += 1
-                        self.batch_in_epoch = 0
-            finally:
-                self.log.bar = None
-                progress.close()
-            check_run_ended_good(self.guard, self.divergence)  # inside a streak: exit 3, nothing to save
-            # decided alike on every rank (save() is a collective); the evaluation's result is rank 0's alone
-            evaluate = cfg.run_eval and last_eval != self.step and stop.reason != SIGNAL
-            final_eval = self.validate() if evaluate else None
-            last_metrics = final_eval or last_metrics
-            if last_saved != self.step or evaluate:
-                self.save(final_eval["score"] if final_eval else None)
-        self.log(stop.message(self.step, str(self.manager.dir)) if stop.reason
+        cadence = Cadence(total_steps=total, log_every=cfg.print_step, validate_every=cfg.val_check_interval or 0,
+                          save_every=cfg.save_step, validate_from_epoch=cfg.test_delay_epochs,
+                          validate_at_end=cfg.run_eval)
+        try:
+            reason = loop.run(self, cadence, stop, progress, epoch_batches=self._epoch_batches,
+                              optimizers=self.optimizers, guards=self.guards, divergence=self.divergence,
+                              log=self._log_step, metric=lambda m: m["score"] if m else None)
+        finally:
+            self.log.bar = None
+            progress.close()
+            self.writer.close()
+        self.log(stop.message(self.step, str(self.manager.dir)) if reason
                  else f"done at step {self.step}; checkpoints in {self.manager.dir}")
-        self.writer.close()
-        return {"step": self.step, "stopped": stop.reason, "metrics": last_metrics}
+        return {"step": self.step, "stopped": reason, "metrics": self.last_metrics}
+
+    def _epoch_batches(self) -> DataLoader:
+        """The current epoch's batches from the run's position (the sampler skips what was trained)."""
+        self.sampler.set_epoch(self.epoch)
+        self.sampler.skip_batches(self.batch_in_epoch)
+        return self.loader
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
