@@ -17,7 +17,6 @@ producing them stopped with its last good checkpoint intact, exact resume.
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 from pathlib import Path
 
@@ -26,34 +25,21 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from common import exit_codes, loop
-from common.audio import MelSpectrogram
 from common.checkpoint import (
     CheckpointError,
     CheckpointManager,
     load_checkpoint,
-    load_matching,
     make_state,
-    refuse_other_kind,
     resolve_resume,
     restore_state,
 )
-from common.config import (
-    ConfigError,
-    add_config_args,
-    config_to_dict,
-    format_config,
-    load_config,
-    note_prepare_keys,
-    save_config,
-)
-from common.data import BucketBatchSampler, BucketShapes, make_loader
+from common.config import ConfigError, config_to_dict, format_config, save_config
 from common.distributed import DistInfo, barrier, cleanup, setup_distributed, wrap_ddp
 from common.log import Printer, Progress, RunLogger, plot_alignment, report_lr_plan
 from common.loop import Cadence
 from common.muon import build_optimizer
 from common.precision import Precision, compile_unavailable
-from common.presets import add_preset_arg, apply_preset
-from common.run_dir import add_run_args, prepare_run_dir, tensorboard_dir
+from common.run_dir import tensorboard_dir
 from common.schedulers import build_scheduler, lr_curve
 from common.stopping import RunStop, exit_code
 from common.training import (
@@ -61,7 +47,6 @@ from common.training import (
     DivergenceGuard,
     NonFiniteGuard,
     apply_optimizer_overrides,
-    count_parameters,
     critic_outputs_for_generator,
     frozen,
     optimizer_overrides,
@@ -69,41 +54,26 @@ from common.training import (
     step_optimizer,
 )
 from tts.text.phonemes import Frontend
-from tts.vits.config import DataConfig, TrainConfig
-from tts.vits.data import DataError, VitsDataset, collate, read_speakers
-from tts.vits.discriminator import MultiPeriodDiscriminator
+from tts.vits.build import (  # noqa: F401 (parse_args, plan_source_start: imported from here by tests)
+    build_data,
+    build_mel,
+    build_models,
+    build_stft_loss,
+    init_from_own,
+    optimizer_spec,
+    parse_args,
+    plan_source_start,
+    resolve_run,
+    schedule_kwargs,
+    startup_lines,
+)
+from tts.vits.config import TrainConfig
+from tts.vits.data import DataError
 from tts.vits.evaluation import evaluate, record_metrics, speak_test_sentences
 from tts.vits.losses import discriminator_loss, feature_loss, generator_loss, kl_loss
-from tts.vits.model import VITS, apply_layout_and_compile, slice_segments
-from tts.vits.presets import CARD_PRESETS
-from tts.vits.published.source import SourceError
-from tts.vits.published.start import (
-    SourceStart,
-    adopt_source_shape,
-    check_data_fits,
-    load_start,
-    open_source,
-    plan_start,
-)
-from vocoder.losses import MultiResolutionSTFTLoss, frame_energy_loss
-
-
-def build_models(cfg: TrainConfig, n_speakers: int) -> tuple[VITS, MultiPeriodDiscriminator]:
-    args = cfg.args()
-    gen = VITS(len(Frontend.of(cfg).symbols), cfg.audio.n_fft // 2 + 1, n_speakers, args, cfg.audio.hop_length)
-    disc = MultiPeriodDiscriminator(args.mpd_periods, args.disc_channel_scale, args.use_spectral_norm)
-    return gen, disc
-
-
-def build_mel(cfg: TrainConfig) -> MelSpectrogram:
-    return MelSpectrogram(**cfg.audio.mel_kwargs)
-
-
-def schedule_kwargs(cfg: TrainConfig, steps_per_epoch: int) -> dict:
-    """The exponential schedule of G and D: lr * lr_gamma ** k, k = finished epochs (the
-    references) or optimizer steps. `steps_per_epoch` is this rank's number of optimizer steps
-    per epoch (the batch sampler shards batches by rank; VITS does not accumulate gradients)."""
-    return {"gamma": cfg.lr_gamma, "per": cfg.lr_scheduler_per, "steps_per_epoch": steps_per_epoch}
+from tts.vits.model import apply_layout_and_compile, slice_segments
+from tts.vits.published.start import SourceStart, load_start
+from vocoder.losses import frame_energy_loss
 
 
 class VitsTrainer:
@@ -119,45 +89,19 @@ class VitsTrainer:
             raise ConfigError("no data folder: pass --data_dir (a folder made by tts/prepare_data.py)")
         self.run_dir = Path(cfg.run_dir or f"runs/{cfg.run_name}")
         self.log = Printer(info.is_main)
+        # Build order as before (per-rank seed, data, models, optimizers, layout + compile of parts, resume, DDP):
+        # the seed already comes first; compile before DDP is left as is (a swap needs a GPU run to check it).
         torch.manual_seed(cfg.seed + info.rank)
 
         # data
-        self.speakers = read_speakers(cfg.data_dir)
-        if cfg.test_speaker is not None and cfg.test_speaker not in self.speakers:  # not a silent speaker 0
-            raise ConfigError(f"test_speaker '{cfg.test_speaker}' is not a speaker of {cfg.data_dir}: choose from "
-                              f"{', '.join(self.speakers)}")
-        self.train_set = VitsDataset(cfg.data_dir, "train", cfg.audio, cfg.data.add_blank, Frontend.of(cfg))
-        self.eval_set = VitsDataset(cfg.data_dir, "eval", cfg.audio, cfg.data.add_blank, Frontend.of(cfg))
-        if len(self.train_set) == 0:
-            raise DataError(f"{cfg.data_dir}/train.jsonl is empty")
-        batch = min(cfg.batch_size, len(self.train_set) // info.world_size)
-        if batch < cfg.batch_size:
-            self.log(f"note: batch_size {cfg.batch_size} > training items per rank; using {batch}")
-        self.batch_size = max(1, batch)
-        buckets = max(1, min(cfg.data.num_buckets, len(self.train_set) // (self.batch_size * info.world_size)))
-        self.sampler = BucketBatchSampler(self.train_set.lengths, self.batch_size, buckets,
-                                          shuffle=True, seed=cfg.seed, drop_last=True)
-        # with cudnn.benchmark (CUDA) or torch.compile, every batch is padded to its length bucket's fixed
-        # (text, frames) size: each shape is autotuned / compiled once, not once per batch
-        benchmark = cfg.cudnn_benchmark and self.device.type == "cuda" and not cfg.deterministic  # as Precision
-        self.shapes = (BucketShapes(self.train_set.lengths, self.train_set.token_lengths(), self.sampler.boundaries)
-                       if cfg.compile or benchmark else None)
-        if self.shapes is not None:
-            self.log(f"batches padded to {len(self.shapes.shapes())} bucket shapes (text, frames): {self.shapes.shapes()}")
-        self.loader = make_loader(self.train_set, batch_sampler=self.sampler, num_workers=cfg.num_workers,
-                                  prefetch_factor=cfg.prefetch_factor, pin_memory=cfg.pin_memory,
-                                  persistent_workers=cfg.persistent_workers, seed=cfg.seed,
-                                  collate_fn=functools.partial(collate, shapes=self.shapes))
+        (self.speakers, self.train_set, self.eval_set, self.batch_size, self.sampler, self.shapes,
+         self.loader) = build_data(cfg, self.device, info.world_size, self.log)
         self.steps_per_epoch = len(self.sampler)
 
         # models, optimizers, schedulers, precision
-        self.generator, self.discriminator = build_models(cfg, len(self.speakers))
-        self.generator.to(self.device)
-        self.discriminator.to(self.device)
+        self.generator, self.discriminator = (m.to(self.device) for m in build_models(cfg, len(self.speakers)))
         self.mel = build_mel(cfg).to(self.device)
-        # c_stft > 0: three Parallel WaveGAN resolutions (fft, hop, win): short, medium, long windows
-        self.stft = (MultiResolutionSTFTLoss([512, 1024, 2048], [50, 120, 240], [240, 600, 1200]).to(self.device)
-                     if cfg.c_stft > 0 else None)
+        self.stft = build_stft_loss(cfg, self.device)
         self.precision = Precision(cfg.precision, self.device, tf32=cfg.tf32,
                                    cudnn_benchmark=cfg.cudnn_benchmark, deterministic=cfg.deterministic)
         self.scaler = self.precision.scaler
@@ -167,7 +111,10 @@ class VitsTrainer:
         sched_kw = schedule_kwargs(cfg, self.steps_per_epoch)
         self.g_sched = build_scheduler(self.g_opt, "exponential", **sched_kw)
         self.d_sched = build_scheduler(self.d_opt, "exponential", **sched_kw)
-        self.optimizers = {"generator": self.g_opt, "discriminator": self.d_opt}  # by network name
+        # by network name: the checkpoint's layout
+        self.models = {"generator": self.generator, "discriminator": self.discriminator}
+        self.optimizers = {"generator": self.g_opt, "discriminator": self.d_opt}
+        self.schedulers = {"generator": self.g_sched, "discriminator": self.d_sched}
         self.guard = NonFiniteGuard(cfg.max_nonfinite_steps)
         # one guard judges the D and G updates together (a step is finite when both are): it covers both optimizers
         self.guards = {"generator": self.guard, "discriminator": self.guard}
@@ -181,12 +128,9 @@ class VitsTrainer:
         self.last_metrics: dict | None = None  # the latest held-out metrics (fit's result)
         self.last_attn: torch.Tensor | None = None  # the latest step's first alignment, for the log
 
-        n_gen, n_disc = count_parameters(self.generator), count_parameters(self.discriminator)
-        self.log(f"parameters: generator {n_gen / 1e6:.2f} M, discriminator {n_disc / 1e6:.2f} M "
-                 f"(total {(n_gen + n_disc) / 1e6:.2f} M), used at inference "
-                 f"{self.generator.inference_parameters() / 1e6:.2f} M")
-        self.log(f"data: {len(self.train_set)} train / {len(self.eval_set)} eval utterances, "
-                 f"{len(self.speakers)} speaker(s), {self.steps_per_epoch} steps per epoch of batch {self.batch_size}")
+        for line in startup_lines(self.generator, self.discriminator, self.train_set, self.eval_set, self.speakers,
+                                  self.steps_per_epoch, self.batch_size):
+            self.log(line)
         why_not = compile_unavailable(self.device) if cfg.compile else None  # it compiles parts, not the model
         notes = [f"not applied: torch.compile requested but {why_not}: training runs eager"] if why_not else []
         for line in (self.precision.report() + notes + apply_layout_and_compile(
@@ -201,7 +145,9 @@ class VitsTrainer:
             for line in source.lines:
                 self.log(line)
         elif init_from:
-            self._init_from(init_from, init_ckpt)
+            self.licence, lines = init_from_own(init_from, init_ckpt, self.generator, self.discriminator)
+            for line in lines:
+                self.log(line)
         elif resume == "auto":
             self.log("no checkpoint to resume in this run folder: starting fresh")
         self.writer = RunLogger(tensorboard_dir(self.run_dir), enabled=info.is_main, purge_step=self.step)
@@ -209,46 +155,20 @@ class VitsTrainer:
         self.discriminator_ddp = wrap_ddp(self.discriminator, info)
 
     # ------------------------------------------------------------------ checkpoints
-    def _parts(self) -> tuple[dict, dict, dict]:
-        """(models, optimizers, schedulers) by network name: the checkpoint's layout."""
-        return ({"generator": self.generator, "discriminator": self.discriminator},
-                {"generator": self.g_opt, "discriminator": self.d_opt},
-                {"generator": self.g_sched, "discriminator": self.d_sched})
-
     def restore(self, path: Path) -> None:
         """Continue the run saved in `path` exactly (weights, optimizers, schedules, scaler, counters, RNG)."""
         ckpt = load_checkpoint(path)
         self.licence = ckpt.get("extra", {}).get("licence")
-        counters = restore_state(ckpt, *self._parts(), self.scaler, rank=self.info.rank, source=path)
+        counters = restore_state(ckpt, self.models, self.optimizers, self.schedulers, self.scaler, rank=self.info.rank, source=path)
         self.step, self.epoch = counters["step"], counters["epoch"]
         self.batch_in_epoch = counters["batch_in_epoch"]
         self.guard.load_state_dict(counters["guard"])
         self.divergence.load_state_dict(counters.get("divergence"))
         self.last_good = path
         self.log(f"resumed from {path} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
-        changed = apply_optimizer_overrides(*self._parts()[1:], optimizer_overrides(self.cfg, self._optimizer_spec()))
+        changed = apply_optimizer_overrides(self.optimizers, self.schedulers, optimizer_overrides(self.cfg, optimizer_spec(self.cfg)))
         if changed:
             self.log(changed)
-
-    def _init_from(self, init_from: str, ckpt: dict | None = None) -> None:
-        """A new run from another checkpoint's weights (`--init_from`; `ckpt`: it, already read by
-        `read_own_init`); mismatched layers are listed."""
-        ckpt = read_own_init(init_from) if ckpt is None else ckpt
-        self.licence = ckpt.get("extra", {}).get("licence")
-        if self.licence:
-            self.log(f"licence of the weights: {self.licence} (carried into the checkpoints and the export)")
-        for name, model in (("generator", self.generator), ("discriminator", self.discriminator)):
-            required = {"source": init_from, "ckpt": ckpt} if name == "generator" else {}  # critics: reported only
-            self.log(f"{name} {load_matching(model, ckpt['models'][name], **required)}")
-
-    def _optimizer_spec(self) -> dict:
-        """Each optimizer's hyper-parameters and the config keys that set them (a resume that gives
-        one explicitly replaces the checkpoint's value: `common.training.optimizer_overrides`)."""
-        cfg = self.cfg
-        shared = {"betas": (("betas",), tuple(cfg.betas)), "eps": (("eps",), cfg.eps),
-                  "weight_decay": (("weight_decay",), cfg.weight_decay)}
-        return {name: {"lr": ((own,) if getattr(cfg, own) else (own, "lr"), getattr(cfg, own) or cfg.lr), **shared}
-                for name, own in (("generator", "lr_gen"), ("discriminator", "lr_disc"))}
 
     def save(self, metric: float | None = None) -> Path | None:
         if saving_blocked(self.guard, self.divergence):
@@ -256,7 +176,7 @@ class VitsTrainer:
             return None
         counters = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                     "guard": self.guard.state_dict(), "divergence": self.divergence.state_dict()}
-        state = make_state(*self._parts(), self.scaler, counters=counters, config=config_to_dict(self.cfg),
+        state = make_state(self.models, self.optimizers, self.schedulers, self.scaler, counters=counters, config=config_to_dict(self.cfg),
                            extra={"speakers": self.speakers, **Frontend.of(self.cfg).to_checkpoint(),
                                   **({"licence": self.licence} if self.licence else {})}, trainer="vits")
         path = self.manager.save(state, self.step, metric) if self.info.is_main else None
@@ -415,71 +335,14 @@ class VitsTrainer:
         return self.loader
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_config_args(p, default_config=None)
-    p.add_argument("--data_dir", default=None, help="prepared dataset folder (tts/prepare_data.py --output_dir)")
-    add_run_args(p, run_help="where checkpoints, TensorBoard logs and samples go (default: runs/<run_name>)")
-    p.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
-    p.add_argument("--init_config", default=None,
-                   help="the voice config of a Piper --init_from checkpoint (default: config.json or the one "
-                        "*.onnx.json beside it)")
-    p.add_argument("--init_speaker", default=None, metavar="NAME|ID",
-                   help="the speaker of a multi-speaker --init_from voice a single-speaker run keeps (default: "
-                        "the mean of its speakers)")
-    add_preset_arg(p)
-    return p.parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     return exit_codes.run_main(lambda: run(args), (ConfigError, DataError, CheckpointError), cleanup)
 
 
-def read_own_init(path: str) -> dict:
-    """A checkpoint of this trainer for `--init_from`, read and checked (which trainer made it, both
-    networks' weights) before the run folder changes."""
-    ckpt = load_checkpoint(path)
-    refuse_other_kind(path, ckpt, "vits")
-    for name in ("generator", "discriminator"):
-        if name not in ckpt.get("models", {}):
-            raise ConfigError(f"--init_from {path}: no '{name}' weights in the checkpoint")
-    return ckpt
-
-
-def plan_source_start(cfg: TrainConfig, args: argparse.Namespace) -> SourceStart | None:
-    """`--init_from` a published voice (Piper .ckpt, transformers VitsModel folder): read and check it,
-    put its shape into `cfg`, map every tensor onto the model `cfg` now builds (on the meta device: no
-    memory, no time). None for no --init_from or a checkpoint of this trainer (loaded by the trainer)."""
-    voice = open_source(args.init_from, args.init_config) if args.init_from else None
-    if voice is None:
-        if args.init_config or args.init_speaker:
-            raise ConfigError("--init_config and --init_speaker go with --init_from a published voice "
-                              "(a Piper .ckpt or a transformers VitsModel folder)")
-        return None
-    if not cfg.data_dir:
-        raise ConfigError("no data folder: pass --data_dir (a folder made by tts/prepare_data.py)")
-    lines = adopt_source_shape(cfg, voice)
-    check_data_fits(cfg, voice)
-    speakers = read_speakers(cfg.data_dir)
-    try:
-        with torch.device("meta"):
-            generator, discriminator = build_models(cfg, len(speakers))
-    except ValueError as e:  # sizes that do not make a model (e.g. upsampling vs hop length)
-        raise SourceError(f"--init_from {voice.path}: {e}") from None
-    return plan_start(cfg, voice, generator.state_dict(), discriminator.state_dict(), speakers, args.init_speaker,
-                      lines)
-
-
 def run(args: argparse.Namespace) -> int:
     """The run the command line asks for; failures reach `main` as exceptions (`common.exit_codes`)."""
-    cfg = load_config(args.config, TrainConfig, args.overrides, extra={"data_dir": args.data_dir, "run_dir": args.run_dir})
-    apply_preset(cfg, args.preset, CARD_PRESETS)
-    note_prepare_keys(cfg, DataConfig.PREPARE_ONLY, "tts/prepare_data.py")
-    source = plan_source_start(cfg, args)  # --init_from is read and checked before the run folder changes
-    own = read_own_init(args.init_from) if args.init_from and source is None else None
-    run_dir = Path(cfg.run_dir or f"runs/{cfg.run_name}")
-    prepare_run_dir(run_dir, run_dir / "checkpoints", args.resume, args.overwrite, args.init_from)
+    cfg, source, own = resolve_run(args)  # --init_from is read and checked before the run folder changes
     trainer = VitsTrainer(cfg, setup_distributed(args.device), resume=args.resume, init_from=args.init_from,
                           source=source, init_ckpt=own)
     return exit_code(trainer.fit()["stopped"])
