@@ -307,15 +307,13 @@ class VitsTrainer:
         progress = Progress(total, initial=self.step, samples_per_step=self.batch_size * self.info.world_size,
                             enabled=self.info.is_main and cfg.progress_bar)
         self.log.bar = progress
-        self.generator_ddp.train()
-        self.discriminator_ddp.train()
+        self.generator_ddp.train(), self.discriminator_ddp.train()
         stop = RunStop(cfg.max_minutes, last_good=lambda: self.last_good, lr_hint="--set lr=<lower>", oom=(
             "VITS training", cfg.batch_size, {
                 "accum_key": None, "precision": cfg.precision, "crop_key": "model_args.segment_frames",
                 "crop": cfg.args().segment_frames, "resume": "--resume auto"}))
-        cadence = Cadence(total_steps=total, log_every=cfg.print_step, validate_every=cfg.val_check_interval or 0,
-                          save_every=cfg.save_step, validate_from_epoch=cfg.test_delay_epochs,
-                          validate_at_end=cfg.run_eval)
+        cadence = Cadence(total, cfg.print_step, cfg.val_check_interval or 0, cfg.save_step,
+                          validate_from_epoch=cfg.test_delay_epochs, validate_at_end=cfg.run_eval)
         try:
             reason = loop.run(self, cadence, stop, progress, epoch_batches=self._epoch_batches,
                               optimizers=self.optimizers, guards=self.guards, divergence=self.divergence,
