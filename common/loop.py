@@ -100,11 +100,13 @@ def run(trainer: Trainer, cadence: Cadence, stop: RunStop, progress: Progress, *
         ending = trainer.step >= c.total_steps
         while not ending:
             batches = iter(epoch_batches())
-            epoch_done = False
+            epoch_done, fresh_epoch = False, trainer.batch_in_epoch == 0
             while not (epoch_done or ending):
                 t0 = time.perf_counter()
                 batch = next(batches, _END)
                 if batch is _END:  # the batches ran out
+                    if fresh_epoch and trainer.batch_in_epoch == 0:  # else the next epoch would be empty too
+                        raise RuntimeError("an epoch from its start gave no batch: the data is smaller than one step")
                     trainer.epoch, trainer.batch_in_epoch, epoch_done = trainer.epoch + 1, 0, True
                     break
                 t1 = time.perf_counter()
@@ -121,7 +123,8 @@ def run(trainer: Trainer, cadence: Cadence, stop: RunStop, progress: Progress, *
                     check_run_ended_good(*all_guards)
                 data_s = logs.pop("data_wait_s", None)
                 step_s = t2 - t1 - (data_s or 0.0)
-                shown = log(logs, progress) if step == 1 or step % c.log_every == 0 or ending else {}
+                logging = step == 1 or ending or (c.log_every and step % c.log_every == 0)
+                shown = log(logs, progress) if logging else {}
                 progress.update(step, t1 - t0 if data_s is None else data_s, step_s, **shown)
                 if after_step is not None:
                     after_step()
