@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import argparse
 
-from common.config import ConfigError, config_sources, explicit_keys, load_config
+from common.config import ConfigError, add_config_args, config_sources, explicit_keys, load_config
+from common.presets import add_preset_arg
+from common.run_dir import add_run_args
 from vae.config import VAEConfig
+from vae.memory import add_profile_args
 
 VALUE_FLAGS: dict[str, type] = {
     "data_path": str, "val_data_path": str, "image_size": int, "batch_size": str,
@@ -48,3 +51,15 @@ def resolve_config(args: argparse.Namespace) -> VAEConfig:
         raise ConfigError(f"num_epochs (given on the command line) has no effect while max_steps is {cfg.max_steps} "
                           f"(set in {where}); give the length as --max_steps N, or add --max_steps 0 to count epochs")
     return cfg
+
+
+def build_parser(description: str = "Train an SD/FLUX-style KL autoencoder.") -> argparse.ArgumentParser:
+    """`vae/train_vae.py`'s command line: config, run folder, the guide's flags, memory profiling, presets."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_args(p)
+    add_run_args(p, run_aliases=("--output_dir",), resume_aliases=("--resume_from",),
+                 run_help="config key output_dir: checkpoints, samples, logs (alias --output_dir)")
+    add_guide_flags(p)
+    add_profile_args(p)
+    add_preset_arg(p)
+    return p

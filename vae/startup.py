@@ -19,7 +19,7 @@ from common.atomic_write import replace
 from common.checkpoint import restore_state
 from common.config import format_config, save_config
 from common.log import RunLogger, report_lr_plan
-from common.schedulers import lr_curve
+from common.schedulers import build_scheduler, lr_curve
 from common.training import EMA, apply_optimizer_overrides, optimizer_overrides
 from vae.config import VAEConfig
 from vae.data import TrainData
@@ -165,3 +165,11 @@ def continue_stage(ckpt: dict, path: Path, cfg: VAEConfig, data: TrainData, mode
         c["micro_in_epoch"] = 0
     log(f"resumed {path} at step {c['step']} (epoch {c['epoch']})")
     return c
+
+
+def build_lr_schedules(cfg: VAEConfig, optimizers: dict, total_steps: int) -> dict:
+    """Each optimizer's LR schedule (by the same name) over a run of `total_steps` optimizer steps."""
+    kw = {"warmup_steps": min(cfg.warmup_steps, max(0, total_steps - 1))}
+    if cfg.lr_scheduler == "cosine_with_warmup":
+        kw.update(total_steps=total_steps, min_ratio=cfg.min_lr_ratio)
+    return {name: build_scheduler(opt, cfg.lr_scheduler, **kw) for name, opt in optimizers.items()}

@@ -38,15 +38,15 @@ from common.checkpoint import (
     resolve_resume,
     save_atomic,
 )
-from common.config import ConfigError, add_config_args, config_to_dict
+from common.config import ConfigError, config_to_dict
 from common.distributed import DistInfo, all_reduce_mean, no_sync, wrap_ddp
 from common.log import Printer, Progress, RunLogger, peak_memory_gib
 from common.loop import Cadence
 from common.muon import build_optimizer
 from common.precision import Precision
-from common.presets import add_preset_arg, apply_preset
-from common.run_dir import add_run_args, prepare_run_dir, tensorboard_dir
-from common.schedulers import build_scheduler, step_schedulers
+from common.presets import apply_preset
+from common.run_dir import prepare_run_dir, tensorboard_dir
+from common.schedulers import step_schedulers
 from common.stopping import SIGNAL, TIME_LIMIT, RunStop, exit_code
 from common.training import (
     EMA,
@@ -63,26 +63,17 @@ from vae import decoder_only, validation
 from vae.config import VAEConfig
 from vae.data import TrainData, build_train_data, training_images
 from vae.diffusers_io import export_final
-from vae.flags import add_guide_flags, resolve_config
+from vae.flags import build_parser, resolve_config
 from vae.losses import FrozenLPIPS, PatchDiscriminator, PerceptualWeightsError, VAELoss
-from vae.memory import add_profile_args, choose_batch_size, oom_advice, profile_grid, profile_memory
+from vae.memory import choose_batch_size, oom_advice, profile_grid, profile_memory
 from vae.metrics import evaluate
 from vae.model import AutoencoderKL, build_vae
 from vae.presets import CARD_PRESETS
 from vae.pretrained import forget_stale_record, init_weights
-from vae.startup import continue_stage, report_plan, start_stage
+from vae.startup import build_lr_schedules, continue_stage, report_plan, start_stage
 
 
 # ----------------------------------------------------------------------------- the trainer
-def build_lr_schedules(cfg: VAEConfig, optimizers: dict, total_steps: int) -> dict:
-    """Each optimizer's LR schedule (by the same name) over a run of `total_steps` optimizer steps."""
-    kw = {"warmup_steps": min(cfg.warmup_steps, max(0, total_steps - 1))}
-    if cfg.lr_scheduler == "cosine_with_warmup":
-        kw.update(total_steps=total_steps, min_ratio=cfg.min_lr_ratio)
-    return {name: build_scheduler(opt, cfg.lr_scheduler, **kw) for name, opt in optimizers.items()}
-
-
-
 class VAETrainer:
     """The models, optimizers, loss and ONE optimisation step (`train_step`), then the run around it (`fit`).
     Built without `data` it is a model and its step alone (`--batch_size auto`, `--profile_memory` and
@@ -152,6 +143,8 @@ class VAETrainer:
         if data is None or out_dir is None:
             return
         # ---- a run: per-rank noise, then resume (restores the RNG) or weights from elsewhere
+        # Build order: the shared one (models, channels_last, DDP, compile, optimizers), but the per-rank seed comes
+        # after the models (which `train` seeds alike on every rank): seeding per rank first would change the digest.
         torch.manual_seed(cfg.seed + self.info.rank)
         self.manager = CheckpointManager(out_dir, keep_last=cfg.save_n_checkpoints, mode="max",
                                          name_fn=lambda n: f"checkpoint_epoch_{n}.pt")
@@ -416,17 +409,6 @@ class VAETrainer:
 # ----------------------------------------------------------------------------- CLI
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_config_args(p)
-    add_run_args(p, run_aliases=("--output_dir",), resume_aliases=("--resume_from",),
-                 run_help="config key output_dir: checkpoints, samples, logs (alias --output_dir)")
-    add_guide_flags(p)
-    add_profile_args(p)
-    add_preset_arg(p)
-    return p
-
-
 def new_step(cfg: VAEConfig, device: torch.device, perceptual: FrozenLPIPS | None):
     """A fresh model's training step for `cfg`: what `vae.memory` measures."""
     return VAETrainer(cfg, device, perceptual=perceptual, quiet=True).train_step
@@ -452,7 +434,7 @@ def train(cfg: VAEConfig, overwrite: bool = False, init_from: str | None = None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(__doc__).parse_args(argv)
     # Bad input arrives as the project's error classes (exit 2); a bare ValueError is a bug in our code
     # and keeps its traceback (exit 1), it is not reported as bad input.
     return exit_codes.run_main(lambda: run(args), (ConfigError, CheckpointError, PerceptualWeightsError,
