@@ -97,9 +97,10 @@ class _StillTerminated(Exception):
 
 
 @pytest.mark.parametrize("module, patched, argv", [
-    ("vocoder.prepare_data", "prepare", ["--input", "{tmp}", "--output", "{tmp}/bin"]),
-    ("tts.prepare_data", "prepare", ["--metadata", "{tmp}/metadata.csv", "--audio_dir", "{tmp}", "--output_dir", "{tmp}/out"]),
-    ("vae.prepare_data", "preprocess", ["--mode", "preprocess", "--input_dir", "{tmp}", "--output_dir", "{tmp}/out"]),
+    ("vocoder.prepare_data", "prepare", ["--input", "{tmp}/in", "--output", "{tmp}/bin"]),
+    ("tts.prepare_data", "prepare", ["--metadata", "{tmp}/in/metadata.csv", "--audio_dir", "{tmp}/in", "--output_dir",
+                                     "{tmp}/out"]),
+    ("vae.prepare_data", "preprocess", ["--mode", "preprocess", "--input_dir", "{tmp}/in", "--output_dir", "{tmp}/out"]),
 ])
 def test_prepare_scripts_stopped_by_sigterm_say_so_and_exit_130(module, patched, argv, tmp_path, monkeypatch, capsys):
     """A scheduler's stop during a long preprocessing run: one line and 130 (run again to continue),
@@ -115,6 +116,7 @@ def test_prepare_scripts_stopped_by_sigterm_say_so_and_exit_130(module, patched,
     def outer(signum, frame):
         raise _StillTerminated
 
+    (tmp_path / "in").mkdir()  # outputs beside the input, never inside it (refused: common.run_dir.check_apart)
     mod = importlib.import_module(module)
     monkeypatch.setattr(mod, patched, terminated)
     before = signal.signal(signal.SIGTERM, outer)
