@@ -222,3 +222,20 @@ def test_where_chmod_cannot_the_write_still_succeeds(tmp_path, monkeypatch):
     monkeypatch.setattr(atomic_write.os, "chmod", lambda *a, **k: calls.append(a))
     write_text(tmp_path / "b.txt", "y")
     assert (tmp_path / "a.txt").read_text() == "x" and (tmp_path / "b.txt").read_text() == "y" and calls == []
+
+
+@pytest.mark.parametrize("trainer", ["vocoder", "vits", "clone", "vae"])
+def test_a_run_folder_that_is_the_dataset_is_refused_even_with_overwrite(trainer, tmp_path, capsys):
+    """`--run_dir` = `--data_dir` with `--overwrite` used to move the dataset into `overwritten-*/`, then fail
+    with "manifest.json not found": every trainer refuses before it touches anything."""
+    import torch
+
+    from bench.gpu_trainers import TRAINERS, cli
+
+    spec = TRAINERS[trainer]
+    data = spec.make_data(tmp_path / "data", dry=True)
+    before = sorted(p.relative_to(data) for p in data.rglob("*"))
+    main, argv = cli(spec, "base", [], data, data, torch.device("cpu"), dry=True, steps=1)
+    assert main([*argv, "--overwrite"]) == 2
+    assert "would overwrite or mix with your files" in capsys.readouterr().err
+    assert sorted(p.relative_to(data) for p in data.rglob("*")) == before  # nothing moved, nothing added

@@ -418,7 +418,8 @@ def train(cfg: VAEConfig, overwrite: bool = False, init_from: str | None = None,
     """A training run in `cfg.output_dir`; `run_flag` is how the user named that folder (for messages)."""
     out_dir = Path(cfg.output_dir)
     decoder_only.check_start(cfg, init_from)  # before the run folder is made or touched
-    prepare_run_dir(out_dir, None, cfg.resume_from, overwrite, init_from, run_flag=run_flag)
+    prepare_run_dir(out_dir, None, cfg.resume_from, overwrite, init_from, run_flag=run_flag,
+                    inputs={"--data_path": cfg.data_path, "--val_data_path": cfg.val_data_path or None})
     info = distributed.setup_distributed(cfg.device or None)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank (DDP also broadcasts them)
     train_files, val_files = training_images(cfg, log=print if info.is_main else lambda line: None)

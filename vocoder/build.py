@@ -108,7 +108,8 @@ def resolve_run(args: argparse.Namespace) -> tuple[VocoderConfig, Path]:
     if not cfg.binary_data_dir:
         raise ConfigError("no dataset: pass --data_dir (a folder made by vocoder/prepare_data.py) or set binary_data_dir")
     run_dir = Path(args.run_dir or Path("runs") / "vocoder" / Path(args.config or "default").stem)
-    prepare_run_dir(run_dir, run_dir / "checkpoints", args.resume, args.overwrite, args.init_from)
+    prepare_run_dir(run_dir, run_dir / "checkpoints", args.resume, args.overwrite, args.init_from,
+                    inputs={"--data_dir": cfg.binary_data_dir})  # --overwrite must never move the dataset aside
     return cfg, run_dir
 
 

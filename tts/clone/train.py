@@ -327,8 +327,10 @@ def run(args: argparse.Namespace) -> int:
     """The run the options ask for; failures reach `main` as exceptions (`common.exit_codes.run_main`)."""
     res = resolve_config(args)
     apply_preset(res.cfg, args.preset, CARD_PRESETS)
+    data = res.cfg.data  # the prepared folders, never moved aside by --overwrite (a jsonl's folder holds its audio)
+    folders = [p if p.is_dir() else p.parent for p in (Path(x) for x in (data.train, data.val) if x)]
     prepare_run_dir(res.cfg.train.checkpoint_dir, None, args.resume, args.overwrite, args.init_from,
-                    keep=("features",), run_flag=args.run_flag)
+                    keep=("features",), run_flag=args.run_flag, inputs={"--train-data / --val-data": folders})
     trainer = CloneTrainer(res, args.resume, args.init_from)
     return exit_code(trainer.fit(progress=sys.stderr.isatty())["stopped"])
 

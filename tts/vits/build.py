@@ -176,5 +176,6 @@ def resolve_run(args: argparse.Namespace) -> tuple[TrainConfig, SourceStart | No
     source = plan_source_start(cfg, args)
     own = read_own_init(args.init_from) if args.init_from and source is None else None
     run_dir = Path(cfg.run_dir or f"runs/{cfg.run_name}")
-    prepare_run_dir(run_dir, run_dir / "checkpoints", args.resume, args.overwrite, args.init_from)
+    prepare_run_dir(run_dir, run_dir / "checkpoints", args.resume, args.overwrite, args.init_from,
+                    inputs={"--data_dir": cfg.data_dir})  # --overwrite must never move the dataset aside
     return cfg, source, own
