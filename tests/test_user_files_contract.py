@@ -239,3 +239,16 @@ def test_a_run_folder_that_is_the_dataset_is_refused_even_with_overwrite(trainer
     assert main([*argv, "--overwrite"]) == 2
     assert "would overwrite or mix with your files" in capsys.readouterr().err
     assert sorted(p.relative_to(data) for p in data.rglob("*")) == before  # nothing moved, nothing added
+
+
+def test_a_vae_run_folder_inside_its_image_folder_is_refused(tmp_path, capsys):
+    """Its lr_schedule.png and samples would join the training set on the next run (round 3, item 12)."""
+    import torch
+
+    from bench.gpu_trainers import TRAINERS, cli
+
+    spec = TRAINERS["vae"]
+    images = spec.make_data(tmp_path / "images", dry=True)
+    main, argv = cli(spec, "base", [], images, images / "runs" / "vae", torch.device("cpu"), dry=True, steps=1)
+    assert main(argv) == 2
+    assert "is inside --data_path" in capsys.readouterr().err and not (images / "runs").exists()
