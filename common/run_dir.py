@@ -79,6 +79,13 @@ def is_within(path: str | Path, folder: str | Path) -> bool:
     return any(_same_place(q, f) for q in (p, *p.parents))
 
 
+def outside(files: list[Path], folder: str | Path) -> list[Path]:
+    """The files that lead outside `folder` (an absolute or `..` path, or a link to elsewhere). A preparation
+    reads only what lies inside the folders it was given: a link or a metadata line must not pull in any
+    file the user can read (round 3 of the reliability probes)."""
+    return [f for f in files if not is_within(f, folder)]
+
+
 def check_apart(output: str | Path, flag: str, inputs: dict[str, str | Path | list | tuple | None],
                 suffix: str = "_prepared", doing: str = "writing there") -> None:
     """OutputPathError (exit 2) when the output folder `output` (the user's `flag`) is, contains or lies

@@ -252,3 +252,58 @@ def test_a_vae_run_folder_inside_its_image_folder_is_refused(tmp_path, capsys):
     main, argv = cli(spec, "base", [], images, images / "runs" / "vae", torch.device("cpu"), dry=True, steps=1)
     assert main(argv) == 2
     assert "is inside --data_path" in capsys.readouterr().err and not (images / "runs").exists()
+
+
+# ------------------------------------------------- 7: only files inside the given folders are read
+def test_tts_metadata_cannot_pull_in_files_outside_the_audio_folder(tmp_path):
+    """Absolute paths, `..` paths and links to elsewhere are skipped with their reason; no prepared file is
+    named like a hidden file."""
+    import json
+
+    from tts import prepare_data
+
+    corpus = _lj_corpus(tmp_path / "corpus", n=3)
+    secret = tmp_path / "elsewhere" / "private.wav"
+    secret.parent.mkdir()
+    sf.write(secret, voiced_tone(2.5, 44100, seed=9), 44100)
+    (corpus / "wavs" / "link.wav").symlink_to(secret)
+    lines = (corpus / "metadata.csv").read_text(encoding="utf-8")
+    lines += f"abs|{TEXT}\n".replace("abs|", f"{secret}|", 1)  # an absolute path as the audio name
+    lines += f"../../elsewhere/private|{TEXT}\n" + f"link|{TEXT}\n"
+    (corpus / "metadata.csv").write_text(lines, encoding="utf-8")
+    out = tmp_path / "prepared"
+    code = prepare_data.main(["--metadata", str(corpus / "metadata.csv"), "--audio_dir", str(corpus / "wavs"),
+                              "--output_dir", str(out), "--num_workers", "1"])
+    assert code == 0
+    said = (out / "report.json").read_text(encoding="utf-8")
+    dropped = {d["line"] for d in json.loads(said)["dropped"] if "leads outside --audio_dir" in d["reason"]}
+    assert dropped == {4, 5, 6}, said
+    written = [p.name for p in out.rglob("*") if p.is_file()]
+    assert not any(name.startswith(".") for name in written), written
+
+
+def test_vocoder_and_vae_preparations_skip_links_that_leave_their_input(tmp_path, capsys):
+    from common.run_dir import outside
+    from vocoder import prepare_data as vocoder_prepare
+
+    raw = tmp_path / "raw"
+    write_tones(raw, 2, 44100)
+    elsewhere = tmp_path / "elsewhere"
+    write_tones(elsewhere, 1, 44100)
+    (raw / "linked.wav").symlink_to(next(elsewhere.glob("*.wav")))
+    assert [p.name for p in outside(sorted(raw.glob("*.wav")), raw)] == ["linked.wav"]
+    assert vocoder_prepare.main(["--input", str(raw), "--output", str(tmp_path / "bin"), "--num_workers", "0"]) == 0
+    assert "skipped 1 file(s) that lead outside --input" in capsys.readouterr().out
+    assert len(list((tmp_path / "bin" / "items").iterdir())) == 2
+
+    from bench.gpu_trainers import TRAINERS
+    from vae import prepare_data as vae_prepare
+
+    images = TRAINERS["vae"].make_data(tmp_path / "images", dry=True)
+    other = TRAINERS["vae"].make_data(tmp_path / "other_images", dry=True)
+    (images / "linked.png").symlink_to(next(other.glob("*.png")))
+    n = len(list(images.glob("*.png")))
+    assert vae_prepare.main(["--mode", "preprocess", "--input_dir", str(images), "--output_dir",
+                             str(tmp_path / "vae"), "--num_workers", "1", "--min_size", "32"]) == 0
+    said = capsys.readouterr().out
+    assert "skipped 1 image(s) that lead outside --input_dir" in said and f"found {n - 1} image files" in said

@@ -43,7 +43,7 @@ from common import exit_codes
 from common.atomic_write import atomic_output, write_text
 from common.audio import AudioError, MelSpectrogram, check_audio, load_audio, save_wav, to_float32, to_int16
 from common.config import ConfigError, load_config
-from common.run_dir import check_apart, check_output_dir, check_prepared_settings
+from common.run_dir import check_apart, check_output_dir, check_prepared_settings, outside
 from common.workers import RUN_ERRORS, process_pool
 from tts.text import SYMBOLS, find_unknown, normalize, text_to_ids
 from tts.text.phonemes import PhonemeCache
@@ -403,7 +403,7 @@ def prepare(metadata: str | Path, audio_dir: str | Path, output_dir: str | Path,
         if not row.id:
             problems.append(Problem(src, row.line, None, "empty id / audio name"))
             continue
-        out_id = _SAFE_ID.sub("_", row.id)
+        out_id = _SAFE_ID.sub("_", row.id).lstrip(".") or "_"  # never a hidden file
         if out_id in seen:
             problems.append(Problem(src, row.line, row.id, f"duplicate id (first on line {seen[out_id]})"))
             continue
@@ -412,6 +412,10 @@ def prepare(metadata: str | Path, audio_dir: str | Path, output_dir: str | Path,
             problems.append(Problem(src, row.line, row.id, "empty text"))
             continue
         audio_path = resolve_audio(audio_dir, row.audio)
+        if audio_path is not None and outside([audio_path], audio_dir):
+            problems.append(Problem(src, row.line, row.id, f"audio path {row.audio} leads outside --audio_dir (an "
+                                    "absolute or '..' path, or a link to elsewhere): only files inside it are read"))
+            continue
         if audio_path is None:
             problems.append(Problem(src, row.line, row.id, f"audio file not found ({audio_dir / row.audio}"
                                     f"{'' if Path(row.audio).suffix else '.wav'})"))

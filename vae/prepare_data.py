@@ -35,6 +35,7 @@ from common.run_dir import (
     check_output_dir,
     check_output_file,
     check_prepared_settings,
+    outside,
 )
 from common.workers import RUN_ERRORS, process_pool
 from vae.data import (
@@ -147,6 +148,11 @@ def preprocess(args: argparse.Namespace) -> int:
     write_text(settings_file, json.dumps(settings, indent=2) + "\n")
 
     files = list_images(src_root)
+    away = outside(files, src_root)
+    if away:  # only files inside the given folder are read
+        print(f"skipped {len(away)} image(s) that lead outside --input_dir (links to elsewhere): "
+              f"{', '.join(str(p) for p in away[:3])}")
+        files = [f for f in files if f not in set(away)]
     print(f"found {len(files)} image files in {src_root}")
     names = _output_names(files, src_root, args.format)
 

@@ -44,7 +44,7 @@ import numpy as np
 from common import exit_codes
 from common.atomic_write import atomic_output, remove_stale_temp_folders, write_text
 from common.config import ConfigError, add_config_args, load_config
-from common.run_dir import check_apart, check_output_dir, check_prepared_settings
+from common.run_dir import check_apart, check_output_dir, check_prepared_settings, outside
 from common.workers import RUN_ERRORS, process_pool
 from vocoder.config import VocoderConfig
 from vocoder.gta_mels import MelDirError, check_mel_dir, load_gta_mel
@@ -268,6 +268,11 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
     settings = Settings.from_config(cfg, mel_dir)
     workers = cfg.binarization_args.num_workers if num_workers is None else num_workers
     files = find_audio(roots)
+    away = {p for root, p in files if outside([p], root)}
+    if away:
+        log(f"skipped {len(away)} file(s) that lead outside --input (links to elsewhere; only files inside the "
+            f"given folders are read): {', '.join(str(p) for p in sorted(away)[:3])}")
+        files = [(root, p) for root, p in files if p not in away]
     if not files:
         raise PrepareError(f"no audio files ({'/'.join(e[1:] for e in AUDIO_EXTENSIONS)}) found under: "
                            f"{', '.join(str(r) for r in roots)}")
