@@ -3,7 +3,7 @@
     python -m bench.bench_vae                 # on the machine at hand (scaled down on a CPU)
     python -m bench.bench_vae --steps 10 --output runs/bench/vae.json
 
-One run prints one table: images/s and peak memory of the real training step (`VAETrainer.step`:
+One run prints one table: images/s and peak memory of the real training step (`VAEStep.train_step`:
 VAE + KL + GAN on, LPIPS when its weights are cached) for every profile in vae/configs, then the
 baseline (fp32, no compile, contiguous layout, TF32 off, 0 DataLoader workers) against each flag
 switched on alone, as a ratio. What this device cannot measure is printed as "n/a (needs CUDA)".
@@ -32,7 +32,7 @@ from common.data import ResumableSampler, make_loader
 from vae.config import VAEConfig
 from vae.data import ImageDataset
 from vae.losses import FrozenLPIPS, PerceptualWeightsError
-from vae.train_vae import VAETrainer
+from vae.step import VAEStep
 
 PROFILES = ("fast_768", "standard_1024", "high_1536", "max_2048", "large_channel_z32")
 CONFIGS = Path(__file__).resolve().parents[1] / "vae" / "configs"
@@ -60,7 +60,7 @@ def measure_step(cfg: VAEConfig, device: torch.device, steps: int, perceptual, w
     trial = copy.deepcopy(cfg)
     trial.disc_start, trial.ema_decay = 0, 0.999  # the full step: GAN and EMA on
     trial.perceptual_weight = cfg.perceptual_weight if perceptual is not None else 0.0
-    t = VAETrainer(trial, device, total_steps=steps + warmup, perceptual=perceptual, quiet=True)
+    t = VAEStep(trial, device, total_steps=steps + warmup, perceptual=perceptual)
     b = int(cfg.batch_size)
     x = torch.rand(b, 3, cfg.image_size, cfg.image_size, device=device) * 2 - 1
     if device.type == "cuda":
@@ -95,7 +95,7 @@ def measure_loader(cfg: VAEConfig, device: torch.device, steps: int, workers: in
     trial = copy.deepcopy(cfg)
     trial.disc_start = 0
     trial.perceptual_weight = cfg.perceptual_weight if perceptual is not None else 0.0
-    t = VAETrainer(trial, device, total_steps=steps + 2, perceptual=perceptual, quiet=True)
+    t = VAEStep(trial, device, total_steps=steps + 2, perceptual=perceptual)
     ds = ImageDataset(sorted(folder.glob("*.png")), cfg.image_size)
     loader = make_loader(ds, batch_size=int(cfg.batch_size), sampler=ResumableSampler(ds, seed=0), num_workers=workers,
                          prefetch_factor=4, pin_memory=True, persistent_workers=False, seed=0, drop_last=True)

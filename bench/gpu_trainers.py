@@ -312,11 +312,11 @@ class Vae(TrainerSpec):
     def build(self, config, overrides, data, run, device, preset) -> Stepper:
         from common.data import ResumableSampler, make_loader
         from vae.data import ImageDataset
-        from vae.train_vae import VAETrainer
+        from vae.step import VAEStep
 
         cfg = self.config(config, overrides)
         with _quiet():
-            tr = VAETrainer(cfg, device, total_steps=1000, perceptual=self.perceptual(cfg), quiet=True)
+            tr = VAEStep(cfg, device, total_steps=1000, perceptual=self.perceptual(cfg))
         ds = ImageDataset(sorted(Path(data).glob("*.png")), cfg.image_size)
         sampler = ResumableSampler(ds, seed=0)
         loader = make_loader(ds, batch_size=int(cfg.batch_size), sampler=sampler, num_workers=cfg.num_workers,

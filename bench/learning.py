@@ -222,7 +222,7 @@ def vae_runners(key: str, values: list[str], args, tmp: Path) -> tuple[list[Runn
     from vae.data import ImageDataset, eval_loader, find_training_images
     from vae.losses import FrozenLPIPS, backbone_cache_path
     from vae.metrics import evaluate
-    from vae.train_vae import VAETrainer
+    from vae.step import VAEStep
 
     if demo.make_dataset(DATA / "vae_images", DATA / "vae_prepared") != 0:
         raise SystemExit("error: preparing the VAE demo data failed (see above)")
@@ -240,7 +240,7 @@ def vae_runners(key: str, values: list[str], args, tmp: Path) -> tuple[list[Runn
                              "compare config keys instead, e.g. --compare precision=32-true,bf16-mixed")
         cfg = load_config(REPO / "vae" / "configs" / "demo.yaml", VAEConfig, [*base, *overrides])
         torch.manual_seed(cfg.seed)
-        tr = VAETrainer(cfg, device, total_steps=args.steps, quiet=True)
+        tr = VAEStep(cfg, device, total_steps=args.steps)
         if batches is None:
             ds = ImageDataset(find_training_images(DATA / "vae_prepared" / "train"), cfg.image_size, train=True,
                               random_flip=cfg.random_flip, max_pixels=cfg.max_pixels)

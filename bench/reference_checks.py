@@ -219,7 +219,7 @@ def vae_checks(args) -> None:
     from vae import demo
     from vae.config import VAEConfig
     from vae.data import ImageDataset, find_training_images
-    from vae.train_vae import VAETrainer
+    from vae.step import VAEStep
 
     data = REPO / "data" / "demo"
     if demo.make_dataset(data / "vae_images", data / "vae_prepared") != 0:
@@ -228,7 +228,7 @@ def vae_checks(args) -> None:
                       ["perceptual_weight=0.0", "ema_decay=0.0", "disc_start=0", "disc_weight=0.5",
                        "precision=32-true", *args.set])
     torch.manual_seed(cfg.seed)
-    tr = VAETrainer(cfg, torch.device("cpu"), total_steps=args.reps + 1, quiet=True)
+    tr = VAEStep(cfg, torch.device("cpu"), total_steps=args.reps + 1)
     disc = tr.disc
     convs = [m for m in disc.modules() if isinstance(m, torch.nn.Conv2d)]
     norms = [m for m in disc.modules() if isinstance(m, (torch.nn.BatchNorm2d, torch.nn.GroupNorm))]

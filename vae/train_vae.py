@@ -19,14 +19,12 @@ samples every `save_samples_freq`, validation every `val_check_interval`, `check
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from common import distributed, exit_codes, loop
 from common.atomic_write import append_text, save_png
@@ -39,94 +37,41 @@ from common.checkpoint import (
     save_atomic,
 )
 from common.config import ConfigError, config_to_dict
-from common.distributed import DistInfo, all_reduce_mean, no_sync, wrap_ddp
+from common.distributed import DistInfo
 from common.log import Printer, Progress, RunLogger, peak_memory_gib
 from common.loop import Cadence
-from common.muon import build_optimizer
-from common.precision import Precision
 from common.presets import apply_preset
 from common.run_dir import prepare_run_dir, tensorboard_dir
-from common.schedulers import step_schedulers
 from common.stopping import SIGNAL, TIME_LIMIT, RunStop, exit_code
-from common.training import (
-    EMA,
-    BufferSnapshot,
-    DivergenceGuard,
-    NonFiniteGuard,
-    backward,
-    count_parameters,
-    frozen,
-    saving_blocked,
-    step_optimizer,
-)
+from common.training import count_parameters, saving_blocked
 from vae import decoder_only, validation
 from vae.config import VAEConfig
 from vae.data import TrainData, build_train_data, training_images
 from vae.diffusers_io import export_final
 from vae.flags import build_parser, resolve_config
-from vae.losses import FrozenLPIPS, PatchDiscriminator, PerceptualWeightsError, VAELoss
+from vae.losses import FrozenLPIPS, PerceptualWeightsError
 from vae.memory import choose_batch_size, oom_advice, profile_grid, profile_memory
 from vae.metrics import evaluate
-from vae.model import AutoencoderKL, build_vae
 from vae.presets import CARD_PRESETS
 from vae.pretrained import forget_stale_record, init_weights
-from vae.startup import build_lr_schedules, continue_stage, report_plan, start_stage
+from vae.startup import build_lr_schedules, continue_stage, report_plan, start_stage  # noqa: F401 (tests import it here)
+from vae.step import VAEStep, new_step  # noqa: F401 (re-exported: tests and benches import new_step from here)
 
 
 # ----------------------------------------------------------------------------- the trainer
 class VAETrainer:
-    """The models, optimizers, loss and ONE optimisation step (`train_step`), then the run around it (`fit`).
-    Built without `data` it is a model and its step alone (`--batch_size auto`, `--profile_memory` and
-    bench/bench_vae.py run the very step training runs); with `data` and `out_dir`, a run (resumed here)."""
+    """A run around the model and its step (`vae.step.VAEStep`: what `--batch_size auto`, `--profile_memory`
+    and the benches build alone): its data, run folder, counters, checkpoints, validation and `fit`."""
 
-    def __init__(self, cfg: VAEConfig, device: torch.device, info: DistInfo | None = None,
-                 total_steps: int = 1, perceptual: FrozenLPIPS | None = None, quiet: bool = False,
-                 data: TrainData | None = None, out_dir: Path | None = None, init_from: str | None = None) -> None:
-        self.cfg, self.device = cfg, device
-        self.info = info or DistInfo(0, 1, 0, device, False)
-        main = self.info.is_main
-        self.log = Printer(main and not quiet)
-        self.precision = Precision(cfg.precision, device, tf32=cfg.enable_tf32,
-                                   cudnn_benchmark=cfg.cudnn_benchmark, channels_last=cfg.channels_last,
-                                   compile=cfg.use_torch_compile)
-        fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
-        vae = build_vae({**config_to_dict(cfg)}).to(device)
-        vae.set_gradient_checkpointing(cfg.gradient_checkpointing)
-        if cfg.train_decoder_only:  # before DDP and the optimizer: they take only what trains
-            vae.freeze_encoder()
-        self.vae: AutoencoderKL = vae.to(memory_format=fmt)
-        # channels_last before DDP (its gradient buckets copy the parameter layout), compile after.
-        self.vae_ddp = self.precision.prepare_model(wrap_ddp(self.vae, self.info))
-        if cfg.perceptual_weight > 0 and perceptual is None:
-            perceptual = FrozenLPIPS(cfg.perceptual_net, cfg.perceptual_weights or None)
-        self.perceptual = perceptual.to(device) if perceptual is not None else None
-        self.loss = VAELoss(cfg.kl_weight, cfg.perceptual_weight, self.perceptual, cfg.rec_loss, cfg.learn_logvar,
-                            cfg.logvar_init, cfg.disc_start, cfg.disc_weight, cfg.disc_factor).to(device)
-        self.disc: nn.Module | None = (PatchDiscriminator(3, cfg.disc_channels, cfg.disc_layers).to(device)
-                                              .to(memory_format=fmt) if cfg.disc_weight > 0 else None)
-        self.disc_ddp = wrap_ddp(self.disc, self.info) if self.disc is not None else None
-        betas = (cfg.adam_beta1, cfg.adam_beta2)
-        g_model = nn.ModuleDict({"vae": self.vae, "logvar": self.loss.logvar})
-        self.g_params = [p for p in g_model.parameters() if p.requires_grad]
-        self.g_opt = build_optimizer(cfg.optimizer_cls, g_model, lr=cfg.learning_rate, betas=betas,
-                                     weight_decay=cfg.weight_decay)
-        self.optimizers = {"vae": self.g_opt}
-        self.d_opt = None
-        if self.disc is not None:
-            self.d_opt = build_optimizer(cfg.optimizer_cls, self.disc, betas=betas,
-                                         lr=cfg.disc_learning_rate or cfg.learning_rate, weight_decay=cfg.weight_decay)
-            self.optimizers["disc"] = self.d_opt
-        self.total_steps = max(1, int(data.total_steps if data is not None else total_steps))
-        self.schedulers = build_lr_schedules(cfg, self.optimizers, self.total_steps)
-        self.ema = self._new_ema()
-        self.guard = NonFiniteGuard(cfg.max_nonfinite)
-        self.d_guard = NonFiniteGuard(cfg.max_nonfinite)  # the critic's own streak: a NaN critic must stop the run too
-        self.guards = {"vae": self.guard, "disc": self.d_guard}  # by optimizer name
-        self.divergence = DivergenceGuard([*self.g_params, *(self.disc.parameters() if self.disc else ())],
-                                          cfg.max_nonfinite, across_ranks=self.info.enabled)
-        self.buffers = BufferSnapshot(self.vae, self.disc)  # the discriminator's BatchNorm stats
-        self.models = {"vae": self.vae, "logvar": self.loss.logvar}  # by name, as the checkpoint holds them
-        self.models.update({"disc": self.disc} if self.disc is not None else {})
+    def __init__(self, cfg: VAEConfig, device: torch.device, info: DistInfo, data: TrainData, out_dir: Path,
+                 perceptual: FrozenLPIPS | None = None, init_from: str | None = None) -> None:
+        self.cfg, self.device, self.info, self.data, self.out_dir = cfg, device, info, data, out_dir
+        main = info.is_main
+        self.log = Printer(main)
+        self.core = VAEStep(cfg, device, info, data.total_steps, perceptual)  # the models, optimizers, loss, step
+        core = self.core
+        self.precision, self.guards = core.precision, core.guards
+        self.models, self.optimizers, self.schedulers = core.models, core.optimizers, core.schedulers  # by name
         # The run's position: step of this resolution stage, epoch, micro-batches into it, stage.
         self.step = self.epoch = self.batch_in_epoch = self.steps_before_stage = 0
         self.stage, self.stages = 1, [{"stage": 1, "image_size": cfg.image_size, "first_step": 0, "first_epoch": 0}]
@@ -134,18 +79,15 @@ class VAETrainer:
         self.last_psnr: float | None = None
         self.last_good: Path | None = None  # the newest checkpoint known to hold a good state
         self.last_val: tuple[int, dict] = (-1, {})  # (global step, metrics) of the latest validation
-        self.log(f"VAE {count_parameters(self.vae) / 1e6:.1f} M parameters"
-                 + (f", discriminator {count_parameters(self.disc) / 1e6:.1f} M" if self.disc else "")
-                 + f"; LPIPS: {self.perceptual.source if self.perceptual else 'off (perceptual_weight 0)'}")
+        self.log(f"VAE {count_parameters(core.vae) / 1e6:.1f} M parameters"
+                 + (f", discriminator {count_parameters(core.disc) / 1e6:.1f} M" if core.disc else "")
+                 + f"; LPIPS: {core.perceptual.source if core.perceptual else 'off (perceptual_weight 0)'}")
         for line in self.precision.report():
             self.log(f"  {line}")
-        self.data, self.out_dir = data, out_dir
-        if data is None or out_dir is None:
-            return
-        # ---- a run: per-rank noise, then resume (restores the RNG) or weights from elsewhere
+        # ---- per-rank noise, then resume (restores the RNG) or weights from elsewhere
         # Build order: the shared one (models, channels_last, DDP, compile, optimizers), but the per-rank seed comes
         # after the models (which `train` seeds alike on every rank): seeding per rank first would change the digest.
-        torch.manual_seed(cfg.seed + self.info.rank)
+        torch.manual_seed(cfg.seed + info.rank)
         self.manager = CheckpointManager(out_dir, keep_last=cfg.save_n_checkpoints, mode="max",
                                          name_fn=lambda n: f"checkpoint_epoch_{n}.pt")
         resume = resolve_resume(cfg.resume_from, out_dir, self.manager, extra_names=("checkpoint_last.pt",))
@@ -156,80 +98,19 @@ class VAETrainer:
             if init_from:  # weights only: a diffusers folder, or a checkpoint (see vae/pretrained.py)
                 for line in init_weights(self.models, cfg, init_from, out_dir, main):
                     self.log(line)
-                self.ema = self._new_ema()  # the one made above holds the random initial weights
+                core.reset_ema()  # the one made with the models holds the random initial weights
         if cfg.train_decoder_only:
             distributed.barrier()  # the main rank has written the init's factors
-            for line in decoder_only.startup_lines(self.vae, decoder_only.init_factors(out_dir)):
+            for line in decoder_only.startup_lines(core.vae, decoder_only.init_factors(out_dir)):
                 self.log(line)
         self.writer = RunLogger(tensorboard_dir(out_dir), enabled=main, purge_step=self.global_step)
         self.eval_batch = validation.eval_batch_size(cfg)
         self.val_batches = validation.validation_batches(cfg, data, main)
         self.sample_x = validation.sample_images(cfg, data)
 
-    def _new_ema(self) -> EMA | None:
-        """The EMA of the weights that train: the whole VAE, or its decoder side (`train_decoder_only`)."""
-        if self.cfg.ema_decay <= 0:
-            return None
-        return EMA(self.vae, self.cfg.ema_decay, only=AutoencoderKL.DECODER_SIDE if self.cfg.train_decoder_only else ())
-
-    # ------------------------------------------------------------------ one step
     def train_step(self, micro_batches: list[torch.Tensor], global_step: int | None = None) -> dict:
-        """One optimizer step over `len(micro_batches)` accumulated micro-batches (the loss of each is
-        divided by their number, so the gradient is the mean over the whole effective batch). `global_step`
-        is the run's own (`self.global_step`) unless a benchmark or a memory probe names one. The logs
-        hold "stepped": whether the VAE's optimizer stepped (False: a skipped non-finite step)."""
-        cfg, scaler = self.cfg, self.precision.scaler
-        global_step = self.global_step if global_step is None else global_step
-        n = len(micro_batches)
-        gan = self.disc is not None and self.loss.gan_active(global_step)
-        grad_scale = float(scaler.get_scale()) if scaler.is_enabled() else 1.0
-        logs: dict[str, torch.Tensor] = {}
-        recs = []
-        self.buffers.take()
-        with frozen(self.disc) if gan else contextlib.nullcontext():  # the generator's GAN term must not train D
-            for i, x in enumerate(micro_batches):
-                x = self.precision.prepare_input(x.to(self.device, non_blocking=True))
-                with no_sync(self.vae_ddp, i < n - 1):
-                    with self.precision.autocast():
-                        x_rec, posterior = self.vae_ddp(x)
-                        loss, parts = self.loss.generator_loss(x, x_rec, posterior, global_step,
-                                                               self.disc if gan else None,
-                                                               self.vae.last_layer, grad_scale)
-                    backward(loss / n, scaler)
-                recs.append((x, x_rec.detach()))
-                for k, v in parts.items():
-                    logs[k] = logs.get(k, 0) + v / n
-        logvar = self.loss.logvar.logvar
-        if self.info.enabled and logvar.requires_grad and logvar.grad is not None:
-            logvar.grad.copy_(all_reduce_mean(logvar.grad))  # not inside the DDP module: average by hand
-        clip = cfg.clip_grad_norm or None
-        self.divergence.observe(logs[f"rec_{cfg.rec_loss}"])  # the weights that made this loss, before the update
-        g_norm, stepped = step_optimizer(None, self.g_opt, self.g_params, scaler, clip, self.guard)
-        logs["grad_norm"] = g_norm
-        d_finite = True
-        if gan and stepped:  # a skipped generator step skips the whole step
-            for i, (x, x_rec) in enumerate(recs):
-                with no_sync(self.disc_ddp, i < n - 1):
-                    with self.precision.autocast():
-                        d_loss, parts = self.loss.discriminator_loss(self.disc_ddp, x, x_rec, global_step)
-                    backward(d_loss / n, scaler)
-                for k, v in parts.items():
-                    logs[k] = logs.get(k, 0) + v / n
-            d_norm, d_finite = step_optimizer(None, self.d_opt, self.disc.parameters(), scaler, clip, self.d_guard)
-            logs["disc_grad_norm"] = d_norm
-        if not (stepped and d_finite):
-            self.buffers.restore()  # no BatchNorm statistics from a skipped step
-        scaler.update()
-        step_schedulers(self.schedulers.values())
-        if stepped and self.ema is not None:
-            self.ema.update(self.vae)
-        logs["stepped"] = stepped
-        return logs
-
-    @property
-    def eval_model(self) -> AutoencoderKL:
-        """The weights to evaluate/export: the EMA copy (refreshed from its shadow) when EMA is on."""
-        return self.ema.model(self.vae) if self.ema is not None else self.vae
+        """One optimizer step (`VAEStep.train_step`) at the run's own `global_step` unless one is named."""
+        return self.core.train_step(micro_batches, self.global_step if global_step is None else global_step)
 
     @property
     def global_step(self) -> int:
@@ -238,21 +119,22 @@ class VAETrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def _state(self) -> dict:
+        core = self.core
         c = {"epoch": self.epoch, "micro_in_epoch": self.batch_in_epoch, "stage": self.stage,
              "steps_before_stage": self.steps_before_stage, "step": self.step, "global_step": self.global_step,
              "image_size": self.cfg.image_size, "samples_per_step": self.data.samples_per_step,
              "num_train": len(self.data.train_files)}
         return make_state(self.models, self.optimizers, self.schedulers, self.precision.scaler,
-                          {"vae": self.ema} if self.ema else None, c, config_to_dict(self.cfg),
-                          extra={"arch": self.vae.arch(), "guard": self.guard.state_dict(), "d_guard": self.d_guard.state_dict(),
-                                 "divergence": self.divergence.state_dict(),
+                          {"vae": core.ema} if core.ema else None, c, config_to_dict(self.cfg),
+                          extra={"arch": core.vae.arch(), "guard": core.guard.state_dict(),
+                                 "d_guard": core.d_guard.state_dict(), "divergence": core.divergence.state_dict(),
                                  "best_psnr": self.best_psnr, "stages": self.stages}, trainer="vae")
 
     def save(self, metric: float | None = None) -> bool:
         """`checkpoint_last.pt` (outside rotation; `metric`, the latest PSNR, ranks the epoch checkpoints
         instead); False while the newest steps are non-finite."""
         reason = "end of training" if self.step >= self.data.total_steps else f"PSNR {metric:.2f}" if metric else "saved"
-        if saving_blocked(self.guard, self.d_guard, self.divergence):
+        if saving_blocked(self.core.guard, self.core.d_guard, self.core.divergence):
             self.log(f"not saving checkpoint_last.pt at step {self.step} ({reason}): the newest steps were "
                      f"non-finite or diverging; the last good checkpoint is {self.last_good or 'none'}")
             return False
@@ -270,16 +152,16 @@ class VAETrainer:
         ckpt = load_checkpoint(path, map_location="cpu")  # restore_state: a checkpoint that does not fit -> exit 2
         decoder_only.check_resume(ckpt, path, cfg)
         if ckpt.get("counters", {}).get("image_size") != cfg.image_size:
-            c, self.stages = start_stage(ckpt, path, self.models, self.ema, cfg, self.out_dir, data.total_steps,
+            c, self.stages = start_stage(ckpt, path, self.models, self.core.ema, cfg, self.out_dir, data.total_steps,
                                          info.rank, info.is_main)
             self.manager.forget_best()  # stage K's best.pt / best.json are kept aside under stage names
         else:
             c = continue_stage(ckpt, path, cfg, data, self.models, self.optimizers, self.schedulers,
-                               self.precision.scaler, self.ema, info.rank, self.log)
+                               self.precision.scaler, self.core.ema, info.rank, self.log)
             extra = ckpt.get("extra", {})
-            self.guard.load_state_dict(extra.get("guard", self.guard.state_dict()))
-            self.d_guard.load_state_dict(extra.get("d_guard", self.d_guard.state_dict()))
-            self.divergence.load_state_dict(extra.get("divergence"))
+            self.core.guard.load_state_dict(extra.get("guard", self.core.guard.state_dict()))
+            self.core.d_guard.load_state_dict(extra.get("d_guard", self.core.d_guard.state_dict()))
+            self.core.divergence.load_state_dict(extra.get("divergence"))
             self.best_psnr = extra.get("best_psnr")
             self.stages = list(extra.get("stages", self.stages))
         self.step, self.epoch, self.batch_in_epoch = int(c["step"]), int(c["epoch"]), int(c["micro_in_epoch"])
@@ -293,7 +175,7 @@ class VAETrainer:
             return {}
         if self.last_val[0] == self.global_step:
             return self.last_val[1]  # already measured at this step
-        m = evaluate(self.eval_model, self.val_batches, self.device, self.precision.autocast, self.perceptual)
+        m = evaluate(self.core.eval_model, self.val_batches, self.device, self.precision.autocast, self.core.perceptual)
         if m:
             self.writer.scalars(m, self.global_step, "val")
             self.last_psnr = m["psnr"]
@@ -306,7 +188,7 @@ class VAETrainer:
 
     def _save_samples(self) -> None:
         """Inputs over their reconstructions, as `samples/step_N.png` and in TensorBoard."""
-        grid = validation.sample_grid(self.eval_model, self.sample_x, self.eval_batch, self.precision, self.device)
+        grid = validation.sample_grid(self.core.eval_model, self.sample_x, self.eval_batch, self.precision, self.device)
         save_png(grid, self.out_dir / "samples" / f"step_{self.global_step:07d}.png")
         self.writer.image("samples/reconstruction (top: input)", grid, self.global_step)
 
@@ -316,7 +198,7 @@ class VAETrainer:
         plan ran out)} (a non-finite stop raises `NonFiniteError` naming the last good checkpoint: `main` prints it)."""
         cfg, data, main = self.cfg, self.data, self.info.is_main
         if main:
-            report_plan(cfg, data, self.schedulers, self.loss, self.out_dir, self.writer, self.steps_before_stage,
+            report_plan(cfg, data, self.schedulers, self.core.loss, self.out_dir, self.writer, self.steps_before_stage,
                         self.step, self.info.world_size, str(self.device))
             (self.out_dir / "samples").mkdir(exist_ok=True)
             self.writer.scalar("train/image_size", cfg.image_size, self.global_step)  # this stage's resolution
@@ -338,7 +220,7 @@ class VAETrainer:
         try:
             try:
                 reason = loop.run(self, cadence, stop, progress, epoch_batches=self._epoch_batches,
-                                  optimizers=self.optimizers, guards=self.guards, divergence=self.divergence,
+                                  optimizers=self.optimizers, guards=self.guards, divergence=self.core.divergence,
                                   log=self._log_train, metric=lambda m: m.get("psnr") if m else None,
                                   after_step=self._samples_on_cadence, epoch_end=self._epoch_checkpoint)
             finally:
@@ -370,7 +252,8 @@ class VAETrainer:
     def _epoch_checkpoint(self, epochs_done: int) -> None:
         """Hook (the VAE alone keeps per-epoch files): the rotated `checkpoint_epoch_N.pt` every
         `checkpoint_freq` epochs, ranked by the latest PSNR."""
-        if epochs_done % self.cfg.checkpoint_freq or saving_blocked(self.guard, self.d_guard, self.divergence):
+        core = self.core
+        if epochs_done % self.cfg.checkpoint_freq or saving_blocked(core.guard, core.d_guard, core.divergence):
             return
         s = self._state()
         if self.info.is_main:
@@ -383,11 +266,11 @@ class VAETrainer:
         logs.pop("stepped")
         if not self.info.is_main:
             return {}
-        logs.update({"lr": self.g_opt.param_groups[0]["lr"], "images_per_sec": progress.samples_per_second() or 0.0,
+        logs.update({"lr": self.core.g_opt.param_groups[0]["lr"], "images_per_sec": progress.samples_per_second() or 0.0,
                      "memory_gib": peak_memory_gib(self.device), "data_wait": progress.data_wait_fraction,
-                     "nonfinite_skipped": self.guard.skipped_total})
-        if self.d_opt is not None:
-            logs["disc_lr"] = self.d_opt.param_groups[0]["lr"]
+                     "nonfinite_skipped": self.core.guard.skipped_total})
+        if self.core.d_opt is not None:
+            logs["disc_lr"] = self.core.d_opt.param_groups[0]["lr"]
         self.writer.scalars(logs, self.global_step, "train")  # one host sync for all the tensors
         return {"loss": float(logs["total"]), "rec": float(logs[f"rec_{self.cfg.rec_loss}"])}
 
@@ -400,18 +283,13 @@ class VAETrainer:
                 self.log(f"stopped early ({why}) at step {self.step} of {self.data.total_steps}; "
                          f"continue with --resume_from {self.last_good or 'auto'}")
             if reason in (None, TIME_LIMIT) and self.last_good is not None:
-                export_final(self.cfg, self.eval_model, self.precision, self.data.train_files, self.out_dir,
-                             self.writer, self.global_step, m, self.eval_batch, ema=self.ema is not None)
+                export_final(self.cfg, self.core.eval_model, self.precision, self.data.train_files, self.out_dir,
+                             self.writer, self.global_step, m, self.eval_batch, ema=self.core.ema is not None)
         distributed.barrier()
         return {"step": self.step, "stopped": reason}
 
 
 # ----------------------------------------------------------------------------- CLI
-
-
-def new_step(cfg: VAEConfig, device: torch.device, perceptual: FrozenLPIPS | None):
-    """A fresh model's training step for `cfg`: what `vae.memory` measures."""
-    return VAETrainer(cfg, device, perceptual=perceptual, quiet=True).train_step
 
 
 def train(cfg: VAEConfig, overwrite: bool = False, init_from: str | None = None, run_flag: str = "--output_dir") -> int:

@@ -99,11 +99,11 @@ TAMING = os.environ.get("TAMING_REFERENCE_DIR", "") or None
                     reason="set LDM_REFERENCE_DIR (and TAMING_REFERENCE_DIR) to CompVis checkouts")
 def test_their_first_step_is_our_objective_times_the_pixels_per_image():
     from bench.vae_reference import ReferenceTrainer, same_output_check
-    from vae.train_vae import VAETrainer
+    from vae.step import VAEStep
 
     cfg = recipe("disc_weight=0.5", "disc_start=0")  # the GAN from the first step: the whole objective
     torch.manual_seed(cfg.seed)
-    ours = VAETrainer(cfg, torch.device("cpu"), total_steps=2, quiet=True)
+    ours = VAEStep(cfg, torch.device("cpu"), total_steps=2)
     theirs = ReferenceTrainer(import_reference(LDM, TAMING), ours, steps=2)
     x = torch.rand(2, 3, cfg.image_size, cfg.image_size) * 2 - 1
     assert same_output_check(ours, theirs, x, 7).endswith("= 0")

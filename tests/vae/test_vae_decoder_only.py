@@ -51,7 +51,7 @@ def side(state_keys) -> set[str]:
 @pytest.mark.parametrize("optimizer", ["AdamW", "common.muon.MuonAdamW"])
 def test_encoder_is_frozen_bitwise_and_only_the_decoder_side_trains(optimizer):
     cfg = tiny_cfg(train_decoder_only=True, optimizer_cls=optimizer, ema_decay=0.5, disc_start=0)
-    t = tv.VAETrainer(cfg, torch.device("cpu"), quiet=True)
+    t = tv.VAEStep(cfg, torch.device("cpu"))
     vae = t.vae
     opt_params = [p for g in t.g_opt.param_groups for p in g["params"]]
     trained = names(vae, opt_params)
@@ -81,7 +81,7 @@ def test_encoder_is_frozen_bitwise_and_only_the_decoder_side_trains(optimizer):
 
 
 def test_plain_run_still_trains_everything():
-    t = tv.VAETrainer(tiny_cfg(), torch.device("cpu"), quiet=True)
+    t = tv.VAEStep(tiny_cfg(), torch.device("cpu"))
     opt_params = [p for g in t.g_opt.param_groups for p in g["params"]]
     assert side(names(t.vae, opt_params)) == {"encoder", "decoder", "quant_conv", "post_quant_conv"}
     assert set(t.ema.shadow) == set(t.vae.state_dict())
@@ -192,7 +192,7 @@ def test_a_folder_without_factors_in_config_json_has_diffusers_default(tmp_path)
     folder_cfg = json.loads((folder / "config.json").read_text())
     del folder_cfg["scaling_factor"], folder_cfg["shift_factor"]  # as early diffusers versions saved it
     (folder / "config.json").write_text(json.dumps(folder_cfg))
-    t = tv.VAETrainer(tiny_cfg(train_decoder_only=True), torch.device("cpu"), quiet=True)
+    t = tv.VAEStep(tiny_cfg(train_decoder_only=True), torch.device("cpu"))
     init_from_diffusers(t.vae, t.cfg, folder, tmp_path / "run")
     init = decoder_only.init_factors(tmp_path / "run")
     assert (init["scaling_factor"], init["shift_factor"]) == (0.18215, None)

@@ -91,14 +91,14 @@ def test_init_from_our_exported_folder_fine_tunes_from_it(image_dir, tmp_path, c
 
 def test_layout_mismatch_names_the_keys_and_the_flags(tmp_path):
     sd_layout = save_diffusers(model(), tmp_path / "sd")  # f4c4 with quant convs
-    t = tv.VAETrainer(tiny_cfg(z_channels=8, channels=[16, 32, 32]), torch.device("cpu"), quiet=True)
+    t = tv.VAEStep(tiny_cfg(z_channels=8, channels=[16, 32, 32]), torch.device("cpu"))
     with pytest.raises(CheckpointError) as err:
         init_from_diffusers(t.vae, t.cfg, sd_layout, tmp_path / "out")
     msg = str(err.value)
     assert "block_out_channels 16 32 (this run's channels: 16 32 32)" in msg
     assert "latent_channels 4 (this run's z_channels: 8)" in msg and "add: --channels 16 32 --z_channels 4" in msg
     flux_layout = save_diffusers(model(z_channels=16, use_quant_conv=False), tmp_path / "flux", shift_factor=0.1)
-    t = tv.VAETrainer(tiny_cfg(z_channels=16), torch.device("cpu"), quiet=True)
+    t = tv.VAEStep(tiny_cfg(z_channels=16), torch.device("cpu"))
     with pytest.raises(CheckpointError, match=r"use_quant_conv false \(this run's use_quant_conv: true\).*"
                                               r"--set use_quant_conv=false"):
         init_from_diffusers(t.vae, t.cfg, flux_layout, tmp_path / "out")
@@ -114,7 +114,7 @@ def test_unsafe_bin_is_refused(tmp_path):
     weights = next(folder.glob("diffusion_pytorch_model.*"))
     weights.unlink()
     torch.save({"x": torch.zeros(1), "code": print}, folder / "diffusion_pytorch_model.bin")
-    t = tv.VAETrainer(tiny_cfg(), torch.device("cpu"), quiet=True)
+    t = tv.VAEStep(tiny_cfg(), torch.device("cpu"))
     with pytest.raises(CheckpointError, match="refused to load"):
         init_from_diffusers(t.vae, t.cfg, folder, tmp_path / "out")
 
@@ -131,7 +131,7 @@ def test_init_from_a_folder_written_by_diffusers_save_pretrained(tmp_path, layou
                                      use_post_quant_conv=quant, scaling_factor=0.3,
                                      shift_factor=None if quant else 0.1).eval()
     theirs.save_pretrained(tmp_path / "vae", safe_serialization=quant)  # FLUX-like one as .bin
-    t = tv.VAETrainer(tiny_cfg(z_channels=z, use_quant_conv=quant), torch.device("cpu"), quiet=True)
+    t = tv.VAEStep(tiny_cfg(z_channels=z, use_quant_conv=quant), torch.device("cpu"))
     lines = init_from_diffusers(t.vae, t.cfg, tmp_path / "vae", tmp_path / "out")
     assert "scaling_factor 0.3" in lines[0]
     x = torch.rand(1, 3, 32, 32) * 2 - 1

@@ -126,7 +126,7 @@ def run_cfg(z: int, quant: bool) -> tv.VAEConfig:
 def test_single_file_loads_like_diffusers_from_single_file(tmp_path, layout):
     path, cfg_dir, z, quant, (scale, shift) = write_file(layout, tmp_path)
     theirs = diffusers.AutoencoderKL.from_single_file(str(path), config=str(cfg_dir), local_files_only=True).eval()
-    t = tv.VAETrainer(run_cfg(z, quant), torch.device("cpu"), quiet=True)
+    t = tv.VAEStep(run_cfg(z, quant), torch.device("cpu"))
     lines = init_weights(t.models, t.cfg, path, tmp_path / "run")
     ours = t.vae.eval()
     assert f"scaling_factor {scale}, shift_factor {shift}" in lines[0]
@@ -232,7 +232,7 @@ def test_an_sd_lightning_ckpt_loads_and_other_pickled_objects_stay_refused(tmp_p
                 "callbacks": {callback: {"best_model_score": np.float64(0.5)}}}, good)
     torch.save({"state_dict": vae, "callbacks": {callback: {}}, "x": payload()}, bad)
     monkeypatch.undo()  # the classes are gone again, as on a machine without Lightning
-    t = tv.VAETrainer(run_cfg(4, True), torch.device("cpu"), quiet=True)
+    t = tv.VAEStep(run_cfg(4, True), torch.device("cpu"))
     line = init_weights(t.models, t.cfg, good, tmp_path / "run")[0]
     assert "the Stable Diffusion 1.x/2.x VAE (180 tensors under 'first_stage_model.')" in line
     assert torch.equal(t.vae.decoder.mid.attn.proj.weight, vae["first_stage_model.decoder.mid.attn_1.proj_out.weight"][:, :, 0, 0])

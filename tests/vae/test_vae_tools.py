@@ -16,7 +16,7 @@ from vae.data import image_to_tensor
 from vae.metrics import psnr
 from vae.reconstruct import main as reconstruct_main
 from vae.reconstruct import reconstruct_full, reconstruct_tiled
-from vae.train_vae import VAETrainer
+from vae.step import VAEStep
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def trained():
     cfg = VAEConfig(channels=[16, 32, 32], z_channels=4, layers_per_block=1, norm_num_groups=8, image_size=32,
                     perceptual_weight=0, disc_weight=0, ema_decay=0, precision="32-true", channels_last=False,
                     learning_rate=3e-3, adam_beta1=0.9, adam_beta2=0.99, warmup_steps=5, lr_scheduler="constant")
-    t = VAETrainer(cfg, torch.device("cpu"), total_steps=100, quiet=True)
+    t = VAEStep(cfg, torch.device("cpu"), total_steps=100)
     imgs = torch.stack([image_to_tensor(Image.fromarray(textured(96, s))) for s in range(8)])
     g = torch.Generator().manual_seed(0)
     for step in range(120):

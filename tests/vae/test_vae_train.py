@@ -163,7 +163,7 @@ def test_tensorboard_files_under_output_dir_logs(image_dir, tmp_path):
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_and_channels_last_steps(precision):
     cfg = tiny_cfg(precision={"bf16": "bf16-mixed", "fp16": "16-mixed"}[precision], channels_last=True)
-    t = tv.VAETrainer(cfg, torch.device("cpu"), total_steps=4, quiet=True)
+    t = tv.VAEStep(cfg, torch.device("cpu"), total_steps=4)
     assert t.precision.amp_dtype == (torch.bfloat16 if precision == "bf16" else torch.float16)
     assert t.precision.scaler.is_enabled() == (precision == "fp16")
     assert t.vae.encoder.conv_in.weight.is_contiguous(memory_format=torch.channels_last)
@@ -186,7 +186,7 @@ def test_mixed_precision_and_channels_last_steps(precision):
 def _grads_of_one_step(cfg, micro, monkeypatch):
     monkeypatch.setattr("vae.model.DiagonalGaussian.sample", lambda self, generator=None: self.mean)
     torch.manual_seed(0)
-    t = tv.VAETrainer(cfg, torch.device("cpu"), total_steps=4, quiet=True)
+    t = tv.VAEStep(cfg, torch.device("cpu"), total_steps=4)
     captured = {}
 
     def spy(optimizer, args, kwargs):  # runs inside optimizer.step(): after clipping, before the update
@@ -222,7 +222,7 @@ def test_fp16_step_on_cpu_really_scales_the_loss():
     base = yaml.safe_load(TINY_CONFIG.read_text())
     cfg = VAEConfig(**{**base, "precision": "16-mixed", "disc_weight": 0.0, "clip_grad_norm": 0.0,
                         "warmup_steps": 0, "lr_scheduler": "constant"})
-    t = tv.VAETrainer(cfg, torch.device("cpu"), total_steps=4, quiet=True)
+    t = tv.VAEStep(cfg, torch.device("cpu"), total_steps=4)
     assert t.precision.amp_dtype == torch.float16 and t.precision.scaler.is_enabled()
     w = t.vae.decoder.conv_out.bias
     seen = {}
@@ -350,7 +350,7 @@ def test_profile_memory_on_cpu_says_it_needs_cuda(tmp_path, capsys):
                                                   ([8, 16, 16], 16, False)])     # f4c16: no pipeline
 def test_export_carries_shift_factor_for_f8c16(image_dir, tmp_path, channels, z, shifted):
     cfg = tiny_cfg(channels=channels, z_channels=z, disc_weight=0.0, ema_decay=0.0, output_dir=str(tmp_path))
-    trainer = tv.VAETrainer(cfg, torch.device("cpu"), quiet=True)
+    trainer = tv.VAEStep(cfg, torch.device("cpu"))
     files = sorted(image_dir.glob("*.png"))[:4]
     export_final(cfg, trainer.eval_model, trainer.precision, files, tmp_path, RunLogger(tmp_path, enabled=False), 0, {})
     stats = json.loads((tmp_path / "latent_stats.json").read_text())
