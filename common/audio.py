@@ -70,6 +70,7 @@ def load_audio(path: str | os.PathLike, sr: int | None = None, mono: bool = True
     if not path.is_file():
         raise AudioError("file not found", path)
     try:
+        _check_declared_size(sf.info(str(path)), path)
         data, file_sr = sf.read(str(path), dtype="float32", always_2d=True)  # [T, C]
     except (sf.SoundFileError, RuntimeError, OSError, ValueError, TypeError) as e:
         detail = str(e).splitlines()[-1] if str(e) else type(e).__name__
@@ -89,6 +90,22 @@ def load_audio(path: str | os.PathLike, sr: int | None = None, mono: bool = True
         file_sr = int(sr)
     wav = data[:, 0] if mono else data.T
     return np.ascontiguousarray(wav, dtype=np.float32), int(file_sr)
+
+
+# What a header may declare before anything is decoded: a 40 KB WAV that claims a 1 Hz rate becomes GBs once
+# resampled, and a FLAC that claims 2^36 samples asks for that much memory. Real recordings sit far inside.
+MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 2_000, 768_000
+MAX_SECONDS = 3 * 3600  # one file; a longer one is split first (an audiobook chapter is shorter)
+
+
+def _check_declared_size(info, path: Path) -> None:
+    """AudioError for a header that declares an absurd sample rate or length, before any sample is read."""
+    if not MIN_SAMPLE_RATE <= info.samplerate <= MAX_SAMPLE_RATE:
+        raise AudioError(f"declares a sample rate of {info.samplerate} Hz (outside {MIN_SAMPLE_RATE}-"
+                         f"{MAX_SAMPLE_RATE}): a damaged or crafted header", path)
+    if info.frames > MAX_SECONDS * info.samplerate or info.channels > 64:
+        raise AudioError(f"declares {info.frames} samples x {info.channels} channel(s) ({info.frames / info.samplerate / 3600:.1f} h): "
+                         f"longer than {MAX_SECONDS // 3600} h; split it into utterances first", path)
 
 
 def _wav_truncation(path: Path) -> str | None:

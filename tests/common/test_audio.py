@@ -307,3 +307,28 @@ def test_truncated_wav_is_reported_as_truncated_not_too_short(tmp_path):
         with pytest.raises(AudioError, match="truncated/unreadable: the WAV header declares 44100 bytes"):
             load_audio(cut)
     assert load_audio(full)[0].shape == (22050,)
+
+
+def test_a_header_that_declares_an_absurd_rate_or_length_is_refused_before_decoding(tmp_path, monkeypatch):
+    """A 40 KB WAV claiming 1 Hz took 4-6 GB once resampled; a FLAC claiming 2^36 samples asks for that much:
+    both are one AudioError (a per-file skip in every preparation) before a sample is read."""
+    import struct
+    from types import SimpleNamespace
+
+    import soundfile as sf
+
+    from common import audio
+    from common.audio import AudioError, load_audio
+
+    path = tmp_path / "one_hz.wav"
+    sf.write(path, np.zeros(20_000, dtype=np.float32), 8000, subtype="PCM_16")
+    raw = bytearray(path.read_bytes())
+    raw[24:28], raw[28:32] = struct.pack("<I", 1), struct.pack("<I", 2)  # sample rate 1 Hz, byte rate to match
+    path.write_bytes(bytes(raw))
+    with pytest.raises(AudioError, match="declares a sample rate of 1 Hz"):
+        load_audio(path, sr=22050)
+    monkeypatch.setattr(audio.sf, "info", lambda _p: SimpleNamespace(samplerate=44100, frames=2**36, channels=1))
+    ok = tmp_path / "ok.wav"
+    sf.write(ok, np.zeros(100, dtype=np.float32), 44100)
+    with pytest.raises(AudioError, match=r"declares 68719476736 samples .*split it into utterances first"):
+        load_audio(ok)
