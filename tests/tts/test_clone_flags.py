@@ -211,7 +211,8 @@ def test_one_precedence_rule_yaml_card_preset_fast_convergence_flags_set(tmp_pat
 def test_run_folder_errors_name_the_flag_the_user_typed(flag, tmp_path, capsys):
     taken = tmp_path / "a_file"
     taken.write_text("not a folder")
-    assert main(["--train-data", str(tmp_path), flag, str(taken)]) == 2
+    (tmp_path / "data").mkdir()  # beside the run folder: one inside its data is refused first (check_apart)
+    assert main(["--train-data", str(tmp_path / "data"), flag, str(taken)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {flag} {taken}: this is an existing file, not a folder") and "Traceback" not in err
     other = {"--checkpoint-dir": "--run_dir", "--run_dir": "--checkpoint-dir"}[flag]
