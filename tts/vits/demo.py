@@ -29,6 +29,7 @@ import torch
 
 from common.atomic_write import write_text
 from common.audio import load_audio, save_wav
+from common.config import load_config
 from common.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, espeak_or_explain, make_corpus
 from common.jobs import (
     add_demo_overrides,
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print("== 4/4 synthesise the test sentences ==")
     samples = RUN_DIR / "samples"
-    for i, sentence in enumerate(train_mod.load_config(str(CONFIG), train_mod.TrainConfig).test_sentences):
+    for i, sentence in enumerate(load_config(str(CONFIG), train_mod.TrainConfig).test_sentences):
         rc = synthesize.main(["--checkpoint", str(RUN_DIR / "checkpoints" / "best.pt"), "--text", sentence,
                               "--out", str(samples / f"demo_{i}.wav"), "--overwrite",
                               "--threads", str(torch.get_num_threads())])
