@@ -31,6 +31,7 @@ from common.checkpoint import (
     load_matching,
     refuse_other_kind,
 )
+from common.hardware import is_oom
 from vae.config import DECODER_ONLY_FLAG, VAEConfig
 from vae.diffusers_io import (
     DEFAULT_SCALING_FACTOR,
@@ -208,6 +209,22 @@ def init_weights(models: dict[str, nn.Module], cfg: VAEConfig, path: str | Path,
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"--init_from {path}: no such file or folder; give {ACCEPTED}")
+    try:
+        return _init_weights(models, cfg, path, out_dir, main)
+    except MALFORMED as exc:  # a crafted or damaged file's content, never a traceback (round 3, item 10)
+        if isinstance(exc, CheckpointError) or is_oom(exc):
+            raise
+        what = str(exc).splitlines()[0][:160] if str(exc) else ""
+        raise CheckpointError(f"--init_from {path}: not a usable VAE file ({type(exc).__name__}: {what}); "
+                              f"give {ACCEPTED}") from None
+
+
+# What reading a well-formed container with malformed content raises: missing or mistyped keys, odd shapes,
+# a config nested past Python's recursion limit.
+MALFORMED = (KeyError, AttributeError, RecursionError, TypeError, IndexError, RuntimeError, ValueError)
+
+
+def _init_weights(models: dict[str, nn.Module], cfg: VAEConfig, path: Path, out_dir: Path, main: bool) -> list[str]:
     if path.is_dir():
         return init_from_diffusers(models["vae"], cfg, path, out_dir, main)
     if path.suffix == ".safetensors":

@@ -140,3 +140,30 @@ def test_init_from_a_folder_written_by_diffusers_save_pretrained(tmp_path, layou
         torch.testing.assert_close(ours.encode(x).mode(), theirs.encode(x).latent_dist.mode(), atol=1e-5, rtol=1e-4)
         zz = torch.randn(1, z, 16, 16)
         torch.testing.assert_close(ours.decode(zz), theirs.decode(zz).sample, atol=1e-5, rtol=1e-4)
+
+
+def test_malformed_files_given_to_init_from_are_one_line_naming_the_file(tmp_path):
+    """Well-formed containers with malformed content (round 3, item 10) raised KeyError, TypeError,
+    RecursionError or RuntimeError through `--init_from`: now one CheckpointError naming the file."""
+    from vae.pretrained import init_weights
+
+    t = tv.VAEStep(tiny_cfg(**TINY_ARCH), torch.device("cpu"))
+    models = {"vae": t.vae}
+    cases = {}
+    folder = save_diffusers(model(), tmp_path / "wrong_types")  # a diffusers folder whose config lies
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["block_out_channels"] = "sixteen"
+    (folder / "config.json").write_text(json.dumps(cfg))
+    cases["a config.json with a string for a list"] = folder
+    deep = save_diffusers(model(), tmp_path / "deep")
+    (deep / "config.json").write_text('{"_class_name": "AutoencoderKL", "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    cases["a config.json nested past the recursion limit"] = deep
+    odd = tmp_path / "odd.safetensors"  # a single file whose VAE tensors have the wrong rank
+    sd = {f"first_stage_model.{k}": v.flatten() for k, v in to_diffusers(model().state_dict(), 2).items()}
+    save_safetensors(sd, odd)
+    cases["a single file whose tensors have the wrong shapes"] = odd
+    for what, path in cases.items():
+        with pytest.raises(CheckpointError) as caught:
+            init_weights(models, t.cfg, path, tmp_path / "out")
+        said = str(caught.value)
+        assert str(path) in said and "\n" not in said.strip() and "Traceback" not in said, (what, said)
