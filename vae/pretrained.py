@@ -31,6 +31,7 @@ from common.checkpoint import (
     load_matching,
     refuse_other_kind,
 )
+from common.errors import ConfigError
 from common.hardware import is_oom
 from vae.config import DECODER_ONLY_FLAG, VAEConfig
 from vae.diffusers_io import (
@@ -212,8 +213,8 @@ def init_weights(models: dict[str, nn.Module], cfg: VAEConfig, path: str | Path,
     try:
         return _init_weights(models, cfg, path, out_dir, main)
     except MALFORMED as exc:  # a crafted or damaged file's content, never a traceback (round 3, item 10)
-        if isinstance(exc, CheckpointError) or is_oom(exc):
-            raise
+        if isinstance(exc, (CheckpointError, ConfigError)) or is_oom(exc):
+            raise  # already one line of its own (a full disk while recording the factors is not the file's fault)
         what = str(exc).splitlines()[0][:160] if str(exc) else ""
         raise CheckpointError(f"--init_from {path}: not a usable VAE file ({type(exc).__name__}: {what}); "
                               f"give {ACCEPTED}") from None

@@ -167,3 +167,13 @@ def test_malformed_files_given_to_init_from_are_one_line_naming_the_file(tmp_pat
             init_weights(models, t.cfg, path, tmp_path / "out")
         said = str(caught.value)
         assert str(path) in said and "\n" not in said.strip() and "Traceback" not in said, (what, said)
+    # the project's own one-line errors pass through as they are: a full disk is not the file's fault
+    from unittest import mock
+
+    from common.atomic_write import DiskFullError
+    from vae import pretrained
+
+    good = save_diffusers(model(), tmp_path / "good")
+    full = DiskFullError("disk full while writing out/init_from.json: 0 MiB free")
+    with mock.patch.object(pretrained, "record_factors", side_effect=full), pytest.raises(DiskFullError):
+        init_weights(models, t.cfg, good, tmp_path / "out")
