@@ -53,6 +53,7 @@ from bench.gpu_check_base import Check, OverBudget, Section, Stopped
 from bench.gpu_check_inference import section_inference
 from bench.gpu_check_training import section_batch_size, section_step_tables
 from bench.gpu_trainers import TRAINERS
+from common.atomic_write import write_text
 
 REPO = Path(__file__).resolve().parents[1]
 # The default fits one command on the lent GPU machine (10 min a command, 15 min a session, its start
@@ -234,7 +235,7 @@ def _run_section(chk: Check, sec: Section, todo: list[str], end_all: float, budg
     if left <= 0:
         sec.status, sec.notes = "skipped", [f"skipped: the run's {budget_minutes:g} min budget is used up"]
         return
-    later = [k for k in todo[todo.index(sec.name):]]
+    later = todo[todo.index(sec.name):]
     sec.budget_s = left * BUDGET_SHARES[sec.name] / sum(BUDGET_SHARES[k] for k in later)
     title, fn = SECTIONS[sec.name]
     print(f"[gpu_check] {title} (budget {sec.budget_s:.0f} s)", flush=True)
@@ -257,19 +258,13 @@ def _run_section(chk: Check, sec: Section, todo: list[str], end_all: float, budg
 
 
 def _write(out: Path, report: dict, sections: list[Section], chk: Check, t_all: float) -> None:
-    """report.json and report.md as they stand (each written whole to a temporary name, then renamed)."""
+    """report.json and report.md as they stand (each written whole: `common.atomic_write`)."""
     report["total_s"] = time.monotonic() - t_all
     report["sections"] = {s.name: _section_json(s) for s in sections}
     if chk.errors:
-        _replace(out / "errors.log", "\n\n".join(chk.errors))
-    _replace(out / "report.json", json.dumps(report, indent=1, default=str))
-    _replace(out / "report.md", render_markdown(report, sections))
-
-
-def _replace(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+        write_text(out / "errors.log", "\n\n".join(chk.errors))
+    write_text(out / "report.json", json.dumps(report, indent=1, default=str))
+    write_text(out / "report.md", render_markdown(report, sections))
 
 
 def _section_json(s: Section) -> dict:
