@@ -259,15 +259,11 @@ RANDOM_BACKBONE_NOTE = ("LPIPS with a random-weight VGG16 (the ImageNet backbone
 
 
 def lpips_or_random(net: str = "vgg", weights_path: str | None = None, random_backbone: bool = False):
-    """FrozenLPIPS with the real backbone when it is cached, else with random weights (said once on stdout):
-    a GPU machine with no network must still measure the VAE's full step."""
-    from vae.losses import FrozenLPIPS, PerceptualWeightsError
+    """`vae.losses.lpips_or_random` with the GPU check's note: a machine with no network still measures the
+    VAE's full step (it also stands in for FrozenLPIPS in the VAE's CLI: `Vae.cli_context`)."""
+    from vae import losses
 
-    try:
-        return FrozenLPIPS(net, weights_path, random_backbone)
-    except PerceptualWeightsError:
-        print(f"note: {RANDOM_BACKBONE_NOTE}", flush=True)
-        return FrozenLPIPS(net, random_backbone=True)
+    return losses.lpips_or_random(net, weights_path, random_backbone, note=RANDOM_BACKBONE_NOTE)
 
 
 class Vae(TrainerSpec):

@@ -109,6 +109,19 @@ class FrozenLPIPS(nn.Module):
         return self.net(x, y)
 
 
+def lpips_or_random(net: str = "vgg", weights_path: str | None = None, random_backbone: bool = False, *,
+                    note: str = "LPIPS backbone not cached; a random-weight backbone instead (same compute and memory)"
+                    ) -> FrozenLPIPS:
+    """FrozenLPIPS with the real backbone when it is there, else with random weights and one `note:` line:
+    what measures memory or speed (not quality) on a machine with no torchvision cache (`--profile_memory`,
+    the GPU check). Training itself never falls back: it stops and says how to provide the backbone."""
+    try:
+        return FrozenLPIPS(net, weights_path, random_backbone)
+    except PerceptualWeightsError:
+        print(f"note: {note}", flush=True)
+        return FrozenLPIPS(net, random_backbone=True)
+
+
 class LogVar(nn.Module):
     """The (optionally learnable) output log-variance of latent-diffusion's Gaussian NLL:
     nll = rec / exp(logvar) + logvar. Fixed at 0 it is the plain reconstruction loss."""

@@ -25,7 +25,7 @@ from common.hardware import exceeds_int32_indexing, find_batch_size, fit_batch_s
 from common.precision import normalize_precision
 from common.run_dir import check_output_dir
 from vae.config import VAEConfig
-from vae.losses import FrozenLPIPS, PerceptualWeightsError
+from vae.losses import FrozenLPIPS, lpips_or_random
 from vae.presets import CARD_PRESETS
 
 # new_step(cfg, device, perceptual) -> a fresh model's training step: step(micro_batches, global_step)
@@ -111,11 +111,8 @@ def profile_memory(new_step: NewStep, cfg: VAEConfig, resolutions: list[int], ba
         return 0
     perceptual = None
     if cfg.perceptual_weight > 0:
-        try:
-            perceptual = FrozenLPIPS(cfg.perceptual_net, cfg.perceptual_weights or None)
-        except PerceptualWeightsError:
-            print("note: LPIPS backbone not cached; profiling with a random-weight backbone (same memory)")
-            perceptual = FrozenLPIPS(cfg.perceptual_net, random_backbone=True)
+        perceptual = lpips_or_random(cfg.perceptual_net, cfg.perceptual_weights or None,
+                                     note="LPIPS backbone not cached; profiling with a random-weight backbone (same memory)")
     trial = copy.copy(cfg)
     trial.disc_start = 0
     rows = []
