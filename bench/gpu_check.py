@@ -51,6 +51,7 @@ import torch
 
 from bench.gpu_check_base import Check, OverBudget, Section, Stopped
 from bench.gpu_check_inference import section_inference
+from bench.gpu_check_reference import section_reference
 from bench.gpu_check_training import section_batch_size, section_step_tables
 from bench.gpu_trainers import TRAINERS
 from common.atomic_write import write_text
@@ -62,7 +63,8 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_BUDGET_MINUTES = 8.0
 DEFAULT_COMPILE_MINUTES = 2.5
 BUDGET_SHARES = {"environment": 0.25, "step_tables": 3.25, "batch_size": 1.5, "inference": 1.0,
-                 "profile_memory": 0.5, "pytest_cuda": 1.5}
+                 "profile_memory": 0.5, "pytest_cuda": 1.5, "reference": 0.75}
+REFERENCE_DIR = REPO / ".ref" / "SingingVocoders"  # ignored; fetched by hand and carried (bench/README.md)
 MAX_FILES = 8
 
 
@@ -175,6 +177,7 @@ SECTIONS: dict[str, tuple[str, Callable[[Check, Section], None]]] = {
     "inference": ("4. Inference speed", section_inference),
     "profile_memory": ("5. VAE --profile_memory", section_profile_memory),
     "pytest_cuda": ("6. pytest -m cuda", section_pytest),
+    "reference": ("7. SingingVocoders' step beside ours", section_reference),
 }
 
 
@@ -184,7 +187,8 @@ def _on_signal(signum, _frame) -> None:
 
 
 def run(out: Path, dry: bool, budget_minutes: float, only: list[str] | None = None,
-        compile_minutes: float = DEFAULT_COMPILE_MINUTES) -> dict:
+        compile_minutes: float = DEFAULT_COMPILE_MINUTES, passes: tuple[int, ...] = (0, 1, 2),
+        reference_dir: Path | None = None) -> dict:
     """Runs the sections in order; report.md / report.json are rewritten after every measurement, every
     section and on SIGINT / SIGTERM, so a run stopped at any point brings back what it measured."""
     out.mkdir(parents=True, exist_ok=True)
@@ -194,14 +198,15 @@ def run(out: Path, dry: bool, budget_minutes: float, only: list[str] | None = No
         torch.set_num_threads(1)  # tiny shapes gain nothing from more, and a shared CPU stalls OpenMP
     started, t_all = time.strftime("%Y-%m-%d %H:%M:%S %Z"), time.monotonic()
     end_all = t_all + 60 * budget_minutes
-    todo = [k for k in SECTIONS if not only or k in only]
+    todo = [k for k in SECTIONS if (not only or k in only) and (k != "reference" or reference_dir)]
     sections = [Section(key, title, 0.0) for key, (title, _) in SECTIONS.items()]
     report = {"version": 2, "dry_run": dry, "device": "CPU" if not cuda else torch.cuda.get_device_name(0),
               "started": started, "total_s": 0.0, "budget_s": 60 * budget_minutes, "command": " ".join(sys.argv),
               "finished": False, "sections": {}}
     previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp, open(out / "gpu_check.log", "w") as log:
-        chk = Check(out, dry, device, Path(tmp), compile_left_s=60 * compile_minutes)
+        chk = Check(out, dry, device, Path(tmp), compile_left_s=60 * compile_minutes, passes=passes,
+                    reference_dir=reference_dir)
         chk.progress = lambda: _write(out, report, sections, chk, t_all)
         try:
             for sec in sections:
@@ -229,7 +234,9 @@ def _run_section(chk: Check, sec: Section, todo: list[str], end_all: float, budg
     """One section, with its share of what is left of the run (a section that finishes early leaves its
     time to the ones after it)."""
     if sec.name not in todo:
-        sec.status, sec.notes = "skipped", ["not selected (--sections)"]
+        why = ("no SingingVocoders checkout: --reference-dir, or .ref/SingingVocoders (bench/README.md)"
+               if sec.name == "reference" and not chk.reference_dir else "not selected (--sections)")
+        sec.status, sec.notes = "skipped", [why]
         return
     left = end_all - time.monotonic()
     if left <= 0:
@@ -299,6 +306,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compile-minutes", type=float, default=DEFAULT_COMPILE_MINUTES,
                    help="of that, the most spent on torch.compile'd measurements (each skipped, with a note, "
                         "when less is left than a compile needs)")
+    p.add_argument("--passes", default="0,1,2", help="the step tables' passes: 0 shipped configs and plain, "
+                   "1 each speed key alone, 2 compiled (plain runs with 1 or 2: × plain needs it in the same run)")
+    p.add_argument("--reference-dir", default=str(REFERENCE_DIR) if REFERENCE_DIR.is_dir() else None,
+                   help="an openvpi/SingingVocoders checkout: section 7 times its step beside ours (default "
+                        ".ref/SingingVocoders when present; without one the section is skipped)")
     p.add_argument("--sections", default="", help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)")
     args = p.parse_args(argv)
     only = [s for s in args.sections.split(",") if s] or None
@@ -313,10 +325,19 @@ def main(argv: list[str] | None = None) -> int:
         report_md.write_text(f"# gpu_check: NOT RUN\n\n{why}\n\n" + report_md.read_text(encoding="utf-8"), encoding="utf-8")
         print(f"error: {why}", file=sys.stderr)
         return 2
+    try:
+        passes = tuple(sorted({int(x) for x in args.passes.split(",") if x.strip()}))
+    except ValueError:
+        passes = ()
+    if not passes or not set(passes) <= {0, 1, 2}:
+        p.error(f"--passes: a comma-separated subset of 0,1,2, got {args.passes!r}")
+    reference = Path(args.reference_dir) if args.reference_dir else None
+    if reference is not None and not reference.is_dir():
+        p.error(f"--reference-dir {args.reference_dir}: no such folder; fetch openvpi/SingingVocoders there")
     for flag, v in (("--budget-minutes", args.budget_minutes), ("--compile-minutes", args.compile_minutes)):
         if not v >= 0:
             p.error(f"{flag} must be a number of minutes >= 0, got {v}")
-    report = run(Path(args.out), args.dry_run, args.budget_minutes, only, args.compile_minutes)
+    report = run(Path(args.out), args.dry_run, args.budget_minutes, only, args.compile_minutes, passes, reference)
     bad = [k for k, s in report["sections"].items() if s["status"] == "failed"]
     print(f"[gpu_check] wrote {args.out}/report.md and report.json" + (f"; failed: {', '.join(bad)}" if bad else ""))
     if "stopped_by" in report:

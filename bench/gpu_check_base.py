@@ -79,6 +79,8 @@ class Check:
     errors: list[str] = field(default_factory=list)
     compile_left_s: float = 0.0  # what is left of the run's allowance for compiled measurements
     compile_need_s: float = COMPILE_NEED_S
+    passes: tuple[int, ...] = (0, 1, 2)  # the step tables' passes to run (--passes)
+    reference_dir: Path | None = None  # an openvpi/SingingVocoders checkout for the reference section
     progress: Callable[[], None] = lambda: None  # rewrites report.md / report.json (after every measurement)
     _data: dict = field(default_factory=dict)
 

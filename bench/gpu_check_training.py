@@ -93,28 +93,40 @@ def _tier(label: str) -> int:
     return 2 if "compile" in label else 0 if not label.startswith("plain + ") else 1
 
 
+def run_order(plan: dict[str, list], passes: tuple[int, ...]) -> list[tuple[str, int]]:
+    """(trainer, row index) in the order they are measured: pass by pass, and within a pass key by key
+    across the trainers (a run cut short still has the same rows for every trainer). Plain is measured
+    whenever a later pass is, since × plain needs both in one run."""
+    def wanted(label: str) -> bool:
+        return _tier(label) in passes or (label.startswith("plain:") and any(t in passes for t in (1, 2)))
+    order = [(_tier(label), i, t, name) for t, (name, rows) in enumerate(plan.items())
+             for i, (label, _, _) in enumerate(rows) if wanted(label)]
+    order.sort(key=lambda o: (0 if o[0] == 0 or plan[o[3]][o[1]][0].startswith("plain:") else o[0], o[1], o[2]))
+    return [(name, i) for _, i, _, name in order]
+
+
 def section_step_tables(chk: Check, sec: Section) -> None:
     steps, warmup = (1, 1) if chk.dry else (12, 3)
     sec.markdown += [f"{steps} timed steps after {warmup} untimed (the first counts FLOPs) per row; synthetic data "
                      f"through each trainer's own DataLoader; × plain = plain step time / row step time. Rows run "
-                     f"in three passes over the trainers: shipped configs and plain, each speed key alone, compiled. "
+                     f"in three passes (--passes {','.join(map(str, chk.passes))}): shipped configs and plain, each "
+                     f"speed key alone, compiled; within a pass key by key across the trainers. "
                      + ("DRY RUN: the tests' tiny sizes on the CPU; the times say nothing about a GPU." if chk.dry
                         else "Real config sizes."), ""]
     plan = {name: step_rows(spec, chk.device.type == "cuda") for name, spec in TRAINERS.items()}
-    tables: dict[str, dict[str, dict]] = {name: {label: {"skipped": "not reached"} for label, _, _ in rows}
-                                          for name, rows in plan.items()}
+    order = run_order(plan, chk.passes)
+    tables: dict[str, dict[str, dict]] = {
+        name: {label: {"skipped": "not reached" if (name, i) in order else "not selected (--passes)"}
+               for i, (label, _, _) in enumerate(rows)} for name, rows in plan.items()}
     sec.data.update(tables)
     flops: dict[tuple[str, str], int] = {}
     head = len(sec.markdown)
-    for tier in range(3):
-        for name, spec in TRAINERS.items():
-            for label, which, change in plan[name]:
-                if _tier(label) != tier:
-                    continue
-                tables[name][label] = _measure_row(chk, sec, spec, label, which, change, steps, warmup, flops)
-                print(f"[step_tables] {name} / {label}: {tables[name][label]}", flush=True)
-                sec.markdown[head:] = [ln for n, t in tables.items() for ln in _table_markdown(n, t)]
-                chk.progress()
+    for name, i in order:
+        spec, (label, which, change) = TRAINERS[name], plan[name][i]
+        tables[name][label] = _measure_row(chk, sec, spec, label, which, change, steps, warmup, flops)
+        print(f"[step_tables] {name} / {label}: {tables[name][label]}", flush=True)
+        sec.markdown[head:] = [ln for n, t in tables.items() for ln in _table_markdown(n, t)]
+        chk.progress()
 
 
 def _measure_row(chk: Check, sec: Section, spec: TrainerSpec, label: str, which: str, change: list[str] | str,
