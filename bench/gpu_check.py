@@ -4,12 +4,13 @@
     python -m bench.gpu_check [--out DIR] [--budget-minutes 8] [--compile-minutes 2.5] [--sections a,b]
     python -m bench.gpu_check --out /tmp/gc --dry-run        # the same run on the CPU, tiny sizes
 
-Six sections, most valuable first, each with its share of what is left of the budget when it starts:
-1 environment, 2 step tables per trainer (shipped and plain configs for all trainers, then each speed key
-alone, then compiled rows; fraction of the card's peak FLOP/s), 3 batch size (the finder, steps at its
-pick, a forced OOM through the trainer's own exit path: exit code 4 and the advice), 4 inference speed
-(vocoder, VITS, tiled VAE reconstruction at 2048 px), 5 the VAE's `--profile_memory` table, 6 `pytest -m
-cuda` (tests/cuda). A section stops between measurements when its budget is spent and says what it
+Seven sections, most valuable first, each with its share of what is left of the budget when it starts:
+1 environment, 2 step tables per trainer (`--passes`: 0 shipped and plain configs, 1 each speed key alone,
+2 compiled rows; key by key across the trainers; fraction of the card's peak FLOP/s; rows where cuDNN
+autotunes in a process of their own), 3 batch size (the finder, steps at its pick, a forced OOM through
+the trainer's own exit path: exit code 4 and the advice), 4 inference speed (vocoder, VITS, tiled VAE
+reconstruction at 2048 px), 5 the VAE's `--profile_memory` table, 6 openvpi/SingingVocoders' own step
+beside ours (only with `--reference-dir` or `.ref/SingingVocoders`), 7 `pytest -m cuda` (tests/cuda). A section stops between measurements when its budget is spent and says what it
 skipped; a compiled measurement starts only when the time it needs is left (--compile-minutes caps them
 all); an exception is written to errors.log and the next section runs. report.md and report.json are
 rewritten after every measurement and on SIGINT / SIGTERM (exit 130), so a run stopped at a command's
@@ -21,8 +22,8 @@ own steps, loaders, finder, exit path), marks what a CPU cannot measure as "n/a 
 and simulates the OOM by raising torch.cuda.OutOfMemoryError from the trainer's step.
 tests/bench/test_gpu_check.py runs it in `make test`, so the harness cannot rot while no GPU is lent.
 
-Files: this one (the run, the report, sections 1, 5, 6), gpu_check_training.py (2, 3),
-gpu_check_inference.py (4), gpu_check_base.py (budgets, the run's state), gpu_trainers.py (the four
+Files: this one (the run, the report, sections 1, 5, 7), gpu_check_training.py (2, 3), gpu_check_row.py
+(one row in its own process), gpu_check_inference.py (4), gpu_check_reference.py (6), gpu_check_base.py (budgets, the run's state), gpu_trainers.py (the four
 trainers: configs, tiny sizes, synthetic data, their real step and loader), peak_flops.py; shell/gpu_check.sh
 (the interpreter and the offline wheels), bench/gpu_wheels.txt.
 """
@@ -176,8 +177,8 @@ SECTIONS: dict[str, tuple[str, Callable[[Check, Section], None]]] = {
     "batch_size": ("3. Batch size: finder, steps at its pick, forced OOM", section_batch_size),
     "inference": ("4. Inference speed", section_inference),
     "profile_memory": ("5. VAE --profile_memory", section_profile_memory),
-    "pytest_cuda": ("6. pytest -m cuda", section_pytest),
-    "reference": ("7. SingingVocoders' step beside ours", section_reference),
+    "reference": ("6. SingingVocoders' step beside ours", section_reference),
+    "pytest_cuda": ("7. pytest -m cuda", section_pytest),
 }
 
 

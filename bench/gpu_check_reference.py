@@ -28,14 +28,19 @@ def _timed(chk: Check, step, batch: dict) -> tuple[float, float | None]:
     return time.perf_counter() - t0, chk.peak_gib()
 
 
-def section_reference(chk: Check, sec: Section) -> None:
+# (label, overrides on top of plain): the math both sides share, set globally by our trainer's build
+MATH = [("fp32 (IEEE)", []), ("TF32", ["tf32=true"])]
+
+
+def side_by_side(chk: Check, sec: Section, extra: list[str]) -> dict:
+    """Ours and theirs built from one config (+ `extra`), stepped alternately on the same batches."""
     from bench.vocoder_reference import REFERENCE_RECIPE, ReferenceTrainer, import_reference, parameter_counts
 
     steps, warmup = (2, 1) if chk.dry else (10, 3)
     spec = TRAINERS["vocoder"]
     # the reference recipe, at the base config's own width (the recipe's 128 channels are the CPU demo's)
     recipe = [o for o in REFERENCE_RECIPE if not o.startswith("model_args.upsample_initial_channel=")]
-    st = build(spec, "base", [*spec.plain, *recipe], chk.data(spec), chk.run_dir("vocoder_reference"),
+    st = build(spec, "base", [*spec.plain, *recipe, *extra], chk.data(spec), chk.run_dir("vocoder_reference"),
                chk.device, chk.dry)
     cfg = st.trainer.cfg
     ref = ReferenceTrainer(import_reference(chk.reference_dir), cfg, cfg.seed)
@@ -58,17 +63,35 @@ def section_reference(chk: Check, sec: Section) -> None:
                 times[name].append(seconds)
                 peaks[name] = peak if peaks[name] is None else max(peaks[name], peak)
     med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
-    sec.data.update({
-        "config": f"{spec.base.name} + plain + reference recipe", "batch": cfg.batch_size, "precision": cfg.precision,
-        "crop_mel_frames": cfg.crop_mel_frames,
-        "params": parameter_counts(st.trainer, ref), "steps": steps, "warmup": warmup,
-        "step_s": med, "peak_gib": peaks, "theirs_over_ours": med["SingingVocoders"] / med["ours"]})
-    sec.markdown += [
-        f"{spec.base.name}, every speed key off ({cfg.precision}), batch {cfg.batch_size} x {cfg.crop_mel_frames} "
-        f"mel frames, the reference recipe; "
-        f"median of {steps} interleaved steps each after {warmup}, the same batches. Parameters: "
-        f"{sec.data['params']}.", "",
-        "| side | step s | samples/s | peak GiB |", "|---|---|---|---|",
-        *[f"| {k} | {med[k]:.4f} | {cfg.batch_size / med[k]:.2f} | {fmt(peaks[k], '.2f')} |" for k in sides], "",
-        f"SingingVocoders' step / ours: **{sec.data['theirs_over_ours']:.2f}** (above 1: ours is faster)."
-        + (" DRY RUN: tiny sizes on the CPU." if chk.dry else "")]
+    return {"batch": cfg.batch_size, "crop_mel_frames": cfg.crop_mel_frames, "precision": cfg.precision,
+            "params": parameter_counts(st.trainer, ref), "steps": steps, "warmup": warmup, "step_s": med,
+            "peak_gib": peaks, "theirs_over_ours": med["SingingVocoders"] / med["ours"]}
+
+
+def section_reference(chk: Check, sec: Section) -> None:
+    spec = TRAINERS["vocoder"]
+    rows: dict[str, dict] = {}
+    sec.data.update({"config": f"{spec.base.name} + plain + the reference recipe", "rows": rows})
+    for label, extra in MATH:
+        if chk.device.type != "cuda" and extra:
+            rows[label] = {"skipped": "n/a on CPU: TF32 is a CUDA tensor-core math mode"}
+            continue
+        rows[label] = side_by_side(chk, sec, extra)
+        chk.progress()
+    done = [r for r in rows.values() if "step_s" in r]
+    first = done[0]
+    sec.markdown[:] = [
+        f"{spec.base.name}, every other speed key off, batch {first['batch']} x {first['crop_mel_frames']} mel "
+        f"frames, the reference recipe (AdamW, no STFT loss, no clipping); median of {first['steps']} interleaved "
+        f"steps each after {first['warmup']}, the same batches. Parameters: {first['params']}."
+        + (" DRY RUN: tiny sizes on the CPU." if chk.dry else ""), "",
+        "| math | ours step s | SingingVocoders step s | theirs / ours | ours peak GiB | theirs peak GiB |",
+        "|---|---|---|---|---|---|"]
+    for label, r in rows.items():
+        if "skipped" in r:
+            sec.markdown.append(f"| {label} | {r['skipped']} ||||| ")
+            continue
+        t, m = r["step_s"], r["peak_gib"]
+        sec.markdown.append(f"| {label} | {t['ours']:.4f} | {t['SingingVocoders']:.4f} | {r['theirs_over_ours']:.2f} "
+                            f"| {fmt(m['ours'], '.2f')} | {fmt(m['SingingVocoders'], '.2f')} |")
+    sec.markdown += ["", "theirs / ours above 1: ours is faster."]

@@ -13,6 +13,7 @@ import torch
 
 from bench import gpu_trainers
 from bench.gpu_check_base import NA_CPU, Check, OverBudget, Section, fmt
+from bench.gpu_check_row import measure_in_child
 from bench.gpu_trainers import RANDOM_BACKBONE_NOTE, TRAINERS, TrainerSpec, build, tile_batch
 from bench.peak_flops import count_flops, math_mode, peak_tflops
 from bench.timing import seconds_per_step
@@ -87,6 +88,12 @@ def step_rows(spec: TrainerSpec, cuda: bool) -> list[tuple[str, str, list[str] |
     return rows
 
 
+def autotunes(label: str) -> bool:
+    """Rows where cuDNN autotunes (the configs as shipped turn cudnn_benchmark on); on a GPU each runs in a
+    process of its own, from an empty plan cache (why: bench/gpu_check_row.py)."""
+    return not label.startswith("plain") or label == "plain + cudnn benchmark"
+
+
 def _tier(label: str) -> int:
     """Which pass measures a row: the configs as shipped and plain first (every trainer's headline
     figures), then each speed key alone, compiled rows last (the slowest to start)."""
@@ -142,7 +149,18 @@ def _measure_row(chk: Check, sec: Section, spec: TrainerSpec, label: str, which:
             return {"skipped": why}
         key = (spec.name, which)  # precision and layout do not change the math: one count per config file
         t0 = time.monotonic()
-        row = measure_steps(chk, spec, which, change, steps, warmup, count=key not in flops)
+        if chk.device.type == "cuda" and autotunes(label):  # an empty cuDNN plan cache (bench/gpu_check_row.py)
+            job = {"trainer": spec.name, "which": which, "overrides": change, "data": str(chk.data(spec)),
+                   "tmp": str(chk.tmp), "device": chk.device.type, "dry": chk.dry, "steps": steps, "warmup": warmup,
+                   "count": key not in flops}
+            try:
+                row, said = measure_in_child(job, max(1.0, sec.left_s()))
+            except TimeoutError as e:
+                raise OverBudget(f"{spec.name} / {label}: stopped at the section's budget ({e})") from e
+            print(said[-20000:], flush=True)
+            row["own_process"] = True
+        else:
+            row = measure_steps(chk, spec, which, change, steps, warmup, count=key not in flops)
         if compiled:
             chk.compiled(time.monotonic() - t0)
         chk.reset_memory()  # the trainer is gone with measure_steps' frame

@@ -261,7 +261,9 @@ class VocoderConfig:
     clip_grad_norm: PositiveFloat | None = None  # max grad norm per network (None = measure only)
     max_nonfinite_steps: PositiveInt = 20  # consecutive non-finite steps before the run stops
     precision: str = "32-true"  # 32-true | 16-mixed | bf16-mixed | auto (the seed's pl_trainer_precision)
-    tf32: bool = False  # CUDA only
+    # CUDA only. On: TF32 convs and matmuls, PyTorch's own default for convs and what SingingVocoders trains
+    # with; off: IEEE fp32 convs, 2.55x slower for base_hifi_gpu.yaml on an H200 (bench/README.md)
+    tf32: bool = True
     cudnn_benchmark: bool = True  # CUDA only; crops have a fixed shape
     compile: bool = False  # torch.compile the generator and critics (fixed-shape crops)
 

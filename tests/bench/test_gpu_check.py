@@ -18,12 +18,73 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")
 
 
+# A stand-in for an openvpi/SingingVocoders checkout (the real one is never committed): the names and
+# call signatures section 7 uses, with tiny networks, so the section's own code runs end to end.
+STAND_IN = {
+    "models/nsf_HiFigan/models.py": """
+import torch
+
+class AttrDict(dict):
+    def __getattr__(self, key):
+        return self[key]
+
+class Generator(torch.nn.Module):
+    def __init__(self, h):
+        super().__init__()
+        hop = h["hop_size"]
+        self.up = torch.nn.ConvTranspose1d(h["num_mels"], 1, 2 * hop, hop, padding=hop // 2)
+
+    def forward(self, x, f0):
+        return self.up(x)
+
+class _Critic(torch.nn.Module):
+    def __init__(self, periods=None):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(1, 1, 3, padding=1)
+
+    def forward(self, y):
+        f = self.conv(y)
+        return [f.flatten(1)], [[f]]
+
+MultiScaleDiscriminator = MultiPeriodDiscriminator = _Critic
+""",
+    "modules/loss/HiFiloss.py": """
+import torch
+
+class HiFiloss(torch.nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.weight = config["lab_aux_melloss"]
+
+    def Dloss(self, Dfake, Dtrue):
+        return sum(((1 - t[0][0]) ** 2).mean() + (f[0][0] ** 2).mean() for f, t in zip(Dfake, Dtrue)), {}
+
+    def GDloss(self, GDfake, GDtrue):
+        return sum(((1 - f[0][0]) ** 2).mean() for f in GDfake), {}
+
+    def Auxloss(self, Goutput, sample):
+        l1 = (Goutput["audio"].reshape(sample["audio"].shape) - sample["audio"]).abs().mean() * self.weight
+        return l1, {"aux_mel_loss": l1}
+""",
+    "modules/loss/stft_loss.py": "", "utils/wav2mel.py": "",
+}
+
+
 @pytest.fixture(scope="module")
-def dry_run(tmp_path_factory) -> tuple[int, Path]:
+def stand_in_checkout(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("SingingVocoders")
+    for rel, text in STAND_IN.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory, stand_in_checkout) -> tuple[int, Path]:
     out = tmp_path_factory.mktemp("gpu_check")
     threads = torch.get_num_threads()
     try:
-        rc = gpu_check.main(["--dry-run", "--out", str(out)])
+        rc = gpu_check.main(["--dry-run", "--out", str(out), "--reference-dir", str(stand_in_checkout)])
     finally:
         torch.set_num_threads(threads)
     return rc, out
@@ -129,7 +190,7 @@ def test_default_fits_one_command_on_the_lent_machine_most_valuable_first(dry_ru
     """One command there may run 10 minutes; pytest (slowest to say anything new) comes last."""
     assert gpu_check.DEFAULT_BUDGET_MINUTES + 1 <= 9 and gpu_check.DEFAULT_COMPILE_MINUTES < gpu_check.DEFAULT_BUDGET_MINUTES
     assert list(gpu_check.SECTIONS) == ["environment", "step_tables", "batch_size", "inference", "profile_memory",
-                                        "pytest_cuda"]
+                                        "reference", "pytest_cuda"]
     sections = json.loads((dry_run[1] / "report.json").read_text())["sections"]
     # a section that finishes early leaves its time to the ones after it: the last gets more than its share
     share = gpu_check.BUDGET_SHARES["pytest_cuda"] / sum(gpu_check.BUDGET_SHARES.values())
@@ -238,3 +299,60 @@ def test_the_shell_entry_uses_the_torch_it_is_given(tmp_path):
     assert first.startswith(f"gpu_check: {sys.executable} (Python ") and f"torch {torch.__version__}" in first
     assert first.endswith("nothing to install")
     assert json.loads((tmp_path / "r" / "report.json").read_text())["sections"]["environment"]["status"] == "ok"
+
+
+def test_section_7_times_the_reference_beside_ours_on_the_same_batches(dry_run):
+    sec = json.loads((dry_run[1] / "report.json").read_text())["sections"]["reference"]
+    rows = sec["data"]["rows"]
+    fp32 = rows["fp32 (IEEE)"]
+    assert fp32["step_s"]["ours"] > 0 and fp32["step_s"]["SingingVocoders"] > 0
+    assert fp32["theirs_over_ours"] == pytest.approx(fp32["step_s"]["SingingVocoders"] / fp32["step_s"]["ours"])
+    assert fp32["precision"] == "32-true" and fp32["params"].startswith("generator ")
+    assert rows["TF32"]["skipped"].startswith("n/a on CPU")
+
+
+def test_without_a_checkout_section_7_is_skipped_and_says_how_to_get_one(tmp_path):
+    report = gpu_check.run(tmp_path / "r", True, 1.0, ["environment", "reference"], 0.0, reference_dir=None)
+    sec = report["sections"]["reference"]
+    assert sec["status"] == "skipped" and "--reference-dir" in sec["notes"][0]
+
+
+def test_passes_run_key_by_key_across_the_trainers_with_plain_beside_them():
+    from bench.gpu_check_training import autotunes, run_order, step_rows
+
+    plan = {name: step_rows(spec, cuda=True) for name, spec in TRAINERS.items()}
+    label = {(n, i): plan[n][i][0] for n in plan for i in range(len(plan[n]))}
+    only_keys = [label[o] for o in run_order(plan, (1,))]
+    n = len(TRAINERS)
+    assert all(x.startswith("plain: ") for x in only_keys[:n])  # plain first, for every trainer
+    assert not any("compile" in x or "as shipped" in x for x in only_keys)
+    assert only_keys[n:2 * n] == ["plain + fp16 (16-mixed + GradScaler)"] * n  # then one key for all trainers
+    everything = [label[o] for o in run_order(plan, (0, 1, 2))]
+    assert len(everything) == sum(len(r) for r in plan.values())
+    assert all("compile" in x for x in everything[-n:])
+    # rows where cuDNN autotunes run in a process of their own on a GPU (bench/gpu_check_row.py)
+    assert autotunes("base config (as shipped)") and autotunes("plain + cudnn benchmark")
+    assert not autotunes("plain: base with every speed key off") and not autotunes("plain + TF32")
+
+
+def test_a_row_measured_in_its_own_process_is_the_same_row(tmp_path):
+    """The GPU path for autotuning rows, on the CPU: the child builds the trainer from the parent's
+    synthetic data and hands its row back."""
+    from bench.gpu_check_row import measure_in_child
+
+    spec = TRAINERS["vocoder"]
+    data = spec.make_data(tmp_path / "data", dry=True)
+    job = {"trainer": "vocoder", "which": "base", "overrides": spec.plain, "data": str(data), "tmp": str(tmp_path),
+           "device": "cpu", "dry": True, "steps": 1, "warmup": 1, "count": True}
+    row, said = measure_in_child(job, timeout_s=300)
+    assert row["step_s"] > 0 and row["flops_per_step"] > 0 and row["precision"] == "32-true"
+    with pytest.raises(RuntimeError, match="exited 1"):
+        measure_in_child({**job, "trainer": "no_such_trainer"}, timeout_s=300)
+
+
+@pytest.mark.parametrize("argv", [["--passes", "3"], ["--passes", "x"], ["--reference-dir", "/no/such/folder"]])
+def test_bad_passes_or_reference_dir_are_refused(tmp_path, argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        gpu_check.main(["--out", str(tmp_path / "r"), "--dry-run", *argv])
+    assert e.value.code == 2
+    assert ("--passes" if "--passes" in argv else "--reference-dir") in capsys.readouterr().err

@@ -181,3 +181,28 @@ def test_a_tensor_past_a_kernels_int32_limit_is_a_batch_too_large():
     said = str(caught.value)
     assert said.startswith("A tensor too large for a CUDA kernel (2^31 elements or more) in the VAE step at batch_size=8")
     assert "Try, in this order:" in said and "--set batch_size=4" in said
+
+
+@pytest.mark.parametrize("benchmark", [True, False])
+def test_find_batch_size_searches_without_cudnn_autotuning_and_restores_it(benchmark, monkeypatch):
+    """Each trial is a new shape: with cudnn.benchmark on, cuDNN would autotune every convolution at
+    every trial (minutes for the vocoder on an H200). The search runs on heuristics, then puts the
+    user's setting back, also when the search fails."""
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", benchmark)
+    seen = []
+
+    def try_batch(b: int) -> None:
+        seen.append(torch.backends.cudnn.benchmark)
+        if b > 6:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB")
+
+    assert find_batch_size(try_batch, cuda_available=True, headroom=1.0) == 6
+    assert seen and not any(seen)
+    assert torch.backends.cudnn.benchmark is benchmark
+
+    def never(_b: int) -> None:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
+
+    with pytest.raises(RuntimeError, match="even batch size 1"):
+        find_batch_size(never, cuda_available=True)
+    assert torch.backends.cudnn.benchmark is benchmark
