@@ -117,3 +117,35 @@ def test_vae_pinned_memory_loading_with_workers(tiny_data, tmp_path):
 ])
 def test_training_with_pinned_memory_and_workers(trainer, keys, tiny_data, tmp_path):
     assert train(trainer, tiny_data(trainer), tmp_path / "run", *keys) == 0
+
+
+@pytest.mark.parametrize("trainer", list(TRAINERS))
+def test_base_configs_train_convs_and_matmuls_in_tf32(trainer, tiny_data, tmp_path):
+    """TF32 is PyTorch's own default for convolutions: IEEE fp32 made the vocoder's base config 2.55x
+    slower on an H200 (bench/README.md). Every trainer's base config keeps TF32; `tf32 false` is IEEE."""
+    torch.backends.cudnn.conv.fp32_precision = torch.backends.cuda.matmul.fp32_precision = "ieee"
+    build(TRAINERS[trainer], "base", [], tiny_data(trainer), tmp_path / "run", CUDA, dry=True)
+    assert torch.backends.cudnn.conv.fp32_precision == torch.backends.cuda.matmul.fp32_precision == "tf32"
+    off = next(o for o in TRAINERS[trainer].plain if "tf32" in o)
+    build(TRAINERS[trainer], "base", [off], tiny_data(trainer), tmp_path / "run_off", CUDA, dry=True)
+    assert torch.backends.cudnn.conv.fp32_precision == "ieee"
+
+
+def test_batch_finder_on_cuda_searches_without_autotuning_and_restores_it():
+    """A real search on the card: each trial is a new shape, so cuDNN autotuning stays off during it."""
+    from common.hardware import find_batch_size
+
+    net = torch.nn.Sequential(torch.nn.Conv1d(8, 64, 7, padding=3), torch.nn.ReLU(), torch.nn.Conv1d(64, 8, 7, padding=3)).to(CUDA)
+    seen = []
+
+    def try_batch(b: int) -> None:
+        seen.append(torch.backends.cudnn.benchmark)
+        net(torch.randn(b, 8, 4096, device=CUDA)).square().mean().backward()
+        torch.cuda.synchronize()
+
+    torch.backends.cudnn.benchmark = True
+    try:
+        assert find_batch_size(try_batch, start=1, limit=64) >= 32
+        assert seen and not any(seen) and torch.backends.cudnn.benchmark is True
+    finally:
+        torch.backends.cudnn.benchmark = False
