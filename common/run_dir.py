@@ -241,6 +241,10 @@ def _start_in(run_dir: Path, ckpt_dir: Path, found: list[Path], resume: str | No
         raise OutputPathError(f"{run_dir} already has {len(found)} checkpoint(s) (newest {newest.name}): {what}"
                               "pass --resume auto to continue that run, or --overwrite to start over "
                               f"(the old files are moved into {run_dir}/overwritten-<time>/)")
+    if init_from and is_within(init_from, run_dir):  # moved aside, it would be "not found" a moment later
+        raise OutputPathError(f"--init_from {init_from} lies inside {run_dir}, whose files --overwrite moves into "
+                              f"{run_dir}/overwritten-<time>/: copy it out of the run folder first, or start the "
+                              "new run in another folder (nothing was moved)")
     aside = move_aside(run_dir, keep=(*keep, LOCK_NAME))
     log(f"--overwrite: moved the previous run's files ({len(found)} checkpoint(s)) into {aside}")
     return aside

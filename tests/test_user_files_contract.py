@@ -307,3 +307,22 @@ def test_vocoder_and_vae_preparations_skip_links_that_leave_their_input(tmp_path
                              str(tmp_path / "vae"), "--num_workers", "1", "--min_size", "32"]) == 0
     said = capsys.readouterr().out
     assert "skipped 1 image(s) that lead outside --input_dir" in said and f"found {n - 1} image files" in said
+
+
+def test_overwrite_refuses_to_move_away_the_init_from_checkpoint_it_lies_in(tmp_path, capsys):
+    """`--init_from run/checkpoints/x.pt --overwrite` moved x.pt into overwritten-*/ and then failed with
+    "not found" (the cloning trainer read it after the move): refused first, nothing moved."""
+    from common.errors import OutputPathError
+    from common.run_dir import prepare_run_dir
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    ckpt = run / "checkpoints" / "checkpoint_100.pt"
+    ckpt.write_bytes(b"weights")
+    with pytest.raises(OutputPathError, match="--init_from .* lies inside .*copy it out"):
+        prepare_run_dir(run, run / "checkpoints", None, True, str(ckpt), is_main=True, log=lambda *_: None)
+    assert ckpt.read_bytes() == b"weights" and not list(run.glob("overwritten-*"))
+    elsewhere = tmp_path / "pretrained.pt"
+    elsewhere.write_bytes(b"w")
+    prepare_run_dir(run, run / "checkpoints", None, True, str(elsewhere), is_main=True, log=lambda *_: None)
+    assert list(run.glob("overwritten-*/checkpoints/checkpoint_100.pt"))
