@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
+from common.errors import ConfigError
 from common.workers import ignore_stop_signals
 
 SampleKey = tuple[int, int, int]  # (index, seed, epoch)
@@ -133,7 +134,9 @@ class BucketBatchSampler(Sampler[list[SampleKey]]):
         # Equal batch count on every rank, else DDP ranks deadlock at the epoch end.
         per_rank = len(batches) // self.num_replicas
         if per_rank == 0:
-            raise ValueError(f"{len(batches)} batches cannot feed {self.num_replicas} ranks; lower batch_size")
+            raise ConfigError(f"batch_size {self.batch_size}: {len(self.lengths)} training items make {len(batches)} "
+                              f"batch(es) an epoch, fewer than the {self.num_replicas} processes that each need one; "
+                              "lower batch_size (or the number of GPUs), or add data")
         return batches[self.rank : per_rank * self.num_replicas : self.num_replicas]
 
     def __iter__(self) -> Iterator[list[SampleKey]]:

@@ -78,3 +78,13 @@ def test_bucket_sampler_groups_lengths_and_resumes():
     assert list(s) == batches[3:]
     with pytest.raises(ValueError):
         BucketBatchSampler([], batch_size=2)
+
+
+def test_too_few_batches_for_the_ranks_is_one_config_line_naming_batch_size():
+    """6 items at batch 4 with drop_last make 1 batch: 2 processes cannot each get one (a DDP run would
+    deadlock at the epoch's end). A ConfigError (exit 2, one line), not a bare ValueError traceback."""
+    from common.errors import ConfigError
+
+    sampler = BucketBatchSampler([10] * 6, batch_size=4, num_buckets=1, num_replicas=2, rank=0, drop_last=True)
+    with pytest.raises(ConfigError, match=r"batch_size 4: 6 training items make 1 batch\(es\) an epoch, fewer than the 2"):
+        list(sampler)
