@@ -423,7 +423,8 @@ def prepare(metadata: str | Path, audio_dir: str | Path, output_dir: str | Path,
         jobs.append(Job(row, str(audio_path), out_id, str(out), cfg.audio, cfg.data, reuse))
 
     if num_workers > 1 and len(jobs) > 1:
-        with process_pool(num_workers, initializer=_init_worker) as pool:
+        with process_pool(num_workers, initializer=_init_worker, label=lambda job: job.audio_path,
+                          flag="--num_workers") as pool:
             results = list(pool.map(process_item, jobs, chunksize=max(1, len(jobs) // (8 * num_workers))))
     else:
         results = [process_item(j) for j in jobs]

@@ -37,7 +37,7 @@ from common.run_dir import (
     check_prepared_settings,
     outside,
 )
-from common.workers import RUN_ERRORS, process_pool
+from common.workers import RUN_ERRORS, WorkerKilled, process_pool
 from vae.data import (
     DEFAULT_MAX_PIXELS,
     BadImage,
@@ -115,7 +115,7 @@ def process_one(task: tuple[str, str, dict]) -> dict:
 def _run_parallel(fn, tasks: list, num_workers: int, desc: str) -> list:
     if num_workers <= 1 or len(tasks) < 2:
         return [fn(t) for t in tqdm(tasks, desc=desc, disable=not tasks, mininterval=1.0)]
-    with process_pool(num_workers) as pool:
+    with process_pool(num_workers, label=lambda task: task[0], flag="--num_workers") as pool:
         return list(tqdm(pool.map(fn, tasks, chunksize=4), total=len(tasks), desc=desc, mininterval=1.0))
 
 
@@ -351,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
             check_output_file(args.output_file, "--output_file")
         with exit_codes.sigterm_interrupts():
             return preprocess(args) if args.mode == "preprocess" else validate(args)
-    except OutputPathError as exc:  # also a full disk while writing (common.atomic_write.DiskFullError)
+    # also a full disk while writing (common.atomic_write.DiskFullError), and a worker the OS killed (one line)
+    except (OutputPathError, WorkerKilled) as exc:
         print(f"error: {exc}")
         return 2
     except ImportError as exc:  # a module that is not installed: one line, not a file's problem

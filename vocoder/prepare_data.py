@@ -310,7 +310,8 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
     else:
         import multiprocessing as mp
 
-        with process_pool(workers, mp_context=mp.get_context("spawn")) as pool:
+        with process_pool(workers, mp_context=mp.get_context("spawn"), label=lambda job: job[0],
+                          flag="--num_workers") as pool:
             for job, res in zip(jobs, pool.map(_job, jobs, chunksize=1)):
                 results[Path(job[1]).name] = res
     good = sorted(i for i, r in results.items() if r["ok"])
