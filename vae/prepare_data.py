@@ -8,7 +8,8 @@ by `--resize_mode` (cover: fill the square and centre-crop; contain: fit inside 
 ignore the aspect ratio), written losslessly (PNG; `--format webp` is lossless WebP) under
 `output_dir/images/` with `manifest.json` and `preprocess_report.json`. Bad files are skipped and
 reported with the reason; the input folder is never modified. Re-running skips finished files
-(outputs are written atomically, so a finished file is a complete file).
+(outputs are written atomically, so a finished file is a complete file) once each is read back: one
+damaged since (cut short, garbage, another size or mode) is made again, with one line.
 
 validate: reads every image and writes counts, sizes, modes, formats, exact duplicates, corrupt,
 too-small and too-large files (each with its name) to a JSON report. Nothing is written elsewhere.
@@ -88,6 +89,27 @@ def _save_atomic(im: Image.Image, dst: Path, fmt: str) -> None:
             im.save(tmp, format="PNG", compress_level=4)
         else:
             im.save(tmp, format="WEBP", lossless=True, quality=80, method=4)
+
+
+def prepared_image(path: Path, target: int) -> tuple[tuple[int, int], str | None]:
+    """((width, height), None) for an output of an earlier run that is whole: it opens as an 8-bit RGB image,
+    its data pass the format's own check (PNG: every chunk's CRC, no decoding) and it is `target` px square
+    (any size when `target` is 0); else (size, what is wrong), and the file is made again. Our own writes
+    are atomic, so damage comes from outside: a disk error, a copy cut short, an edit."""
+    try:
+        with Image.open(path) as im:
+            size, mode = im.size, im.mode
+            im.verify()
+    except RUN_ERRORS:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure to read it back means: make it again
+        detail = " ".join(str(exc).split())[:120] or type(exc).__name__
+        return (0, 0), f"is damaged ({detail})"
+    if mode != "RGB":
+        return size, f"is {mode}, not the RGB that prepare writes"
+    if target and size != (target, target):
+        return size, f"is {size[0]}x{size[1]}, not {target}x{target}"
+    return size, None
 
 
 def process_one(task: tuple[str, str, dict]) -> dict:
@@ -174,10 +196,12 @@ def preprocess(args: argparse.Namespace) -> int:
             continue
         first_by_hash[digest] = rel
         if (out_root / name).is_file():
-            with Image.open(out_root / name) as done:
-                records.append({"source": str(f), "path": name, "status": "done", "width": done.width,
-                                "height": done.height})
-            continue
+            size, damage = prepared_image(out_root / name, args.target_size)
+            if damage is None:
+                records.append({"source": str(f), "path": name, "status": "done", "width": size[0],
+                                "height": size[1]})
+                continue
+            print(f"making {name} again: the prepared file {damage}")
         tasks.append((str(f), name, common))
     records += _run_parallel(process_one, tasks, args.num_workers, "preprocess")
 

@@ -185,3 +185,28 @@ def test_a_missing_module_stops_the_run_instead_of_calling_every_image_bad(tmp_p
     assert rc == 2, captured
     assert "'PIL' is not installed" in captured.err and "pip install pillow" in captured.err
     assert "no usable image" not in captured.out and "with problems" not in captured.out
+
+
+def test_a_damaged_prepared_image_is_made_again_on_a_rerun(tmp_path, capsys):
+    """The skip-if-done check reads the output back: a file cut short, garbage, or one of another size is
+    made again with one line each (it used to be a traceback, or a wrong image kept)."""
+    src = tmp_path / "src"
+    write_images(src, 4, size=48)
+    out = tmp_path / "p"
+    args = ["--mode", "preprocess", "--input_dir", str(src), "--output_dir", str(out), "--target_size", "32",
+            "--min_size", "16", "--num_workers", "1"]
+    assert prepare_main(args) == 0
+    images = sorted((out / "images").glob("*.png"))
+    first = {p.name: p.read_bytes() for p in images}
+    images[0].write_bytes(first[images[0].name][: len(first[images[0].name]) // 2])  # cut short
+    images[1].write_bytes(b"\x89PNG\r\n\x1a\n" + b"garbage" * 20)  # a damaged header
+    Image.new("RGB", (40, 40)).save(images[2])  # another size (whole, but wrong)
+    capsys.readouterr()
+    assert prepare_main(args) == 0
+    said = capsys.readouterr().out
+    for p in images[:3]:
+        assert f"making images/{p.name} again: the prepared file " in said
+    assert "is 40x40, not 32x32" in said and "Traceback" not in said
+    assert {p.name: p.read_bytes() for p in images} == first  # made again exactly as the first run did
+    counts = json.loads((out / "preprocess_report.json").read_text())["counts"]
+    assert counts["written"] == 3 and counts["already_done"] == 1
