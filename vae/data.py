@@ -248,6 +248,80 @@ def read_manifest(root: Path) -> list[Path] | None:
     return [root / item["path"] for item in files]
 
 
+# What `prepare_data.py --mode preprocess` records of a prepared folder (`SETTINGS_FILE`, and the manifest's
+# "settings"): a folder prepared again with other values holds other images under the same names.
+SETTINGS_FILE = "prepare_settings.json"
+SETTINGS_KEYS = ("target_size", "resize_mode", "format", "min_size", "background")
+
+
+def prepared_settings(root: Path) -> dict | None:
+    """The settings a prepared folder was made with (`SETTINGS_KEYS` of its `SETTINGS_FILE`, else of its
+    manifest); None when neither is there or readable (gone, or being written)."""
+    for name, pick in ((SETTINGS_FILE, lambda d: d), ("manifest.json", lambda d: d.get("settings"))):
+        try:
+            found = pick(json.loads((root / name).read_text(encoding="utf-8")))
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(found, dict):
+            return {k: found.get(k) for k in SETTINGS_KEYS}
+    return None
+
+
+class PreparedWatch:
+    """The prepared folders a run reads (`data_path`, `val_data_path`; a raw folder of images is not watched)
+    and their settings when the run listed their files. `changed()`, between steps, says in one line which
+    folder was prepared again with other settings (`prepare_data.py --overwrite`) or moved aside: its images
+    are then other images under the same names, and training on would mix the two silently. It costs two
+    `stat` calls per folder while nothing changes."""
+
+    def __init__(self, folders: dict[str, str | Path | None]):
+        self.start: dict[str, tuple[Path, dict]] = {}
+        self._seen: dict[str, tuple] = {}
+        for flag, folder in folders.items():
+            root = Path(folder) if folder else None
+            if root is not None and (root / "manifest.json").is_file():
+                settings = prepared_settings(root)
+                if settings is not None:
+                    self.start[flag] = (root, settings)
+                    self._seen[flag] = self._stamp(root)
+
+    @classmethod
+    def of(cls, cfg: VAEConfig) -> PreparedWatch:
+        return cls({"--data_path": cfg.data_path, "--val_data_path": cfg.val_data_path or None})
+
+    @staticmethod
+    def _stamp(root: Path) -> tuple:
+        out = []
+        for name in (SETTINGS_FILE, "manifest.json"):
+            try:
+                st = (root / name).stat()
+                out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
+    def changed(self) -> str | None:
+        """None while every watched folder holds what it held at the start; else what to say (one line)."""
+        for flag, (root, old) in self.start.items():
+            stamp = self._stamp(root)
+            if stamp == self._seen[flag]:
+                continue
+            self._seen[flag] = stamp
+            new = prepared_settings(root)
+            if new == old:  # prepared again with the same settings: the same images (a resumed prepare)
+                continue
+            if new is None:
+                what = f"its {SETTINGS_FILE} and manifest.json are gone (moved aside by `prepare_data.py --overwrite`?)"
+            else:
+                what = "prepared again with other settings (" + ", ".join(
+                    f"{k} {old[k]!r} -> {new[k]!r}" for k in SETTINGS_KEYS if old[k] != new[k]) + ")"
+            return (f"{flag} {root} changed while this run trained on it: {what}; the run stopped rather than mix "
+                    f"images of two preparations (its checkpoints are kept). Prepare into another --output_dir "
+                    f"while a run reads this one; to train on the folder as it is now, run again with "
+                    f"--resume_from auto")
+        return None
+
+
 def find_training_images(data_path: str | Path) -> list[Path]:
     root = Path(data_path)
     if not root.is_dir():
@@ -378,11 +452,14 @@ class TrainData:
     steps_per_epoch: int
     total_steps: int
     samples_per_step: int  # images per optimizer step over all GPUs
+    watch: PreparedWatch | None = None  # the prepared folders, checked between steps
 
 
-def build_train_data(cfg: VAEConfig, world_size: int, train_files: list[Path], val_files: list[Path]) -> TrainData:
+def build_train_data(cfg: VAEConfig, world_size: int, train_files: list[Path], val_files: list[Path],
+                     watch: PreparedWatch | None = None) -> TrainData:
     """The resumable shuffled loader at the config's (already fitted) batch size, and the run's length:
-    `max_steps`, else `num_epochs` x the optimizer steps one epoch fills."""
+    `max_steps`, else `num_epochs` x the optimizer steps one epoch fills. `watch`: the prepared folders'
+    settings from when their files were listed (`PreparedWatch.of(cfg)` then; made here when not given)."""
     batch, accum = int(cfg.batch_size), cfg.accumulation_steps
     train_ds = ImageDataset(train_files, cfg.image_size, train=True, random_flip=cfg.random_flip,
                             max_pixels=cfg.max_pixels)
@@ -395,4 +472,5 @@ def build_train_data(cfg: VAEConfig, world_size: int, train_files: list[Path], v
         raise ConfigError(f"{len(train_files)} training images cannot fill one step of batch_size {batch} x "
                           f"accumulation_steps {accum} x {world_size} GPU(s); lower them or add images")
     total_steps = cfg.max_steps if cfg.max_steps > 0 else cfg.num_epochs * steps_per_epoch
-    return TrainData(train_files, val_files, sampler, loader, steps_per_epoch, total_steps, batch * accum * world_size)
+    return TrainData(train_files, val_files, sampler, loader, steps_per_epoch, total_steps, batch * accum * world_size,
+                     watch if watch is not None else PreparedWatch.of(cfg))

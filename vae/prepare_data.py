@@ -41,14 +41,14 @@ from common.run_dir import (
 from common.workers import RUN_ERRORS, WorkerKilled, process_pool
 from vae.data import (
     DEFAULT_MAX_PIXELS,
+    SETTINGS_FILE,
+    SETTINGS_KEYS,
     BadImage,
     default_min_size,
     list_images,
     open_image_rgb,
     skipped_lines,
 )
-
-SETTINGS_KEYS = ("target_size", "resize_mode", "format", "min_size", "background")
 
 
 def file_sha1(path: Path) -> str:
@@ -161,7 +161,7 @@ def preprocess(args: argparse.Namespace) -> int:
     check_apart(args.output_dir, "--output_dir", {"--input_dir": args.input_dir})
     settings = {"target_size": args.target_size, "resize_mode": args.resize_mode, "format": args.format,
                 "min_size": args.min_size, "background": list(args.background)}
-    settings_file = out_root / "prepare_settings.json"
+    settings_file = out_root / SETTINGS_FILE
     if settings_file.is_file():  # never a dataset that mixes two settings
         old = json.loads(settings_file.read_text(encoding="utf-8"))
         check_prepared_settings(out_root, {k: old.get(k) for k in SETTINGS_KEYS},

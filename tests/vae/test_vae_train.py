@@ -453,3 +453,37 @@ def test_a_critic_that_stays_nonfinite_stops_the_run(image_dir, tmp_path, monkey
     assert sorted(p.name for p in out.glob("checkpoint_*.pt")) == ["checkpoint_epoch_1.pt"]
     ckpt = load_checkpoint(out / "checkpoint_epoch_1.pt")
     assert ckpt["extra"]["d_guard"]["skipped_total"] == 0 and ckpt["counters"]["step"] == 4
+
+
+# ----------------------------------------------------------------------------- the data folder changes under a run
+
+
+def test_a_data_folder_prepared_again_at_another_size_stops_the_run(image_dir, tmp_path, monkeypatch, capsys):
+    """Re-preparing the folder a run reads (`--overwrite` at another --target_size) between two steps stops the
+    run with one line naming the folder and the change (exit 2); it used to train on, mixing the two."""
+    from vae.prepare_data import main as prepare_main
+
+    data = tmp_path / "prepared"
+    prepare = ["--mode", "preprocess", "--input_dir", str(image_dir), "--output_dir", str(data), "--min_size", "16",
+               "--num_workers", "1"]
+    assert prepare_main([*prepare, "--target_size", "32"]) == 0
+    steps = []
+
+    def after_step(self):  # the other terminal: the same folder prepared again, at 40 px, after step 2
+        steps.append(self.step)
+        if self.step == 2:
+            assert prepare_main([*prepare, "--target_size", "40", "--overwrite"]) == 0
+
+    monkeypatch.setattr(tv.VAETrainer, "_samples_on_cadence", after_step)
+    capsys.readouterr()
+    assert run(data, tmp_path / "run", "--num_epochs", "2", "--no-export_diffusers") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"error: --data_path {data} changed while this run trained on it: prepared again with "
+                              "other settings (target_size 32 -> 40)")
+    assert "--resume_from auto" in err[-1]
+    assert steps == [1, 2]  # stopped before the next step
+    # prepared again with the same settings (a resumed prepare) is the same images: the run goes on
+    steps.clear()
+    monkeypatch.setattr(tv.VAETrainer, "_samples_on_cadence", lambda self: steps.append(self.step) if self.step != 2
+                        else prepare_main([*prepare, "--target_size", "40"]))
+    assert run(data, tmp_path / "run2", "--num_epochs", "1", "--no-export_diffusers") == 0
