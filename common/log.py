@@ -1,4 +1,4 @@
-"""TensorBoard logging, plots and the training progress bar.
+"""TensorBoard (and W&B / MLflow) logging, plots and the training progress bar.
 
 Named `log.py`, not `logging.py`, so it never shadows the standard library module.
 Only rank 0 logs: build `RunLogger(..., enabled=info.is_main)` and `Progress(..., enabled=...)`
@@ -7,9 +7,11 @@ everywhere and call them unconditionally; on other ranks every call is a no-op.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,26 +33,218 @@ def _to_numpy(x: ArrayLike) -> np.ndarray:
     return np.asarray(x)
 
 
-class RunLogger:
-    """A thin wrapper over `SummaryWriter` that accepts tensors and does nothing when disabled."""
+TRACKERS = ("tensorboard", "wandb", "mlflow")  # what `--logger` / the `logger` key accept, in any combination
+TRACKER_PACKAGES = {"wandb": "wandb", "mlflow": "mlflow-skinny"}  # pip names (the full `mlflow` works too)
+CHECKPOINT_KEY = "trackers"  # the checkpoint counter that holds the trackers' run ids (`RunLogger.checkpoint_state`)
+STEP_METRIC = "global_step"  # W&B's x axis: every scalar is logged with it (a resume may log steps W&B has seen)
 
-    def __init__(self, log_dir: str | Path, enabled: bool = True, purge_step: int | None = None):
+
+def tracker_names(value: str | list | tuple | None) -> str:
+    """The `logger` key / `--logger` in its one spelling: names of TRACKERS, comma-separated, in TRACKERS'
+    order ("wandb, tensorboard" -> "tensorboard,wandb"). Anything else raises ValueError naming the key."""
+    given = value.split(",") if isinstance(value, str) else list(value or [])
+    names = [str(n).strip().lower() for n in given if str(n).strip()]
+    unknown = [n for n in names if n not in TRACKERS]
+    if unknown or not names:
+        raise ValueError(f"logger: {', '.join(map(repr, unknown)) or 'nothing'} is not a tracker; give "
+                         f"{', '.join(TRACKERS)} or several, comma-separated (e.g. --logger tensorboard,wandb)")
+    return ",".join(n for n in TRACKERS if n in names)
+
+
+LOGGER_HELP = (f"experiment trackers, comma-separated: {', '.join(TRACKERS)} (default tensorboard; W&B and MLflow "
+               "write under <run_dir>/logs/; see common/API.md)")
+
+
+def add_logger_arg(parser: argparse.ArgumentParser) -> None:
+    """`--logger`, every trainer's flag for its `logger` key (checked by `tracker_names` when the config loads)."""
+    parser.add_argument("--logger", default=None, metavar="NAMES", help=LOGGER_HELP)
+
+
+def resumed_trackers(counters: dict | None) -> dict[str, str]:
+    """The trackers' run ids a checkpoint's counters hold ({} for a checkpoint written without trackers)."""
+    return dict((counters or {}).get(CHECKPOINT_KEY) or {})
+
+
+class _Wandb:
+    """One W&B run under `folder` (`<folder>/wandb/`): offline where WANDB_MODE says so or no API key is found
+    (never a login prompt), resumed by id. Scalars carry `STEP_METRIC`, W&B's x axis for all of them, so steps
+    that an earlier attempt logged past the checkpoint (W&B keeps history: it cannot drop them) are never
+    refused; W&B's own `_step` only counts log calls."""
+
+    name = "wandb"
+
+    def __init__(self, folder: Path, run_id: str | None, run_name: str, project: str, say: Callable) -> None:
+        import wandb
+
+        mode = os.environ.get("WANDB_MODE")
+        if not mode and not _wandb_key_found():
+            mode = "offline"
+            say(f"logger: wandb has no API key (wandb login, or WANDB_API_KEY): logging offline under "
+                f"{folder / 'wandb'}; `wandb sync` uploads it")
+        self.run = wandb.init(dir=str(folder), id=run_id, resume="allow" if run_id else None, mode=mode,
+                              project=os.environ.get("WANDB_PROJECT") or project, name=run_name, reinit="finish_previous",
+                              settings=wandb.Settings(console="off"))
+        self.run.define_metric(STEP_METRIC)
+        self.run.define_metric("*", step_metric=STEP_METRIC)
+        self.id = self.run.id
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        self.run.log({**values, STEP_METRIC: step})
+
+    def config(self, path: Path) -> None:
+        import yaml
+
+        self.run.config.update(yaml.safe_load(path.read_text(encoding="utf-8")) or {}, allow_val_change=True)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def _wandb_key_found() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    netrc = Path(os.environ.get("NETRC") or Path.home() / ".netrc")
+    try:
+        return "wandb" in netrc.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+
+
+class _Mlflow:
+    """One MLflow run in a file store under `folder` (`<folder>/mlruns`), or on the server MLFLOW_TRACKING_URI
+    names; resumed by id. In the run folder's own store a resume first drops what an earlier attempt logged
+    after the checkpoint's step (as TensorBoard's `purge_step` does), so each metric stays one curve."""
+
+    name = "mlflow"
+
+    def __init__(self, folder: Path, run_id: str | None, run_name: str, project: str, say: Callable,
+                 purge_after: int | None) -> None:
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        own_store = not uri
+        if own_store:  # MLflow 3 keeps its file store for explicit use only; this store is the run folder's own
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            uri = (folder / "mlruns").resolve().as_uri()
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(uri)
+        run = None
+        if run_id:
+            try:
+                run = self.client.get_run(run_id)
+            except Exception:  # noqa: BLE001 (any store's "not found")
+                say(f"logger: mlflow run {run_id} of the checkpoint is not in {uri}: starting a new run")
+        if run is None:
+            name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or project
+            exp = self.client.get_experiment_by_name(name)
+            exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(name)
+            run = self.client.create_run(exp_id, run_name=run_name)
+        else:
+            self.client.update_run(run.info.run_id, status="RUNNING")
+            if own_store and purge_after is not None:
+                _purge_metrics(folder / "mlruns", run.info.experiment_id, run.info.run_id, purge_after)
+        self.id = run.info.run_id
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        ms = int(time.time() * 1000)
+        self.client.log_batch(self.id, metrics=[Metric(k, v, ms, step) for k, v in values.items()])
+
+    def config(self, path: Path) -> None:
+        self.client.log_artifact(self.id, str(path))
+
+    def close(self) -> None:
+        self.client.set_terminated(self.id)
+
+
+def _purge_metrics(root: Path, experiment_id: str, run_id: str, after: int) -> None:
+    """Drop the points of step > `after` from a file store's metric files (lines "<time> <value> <step>")."""
+    for f in (root / experiment_id / run_id / "metrics").rglob("*"):
+        if f.is_file():
+            lines = f.read_text(encoding="utf-8").splitlines()
+            kept = [line for line in lines if len(line.split()) < 3 or int(line.split()[2]) <= after]
+            if len(kept) != len(lines):
+                f.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+
+
+class RunLogger:
+    """A thin wrapper over `SummaryWriter` that accepts tensors and does nothing when disabled; with `trackers`
+    it also sends every scalar to W&B and/or MLflow (images, audio, figures and text: TensorBoard only)."""
+
+    def __init__(self, log_dir: str | Path, enabled: bool = True, purge_step: int | None = None,
+                 trackers: str = "tensorboard", resume: dict[str, str] | None = None, project: str = "runs",
+                 say: Callable[[str], object] = print):
         """`purge_step`: a resumed run's step. TensorBoard then drops what an earlier attempt logged from
-        that step on (a resume from an older checkpoint would otherwise draw two overlapping curves)."""
+        that step on (a resume from an older checkpoint would otherwise draw two overlapping curves).
+        `trackers`: `tracker_names` spelling. `resume`: the run ids a checkpoint holds (`resumed_trackers`), so a
+        resumed run continues the same W&B / MLflow run. `project`: the W&B project / MLflow experiment (the
+        trainer's name; WANDB_PROJECT / MLFLOW_EXPERIMENT_NAME override it); the run is named after the run
+        folder. A tracker whose package is missing or that fails to start is one `say` line; the run goes on,
+        with TensorBoard at least."""
         self.enabled = enabled
         self.writer = None
-        if enabled:
+        self.trackers: list = []
+        self.ids = dict(resume or {})  # kept for trackers not used now: a later resume with them continues
+        self._config_sent = False
+        self.log_dir = log_dir = Path(log_dir)
+        if not enabled:
+            return
+        names = tracker_names(trackers).split(",")
+        for name in names[1 if names[0] == "tensorboard" else 0:]:
+            self._start(name, log_dir, project, purge_step, say)
+        if "tensorboard" in names or not self.trackers:
             from torch.utils.tensorboard import SummaryWriter  # import only where it is used
 
             self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step or None)
 
+    def _start(self, name: str, log_dir: Path, project: str, purge_step: int | None, say: Callable) -> None:
+        run_name, run_id = log_dir.resolve().parent.name, self.ids.get(name)
+        try:
+            if name == "wandb":
+                tracker = _Wandb(log_dir, run_id, run_name, project, say)
+            else:
+                tracker = _Mlflow(log_dir, run_id, run_name, project, say, purge_step)
+        except ImportError as exc:
+            say(f"logger: {name} is not installed ({exc}): pip install {TRACKER_PACKAGES[name]}; "
+                "training goes on with TensorBoard")
+            return
+        except Exception as exc:  # noqa: BLE001 (a tracker must never stop a run)
+            say(f"logger: {name} did not start ({_first_line(exc)}); training goes on with TensorBoard")
+            return
+        self.trackers.append(tracker)
+        self.ids[name] = tracker.id
+
+    def checkpoint_state(self) -> dict:
+        """What a checkpoint's counters keep so that `--resume` continues the same tracker runs
+        ({CHECKPOINT_KEY: {tracker: run id}}, or {} when no tracker has a run)."""
+        return {CHECKPOINT_KEY: dict(self.ids)} if self.ids else {}
+
+    def _track(self, values: dict[str, float], step: int) -> None:
+        """Scalars to each tracker; one that fails is one line and is dropped (the run goes on)."""
+        if not self._config_sent:
+            self._config_sent = True
+            config = self.log_dir.parent / "config.yaml"  # the run folder's (written before the first step)
+            for t in self.trackers if config.is_file() else ():
+                self._guard(t, t.config, config)
+        for t in list(self.trackers):
+            self._guard(t, t.log, values, int(step))
+
+    def _guard(self, tracker, fn: Callable, *args) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 (a tracker must never stop a run)
+            print(f"logger: {tracker.name} failed ({_first_line(exc)}); it logs nothing more in this run", flush=True)
+            self.trackers.remove(tracker)
+
     def scalar(self, tag: str, value: float | torch.Tensor, step: int) -> None:
         if self.writer is not None:
             self.writer.add_scalar(tag, float(value), step)
+        if self.trackers:
+            self._track({tag: float(value)}, step)
 
     def scalars(self, values: dict, step: int, prefix: str = "") -> None:
         """Log a dict of numbers; all tensors are moved to the host in one transfer (one sync)."""
-        if self.writer is None:
+        if self.writer is None and not self.trackers:
             return
         if prefix and not prefix.endswith("/"):
             prefix += "/"
@@ -60,8 +254,11 @@ class RunLogger:
             stacked = torch.stack([t.detach().float().reshape(()).to(next(iter(tensors.values())).device)
                                    for t in tensors.values()])
             floats.update(zip(tensors, stacked.cpu().tolist()))
-        for k, v in floats.items():
-            self.writer.add_scalar(prefix + k, float(v), step)
+        if self.writer is not None:
+            for k, v in floats.items():
+                self.writer.add_scalar(prefix + k, float(v), step)
+        if self.trackers:
+            self._track({prefix + k: float(v) for k, v in floats.items()}, step)
 
     def audio(self, tag: str, wav: ArrayLike, sr: int, step: int) -> None:
         """A mono clip; samples are clipped to [-1, 1] (TensorBoard would wrap around otherwise)."""
@@ -108,12 +305,20 @@ class RunLogger:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+        for t in list(self.trackers):
+            self._guard(t, t.close)
+        self.trackers = []
 
     def __enter__(self) -> RunLogger:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
 
 
 def _close(fig: Figure) -> None:

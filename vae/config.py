@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from common.log import tracker_names
 from common.precision import MixedPrecisionSwitch, precision_name
 from common.ranges import (
     AnyFloat,
@@ -120,6 +121,7 @@ class VAEConfig:
     save_samples_freq: NonNegativeInt = 500   # steps between reconstruction grids
     val_check_interval: NonNegativeInt = 1000  # steps between validation (PSNR/SSIM/LPIPS); the guide's val_freq
     log_freq: PositiveInt = 20                # steps between TensorBoard scalars
+    logger: str = "tensorboard"               # experiment trackers: tensorboard, wandb, mlflow, comma-separated
     num_sample_images: PositiveInt = 4
     latent_stats_images: PositiveInt = 64     # images encoded at the end for the scaling factor
     export_diffusers: bool = True             # write output_dir/diffusers/ at the end
@@ -132,6 +134,10 @@ class VAEConfig:
         problems = []
         try:
             self.precision = precision_name(self.precision)
+        except ValueError as exc:
+            problems.append(str(exc))
+        try:
+            self.logger = tracker_names(self.logger)
         except ValueError as exc:
             problems.append(str(exc))
         if self.image_size % 8:

@@ -38,7 +38,7 @@ from common.checkpoint import (
 )
 from common.config import ConfigError, config_to_dict
 from common.distributed import DistInfo
-from common.log import Printer, Progress, RunLogger, peak_memory_gib
+from common.log import Printer, Progress, RunLogger, peak_memory_gib, resumed_trackers
 from common.loop import Cadence
 from common.presets import apply_preset
 from common.run_dir import prepare_run_dir, tensorboard_dir
@@ -76,6 +76,7 @@ class VAETrainer:
         self.step = self.epoch = self.batch_in_epoch = self.steps_before_stage = 0
         self.stage, self.stages = 1, [{"stage": 1, "image_size": cfg.image_size, "first_step": 0, "first_epoch": 0}]
         self.best_psnr: float | None = None
+        self.trackers: dict = {}  # the W&B / MLflow run ids a resumed checkpoint holds
         self.last_psnr: float | None = None
         self.last_good: Path | None = None  # the newest checkpoint known to hold a good state
         self.last_val: tuple[int, dict] = (-1, {})  # (global step, metrics) of the latest validation
@@ -103,7 +104,8 @@ class VAETrainer:
             distributed.barrier()  # the main rank has written the init's factors
             for line in decoder_only.startup_lines(core.vae, decoder_only.init_factors(out_dir)):
                 self.log(line)
-        self.writer = RunLogger(tensorboard_dir(out_dir), enabled=main, purge_step=self.global_step)
+        self.writer = RunLogger(tensorboard_dir(out_dir), enabled=main, purge_step=self.global_step,
+                                trackers=cfg.logger, resume=self.trackers, project="vae")
         self.eval_batch = validation.eval_batch_size(cfg)
         self.val_batches = validation.validation_batches(cfg, data, main)
         self.sample_x = validation.sample_images(cfg, data)
@@ -123,7 +125,7 @@ class VAETrainer:
         c = {"epoch": self.epoch, "micro_in_epoch": self.batch_in_epoch, "stage": self.stage,
              "steps_before_stage": self.steps_before_stage, "step": self.step, "global_step": self.global_step,
              "image_size": self.cfg.image_size, "samples_per_step": self.data.samples_per_step,
-             "num_train": len(self.data.train_files)}
+             "num_train": len(self.data.train_files), **self.writer.checkpoint_state()}
         return make_state(self.models, self.optimizers, self.schedulers, self.precision.scaler,
                           {"vae": core.ema} if core.ema else None, c, config_to_dict(self.cfg),
                           extra={"arch": core.vae.arch(), "guard": core.guard.state_dict(),
@@ -166,6 +168,7 @@ class VAETrainer:
             self.stages = list(extra.get("stages", self.stages))
         self.step, self.epoch, self.batch_in_epoch = int(c["step"]), int(c["epoch"]), int(c["micro_in_epoch"])
         self.stage, self.steps_before_stage = int(c.get("stage", 1)), int(c.get("steps_before_stage", 0))
+        self.trackers = resumed_trackers(ckpt.get("counters"))  # a new resolution stage continues them too
         self.last_good = path
 
     # ------------------------------------------------------------------ validation

@@ -25,6 +25,7 @@ from typing import ClassVar
 
 from common.audio import AudioSettings
 from common.config import ConfigError, load_config  # noqa: F401 (re-exported for callers)
+from common.log import tracker_names
 from common.precision import precision_name
 from common.ranges import (
     AnyFloat,
@@ -270,6 +271,7 @@ class VocoderConfig:
     # ---- loop, logging, checkpoints (all in steps = one D + one G update)
     max_updates: PositiveInt = 150000
     log_interval: PositiveInt = 100
+    logger: str = "tensorboard"  # experiment trackers: tensorboard, wandb, mlflow, comma-separated (--logger)
     val_check_interval: PositiveInt = 2000  # validate + checkpoint every this many steps
     num_sanity_val_steps: NonNegativeInt = 1  # >0: validate that many files before the first step
     num_valid_plots: NonNegativeInt = 10  # validation files logged as audio + mel plots
@@ -288,6 +290,7 @@ class VocoderConfig:
     def __post_init__(self) -> None:
         task_kind(self.task_cls)
         self.precision = precision_name(self.precision)
+        self.logger = tracker_names(self.logger)
         a = self.audio
         if math.prod(self.model_args.upsample_rates) != a.hop_length:
             raise ValueError(

@@ -41,7 +41,7 @@ from common.config import (
     config_to_dict,
     save_config,
 )
-from common.log import Printer, Progress, RunLogger, report_lr_plan
+from common.log import Printer, Progress, RunLogger, report_lr_plan, resumed_trackers
 from common.loop import Cadence
 from common.precision import Precision
 from common.run_dir import tensorboard_dir
@@ -146,6 +146,7 @@ class VocoderTrainer:
         # ---- counters and resume
         self.step = self.epoch = self.batch_in_epoch = 0
         self.history: dict = {}
+        self.trackers: dict = {}  # the W&B / MLflow run ids a resumed checkpoint holds
         self.last_good: Path | None = resume_path  # the newest checkpoint known to hold a good state
         if resume_path is not None:
             self.restore(resume_path)
@@ -157,7 +158,8 @@ class VocoderTrainer:
         self.discriminator_ddp = distributed.wrap_ddp(self.precision.prepare_model(self.discriminator), self.info)
         # The G update calls the critics without DDP (no critic gradients are wanted there).
         self._critics_no_ddp = getattr(self.discriminator_ddp, "module", self.discriminator_ddp)
-        self.writer = RunLogger(tensorboard_dir(self.run_dir), enabled=self.is_main, purge_step=self.step)
+        self.writer = RunLogger(tensorboard_dir(self.run_dir), enabled=self.is_main, purge_step=self.step,
+                                trackers=cfg.logger, resume=self.trackers, project="vocoder")
         self.logged_gt: set[str] = set()  # validation files whose ground truth is logged
 
     # ------------------------------------------------------------------ checkpoint
@@ -173,6 +175,7 @@ class VocoderTrainer:
         self.d_guard.load_state_dict(counters["d_guard"])
         self.divergence.load_state_dict(counters.get("divergence"))
         self.history = json.loads(counters.get("history", "{}"))
+        self.trackers = resumed_trackers(counters)
         self.log(f"resumed from {path} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
         changed = apply_optimizer_overrides(self.optimizers, self.schedulers,
                                             optimizer_overrides(self.cfg, self.cfg.optimizer_spec()))
@@ -185,7 +188,8 @@ class VocoderTrainer:
             return None
         counters = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                     "g_guard": self.g_guard.state_dict(), "d_guard": self.d_guard.state_dict(),
-                    "divergence": self.divergence.state_dict(), "history": json.dumps(self.history)}
+                    "divergence": self.divergence.state_dict(), "history": json.dumps(self.history),
+                    **self.writer.checkpoint_state()}
         state = make_state({"generator": self.generator, "discriminator": self.discriminator},
                            self.optimizers, self.schedulers, self.scaler, counters=counters,
                            config=config_to_dict(self.cfg), extra={"export": export_info(self.cfg)}, trainer="vocoder")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from common.audio import AudioSettings
+from common.log import tracker_names
 from common.precision import precision_name
 from common.ranges import (
     AnyFloat,
@@ -123,6 +124,7 @@ class TrainConfig:
     device: str = "auto"
     seed: AnyInt = 1234
     log_interval: PositiveInt = 50  # optimizer steps
+    logger: str = "tensorboard"  # experiment trackers: tensorboard, wandb, mlflow, comma-separated (--logger)
     val_check_interval: PositiveInt = 1000
     save_interval: PositiveInt = 1000  # also saved at every validation and at the end
     save_n_checkpoints: PositiveInt = 5
@@ -135,6 +137,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.precision = precision_name(self.precision)
+        self.logger = tracker_names(self.logger)
 
 
 @dataclass
@@ -158,7 +161,7 @@ class VocoderConfig:
 
 @dataclass
 class CloneConfig:
-    ALIASES: ClassVar[dict[str, str]] = {"precision": "train.precision"}  # the key every trainer reads
+    ALIASES: ClassVar[dict[str, str]] = {"precision": "train.precision", "logger": "train.logger"}  # the keys every trainer reads
     # `--preset` (common.presets): each card setting of tts/clone/presets.py -> the key it sets here
     PRESET_KEYS: ClassVar[dict[str, str]] = {"batch_size": "train.batch_size", "num_workers": "train.num_workers",
                                              "crop": "data.ref_seconds", "precision": "train.precision"}

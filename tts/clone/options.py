@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from common.config import add_config_args, config_sources, explicit_keys, load_config, mark_explicit
+from common.log import LOGGER_HELP
 from common.precision import PRECISIONS as PRECISION_NAMES
 from common.precision import Precision
 from common.presets import add_preset_arg, apply_settings, get_key
@@ -62,6 +63,7 @@ FLAGS: dict[str, tuple[str, dict]] = {
     "--optimizer": ("optim.optimizer", dict(choices=["adamw", "muon_adamw"], help="default adamw")),
     "--precision": ("train.precision", dict(choices=PRECISIONS,
                                             help="default auto (bf16-mixed on a bf16 GPU, else 32-true)")),
+    "--logger": ("train.logger", dict(metavar="NAMES", help=LOGGER_HELP)),
 }
 RUN_DIR_FLAG = "--checkpoint-dir"  # common.run_dir's --run_dir, under the guide's name
 KEY_FLAGS = {key: flag for flag, (key, _) in FLAGS.items()} | {"train.checkpoint_dir": RUN_DIR_FLAG}

@@ -40,7 +40,7 @@ from common.checkpoint import (
 )
 from common.config import ConfigError, config_to_dict, save_config
 from common.distributed import all_reduce_mean, barrier, cleanup, no_sync, setup_distributed, wrap_ddp
-from common.log import Printer, Progress, RunLogger, report_lr_plan
+from common.log import Printer, Progress, RunLogger, report_lr_plan, resumed_trackers
 from common.loop import Cadence
 from common.precision import Precision
 from common.presets import apply_preset
@@ -114,6 +114,7 @@ class CloneTrainer:
         self.step = self.epoch = self.batch_in_epoch = 0  # batch_in_epoch counts micro-batches
         self.train_time = 0.0  # wall time spent in training steps (not validating or saving)
         self.history: list[dict] = []
+        self.trackers: dict = {}  # the W&B / MLflow run ids a resumed checkpoint holds
         self.last_good = resolve_resume(resume, self.run_dir, self.manager)  # newest checkpoint known good
         if self.last_good is not None:
             self.restore(self.last_good)
@@ -132,7 +133,8 @@ class CloneTrainer:
         # ---- fixed reference voice and vocoder for the validation audio
         self.reference = load_reference(cfg.val.reference or self.data.val_items[0]["wav"], cfg.audio, cfg.data)
         self.vocoder = load_matching_vocoder(cfg.vocoder.path, cfg.audio, device) if cfg.vocoder.path else None
-        self.writer = RunLogger(tensorboard_dir(self.run_dir), enabled=self.info.is_main, purge_step=self.step)
+        self.writer = RunLogger(tensorboard_dir(self.run_dir), enabled=self.info.is_main, purge_step=self.step,
+                                trackers=t.logger, resume=self.trackers, project="clone")
         self.recent: list[float] = []  # train losses at log points, for the plateau's trend
         self._acc: dict[str, torch.Tensor] = {}  # loss sums since the last log point
         self._n_acc = 0
@@ -149,6 +151,7 @@ class CloneTrainer:
         self.history = list(extra["history"])
         self.step, self.epoch, self.batch_in_epoch = counters["step"], counters["epoch"], counters["batch_in_epoch"]
         self.train_time = float(counters.get("train_s", 0.0))
+        self.trackers = resumed_trackers(counters)
         self.log(f"resumed from {path} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
         o = self.cfg.optim
         spec = {"optimizer": {"lr": (("optim.lr",), o.lr), "betas": (("optim.beta1", "optim.beta2"), (o.beta1, o.beta2)),
@@ -163,7 +166,7 @@ class CloneTrainer:
             self.log(f"step {self.step}: no checkpoint while steps are non-finite or diverging (last good: {self.last_good or 'none'})")
             return
         counters = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
-                    "train_s": self.train_time}
+                    "train_s": self.train_time, **self.writer.checkpoint_state()}
         state = make_state({"model": self.model}, {"optimizer": self.optimizer}, {"scheduler": self.scheduler},
                            self.precision.scaler, counters=counters, config=config_to_dict(self.cfg),
                            extra={"guard": self.guard.state_dict(), "divergence": self.divergence.state_dict(),

@@ -14,6 +14,7 @@ from common.audio import MelSpectrogram
 from common.checkpoint import load_checkpoint, load_matching, refuse_other_kind
 from common.config import ConfigError, add_config_args, load_config, note_prepare_keys
 from common.data import BucketBatchSampler, BucketShapes, make_loader
+from common.log import add_logger_arg
 from common.presets import add_preset_arg, apply_preset
 from common.run_dir import add_run_args, prepare_run_dir
 from common.training import count_parameters
@@ -128,6 +129,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--init_speaker", default=None, metavar="NAME|ID",
                    help="the speaker of a multi-speaker --init_from voice a single-speaker run keeps (default: "
                         "the mean of its speakers)")
+    add_logger_arg(p)
     add_preset_arg(p)
     return p.parse_args(argv)
 
@@ -170,7 +172,8 @@ def plan_source_start(cfg: TrainConfig, args: argparse.Namespace) -> SourceStart
 def resolve_run(args: argparse.Namespace) -> tuple[TrainConfig, SourceStart | None, dict | None]:
     """The config the command line asks for, and its --init_from read and checked (a published voice's plan,
     or a checkpoint of this trainer), with the run folder prepared after both."""
-    cfg = load_config(args.config, TrainConfig, args.overrides, extra={"data_dir": args.data_dir, "run_dir": args.run_dir})
+    cfg = load_config(args.config, TrainConfig, args.overrides, extra={"data_dir": args.data_dir, "run_dir": args.run_dir,
+                                                                           "logger": args.logger})
     apply_preset(cfg, args.preset, CARD_PRESETS)
     note_prepare_keys(cfg, DataConfig.PREPARE_ONLY, "tts/prepare_data.py")
     source = plan_source_start(cfg, args)

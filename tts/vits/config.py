@@ -19,6 +19,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from common.audio import AudioSettings
 from common.config import ConfigError, build_dataclass
+from common.log import tracker_names
 from common.precision import MixedPrecisionSwitch, precision_name
 from common.ranges import (
     AnyFloat,
@@ -220,6 +221,7 @@ class TrainConfig:
     max_steps: PositiveInt | None = None  # stop after this many steps (None: run the epochs)
     max_minutes: PositiveFloat | None = None  # stop (and save) after this much wall time
     print_step: PositiveInt = 50
+    logger: str = "tensorboard"  # experiment trackers: tensorboard, wandb, mlflow, comma-separated (--logger)
     save_step: PositiveInt = 500
     save_n_checkpoints: PositiveInt = 8
     save_best_after: NonNegativeInt = 5000
@@ -254,6 +256,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.precision = precision_name(self.precision)
+        self.logger = tracker_names(self.logger)
         self.args()  # model_args is a free mapping: its keys, types and ranges are checked at load too
 
     def args(self) -> VitsArgs:

@@ -35,7 +35,7 @@ from common.checkpoint import (
 )
 from common.config import ConfigError, config_to_dict, format_config, save_config
 from common.distributed import DistInfo, barrier, cleanup, setup_distributed, wrap_ddp
-from common.log import Printer, Progress, RunLogger, plot_alignment, report_lr_plan
+from common.log import Printer, Progress, RunLogger, plot_alignment, report_lr_plan, resumed_trackers
 from common.loop import Cadence
 from common.muon import build_optimizer
 from common.precision import Precision, compile_unavailable
@@ -124,6 +124,7 @@ class VitsTrainer:
         self.manager = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.save_n_checkpoints,
                                          save_best_after=cfg.save_best_after, mode="min", prefix="vits")
         self.step = self.epoch = self.batch_in_epoch = 0
+        self.trackers: dict = {}  # the W&B / MLflow run ids a resumed checkpoint holds
         self.last_good: Path | None = None  # the newest checkpoint known to hold a good state
         self.last_metrics: dict | None = None  # the latest held-out metrics (fit's result)
         self.last_attn: torch.Tensor | None = None  # the latest step's first alignment, for the log
@@ -150,7 +151,8 @@ class VitsTrainer:
                 self.log(line)
         elif resume == "auto":
             self.log("no checkpoint to resume in this run folder: starting fresh")
-        self.writer = RunLogger(tensorboard_dir(self.run_dir), enabled=info.is_main, purge_step=self.step)
+        self.writer = RunLogger(tensorboard_dir(self.run_dir), enabled=info.is_main, purge_step=self.step,
+                                trackers=cfg.logger, resume=self.trackers, project="vits")
         self.generator_ddp = wrap_ddp(self.generator, info)
         self.discriminator_ddp = wrap_ddp(self.discriminator, info)
 
@@ -164,6 +166,7 @@ class VitsTrainer:
         self.batch_in_epoch = counters["batch_in_epoch"]
         self.guard.load_state_dict(counters["guard"])
         self.divergence.load_state_dict(counters.get("divergence"))
+        self.trackers = resumed_trackers(counters)
         self.last_good = path
         self.log(f"resumed from {path} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
         changed = apply_optimizer_overrides(self.optimizers, self.schedulers, optimizer_overrides(self.cfg, optimizer_spec(self.cfg)))
@@ -175,7 +178,8 @@ class VitsTrainer:
             self.log(f"step {self.step}: no checkpoint while steps are non-finite or diverging (last good: {self.last_good or 'none'})")
             return None
         counters = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
-                    "guard": self.guard.state_dict(), "divergence": self.divergence.state_dict()}
+                    "guard": self.guard.state_dict(), "divergence": self.divergence.state_dict(),
+                    **self.writer.checkpoint_state()}
         state = make_state(self.models, self.optimizers, self.schedulers, self.scaler, counters=counters, config=config_to_dict(self.cfg),
                            extra={"speakers": self.speakers, **Frontend.of(self.cfg).to_checkpoint(),
                                   **({"licence": self.licence} if self.licence else {})}, trainer="vits")
