@@ -1,4 +1,5 @@
-"""One step-table row in a process of its own (bench/gpu_check_training.py starts it).
+"""One step-table row: `measure_steps`, in this process or in a process of its own (`measure_in_child`;
+bench/gpu_check_training.py starts it).
 
 Why: cuDNN keeps the plans it chose per process, keyed by shape and math mode but not by
 `cudnn.benchmark`. A row that autotunes after another row ran the same shapes reuses that row's
@@ -16,12 +17,58 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
 
+from bench.gpu_check_base import Check
+from bench.gpu_trainers import TRAINERS, TrainerSpec, build
+from bench.peak_flops import count_flops, math_mode
+
 MARK = "[gpu_check_row] "
 REPO = Path(__file__).resolve().parents[1]
+
+
+def measure_steps(chk: Check, spec: TrainerSpec, which: str, overrides: list[str], steps: int, warmup: int,
+                  count: bool) -> dict:
+    """Step time, samples/s, data-wait fraction (time blocked on the trainer's own loader), peak memory,
+    and with `count` FLOPs, counted on the first, untimed step (rows of the same config and batch do the
+    same math whatever the precision or layout, so they reuse that count)."""
+    t0 = time.perf_counter()
+    data = chk.data(spec)
+    t1 = time.perf_counter()
+    st = build(spec, which, overrides, data, chk.run_dir(f"{spec.name}_{which}"), chk.device, chk.dry)
+    it = st.batches()
+    first = next(it)
+    t2 = time.perf_counter()
+    flops = None
+    if count and not st.compiled:
+        flops = count_flops(lambda: st.step(first))
+    else:
+        st.step(first)
+    chk.sync()
+    t3 = time.perf_counter()
+    for _ in range(warmup - 1):
+        st.step(next(it))
+    chk.sync()
+    # where a row's time goes besides its timed steps (the first lent GPU spent ~40 s a row at real size)
+    phases = {"data_s": t1 - t0, "build_s": t2 - t1, "first_step_s": t3 - t2, "warmup_s": time.perf_counter() - t3}
+    chk.reset_memory()
+    wait = busy = 0.0
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        batch = next(it)
+        t1 = time.perf_counter()
+        st.step(batch)
+        chk.sync()
+        wait, busy = wait + t1 - t0, busy + time.perf_counter() - t1
+    step_s = (wait + busy) / steps
+    tf32 = chk.device.type == "cuda" and torch.backends.cuda.matmul.fp32_precision == "tf32"
+    row = {"batch": st.batch_size, "samples_per_step": st.samples, "precision": st.precision, "step_s": step_s,
+           "samples_per_s": st.samples / step_s, "data_wait": wait / (wait + busy), "peak_gib": chk.peak_gib(),
+           "flops_per_step": flops, "math": math_mode(st.precision, tf32), "phases": phases}
+    return row
 
 
 def measure_in_child(job: dict, timeout_s: float) -> tuple[dict, str]:
@@ -41,10 +88,6 @@ def measure_in_child(job: dict, timeout_s: float) -> tuple[dict, str]:
 
 
 def main(argv: list[str]) -> int:
-    from bench.gpu_check_base import Check
-    from bench.gpu_check_training import measure_steps
-    from bench.gpu_trainers import TRAINERS
-
     job = json.loads(argv[0])
     spec = TRAINERS[job["trainer"]]
     if job["dry"]:

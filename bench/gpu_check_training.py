@@ -13,51 +13,10 @@ import torch
 
 from bench import gpu_trainers
 from bench.gpu_check_base import NA_CPU, Check, OverBudget, Section, fmt
-from bench.gpu_check_row import measure_in_child
+from bench.gpu_check_row import measure_in_child, measure_steps
 from bench.gpu_trainers import RANDOM_BACKBONE_NOTE, TRAINERS, TrainerSpec, build, tile_batch
-from bench.peak_flops import count_flops, math_mode, peak_tflops
+from bench.peak_flops import peak_tflops
 from bench.timing import seconds_per_step
-
-
-def measure_steps(chk: Check, spec: TrainerSpec, which: str, overrides: list[str], steps: int, warmup: int,
-                  count: bool) -> dict:
-    """Step time, samples/s, data-wait fraction (time blocked on the trainer's own loader), peak memory,
-    and with `count` FLOPs, counted on the first, untimed step (rows of the same config and batch do the
-    same math whatever the precision or layout, so they reuse that count)."""
-    t0 = time.perf_counter()
-    data = chk.data(spec)
-    t1 = time.perf_counter()
-    st = build(spec, which, overrides, data, chk.run_dir(f"{spec.name}_{which}"), chk.device, chk.dry)
-    it = st.batches()
-    first = next(it)
-    t2 = time.perf_counter()
-    flops = None
-    if count and not st.compiled:
-        flops = count_flops(lambda: st.step(first))
-    else:
-        st.step(first)
-    chk.sync()
-    t3 = time.perf_counter()
-    for _ in range(warmup - 1):
-        st.step(next(it))
-    chk.sync()
-    # where a row's time goes besides its timed steps (the first lent GPU spent ~40 s a row at real size)
-    phases = {"data_s": t1 - t0, "build_s": t2 - t1, "first_step_s": t3 - t2, "warmup_s": time.perf_counter() - t3}
-    chk.reset_memory()
-    wait = busy = 0.0
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        batch = next(it)
-        t1 = time.perf_counter()
-        st.step(batch)
-        chk.sync()
-        wait, busy = wait + t1 - t0, busy + time.perf_counter() - t1
-    step_s = (wait + busy) / steps
-    tf32 = chk.device.type == "cuda" and torch.backends.cuda.matmul.fp32_precision == "tf32"
-    row = {"batch": st.batch_size, "samples_per_step": st.samples, "precision": st.precision, "step_s": step_s,
-           "samples_per_s": st.samples / step_s, "data_wait": wait / (wait + busy), "peak_gib": chk.peak_gib(),
-           "flops_per_step": flops, "math": math_mode(st.precision, tf32), "phases": phases}
-    return row
 
 
 def _flop_columns(chk: Check, row: dict, flops: int | None) -> None:

@@ -368,7 +368,7 @@ def find_batch_size(
         return ok
 
     # Every trial is a new shape: with cudnn.benchmark on, cuDNN would autotune each convolution at each
-    # one (on a lent H200 the vocoder's search spent 176 s on batches 1 to 8). Memory, not speed, is
+    # one (on a lent H200 one trainer's search spent 176 s on batches 1 to 8). Memory, not speed, is
     # measured here, so the search runs on cuDNN's heuristics; the headroom covers autotuned workspaces.
     benchmark = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = False
