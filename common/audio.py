@@ -58,23 +58,41 @@ def _to_numpy(x) -> np.ndarray:
     return np.asarray(x)
 
 
-def load_audio(path: str | os.PathLike, sr: int | None = None, mono: bool = True) -> tuple[np.ndarray, int]:
+def load_audio(path: str | os.PathLike, sr: int | None = None, mono: bool = True,
+               max_seconds: float | None = None) -> tuple[np.ndarray, int]:
     """Read any file libsndfile reads (wav/flac/ogg/mp3, 8/16/24/32-bit PCM, float) as float32.
 
     Returns `(wav, sr)`: wav is [T] when `mono` (channels averaged) else [channels, T]; it is
     resampled with soxr 'HQ' to `sr` when given (otherwise the file's rate is returned).
     Raises `AudioError` (a ValueError naming the file) for a missing, unreadable or non-audio
     file, a file with no samples, or one with NaN/Inf samples (float files can hold them).
+    `max_seconds`: a longer file is refused from its header, before a sample is decoded
+    (`too long (612.00 s > 600 s)`, the reason `check_audio` gives).
+
+    Memory: mono audio is read `BLOCK_FRAMES` at a time, mixed down and resampled block by block
+    (`soxr.ResampleStream`, bit-identical to one `soxr.resample` call) into the result, so a file costs
+    its mono result at the output rate (4 bytes a sample) and one block, not its whole decoded
+    multichannel original besides: 600 s at 44.1 kHz is 106 MB.
     """
     path = Path(path)
     if not path.is_file():
         raise AudioError("file not found", path)
     try:
-        _check_declared_size(sf.info(str(path)), path)
-        data, file_sr = sf.read(str(path), dtype="float32", always_2d=True)  # [T, C]
+        info = sf.info(str(path))
+        _check_declared_size(info, path)
+        if max_seconds is not None and info.frames > max_seconds * info.samplerate:
+            raise AudioError(f"too long ({info.frames / info.samplerate:.2f} s > {max_seconds:g} s)", path)
+        if mono:
+            data, file_sr = _read_mono(path, None if sr is None else int(sr))
+        else:
+            data, file_sr = sf.read(str(path), dtype="float32", always_2d=True)  # [T, C]
+    except AudioError:
+        raise
     except (sf.SoundFileError, RuntimeError, OSError, ValueError, TypeError) as e:
         detail = str(e).splitlines()[-1] if str(e) else type(e).__name__
         raise AudioError(f"not readable as audio ({detail})", path) from e
+    if mono:
+        return data, int(sr if sr is not None else file_sr)
     cut = _wav_truncation(path)
     if cut:
         raise AudioError(f"truncated/unreadable: {cut} ({data.shape[0] / file_sr:.2f} s readable); "
@@ -83,13 +101,61 @@ def load_audio(path: str | os.PathLike, sr: int | None = None, mono: bool = True
         raise AudioError("empty (0 samples)", path)
     if not np.isfinite(data).all():
         raise AudioError("non-finite samples (NaN/Inf)", path)
-    if mono:
-        data = data.mean(axis=1, keepdims=True)
     if sr is not None and int(sr) != int(file_sr):
         data = soxr.resample(data, file_sr, int(sr), quality="HQ")
         file_sr = int(sr)
-    wav = data[:, 0] if mono else data.T
-    return np.ascontiguousarray(wav, dtype=np.float32), int(file_sr)
+    return np.ascontiguousarray(data.T, dtype=np.float32), int(file_sr)
+
+
+BLOCK_FRAMES = 1 << 16  # frames `load_audio` reads at a time: 1.5 s at 44.1 kHz, 256 KiB a channel
+
+
+class _Filled:
+    """A float32 array filled block by block: one buffer of the expected length (grown if a header
+    undercounted), so the result is never concatenated (which would hold it twice)."""
+
+    def __init__(self, expected: int):
+        self.buf = np.empty(max(int(expected), 1), dtype=np.float32)
+        self.n = 0
+
+    def add(self, x: np.ndarray) -> None:
+        if self.n + len(x) > len(self.buf):
+            self.buf = np.resize(self.buf, max(self.n + len(x), 2 * len(self.buf)))
+        self.buf[self.n:self.n + len(x)] = x
+        self.n += len(x)
+
+    def result(self) -> np.ndarray:
+        return self.buf[:self.n]  # a view: a copy would hold the result twice for a moment
+
+
+def _read_mono(path: Path, sr: int | None) -> tuple[np.ndarray, int]:
+    """The file averaged to mono (and resampled to `sr`), read `BLOCK_FRAMES` at a time; the checks of
+    `load_audio` (truncated WAV, no samples, NaN/Inf) as AudioError."""
+    with sf.SoundFile(str(path)) as f:
+        file_sr, frames = int(f.samplerate), int(f.frames)
+        resampler = None if sr is None or sr == file_sr else soxr.ResampleStream(
+            file_sr, sr, 1, dtype="float32", quality="HQ")
+        out = _Filled(frames if resampler is None else math.ceil(frames * sr / file_sr) + 16)
+        read, finite = 0, True
+        while True:
+            block = f.read(BLOCK_FRAMES, dtype="float32", always_2d=True)  # [n, C]
+            if not len(block):
+                break
+            read += len(block)
+            finite = finite and bool(np.isfinite(block).all())
+            x = block.mean(axis=1) if block.shape[1] > 1 else block[:, 0]
+            out.add(x if resampler is None else resampler.resample_chunk(x, last=False))
+        if resampler is not None and read:
+            out.add(resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True))
+    cut = _wav_truncation(path)
+    if cut:
+        raise AudioError(f"truncated/unreadable: {cut} ({read / file_sr:.2f} s readable); "
+                         "re-export or copy the file again", path)
+    if read == 0:
+        raise AudioError("empty (0 samples)", path)
+    if not finite:
+        raise AudioError("non-finite samples (NaN/Inf)", path)
+    return out.result(), file_sr
 
 
 # What a header may declare before anything is decoded: a 40 KB WAV that claims a 1 Hz rate becomes GBs once
@@ -351,6 +417,31 @@ class MelSpectrogram(nn.Module):
     def forward(self, wav: torch.Tensor) -> torch.Tensor:
         """wav [B, T], [B, 1, T] or [T] → log-mel [B, n_mels, frames] (fp32)."""
         return self.mel_from_linear(self.linear(wav))
+
+    def mel_in_chunks(self, wav: torch.Tensor, chunk_frames: int = 1024) -> torch.Tensor:
+        """One waveform [T] → log-mel [n_mels, frames], `chunk_frames` frames at a time: the same frames as
+        `forward` (each frame sees only its own window; bit-identical on the CPU), without the whole file's
+        complex STFT and its magnitudes (24 bytes a frame-bin: 1.3 GB for 10 min at 44.1 kHz) at once. For
+        a preparation's long files (`center=False`; `center=True` runs `forward`)."""
+        if self.center or wav.dim() != 1:
+            return self.forward(wav)[0] if wav.dim() == 1 else self.forward(wav)
+        min_len = max(self.pad + 1, self.n_fft - 2 * self.pad)
+        if wav.numel() < min_len:
+            return self.forward(wav)[0]  # its error
+        with torch.no_grad(), torch.autocast(device_type=wav.device.type, enabled=False):
+            padded = wav.float()
+            if self.pad > 0:
+                padded = nn.functional.pad(padded[None, None], (self.pad, self.pad), mode="reflect")[0, 0]
+            frames = (padded.numel() - self.n_fft) // self.hop_length + 1
+            out = torch.empty(self.n_mels, frames)
+            for a in range(0, frames, chunk_frames):
+                b = min(frames, a + chunk_frames)
+                seg = padded[a * self.hop_length:(b - 1) * self.hop_length + self.n_fft]
+                spec = torch.stft(seg[None], self.n_fft, hop_length=self.hop_length, win_length=self.win_length,
+                                  window=self.window.float(), center=False, normalized=False, onesided=True,
+                                  return_complex=True)
+                out[:, a:b] = self.mel_from_linear(magnitude(spec))[0]
+            return out
 
 
 def frame_log_power(log_mel: torch.Tensor) -> torch.Tensor:

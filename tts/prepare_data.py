@@ -316,7 +316,9 @@ def process_item(job: Job) -> Result:
             wav, sr = load_audio(wav_out)
             done = sr == a.sample_rate
         if not done:
-            wav, sr = load_audio(job.audio_path, sr=a.sample_rate, mono=True)
+            # longer than data.max_audio_len: refused from its header, nothing decoded; else read and resampled in
+            # blocks (common.audio.load_audio), so a worker holds the clip at the output rate and little more
+            wav, sr = load_audio(job.audio_path, sr=a.sample_rate, mono=True, max_seconds=job.data.max_audio_len)
             info = sf.info(job.audio_path)
             if info is not None and info.channels > 1:
                 res.notes.append(f"downmixed {info.channels} channels to mono")

@@ -145,7 +145,9 @@ class BinarizationArgs:
     num_workers: NonNegativeInt = 8  # processes for prepare_data.py (its --num_workers overrides)
     shuffle: bool = True  # shuffle files (seeded) before taking the val_num validation files
     min_seconds: NonNegativeFloat = 0.5  # shorter files are skipped (reported)
-    max_seconds: PositiveFloat | None = None  # longer files are skipped (None = no limit)
+    # longer files are skipped from their header, before decoding (None = no limit): 10 min holds a whole song
+    # and bounds a prepare worker to about 1.5 GB (README, "Data preparation")
+    max_seconds: PositiveFloat | None = 600.0
     silence_db: AnyFloat = -60.0  # peak below this -> skipped as silent
     max_clip_fraction: Probability = 0.01  # more samples than this at full scale -> skipped as clipped
 

@@ -93,6 +93,16 @@ class Settings:
         return d
 
 
+# Recorded, but no part of an item's content: it only picks which files become items, so a folder (and its
+# items) prepared with another `max_seconds` continues, and an item longer than this run's is left out.
+FILTER_KEYS = ("max_seconds",)
+
+
+def same_content(settings: dict | None) -> dict | None:
+    """A settings fingerprint without `FILTER_KEYS`: what must match for an item (or a folder) to be kept."""
+    return None if settings is None else {k: v for k, v in settings.items() if k not in FILTER_KEYS}
+
+
 def find_audio(roots: list[Path]) -> list[tuple[Path, Path]]:
     """(root, file) for every audio file under the roots, sorted, hidden files skipped."""
     found = []
@@ -131,7 +141,8 @@ def is_done(item_dir: Path, path: Path, settings: Settings, mel: Path | None = N
     except (OSError, json.JSONDecodeError):
         return None
     stamp = _source_stamp(path)
-    if meta.get("settings") != settings.as_dict() or any(meta.get(k) != v for k, v in stamp.items()):
+    if same_content(meta.get("settings")) != same_content(settings.as_dict()) or any(
+            meta.get(k) != v for k, v in stamp.items()):
         return None
     if mel is not None and meta.get("mel_source") != _source_stamp(mel):
         return None
@@ -161,8 +172,8 @@ def process_file(path: Path, item_dir: Path, settings: Settings, gta_mel: Path |
         wav = wav[: frames * settings.hop_size]
         mel_fn = MelSpectrogram(settings.sample_rate, settings.fft_size, settings.win_size, settings.hop_size,
                                 settings.num_mels, settings.fmin, settings.fmax)
-        with torch.no_grad():
-            mel = mel_fn(torch.from_numpy(wav)[None])[0].T.contiguous().numpy()  # [frames, n_mels]
+        with torch.no_grad():  # in chunks of frames: a long file never holds its whole STFT (the same values)
+            mel = mel_fn.mel_in_chunks(torch.from_numpy(wav)).T.contiguous().numpy()  # [frames, n_mels]
         if mel.shape[0] != frames:
             return {"ok": False, "reason": f"internal: mel has {mel.shape[0]} frames, expected {frames}"}
     else:
@@ -183,8 +194,8 @@ def process_file(path: Path, item_dir: Path, settings: Settings, gta_mel: Path |
             "seconds": frames * settings.hop_size / settings.sample_rate,
             "voiced_fraction": float(voiced.mean()) if frames else 0.0}
     with atomic_output(item_dir, folder=True) as tmp:  # <item>.tmp<pid>, renamed when complete
-        np.save(tmp / "audio.npy", wav.astype(np.float32))
-        np.save(tmp / "mel.npy", mel.astype(np.float32))
+        np.save(tmp / "audio.npy", wav.astype(np.float32, copy=False))  # no second copy of a long file
+        np.save(tmp / "mel.npy", mel.astype(np.float32, copy=False))
         np.save(tmp / "f0.npy", f0.astype(np.float32))
         np.save(tmp / "voiced.npy", voiced.astype(bool))
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
@@ -203,18 +214,17 @@ def prepared_settings(out: Path) -> dict | None:
 
 
 def load_checked(path: Path, settings: Settings):
-    """load_audio at the file's own rate first, so the length/silence checks and the report see
-    the original, then resample (soxr) to the training rate."""
-    from common.audio import AudioError, load_audio, resample
+    """The file as mono float32 at the training rate: refused from its header when longer than
+    `max_seconds` (nothing decoded), else read and resampled (soxr) block by block (`common.audio.load_audio`),
+    so a worker holds about the result alone: 4 bytes a sample at `sample_rate`."""
+    from common.audio import AudioError, load_audio
 
     if path.stat().st_size == 0:
         raise AudioError("empty file (0 bytes)", path)
-    wav, sr = load_audio(path, sr=None, mono=True)
-    if sr != settings.sample_rate:
-        wav = resample(wav, sr, settings.sample_rate)
-        if not np.isfinite(wav).all():
-            raise AudioError("non-finite samples after resampling", path)
-    return wav, settings.sample_rate
+    wav, sr = load_audio(path, sr=settings.sample_rate, mono=True, max_seconds=settings.max_seconds)
+    if not np.isfinite(wav).all():  # the file's own samples are finite (load_audio): only soxr could do this
+        raise AudioError("non-finite samples after resampling", path)
+    return wav, sr
 
 
 def _job(args: tuple[str, str, Settings, str | None]) -> dict:
@@ -279,7 +289,8 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
     if mel_dir and mels is None:
         mels = check_mel_dir(Path(mel_dir), files, cfg.audio)
     mels = mels or {}  # {audio: its GTA mel}
-    check_prepared_settings(out, prepared_settings(out), settings.as_dict(), overwrite, "--output", log=log)
+    check_prepared_settings(out, same_content(prepared_settings(out)), same_content(settings.as_dict()), overwrite,
+                            "--output", log=log)
     items_dir = out / "items"
     items_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_temp_folders(items_dir, log=log)  # `<item>.tmp<pid>` of killed earlier runs
@@ -296,7 +307,9 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
             meta = is_done(items_dir / iid, path, settings, mels.get(path))
         except OSError:
             pass
-        if meta is not None:
+        if meta is not None and settings.max_seconds is not None and meta["seconds"] > settings.max_seconds:
+            results[iid] = {"ok": False, "reason": f"too long ({meta['seconds']:.2f} s > {settings.max_seconds:g} s)"}
+        elif meta is not None:
             results[iid] = {"ok": True, "frames": meta["frames"], "seconds": meta["seconds"], "cached": True}
         else:
             jobs.append((str(path), str(items_dir / iid), settings, str(mels[path]) if path in mels else None))
