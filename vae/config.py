@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from common.best_by import check_best_by
 from common.log import tracker_names
 from common.precision import MixedPrecisionSwitch, precision_name
 from common.ranges import (
@@ -122,6 +123,7 @@ class VAEConfig:
     val_check_interval: NonNegativeInt = 1000  # steps between validation (PSNR/SSIM/LPIPS); the guide's val_freq
     log_freq: PositiveInt = 20                # steps between TensorBoard scalars
     logger: str = "tensorboard"               # experiment trackers: tensorboard, wandb, mlflow, comma-separated
+    best_by: str = "psnr"                     # the held-out metric best.pt is chosen by (--best_by; common/best_by.py)
     num_sample_images: PositiveInt = 4
     latent_stats_images: PositiveInt = 64     # images encoded at the end for the scaling factor
     export_diffusers: bool = True             # write output_dir/diffusers/ at the end
@@ -138,6 +140,11 @@ class VAEConfig:
             problems.append(str(exc))
         try:
             self.logger = tracker_names(self.logger)
+        except ValueError as exc:
+            problems.append(str(exc))
+        try:  # what vae/metrics.py's evaluate measures; LPIPS only with the perceptual loss's network
+            self.best_by = check_best_by(self.best_by, ("psnr", "ssim", "l1") + ("lpips",) * (self.perceptual_weight > 0),
+                                         {"lpips": "it needs perceptual_weight > 0"})
         except ValueError as exc:
             problems.append(str(exc))
         if self.image_size % 8:

@@ -24,7 +24,7 @@ VALUE_FLAGS: dict[str, type] = {
     "disc_start": int, "disc_weight": float, "layers_per_block": int, "ema_decay": float,
     "warmup_steps": int, "val_freq": int, "log_freq": int, "seed": int, "device": str,
     "stop_at_step": int, "time_limit_minutes": float, "keep_checkpoints": int, "num_val_images": int,
-    "disc_learning_rate": float, "precision": str, "logger": str,
+    "disc_learning_rate": float, "precision": str, "logger": str, "best_by": str,
 }
 BOOL_FLAGS = ("mixed_precision", "use_bf16", "use_torch_compile", "enable_tf32", "channels_last",
               "persistent_workers", "gradient_checkpointing", "learn_logvar", "random_flip", "export_diffusers",

@@ -28,9 +28,9 @@ import torch
 
 from common import distributed, exit_codes, loop
 from common.atomic_write import append_text, save_png
+from common.best_by import BestCheckpoints, best_value
 from common.checkpoint import (
     CheckpointError,
-    CheckpointManager,
     load_checkpoint,
     make_state,
     resolve_resume,
@@ -77,7 +77,7 @@ class VAETrainer:
         self.stage, self.stages = 1, [{"stage": 1, "image_size": cfg.image_size, "first_step": 0, "first_epoch": 0}]
         self.best_psnr: float | None = None
         self.trackers: dict = {}  # the W&B / MLflow run ids a resumed checkpoint holds
-        self.last_psnr: float | None = None
+        self.last_best: float | None = None  # the latest validation's best_by metric (ranks the epoch checkpoints)
         self.last_good: Path | None = None  # the newest checkpoint known to hold a good state
         self.last_val: tuple[int, dict] = (-1, {})  # (global step, metrics) of the latest validation
         self.log(f"VAE {count_parameters(core.vae) / 1e6:.1f} M parameters"
@@ -89,8 +89,8 @@ class VAETrainer:
         # Build order: the shared one (models, channels_last, DDP, compile, optimizers), but the per-rank seed comes
         # after the models (which `train` seeds alike on every rank): seeding per rank first would change the digest.
         torch.manual_seed(cfg.seed + info.rank)
-        self.manager = CheckpointManager(out_dir, keep_last=cfg.save_n_checkpoints, mode="max",
-                                         name_fn=lambda n: f"checkpoint_epoch_{n}.pt")
+        self.manager = BestCheckpoints(out_dir, cfg.best_by, "psnr", self.log, keep_last=cfg.save_n_checkpoints,
+                                       name_fn=lambda n: f"checkpoint_epoch_{n}.pt")
         resume = resolve_resume(cfg.resume_from, out_dir, self.manager, extra_names=("checkpoint_last.pt",))
         if resume is not None:
             self.restore(resume)
@@ -181,7 +181,7 @@ class VAETrainer:
         m = evaluate(self.core.eval_model, self.val_batches, self.device, self.precision.autocast, self.core.perceptual)
         if m:
             self.writer.scalars(m, self.global_step, "val")
-            self.last_psnr = m["psnr"]
+            self.last_best = best_value(m, self.cfg.best_by)
             self.best_psnr = m["psnr"] if self.best_psnr is None else max(self.best_psnr, m["psnr"])
             append_text(self.out_dir / "metrics.jsonl",
                         json.dumps({"step": self.global_step, "image_size": self.cfg.image_size, **m}) + "\n")
@@ -268,7 +268,7 @@ class VAETrainer:
             return
         s = self._state()
         if self.info.is_main:
-            self.last_good = self.manager.save(s, epochs_done, metric=self.last_psnr)
+            self.last_good = self.manager.save(s, epochs_done, metric=self.last_best)
             self.log(f"saved {self.last_good}")
         distributed.barrier()
 

@@ -10,6 +10,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from common.audio import MelSpectrogram
+from common.best_by import add_best_by_arg
 from common.config import ConfigError, add_config_args, format_config, load_config, note_prepare_keys
 from common.data import ResumableSampler, make_loader
 from common.log import add_logger_arg
@@ -95,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shortcut for --set precision=... (32-true|16-mixed|bf16-mixed|auto)")
     p.add_argument("--device", default=None, help="force a device, e.g. cpu (default: cuda if available)")
     add_logger_arg(p)
+    add_best_by_arg(p)
     add_preset_arg(p)
     return p
 
@@ -104,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
 def resolve_run(args: argparse.Namespace) -> tuple[VocoderConfig, Path]:
     """The config the command line asks for (YAML, --set, flags, preset) and its prepared run folder."""
     cfg = load_config(args.config, VocoderConfig, args.overrides,
-                      extra={"precision": args.precision, "binary_data_dir": args.data_dir, "logger": args.logger})
+                      extra={"precision": args.precision, "binary_data_dir": args.data_dir, "logger": args.logger,
+                             "best_by": args.best_by})
     apply_preset(cfg, args.preset, CARD_PRESETS)
     note_prepare_keys(cfg, VocoderConfig.PREPARE_ONLY, "vocoder/prepare_data.py")
     if not cfg.binary_data_dir:

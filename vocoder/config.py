@@ -19,11 +19,13 @@ followed by one generator update.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from common.audio import AudioSettings
+from common.best_by import check_best_by
 from common.config import ConfigError, load_config  # noqa: F401 (re-exported for callers)
 from common.log import tracker_names
 from common.precision import precision_name
@@ -164,6 +166,10 @@ _LAYOUT = ("SingingVocoders' binarizer layout; here prepare_data.py writes one f
 _SEED_AUDIO_KEYS = ("audio_sample_rate", "hop_size", "fft_size", "win_size", "audio_num_mel_bins")
 
 
+# What validation measures (vocoder/validation.py), the names --best_by takes; "pesq" too with valid_pesq.
+VALIDATES = ("mrstft", "mel_l1", "f0_rmse", "vuv_error", "periodicity")
+
+
 @dataclass
 class VocoderConfig:
     NOT_READ_HERE: ClassVar[dict[str, str]] = {  # common.config names the replacement instead of guessing
@@ -279,7 +285,9 @@ class VocoderConfig:
     num_valid_plots: NonNegativeInt = 10  # validation files logged as audio + mel plots
     valid_max_seconds: PositiveFloat = 20.0  # validation files are cut to this length
     save_n_checkpoints: PositiveInt = 5  # the newest N step checkpoints kept (the seed's num_ckpt_keep)
-    save_best_after: NonNegativeInt = 0  # best.pt (lowest held-out MR-STFT distance) only from this step on
+    save_best_after: NonNegativeInt = 0  # best.pt (by best_by) only from this step on
+    best_by: str = "mrstft"  # the held-out metric best.pt is chosen by (--best_by; VALIDATES, common/best_by.py)
+    valid_pesq: bool = False  # also wide-band PESQ at validation (slow on a CPU: ~0.3 s per second of audio)
 
     # ---- fine-tuning and freezing
     finetune_enabled: bool = False
@@ -293,6 +301,11 @@ class VocoderConfig:
         task_kind(self.task_cls)
         self.precision = precision_name(self.precision)
         self.logger = tracker_names(self.logger)
+        self.best_by = check_best_by(self.best_by, VALIDATES + ("pesq",) * self.valid_pesq,
+                                     {"pesq": "set valid_pesq: true"})
+        if self.valid_pesq and importlib.util.find_spec("pesq") is None:  # at start, not at the first validation
+            raise ValueError("valid_pesq: the pesq package is not installed: pip install pesq (requirements.txt), "
+                             "or set valid_pesq: false")
         a = self.audio
         if math.prod(self.model_args.upsample_rates) != a.hop_length:
             raise ValueError(

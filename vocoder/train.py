@@ -10,7 +10,7 @@ One step = one discriminator update followed by one generator update; ``max_upda
 The loop: crop batch -> G(mel, f0) -> D update (LSGAN on real vs detached fake) -> G update
 (adversarial + feature matching + mel L1 [+ MR-STFT] [+ pitch-shift cycle]) -> log ->
 every ``val_check_interval`` steps: held-out MR-STFT distance, audio + mel plots, checkpoint
-(last ``save_n_checkpoints`` kept, ``best.pt`` by the distance after ``save_best_after``).
+(last ``save_n_checkpoints`` kept, ``best.pt`` by ``best_by`` (default the distance) after ``save_best_after``).
 Ctrl-C / SIGTERM saves a checkpoint and exits; ``--resume auto`` continues bit-exactly.
 A non-finite loss or gradient skips that network's update (no optimizer state touched);
 ``max_nonfinite_steps`` in a row stop the run with the last good checkpoint left as newest.
@@ -28,9 +28,9 @@ import torch
 
 from common import distributed, exit_codes, loop
 from common.atomic_write import write_text
+from common.best_by import BestCheckpoints, best_value
 from common.checkpoint import (
     CheckpointError,
-    CheckpointManager,
     load_checkpoint,
     make_state,
     resolve_resume,
@@ -117,8 +117,8 @@ class VocoderTrainer:
         torch.manual_seed(cfg.seed)
         self.generator = build_generator(cfg).to(self.device)
         self.discriminator = build_discriminator(cfg).to(self.device)
-        self.manager = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.save_n_checkpoints,
-                                         save_best_after=cfg.save_best_after, mode="min", prefix="model")
+        self.manager = BestCheckpoints(self.run_dir / "checkpoints", cfg.best_by, "mrstft", self.log,
+                                       keep_last=cfg.save_n_checkpoints, save_best_after=cfg.save_best_after, prefix="model")
         resume_path = resolve_resume(resume, self.run_dir / "checkpoints", self.manager)
         if resume_path is None:  # a new run: weights from elsewhere, if asked
             load_start_weights(cfg, init_from, self.generator, self.discriminator, self.log)
@@ -276,13 +276,17 @@ class VocoderTrainer:
         if self.is_main and self.valid_set is not None:
             cfg = self.cfg
             result, plots = validation.validate(self.generator, self.valid_set, self.precision, self.stft,
-                                                self.input_mel, cfg.seed, limit, cfg.num_valid_plots)
+                                                self.input_mel, cfg.seed, limit, cfg.num_valid_plots,
+                                                (cfg.audio.sample_rate, cfg.audio.hop_length, cfg.f0_min, cfg.f0_max),
+                                                cfg.valid_pesq)
             for plot in plots:
                 validation.log_plot(self.writer, self.step, plot, cfg.audio.sample_rate, cfg.mel_vmin, cfg.mel_vmax,
                                     self.logged_gt)
             self.writer.scalars(result, self.step, prefix="valid")
             self.history.setdefault("valid", []).append({"step": self.step, **result})
-            self.log(f"step {self.step}: valid MR-STFT distance {result['mrstft']:.4f}, mel L1 {result['mel_l1']:.4f}")
+            self.log(f"step {self.step}: valid MR-STFT distance {result['mrstft']:.4f}, mel L1 {result['mel_l1']:.4f}, "
+                     f"F0 RMSE {result['f0_rmse']:.1f} cents, V/UV error {result['vuv_error']:.3f}, periodicity "
+                     f"error {result['periodicity']:.3f}" + (f", PESQ {result['pesq']:.2f}" if "pesq" in result else ""))
         distributed.barrier()
         return result
 
@@ -306,7 +310,7 @@ class VocoderTrainer:
         try:
             reason = loop.run(self, cadence, stop, progress, epoch_batches=self._epoch_batches,
                               optimizers=self.optimizers, guards=self.guards, divergence=self.divergence,
-                              log=self._log_train, metric=lambda result: result["mrstft"] if result else None)
+                              log=self._log_train, metric=lambda result: best_value(result, cfg.best_by))
         finally:
             self.log.bar = None
             progress.close()

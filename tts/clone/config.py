@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from common.audio import AudioSettings
+from common.best_by import check_best_by
 from common.log import tracker_names
 from common.precision import precision_name
 from common.ranges import (
@@ -111,6 +112,10 @@ class LossConfig:
     voiced: NonNegativeFloat = 0.1  # BCE on the voiced flag
 
 
+# What validation measures (tts/clone/evaluation.py: teacher-forced), the names --best_by takes.
+VALIDATES = ("mel_l1", "loss")
+
+
 @dataclass
 class TrainConfig:
     checkpoint_dir: str = "runs/tts_clone"
@@ -129,6 +134,7 @@ class TrainConfig:
     save_interval: PositiveInt = 1000  # also saved at every validation and at the end
     save_n_checkpoints: PositiveInt = 5
     save_best_after: NonNegativeInt = 0
+    best_by: str = "mel_l1"  # the held-out metric best.pt is chosen by (--best_by; VALIDATES, common/best_by.py)
     max_gpu_memory: Probability = 0.0  # fraction of the GPU for this process; 0 = no cap
     max_nonfinite: PositiveInt = 20  # this many non-finite steps in a row stop the run
     compile: bool = False      # torch.compile the model (bucketed shapes keep recompiles bounded)
@@ -138,6 +144,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.precision = precision_name(self.precision)
         self.logger = tracker_names(self.logger)
+        self.best_by = check_best_by(self.best_by, VALIDATES)
 
 
 @dataclass
@@ -161,7 +168,8 @@ class VocoderConfig:
 
 @dataclass
 class CloneConfig:
-    ALIASES: ClassVar[dict[str, str]] = {"precision": "train.precision", "logger": "train.logger"}  # the keys every trainer reads
+    ALIASES: ClassVar[dict[str, str]] = {"precision": "train.precision", "logger": "train.logger",
+                                         "best_by": "train.best_by"}  # the keys every trainer reads
     # `--preset` (common.presets): each card setting of tts/clone/presets.py -> the key it sets here
     PRESET_KEYS: ClassVar[dict[str, str]] = {"batch_size": "train.batch_size", "num_workers": "train.num_workers",
                                              "crop": "data.ref_seconds", "precision": "train.precision"}

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from common.best_by import BEST_BY_HELP
 from common.config import add_config_args, config_sources, explicit_keys, load_config, mark_explicit
 from common.log import LOGGER_HELP
 from common.precision import PRECISIONS as PRECISION_NAMES
@@ -64,6 +65,7 @@ FLAGS: dict[str, tuple[str, dict]] = {
     "--precision": ("train.precision", dict(choices=PRECISIONS,
                                             help="default auto (bf16-mixed on a bf16 GPU, else 32-true)")),
     "--logger": ("train.logger", dict(metavar="NAMES", help=LOGGER_HELP)),
+    "--best_by": ("train.best_by", dict(metavar="METRIC", help=BEST_BY_HELP)),
 }
 RUN_DIR_FLAG = "--checkpoint-dir"  # common.run_dir's --run_dir, under the guide's name
 KEY_FLAGS = {key: flag for flag, (key, _) in FLAGS.items()} | {"train.checkpoint_dir": RUN_DIR_FLAG}

@@ -28,9 +28,9 @@ import numpy as np
 import torch
 
 from common import exit_codes, loop
+from common.best_by import BestCheckpoints, best_value
 from common.checkpoint import (
     CheckpointError,
-    CheckpointManager,
     load_checkpoint,
     load_matching,
     make_state,
@@ -107,8 +107,8 @@ class CloneTrainer:
         self.optimizers, self.guards = {"optimizer": self.optimizer}, {"optimizer": self.guard}  # by optimizer name
         self.divergence = DivergenceGuard(self.model.parameters(), t.max_nonfinite)
         self.plateau = PlateauDetector(cfg.val.plateau_patience, cfg.val.plateau_min_delta)
-        self.manager = CheckpointManager(self.run_dir, keep_last=t.save_n_checkpoints,
-                                         save_best_after=t.save_best_after, mode="min", prefix="clone")
+        self.manager = BestCheckpoints(self.run_dir, t.best_by, "mel_l1", self.log, keep_last=t.save_n_checkpoints,
+                                       save_best_after=t.save_best_after, prefix="clone")
 
         # ---- counters, then resume (exact) or a new run (feature statistics, optional --init_from weights)
         self.step = self.epoch = self.batch_in_epoch = 0  # batch_in_epoch counts micro-batches
@@ -223,9 +223,9 @@ class CloneTrainer:
         self._acc, self._n_acc = {}, 0
         return {}
 
-    def validate(self) -> float:
+    def validate(self) -> float | None:
         """Teacher-forced held-out mel L1 (`tts.clone.evaluation`), the fixed sentences in TensorBoard, the
-        plateau note; kept in the run's history. Returns the mel L1 (best.pt's metric)."""
+        plateau note; kept in the run's history. Returns the `train.best_by` metric (best.pt's; mel L1 by default)."""
         step = self.step
         metrics = evaluate(self.model, self.data.val_loader, self.cfg, self.precision, self.device)
         val = float(metrics["mel_l1"])
@@ -243,7 +243,7 @@ class CloneTrainer:
             self.log(note)
             self.writer.text("plateau", note, step)
         recent.clear()
-        return val
+        return best_value(metrics, self.cfg.train.best_by)
 
     # ------------------------------------------------------------------ the loop
     def fit(self, progress: bool = True, stop_at_step: int | None = None) -> dict:

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from common.audio import MelSpectrogram
+from common.best_by import add_best_by_arg
 from common.checkpoint import load_checkpoint, load_matching, refuse_other_kind
 from common.config import ConfigError, add_config_args, load_config, note_prepare_keys
 from common.data import BucketBatchSampler, BucketShapes, make_loader
@@ -130,6 +131,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the speaker of a multi-speaker --init_from voice a single-speaker run keeps (default: "
                         "the mean of its speakers)")
     add_logger_arg(p)
+    add_best_by_arg(p)
     add_preset_arg(p)
     return p.parse_args(argv)
 
@@ -173,7 +175,8 @@ def resolve_run(args: argparse.Namespace) -> tuple[TrainConfig, SourceStart | No
     """The config the command line asks for, and its --init_from read and checked (a published voice's plan,
     or a checkpoint of this trainer), with the run folder prepared after both."""
     cfg = load_config(args.config, TrainConfig, args.overrides, extra={"data_dir": args.data_dir, "run_dir": args.run_dir,
-                                                                           "logger": args.logger})
+                                                                           "logger": args.logger,
+                                                                           "best_by": args.best_by})
     apply_preset(cfg, args.preset, CARD_PRESETS)
     note_prepare_keys(cfg, DataConfig.PREPARE_ONLY, "tts/prepare_data.py")
     source = plan_source_start(cfg, args)

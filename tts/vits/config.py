@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Literal
 
 from common.audio import AudioSettings
+from common.best_by import check_best_by
 from common.config import ConfigError, build_dataclass
 from common.log import tracker_names
 from common.precision import MixedPrecisionSwitch, precision_name
@@ -151,6 +152,10 @@ class DataConfig:
     num_buckets: PositiveInt = 8  # length buckets of the training batches
 
 
+# What evaluation measures (tts/vits/evaluation.py), the names --best_by takes.
+VALIDATES = ("score", "mcd", "align_sharpness", "dur_mae", "dur_err")
+
+
 @dataclass
 class TrainConfig:
     """Everything train.py reads. Defaults are the RTX 4090 recipe's (tts/vits/configs/uzbek_vits.yaml)."""
@@ -225,6 +230,7 @@ class TrainConfig:
     save_step: PositiveInt = 500
     save_n_checkpoints: PositiveInt = 8
     save_best_after: NonNegativeInt = 5000
+    best_by: str = "score"  # the held-out metric best.pt is chosen by (--best_by; VALIDATES, common/best_by.py)
     val_check_interval: NonNegativeInt = 500  # steps between evaluations; 0 = no mid-epoch evaluation
     test_delay_epochs: NonNegativeInt = 3
     run_eval: bool = True
@@ -257,6 +263,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.precision = precision_name(self.precision)
         self.logger = tracker_names(self.logger)
+        self.best_by = check_best_by(self.best_by, VALIDATES)
         self.args()  # model_args is a free mapping: its keys, types and ranges are checked at load too
 
     def args(self) -> VitsArgs:

@@ -25,9 +25,9 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from common import exit_codes, loop
+from common.best_by import BestCheckpoints, best_value
 from common.checkpoint import (
     CheckpointError,
-    CheckpointManager,
     load_checkpoint,
     make_state,
     resolve_resume,
@@ -121,8 +121,8 @@ class VitsTrainer:
         self.divergence = DivergenceGuard([*self.generator.parameters(), *self.discriminator.parameters()],
                                           cfg.max_nonfinite_steps)
         self.clip_stats = ClipStats(cfg.clip_grad_norm)
-        self.manager = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.save_n_checkpoints,
-                                         save_best_after=cfg.save_best_after, mode="min", prefix="vits")
+        self.manager = BestCheckpoints(self.run_dir / "checkpoints", cfg.best_by, "score", self.log,
+                                       keep_last=cfg.save_n_checkpoints, save_best_after=cfg.save_best_after, prefix="vits")
         self.step = self.epoch = self.batch_in_epoch = 0
         self.trackers: dict = {}  # the W&B / MLflow run ids a resumed checkpoint holds
         self.last_good: Path | None = None  # the newest checkpoint known to hold a good state
@@ -321,7 +321,7 @@ class VitsTrainer:
         try:
             reason = loop.run(self, cadence, stop, progress, epoch_batches=self._epoch_batches,
                               optimizers=self.optimizers, guards=self.guards, divergence=self.divergence,
-                              log=self._log_step, metric=lambda m: m["score"] if m else None)
+                              log=self._log_step, metric=lambda m: best_value(m, cfg.best_by))
         finally:
             self.log.bar = None
             progress.close()
