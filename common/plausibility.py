@@ -25,6 +25,7 @@ import numpy as np
 import scipy.fft
 import torch
 
+from common import pitch_metrics as pm
 from common.audio import MelSpectrogram
 
 MCD_K = 10.0 / math.log(10.0) * math.sqrt(2.0)
@@ -88,12 +89,40 @@ def mel_cepstrum(log_mel: np.ndarray, n_ceps: int = N_CEPS) -> np.ndarray:
 
 def mcd_dtw(ref_log_mel: np.ndarray, syn_log_mel: np.ndarray, n_ceps: int = N_CEPS) -> float:
     """DTW-aligned mel-cepstral distortion in dB between two log-mel spectrograms."""
+    return mcd_dtw_path(ref_log_mel, syn_log_mel, n_ceps)[0]
+
+
+def mcd_dtw_path(ref_log_mel: np.ndarray, syn_log_mel: np.ndarray,
+                 n_ceps: int = N_CEPS) -> tuple[float, np.ndarray]:
+    """`mcd_dtw` and its DTW path: [steps, 2] int pairs (reference frame, synthesised frame), first to last
+    frame of both ([0, 2] and NaN when either is empty). Other per-frame figures reuse the path
+    (`aligned_pitch_errors`), so every figure of a pair is taken on the same alignment."""
     a, b = mel_cepstrum(ref_log_mel, n_ceps), mel_cepstrum(syn_log_mel, n_ceps)
     if len(a) == 0 or len(b) == 0:
-        return float("nan")
+        return float("nan"), np.zeros((0, 2), dtype=np.int64)
     _, wp = librosa.sequence.dtw(X=a.T, Y=b.T, metric="euclidean")
     dist = np.linalg.norm(a[wp[:, 0]] - b[wp[:, 1]], axis=1)
-    return float(MCD_K * dist.mean())
+    return float(MCD_K * dist.mean()), np.ascontiguousarray(wp[::-1], dtype=np.int64)
+
+
+def aligned_pitch_errors(syn_wav, ref_wav, sr: int, hop_length: int, path: np.ndarray,
+                         f0_min: float | None = None, f0_max: float | None = None) -> dict[str, float]:
+    """`common.pitch_metrics`' three figures ({"f0_rmse" (cents), "vuv_error", "periodicity"}) of a
+    synthesised waveform against its recording, frame pairs taken along a DTW `path` of their mels
+    (`mcd_dtw_path`; frame i of a waveform is its mel frame i, the grid `extract_f0` tracks on). A pair
+    whose durations differ (free-running synthesis) is compared sound for sound, not second for second.
+    NaN figures for an empty path; F0 RMSE NaN when no pair is voiced in both."""
+    if len(path) == 0:
+        return dict.fromkeys(pm.PITCH_METRICS, float("nan"))
+    lo = pm.F0_MIN if f0_min is None else f0_min
+    hi = pm.F0_MAX if f0_max is None else f0_max
+    n_ref, n_syn = int(path[:, 0].max()) + 1, int(path[:, 1].max()) + 1
+    f_ref, f_syn = pm.f0_track(ref_wav, sr, hop_length, n_ref, lo, hi), pm.f0_track(syn_wav, sr, hop_length, n_syn, lo, hi)
+    p_ref = pm.periodicity_track(ref_wav, sr, hop_length, n_ref, lo, hi)
+    p_syn = pm.periodicity_track(syn_wav, sr, hop_length, n_syn, lo, hi)
+    r, s = path[:, 0], path[:, 1]
+    return {"f0_rmse": pm.f0_rmse_cents(f_syn[s], f_ref[r]), "vuv_error": pm.vuv_error(f_syn[s], f_ref[r]),
+            "periodicity": pm.periodicity_error(p_syn[s], p_ref[r])}
 
 
 @dataclass

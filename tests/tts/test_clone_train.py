@@ -17,6 +17,7 @@ from bench.tiny import CLONE_AUDIO
 from common.audio import save_wav
 from common.checkpoint import CheckpointManager, load_checkpoint
 from common.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, espeak_available, make_corpus
+from common.speaker_similarity import resemblyzer_weights
 from tts.clone import infer as infer_clone
 from tts.clone.config import AudioConfig, DataConfig
 from tts.clone.data import DataError, build_features, load_reference
@@ -121,6 +122,10 @@ def test_training_lowers_the_validation_mel_loss_and_logs_audio(trained):
     assert {"val/alignment_mas", "synth/0/mel", "synth/0/alignment", "lr_schedule"} <= set(tags["images"])
     assert (run / "lr_schedule.png").is_file()
     assert {"val/mel_l1", "train/loss", "train/data_wait_fraction"} <= set(tags["scalars"])
+    # the eval items spoken free-running against their recordings (tts.clone.evaluation.synthesis_metrics)
+    synth = {"mcd", "f0_rmse", "vuv_error", "periodicity"} | ({"speaker_sim"} if resemblyzer_weights() else set())
+    assert {f"val/{k}" for k in synth} <= set(tags["scalars"]) and synth <= set(hist[-1])
+    assert 0.0 <= hist[-1]["vuv_error"] <= 1.0 and hist[-1]["mcd"] > 0
 
 
 def test_resume_is_bitwise_exact(corpus, tmp_path):

@@ -106,3 +106,16 @@ def test_bucket_shaped_padding_changes_no_valid_value(eval_set):
         n, t = int(tight["ids_len"][j]), int(tight["spec_len"][j])
         torch.testing.assert_close(b[0][j, :n, :t], a[0][j, :n, :t], atol=1e-3, rtol=1e-4)
         assert torch.equal(b[1][j, :n, :t], a[1][j, :n, :t])
+
+
+def test_pitch_and_speaker_figures_beside_mcd(eval_set):
+    """F0 RMSE / V/UV / periodicity along the MCD's DTW path; speaker_sim only with an encoder."""
+    from common.speaker_similarity import load_speaker_encoder, resemblyzer_weights
+
+    if resemblyzer_weights() is None:
+        pytest.skip("no speaker encoder (pip install --no-deps resemblyzer==0.1.4)")
+    ds, cfg = eval_set
+    m = evaluate(_model(cfg), ds, build_mel(cfg), torch.device("cpu"), max_items=2,
+                 speaker_encoder=load_speaker_encoder(say=pytest.fail))
+    assert 0.0 <= m["vuv_error"] <= 1.0 and 0.0 <= m["periodicity"] <= 1.0 and -1.0 <= m["speaker_sim"] <= 1.0
+    assert "f0_rmse" in m  # NaN when an untrained model voices no frame the recording voices

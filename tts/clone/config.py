@@ -157,6 +157,12 @@ class ValConfig:
         "Men o'zbek tilida gapirishni yaxshi ko'raman.",
     ])
     reference: str = ""        # fixed reference voice (wav); "" = the first eval item's audio
+    # eval items spoken free-running and scored against their recordings (MCD, F0 RMSE, V/UV, periodicity,
+    # speaker similarity: tts/clone/evaluation.py synthesis_metrics); 0 = off
+    synth_items: NonNegativeInt = 8
+    # the speaker encoder of speaker_sim (common/speaker_similarity.py): "resemblyzer" = the weights in that
+    # package (pip install --no-deps resemblyzer==0.1.4), a path = your TorchScript or state-dict file, "" = off
+    speaker_encoder: str = "resemblyzer"
     plateau_patience: PositiveInt = 5  # validations without improvement before the plateau notice
     plateau_min_delta: NonNegativeFloat = 0.005  # relative improvement that counts
 

@@ -1,6 +1,13 @@
 """Validation of the voice-cloning trainer: teacher-forced losses on the eval set, what TensorBoard
 shows of them (alignment, mels, the fixed sentences spoken in a fixed reference voice, through the
-vocoder or Griffin-Lim), and the plateau notice that reads the validation history."""
+vocoder or Griffin-Lim), and the plateau notice that reads the validation history.
+
+`synthesis_metrics` adds what the teacher-forced losses cannot see: the first `val.synth_items` eval
+utterances spoken free-running (predicted durations and f0) in the voice of another clip of their
+speaker, through the vocoder (Griffin-Lim without one: then the figures judge the mel through a rough
+inversion), against the recording: `mcd` (dB, DTW-aligned), `f0_rmse` (cents), `vuv_error`,
+`periodicity` along the same DTW path (`common.plausibility`), and `speaker_sim` (cosine of speaker
+embeddings, `common.speaker_similarity`, the `val.speaker_encoder` key)."""
 
 from __future__ import annotations
 
@@ -9,9 +16,12 @@ import math
 import numpy as np
 import torch
 
+from common.audio import MelSpectrogram, load_audio
 from common.log import RunLogger, plot_alignment, plot_spectrogram
+from common.plausibility import aligned_pitch_errors, mcd_dtw_path
 from common.precision import Precision
 from tts.clone.config import CloneConfig
+from tts.clone.data import load_item, reference_frames
 from tts.clone.decoder import durations_to_path
 from tts.clone.infer import synthesize
 from tts.clone.model import VoiceCloneTTS
@@ -97,6 +107,61 @@ def evaluate(model: VoiceCloneTTS, loader, cfg: CloneConfig, precision: Precisio
     metrics = {k: v / max(weight, 1.0) for k, v in sums.items()}
     metrics["_first"] = first
     return metrics
+
+
+SYNTH_METRICS = ("mcd", "f0_rmse", "vuv_error", "periodicity", "speaker_sim")
+
+
+@torch.no_grad()
+def synthesis_metrics(model: VoiceCloneTTS, items: list[dict], cfg: CloneConfig, vocoder, device: torch.device,
+                      speaker_encoder=None) -> dict:
+    """Free-running synthesis of the first `val.synth_items` eval items against their recordings (see the
+    module docstring); `speaker_sim` only with a `speaker_encoder`. Means over the items (NaN-skipping);
+    {} when there are none. Torch's and numpy's global RNG are left as they were (the vocoder's noise and
+    Griffin-Lim's start draw from them), so validating never changes training."""
+    chosen = items[: cfg.val.synth_items]
+    if not chosen:
+        return {}
+    a = cfg.audio
+    mel_fn = MelSpectrogram(**a.mel_kwargs).to(device)
+    ref_frames = reference_frames(cfg)
+    was_training = model.training
+    model.eval()
+    rows = []
+    np_state = np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            for i, item in enumerate(chosen):
+                # the reference: another utterance of the speaker (the item itself when it has none), its start
+                other = next((o for o in items if o["speaker"] == item["speaker"] and o is not item), item)
+                feats = load_item(item)
+                ref = torch.from_numpy(load_item(other)["mel"][:, :ref_frames]).float()[None].to(device)
+                ids = torch.from_numpy(feats["ids"]).long()[None].to(device)
+                torch.manual_seed(cfg.train.seed + i)
+                out = model.infer(ids, torch.ones_like(ids, dtype=torch.bool), ref,
+                                  torch.ones(ref.shape[0], ref.shape[2], dtype=torch.bool, device=device))
+                if vocoder is not None:
+                    syn = vocoder(out["mel"], out["f0"])[0].float().cpu().numpy().reshape(-1)
+                else:
+                    syn = griffin_lim(out["mel"][0], cfg).astype(np.float32)
+                rec, _ = load_audio(item["wav"], sr=a.sample_rate)
+                rec_mel = mel_fn(torch.from_numpy(rec)[None].to(device))[0].float().cpu().numpy()
+                syn_mel = (mel_fn(torch.from_numpy(syn)[None].to(device))[0].float().cpu().numpy()
+                           if len(syn) > a.n_fft else rec_mel[:, :0])
+                mcd, path = mcd_dtw_path(rec_mel, syn_mel)
+                row = {"mcd": mcd, **aligned_pitch_errors(syn, rec, a.sample_rate, a.hop_length, path, a.f0_min,
+                                                          a.f0_max)}
+                if speaker_encoder is not None:
+                    row["speaker_sim"] = speaker_encoder.similarity(syn, rec, a.sample_rate) if len(path) else math.nan
+                rows.append(row)
+    finally:
+        np.random.set_state(np_state)
+        model.train(was_training)
+    out = {}
+    for k in rows[0]:
+        finite = [r[k] for r in rows if math.isfinite(r[k])]
+        out[k] = float(np.mean(finite)) if finite else math.nan
+    return out
 
 
 def griffin_lim(mel: torch.Tensor, cfg: CloneConfig) -> np.ndarray:

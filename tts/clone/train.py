@@ -46,6 +46,7 @@ from common.precision import Precision
 from common.presets import apply_preset
 from common.run_dir import prepare_run_dir, tensorboard_dir
 from common.schedulers import lr_curve
+from common.speaker_similarity import load_speaker_encoder
 from common.stopping import RunStop, exit_code
 from common.training import (
     DivergenceGuard,
@@ -60,7 +61,7 @@ from common.training import (
 )
 from tts.clone.build import build_clone_optimizer, build_clone_scheduler, pick_device, planned_steps
 from tts.clone.data import CloneData, DataError, feature_stats, load_reference
-from tts.clone.evaluation import PlateauDetector, evaluate, log_validation, to_device
+from tts.clone.evaluation import PlateauDetector, evaluate, log_validation, synthesis_metrics, to_device
 from tts.clone.infer import VocoderMismatchError, load_matching_vocoder
 from tts.clone.model import VoiceCloneTTS
 from tts.clone.options import (
@@ -228,22 +229,36 @@ class CloneTrainer:
         plateau note; kept in the run's history. Returns the `train.best_by` metric (best.pt's; mel L1 by default)."""
         step = self.step
         metrics = evaluate(self.model, self.data.val_loader, self.cfg, self.precision, self.device)
+        synth = {}
+        if self.info.is_main:  # free-running synthesis against the recordings: monitoring only, rank 0
+            synth = synthesis_metrics(self.model, self.data.val_items, self.cfg, self.vocoder, self.device,
+                                      self.speaker_encoder())
+            metrics.update(synth)
         val = float(metrics["mel_l1"])
         lr_ratio = self.scheduler.get_last_lr()[-1] / max(self.cfg.optim.lr, 1e-30)
         recent = self.recent
         trend = (recent[-1] - recent[0]) / max(abs(recent[0]), 1e-8) if len(recent) >= 2 else None
         self.history.append({"step": step, "mel_l1": val, "loss": float(metrics["loss"]), "train_s": self.train_time,
-                             "skipped": self.guard.skipped_total})
+                             "skipped": self.guard.skipped_total, **synth})
         if self.info.is_main:
             log_validation(self.writer, self.model, metrics, self.cfg, self.reference, self.vocoder, step)
             self.writer.flush()
-        self.log(f"step {step}: validation mel L1 {val:.4f} (loss {metrics['loss']:.4f})")
+        self.log(f"step {step}: validation mel L1 {val:.4f} (loss {metrics['loss']:.4f})"
+                 + "".join(f", {k} {v:.3f}" for k, v in synth.items()))
         note = self.plateau.update(val, step, lr_ratio, trend)
         if note:
             self.log(note)
             self.writer.text("plateau", note, step)
         recent.clear()
         return best_value(metrics, self.cfg.train.best_by)
+
+    def speaker_encoder(self):
+        """`val.speaker_encoder`'s network for speaker_sim, loaded at the first validation (None: off, said once)."""
+        if not hasattr(self, "_speaker_encoder"):
+            path = self.cfg.val.speaker_encoder
+            self._speaker_encoder = (load_speaker_encoder(path, self.device, say=self.log)
+                                     if path and self.cfg.val.synth_items else None)
+        return self._speaker_encoder
 
     # ------------------------------------------------------------------ the loop
     def fit(self, progress: bool = True, stop_at_step: int | None = None) -> dict:

@@ -153,7 +153,7 @@ class DataConfig:
 
 
 # What evaluation measures (tts/vits/evaluation.py), the names --best_by takes.
-VALIDATES = ("score", "mcd", "align_sharpness", "dur_mae", "dur_err")
+VALIDATES = ("score", "mcd", "align_sharpness", "dur_mae", "dur_err", "f0_rmse", "vuv_error", "periodicity")
 
 
 @dataclass
@@ -237,6 +237,10 @@ class TrainConfig:
     eval_at_start: bool = False  # evaluate the untrained model too (the demo's "step 0" figures)
     progress_bar: bool = True
     eval_max_items: PositiveInt = 32  # eval utterances used for MCD/alignment metrics
+    # the speaker encoder of evaluation's speaker_sim (common/speaker_similarity.py): "resemblyzer" = the weights
+    # in that package (pip install --no-deps resemblyzer==0.1.4), a path = your TorchScript or state-dict file,
+    # "" = off; a missing one is one line and the metric is off
+    speaker_encoder: str = "resemblyzer"
     test_sentences: list[str] = field(default_factory=list)
     test_speaker: str | None = None  # speaker name for test sentences (default: the first)
     noise_scale: NonNegativeFloat = 0.667
@@ -263,7 +267,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.precision = precision_name(self.precision)
         self.logger = tracker_names(self.logger)
-        self.best_by = check_best_by(self.best_by, VALIDATES)
+        self.best_by = check_best_by(self.best_by, VALIDATES + ("speaker_sim",) * bool(self.speaker_encoder),
+                                     {"speaker_sim": "it needs a speaker_encoder"})
         self.args()  # model_args is a free mapping: its keys, types and ranges are checked at load too
 
     def args(self) -> VitsArgs:

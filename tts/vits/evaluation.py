@@ -16,6 +16,13 @@
   seconds of audio on one token (off the diagonal); both score low. A learnt alignment → 1.
 - **dur_mae** (frames per token) and **dur_err** (relative error of the total length) of the
   duration predictor (its deterministic setting: noise 0) against the MAS durations.
+- **f0_rmse** (cents, on frames voiced in both), **vuv_error** (fraction of frames whose voicing
+  differs) and **periodicity** (RMSE of the voicing-confidence tracks) of the synthesised utterance
+  against the recording, frame pairs taken along the MCD's DTW path
+  (``common.plausibility.aligned_pitch_errors``, from ``common.pitch_metrics``). Lower is better.
+- **speaker_sim** (cosine, -1..1, higher is better): the speaker embeddings of the synthesised
+  utterance and of the recording (``common.speaker_similarity``; the ``speaker_encoder`` key), only
+  when an encoder is given.
 
 ``best.pt`` is chosen by ``score = mcd + 10·(1 − align_sharpness) + 10·dur_err`` (lower is
 better): 1 dB of MCD weighs as much as 0.1 of sharpness or 10 % of total-duration error.
@@ -34,7 +41,7 @@ from common.atomic_write import append_text
 from common.audio import MelSpectrogram, save_wav
 from common.data import make_loader
 from common.log import RunLogger, plot_alignment, plot_spectrogram
-from common.plausibility import mcd_dtw
+from common.plausibility import aligned_pitch_errors, mcd_dtw_path
 from tts.alignment import alignment_posterior
 from tts.text import normalize
 from tts.vits.config import TrainConfig
@@ -70,10 +77,12 @@ def eval_batches(lengths: list[int], max_items: int, batch_size: int) -> list[li
 
 @torch.no_grad()
 def evaluate(model, dataset, mel: MelSpectrogram, device: torch.device, max_items: int = 32,
-             noise_scale: float = 0.667, seed: int = 1234, batch_size: int = 1, num_workers: int = 0) -> dict:
+             noise_scale: float = 0.667, seed: int = 1234, batch_size: int = 1, num_workers: int = 0,
+             speaker_encoder=None) -> dict:
     """Mean metrics over the first ``max_items`` items of ``dataset`` (a VitsDataset split), run in
     padded batches of ``batch_size`` (``eval_batch_size``) loaded by ``num_workers``
-    (``num_eval_loader_workers``) processes.
+    (``num_eval_loader_workers``) processes. ``speaker_encoder`` (a ``common.speaker_similarity.SpeakerEncoder``)
+    adds ``speaker_sim``.
 
     Every item gets the same result in any batch (tests/tts/test_vits_eval.py): masks cover the
     padding (the decoder's too), each item's sampling noise is its own draw (seed, item index),
@@ -108,11 +117,18 @@ def evaluate(model, dataset, mel: MelSpectrogram, device: torch.device, max_item
                 n, t = int(x_len[j]), int(y_len[j])
                 sharp = alignment_sharpness(log_lik[j, :n, :t].cpu())
                 dur_mae, dur_err = duration_errors(pred_dur[j, :n], path[j, :n, :t].sum(-1))
-                ref = mel(b["wav"][j : j + 1, : t * model.hop_length].to(device))[0].cpu().numpy()
+                ref_wav = b["wav"][j : j + 1, : t * model.hop_length]
+                ref = mel(ref_wav.to(device))[0].cpu().numpy()
                 syn_wav = wav[j : j + 1, 0, : int(out_len[j])].float()
                 syn = mel(syn_wav)[0].cpu().numpy() if syn_wav.size(-1) > mel.n_fft else ref[:, :0]
-                rows.append({"mcd": mcd_dtw(ref, syn), "align_sharpness": sharp, "dur_mae": dur_mae,
-                             "dur_err": dur_err})
+                mcd, dtw_path = mcd_dtw_path(ref, syn)
+                syn_np, ref_np = syn_wav[0].cpu().numpy(), ref_wav[0].float().numpy()
+                row = {"mcd": mcd, "align_sharpness": sharp, "dur_mae": dur_mae, "dur_err": dur_err,
+                       **aligned_pitch_errors(syn_np, ref_np, mel.sample_rate, model.hop_length, dtw_path)}
+                if speaker_encoder is not None:
+                    row["speaker_sim"] = (speaker_encoder.similarity(syn_np, ref_np, mel.sample_rate)
+                                          if len(dtw_path) else float("nan"))
+                rows.append(row)
     model.train(was_training)
     if not rows:
         return {}

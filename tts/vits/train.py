@@ -41,6 +41,7 @@ from common.muon import build_optimizer
 from common.precision import Precision, compile_unavailable
 from common.run_dir import tensorboard_dir
 from common.schedulers import build_scheduler, lr_curve
+from common.speaker_similarity import load_speaker_encoder
 from common.stopping import RunStop, exit_code
 from common.training import (
     ClipStats,
@@ -272,12 +273,19 @@ class VitsTrainer:
         with torch.compiler.set_stance("force_eager"):
             metrics = evaluate(self.generator, self.eval_set, build_mel(cfg), self.device, cfg.eval_max_items,
                                noise_scale=cfg.noise_scale, seed=cfg.seed, batch_size=cfg.eval_batch_size,
-                               num_workers=cfg.num_eval_loader_workers)
+                               num_workers=cfg.num_eval_loader_workers, speaker_encoder=self.speaker_encoder())
             record_metrics(metrics, self.step, self.writer, self.run_dir, self.log)
             speak_test_sentences(self.generator, cfg, self.speakers, self.train_set.tokens, self.mel, self.writer,
                                  self.run_dir, self.step)
         self.last_metrics = metrics
         return metrics
+
+    def speaker_encoder(self):
+        """`speaker_encoder`'s network for speaker_sim, loaded at the first evaluation (None: off, said once)."""
+        if not hasattr(self, "_speaker_encoder"):
+            self._speaker_encoder = (load_speaker_encoder(self.cfg.speaker_encoder, self.device, say=self.log)
+                                     if self.cfg.speaker_encoder else None)
+        return self._speaker_encoder
 
     def _log_step(self, metrics: dict[str, torch.Tensor], progress: Progress) -> dict:
         """Every ``print_step`` steps (rank 0): TensorBoard ``train/`` scalars (with the clipped fraction since
