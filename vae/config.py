@@ -121,6 +121,9 @@ class VAEConfig:
     save_every_steps: NonNegativeInt = 0      # >0: also refresh checkpoint_last.pt every N steps
     save_samples_freq: NonNegativeInt = 500   # steps between reconstruction grids
     val_check_interval: NonNegativeInt = 1000  # steps between validation (PSNR/SSIM/LPIPS); the guide's val_freq
+    # rFID of the held-out set (vae/rfid.py): pytorch-fid's pt_inception-2015-12-05-6726825d.pth; "" = from the
+    # torch hub cache when there, "off" = no rFID; never downloaded (no file: one line, rFID off)
+    rfid_weights: str = ""
     log_freq: PositiveInt = 20                # steps between TensorBoard scalars
     logger: str = "tensorboard"               # experiment trackers: tensorboard, wandb, mlflow, comma-separated
     best_by: str = "psnr"                     # the held-out metric best.pt is chosen by (--best_by; common/best_by.py)

@@ -1,4 +1,4 @@
-"""Held-out quality (PSNR / SSIM / LPIPS), reconstruction grids and latent statistics.
+"""Held-out quality (PSNR / SSIM / LPIPS, rFID with `vae.rfid`), reconstruction grids and latent statistics.
 
 Shared by the trainer (validation, samples, the end-of-run scaling factor), the demo and
 `reconstruct.py`, so every number the project reports is computed one way.
@@ -16,6 +16,7 @@ from torchvision.utils import make_grid
 
 from common.atomic_write import save_png
 from vae.data import tensor_to_uint8
+from vae.rfid import frechet_distance
 
 
 def psnr(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -38,11 +39,12 @@ def ssim(x: torch.Tensor, y: torch.Tensor) -> list[float]:
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, batches: Iterable[torch.Tensor], device: torch.device, autocast=None,
-             lpips: torch.nn.Module | None = None) -> dict[str, float]:
-    """Mean PSNR/SSIM/L1 (and LPIPS when given) of deterministic reconstructions (posterior mode)."""
+             lpips: torch.nn.Module | None = None, fid=None) -> dict[str, float]:
+    """Mean PSNR/SSIM/L1 (and LPIPS when given) of deterministic reconstructions (posterior mode); with `fid`
+    (a `vae.rfid.InceptionFeatures`) also `rfid`, the Fréchet distance of the reconstructions to the inputs."""
     was_training = model.training
     model.eval()
-    psnrs, ssims, l1s, lp = [], [], [], []
+    psnrs, ssims, l1s, lp, feats_x, feats_r = [], [], [], [], [], []
     for x in batches:
         x = x.to(device)
         if autocast is not None:
@@ -56,12 +58,17 @@ def evaluate(model: torch.nn.Module, batches: Iterable[torch.Tensor], device: to
         l1s += (x - rec).abs().flatten(1).mean(1).tolist()
         if lpips is not None:
             lp += lpips(rec, x).flatten().float().tolist()
+        if fid is not None:
+            feats_x.append(fid(x))
+            feats_r.append(fid(rec))
     model.train(was_training)
     if not psnrs:
         return {}
     out = {"psnr": float(np.mean(psnrs)), "ssim": float(np.mean(ssims)), "l1": float(np.mean(l1s))}
     if lp:
         out["lpips"] = float(np.mean(lp))
+    if sum(len(f) for f in feats_x) >= 2:  # a covariance needs two images
+        out["rfid"] = frechet_distance(np.concatenate(feats_x), np.concatenate(feats_r))
     return out
 
 

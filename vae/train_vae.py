@@ -54,6 +54,7 @@ from vae.memory import choose_batch_size, oom_advice, profile_grid, profile_memo
 from vae.metrics import evaluate
 from vae.presets import CARD_PRESETS
 from vae.pretrained import forget_stale_record, init_weights
+from vae.rfid import load_inception
 from vae.startup import build_lr_schedules, continue_stage, report_plan, start_stage  # noqa: F401 (tests import it here)
 from vae.step import VAEStep, new_step  # noqa: F401 (re-exported: tests and benches import new_step from here)
 
@@ -178,7 +179,10 @@ class VAETrainer:
             return {}
         if self.last_val[0] == self.global_step:
             return self.last_val[1]  # already measured at this step
-        m = evaluate(self.core.eval_model, self.val_batches, self.device, self.precision.autocast, self.core.perceptual)
+        if not hasattr(self, "rfid_net"):  # loaded at the first validation; None: rFID off (said in one line)
+            self.rfid_net = load_inception(self.cfg.rfid_weights, self.device, say=self.log)
+        m = evaluate(self.core.eval_model, self.val_batches, self.device, self.precision.autocast, self.core.perceptual,
+                     fid=self.rfid_net)
         if m:
             self.writer.scalars(m, self.global_step, "val")
             self.last_best = best_value(m, self.cfg.best_by)

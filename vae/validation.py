@@ -47,4 +47,5 @@ def sample_grid(model: nn.Module, images: torch.Tensor, batch_size: int, precisi
 
 
 def describe(m: dict) -> str:
-    return f"val PSNR {m['psnr']:.2f} dB, SSIM {m['ssim']:.3f}" + (f", LPIPS {m['lpips']:.3f}" if "lpips" in m else "")
+    return (f"val PSNR {m['psnr']:.2f} dB, SSIM {m['ssim']:.3f}" + (f", LPIPS {m['lpips']:.3f}" if "lpips" in m else "")
+            + (f", rFID {m['rfid']:.2f}" if "rfid" in m else ""))
