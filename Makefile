@@ -14,10 +14,11 @@ unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup test lint demo bench bench-learning check clean-demo gpu-check gpu-wheels
 
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q --no-compile -r requirements.txt  # no byte-compiling all of torch up front (~25 s): imports compile what they use
+	$(PY) -m pip install -q --no-compile --no-deps -r requirements-nodeps.txt  # their dependencies are not needed (the file says why)
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	@touch $@
 

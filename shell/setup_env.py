@@ -15,7 +15,8 @@ Steps, in the repository root, each printed before it runs:
      (`torch==2.14.1+cu128`) so that a torch of another build already in the venv is replaced;
   4. the rest of requirements.txt, without its torch lines (the CUDA torch already satisfies every
      `torch` requirement there, so pip keeps it instead of taking PyPI's, which is CPU-only on Windows);
-  5. the repository itself (`-e .`, no deps, no build isolation), as the Makefile does;
+  5. requirements-nodeps.txt's pins with `--no-deps` (where that file exists), then the repository itself
+     (`-e .`, no deps, no build isolation), as the Makefile does;
   6. Linux only: shell/install_sysdeps.sh (Debian's espeak-ng and sox, as `make setup`); on Windows one
      line says what espeak-ng is for and where to get it;
   7. `<venv python> shell/setup_env.py --verify <build>`: the installed torch is that build and, where a
@@ -243,6 +244,18 @@ def read_requirements(path: str) -> tuple[str, str, list[str]]:
     return pins["torch"], pins["torchvision"], rest
 
 
+def read_plain_requirements(path: str) -> list[str]:
+    """The requirement lines of a file of plain pins (requirements-nodeps.txt); [] when it does not exist."""
+    if not os.path.isfile(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        lines = [raw.split("#", 1)[0].strip() for raw in f]
+    for line in lines:
+        if line.startswith("-"):
+            raise Refusal(f"{path}: '{line}': this script reads plain requirement lines only")
+    return [line for line in lines if line]
+
+
 def host_platform() -> str:
     if sys.platform.startswith("win"):
         return "windows"
@@ -285,6 +298,9 @@ def make_plan(build: str, platform: str, venv: str, gpu_found: bool, requirement
                   f"torchvision=={vision_v}+{build}", "--index-url", TORCH_INDEX + build])
     if rest:
         steps.append([py, "-m", "pip", "install", "--no-compile", *rest])
+    nodeps = read_plain_requirements(os.path.join(os.path.dirname(requirements), "requirements-nodeps.txt"))
+    if nodeps:
+        steps.append([py, "-m", "pip", "install", "--no-compile", "--no-deps", *nodeps])
     steps.append([py, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-e", "."])
     notes = []
     if platform == "linux":

@@ -31,6 +31,12 @@ def pins() -> tuple[str, str, list[str]]:
     return torch, vision, [ln for ln in lines if not re.match(r"torch(vision)?==", ln)]
 
 
+def nodeps() -> list[str]:
+    """requirements-nodeps.txt's pins (installed with --no-deps), read the same way."""
+    lines = [ln.split("#")[0].strip() for ln in (REPO / "requirements-nodeps.txt").read_text().splitlines()]
+    return [ln for ln in lines if ln]
+
+
 @pytest.fixture(autouse=True)
 def never_the_real_path(monkeypatch):
     """Every test here: the real path (venv, pip) raises instead of running, in this process and in any
@@ -59,9 +65,10 @@ def test_windows_dry_run_installs_torch_from_pytorchs_index_for_the_build(capsys
     assert out[2] == (f"{WIN_PY} -m pip install --no-compile torch=={torch}+{build} torchvision=={vision}+{build} "
                       f"--index-url https://download.pytorch.org/whl/{build}")
     assert out[3] == f"{WIN_PY} -m pip install --no-compile " + " ".join(rest)  # the rest, without the torch lines
-    assert out[4] == f"{WIN_PY} -m pip install --no-deps --no-build-isolation -e ."
-    assert out[5] == rf"{WIN_PY} shell\setup_env.py --verify {build}"
-    assert len(out) == 6  # no apt packages on Windows
+    assert out[4] == f"{WIN_PY} -m pip install --no-compile --no-deps " + " ".join(nodeps())
+    assert out[5] == f"{WIN_PY} -m pip install --no-deps --no-build-isolation -e ."
+    assert out[6] == rf"{WIN_PY} shell\setup_env.py --verify {build}"
+    assert len(out) == 7  # no apt packages on Windows
     assert not any("/" in line.split(" ")[0] for line in out)
 
 
@@ -78,6 +85,7 @@ def test_linux_dry_run_installs_torch_from_pytorchs_index_and_the_debian_package
         f"{py} -m pip install --no-compile torch=={torch}+{build} torchvision=={vision}+{build} "
         f"--index-url https://download.pytorch.org/whl/{build}",
         f"{py} -m pip install --no-compile " + " ".join(rest),
+        f"{py} -m pip install --no-compile --no-deps " + " ".join(nodeps()),
         f"{py} -m pip install --no-deps --no-build-isolation -e .",
         "bash shell/install_sysdeps.sh",
         f"{py} shell/setup_env.py --verify {build}",
