@@ -63,15 +63,47 @@ def second_name(saved: Path, path: Path, state: dict) -> Path:
     return path
 
 
+def inflating_records(archive: zipfile.ZipFile, file_size: int) -> str | None:
+    """Why a zip's index (read alone, no record is) says reading it would take more memory than the file
+    holds, or None. `torch.save` stores every record uncompressed, so a record's size is the bytes it
+    occupies in the file; `torch.load` allocates each record's declared size before reading it. A
+    compressed record (a 2 MB deflate stream inflates to GBs), a record declaring more bytes than it
+    stores, or records declaring more bytes in all than the file has (records overlapping) are refused
+    before anything is read: a file torch.save wrote never looks like that."""
+    infos = archive.infolist()
+    declared = sum(info.file_size for info in infos)
+    packed = [info for info in infos if info.compress_type != zipfile.ZIP_STORED]
+    if packed:
+        return (f"not a file torch.save wrote: {len(packed)} of its {len(infos)} zip records are compressed (e.g. "
+                f"{packed[0].filename}, zip method {packed[0].compress_type}) and would inflate to {_mib(declared)} "
+                f"from a {_mib(file_size)} file, while torch.save stores records uncompressed; refused before "
+                "inflating them")
+    short = next((info for info in infos if info.file_size != info.compress_size), None)
+    if short is not None:
+        return (f"not a file torch.save wrote: its zip record {short.filename} declares {_mib(short.file_size)} "
+                f"but stores {_mib(short.compress_size)}; refused before reading it")
+    if declared > file_size:
+        return (f"not a file torch.save wrote: its zip records declare {_mib(declared)} in all, more than the "
+                f"{_mib(file_size)} file holds (records overlap); refused before reading them")
+    return None
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n} bytes"
+
+
 def damage(path: str | Path) -> str | None:
     """Why the bytes of a zip-format checkpoint (torch.save's format since 1.6) are not the bytes that
     were written, or None when every record matches its stored CRC-32. Reads the whole file (about
-    1 s per GB). A file that is not a zip (truncated before its index, or torch's legacy format) gets
-    None here: `torch.load` judges it."""
+    1 s per GB), after `inflating_records` has read the zip's index alone. A file that is not a zip
+    (truncated before its index, or torch's legacy format) gets None here: `torch.load` judges it."""
     try:
         if not zipfile.is_zipfile(path):
             return None
         with zipfile.ZipFile(path) as archive:
+            inflated = inflating_records(archive, os.path.getsize(path))
+            if inflated is not None:  # before testzip, which would inflate them
+                return inflated
             bad = archive.testzip()
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError) as exc:
         return f"damaged: its zip records do not read back ({type(exc).__name__}: {str(exc)[:120]})"

@@ -229,11 +229,46 @@ def arch_from_config(cfg: dict) -> dict:
             "use_quant_conv": cfg.get("use_quant_conv", True)}
 
 
-def load_diffusers(folder: str | Path) -> tuple[AutoencoderKL, dict]:
-    """Reads a diffusers AutoencoderKL folder into our model; returns (model, config.json dict)."""
+# No VAE of this layout comes near this (SD's and FLUX's AutoencoderKL: 84M parameters): a file declaring
+# more is refused before anything is built, whatever it holds.
+MAX_VAE_PARAMS = 2**30
+
+
+def declared_model(source: str | Path, arch: dict, stored: dict, what: str = "its arch",
+                   fix: str = "give the file again") -> AutoencoderKL:
+    """The model `arch` (a checkpoint's `arch`, a folder's config.json) declares, built on the meta device
+    (shapes, no memory), once its size is known to match the `stored` tensors (the file's weights for it):
+    as many values, and at most `MAX_VAE_PARAMS`. Else CheckpointError naming `source` (then `fix`), before
+    any memory is allocated for the model: a few bytes of config can declare a 360 GB model."""
+    held = sum(t.numel() for t in stored.values() if isinstance(t, torch.Tensor))
+    channels, blocks = arch.get("channels", ()), arch.get("layers_per_block", 1)
+    # every level holds at least one block of 8 tensors: a layout of more levels x blocks than the file has
+    # tensors is refused before even the meta build walks it (channels [32] * 10**6 from a few MB of JSON)
+    if isinstance(channels, list | tuple) and isinstance(blocks, int) and len(channels) * blocks > len(stored):
+        raise CheckpointError(f"{source}: {what} declares {len(channels)} levels of {blocks} blocks each, but its weights "
+                              f"are {len(stored)} tensors (a block alone has 8): not that model's weights; refused "
+                              f"before building it; {fix}")
+    with torch.device("meta"):
+        shell = build_vae(arch)
+    declared = sum(p.numel() for p in shell.state_dict().values())
+    if declared > MAX_VAE_PARAMS or declared != held:
+        beyond = f", beyond the {MAX_VAE_PARAMS:,} of any VAE of this layout" if declared > MAX_VAE_PARAMS else ""
+        raise CheckpointError(
+            f"{source}: {what} declares a model of {declared:,} parameters ({declared * 4 / 2**30:.3g} GiB as fp32"
+            f"{beyond}), but its weights hold {held:,} values: not that model's weights; refused before building "
+            f"it; {fix}")
+    return shell
+
+
+def load_diffusers(folder: str | Path, fix: str = "give another folder") -> tuple[AutoencoderKL, dict]:
+    """Reads a diffusers AutoencoderKL folder into our model; returns (model, config.json dict). The model
+    its config.json declares is built only once the weights are known to be its (`declared_model`)."""
+    folder = Path(folder)
     sd, cfg = read_diffusers_folder(folder)
-    model = build_vae(arch_from_config(cfg))
-    model.load_state_dict(from_diffusers(sd, model))
+    arch = arch_from_config(cfg)
+    state = from_diffusers(sd, declared_model(folder, arch, sd, "its config.json", fix))  # names and shapes
+    model = build_vae(arch)
+    model.load_state_dict(state)
     return model, cfg
 
 

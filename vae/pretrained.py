@@ -31,8 +31,6 @@ from common.checkpoint import (
     load_matching,
     refuse_other_kind,
 )
-from common.errors import ConfigError
-from common.hardware import is_oom
 from vae.config import DECODER_ONLY_FLAG, VAEConfig
 from vae.diffusers_io import (
     DEFAULT_SCALING_FACTOR,
@@ -44,6 +42,7 @@ from vae.diffusers_io import (
 )
 from vae.model import AutoencoderKL
 from vae.single_file import ACCEPTED, is_ours, load_pickled, read_single_file
+from vae.weights import malformed_is_one_line
 
 # config.json key -> (our config key, how to set it on the command line)
 _LAYOUT_KEYS = {"block_out_channels": ("channels", "--channels {}"), "latent_channels": ("z_channels", "--z_channels {}"),
@@ -210,19 +209,8 @@ def init_weights(models: dict[str, nn.Module], cfg: VAEConfig, path: str | Path,
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"--init_from {path}: no such file or folder; give {ACCEPTED}")
-    try:
+    with malformed_is_one_line(f"--init_from {path}", f"give {ACCEPTED}"):  # never a traceback (round 3, item 10)
         return _init_weights(models, cfg, path, out_dir, main)
-    except MALFORMED as exc:  # a crafted or damaged file's content, never a traceback (round 3, item 10)
-        if isinstance(exc, (CheckpointError, ConfigError)) or is_oom(exc):
-            raise  # already one line of its own (a full disk while recording the factors is not the file's fault)
-        what = str(exc).splitlines()[0][:160] if str(exc) else ""
-        raise CheckpointError(f"--init_from {path}: not a usable VAE file ({type(exc).__name__}: {what}); "
-                              f"give {ACCEPTED}") from None
-
-
-# What reading a well-formed container with malformed content raises: missing or mistyped keys, odd shapes,
-# a config nested past Python's recursion limit.
-MALFORMED = (KeyError, AttributeError, RecursionError, TypeError, IndexError, RuntimeError, ValueError)
 
 
 def _init_weights(models: dict[str, nn.Module], cfg: VAEConfig, path: Path, out_dir: Path, main: bool) -> list[str]:

@@ -7,6 +7,12 @@
 AutoencoderKL folder. Why tiles overlap and blend: each tile is reconstructed on its own (the middle
 attention and GroupNorm see only that tile), so neighbouring tiles disagree slightly at their edges;
 weights that ramp linearly across the overlap make that disagreement fade instead of showing a seam.
+
+Why `--max_pixels` (default 2**25, 33.5 Mpx): tiles bound only the model's activations; the whole image,
+its reconstruction and the blend weights stay in memory as float tensors, about 80 bytes per pixel
+(1.2 GB at 16.7 Mpx). A 60 KB PNG can declare 16000x16000 pixels (20 GB), so the size is read from the
+file's header and a larger image is refused (one line, exit 2) before it is decoded. Raise the flag for
+an image that is meant to be that large.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ from vae.data import BadImage, image_to_tensor, list_images, open_image_rgb, ten
 from vae.metrics import psnr
 from vae.model import AutoencoderKL
 from vae.weights import load_vae_weights
+
+BYTES_PER_PIXEL = 80  # host memory per image pixel, tiled or not (measured: 1.2 GB for a 4096x4096 image)
+MAX_PIXELS = 2**25  # 33.5 Mpx (8192x4096): about 2.7 GB at BYTES_PER_PIXEL
 
 
 def _pad_to(x: torch.Tensor, multiple: int) -> tuple[torch.Tensor, int, int]:
@@ -144,6 +153,25 @@ def reconstruct_latent_tiled(model: AutoencoderKL, x: torch.Tensor, tile: int = 
     return decode_tiled(model, z, t, o)[..., :h, :w]
 
 
+def too_large(path: Path, max_pixels: int) -> str | None:
+    """Why `path` is too large to reconstruct, from its header alone (`Image.open` reads no pixel data), or
+    None; a file PIL cannot open is left to `open_image_rgb`, which says what is wrong with it."""
+    old = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = None  # the size is judged here, against --max_pixels, not by PIL's own limit
+    try:
+        with Image.open(path) as im:
+            w, h = im.size
+    except Exception:  # noqa: BLE001 - not an image, damaged: open_image_rgb's message
+        return None
+    finally:
+        Image.MAX_IMAGE_PIXELS = old
+    if w * h <= max_pixels:
+        return None
+    return (f"too large: {w}x{h} = {w * h} pixels (from its header) > --max_pixels {max_pixels}; tiles bound only "
+            f"the model's memory, the whole image would take about {w * h * BYTES_PER_PIXEL / 2**30:.1f} GiB: raise "
+            "--max_pixels if it is meant to be this large")
+
+
 def image_format(path: str | Path) -> str | None:
     """The PIL format that writes `path` by its extension (`.png` → PNG), or None when PIL cannot write one."""
     fmt = Image.registered_extensions().get(Path(path).suffix.lower())
@@ -163,6 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ema", action=argparse.BooleanOptionalAction, default=True, help="use EMA weights if present")
     p.add_argument("--precision", default="32-true", help="32-true | bf16-mixed | 16-mixed")
     p.add_argument("--device", default="", help="cuda / cpu (default: cuda if available)")
+    p.add_argument("--max_pixels", type=int, default=MAX_PIXELS,
+                   help=f"refuse larger images, read from the file's header before decoding (default {MAX_PIXELS}: "
+                        f"tiles bound the model's memory, but the whole image takes about {BYTES_PER_PIXEL} bytes "
+                        "per pixel)")
     return p
 
 
@@ -186,8 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointError as exc:  # names the file itself (and, for another trainer's, what it is)
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except Exception as exc:  # noqa: BLE001 - shown to the user as one line
-        print(f"error: --checkpoint {args.checkpoint}: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - shown to the user as one line (a missing weights file, ...)
+        print(f"error: --checkpoint {args.checkpoint}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+              file=sys.stderr)
         return 2
     model = model.to(device).eval()
     prec = Precision(args.precision, device)
@@ -197,8 +230,14 @@ def main(argv: list[str] | None = None) -> int:
     failures = 0
     for path in inputs:
         try:
-            im, _ = open_image_rgb(path, min_size=1, allow_blank=True)
-        except BadImage as exc:
+            problem = too_large(path, args.max_pixels)
+            if problem:
+                raise BadImage(problem, "too_large")
+            im, _ = open_image_rgb(path, max_pixels=args.max_pixels, min_size=1, allow_blank=True)
+        except BadImage as exc:  # too large (from the header), not an image, damaged: one line naming it
+            if not src.is_dir():
+                print(f"error: --input {path}: {exc.reason}", file=sys.stderr)
+                return 2
             print(f"  skipped {path}: {exc.reason}")
             failures += 1
             continue
@@ -217,7 +256,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         print(f"  {path} -> {dst}  {im.width}x{im.height}  PSNR {float(psnr(x, rec)[0]):.2f} dB")
-    return 1 if failures and failures == len(inputs) else 0
+    if failures:
+        print(f"error: {failures} of the {len(inputs)} images in {src} skipped (listed above); the others are "
+              f"in {out}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
