@@ -103,3 +103,17 @@ def test_the_trainers_own_checkpoint_passes_the_index_check(tmp_path):
     with zipfile.ZipFile(path) as z:
         assert {i.compress_type for i in z.infolist()} == {zipfile.ZIP_STORED}
     assert load_checkpoint(path)["trainer"] == "vae"
+
+
+def test_the_piper_sniffer_reads_no_record_of_a_deflated_file(tmp_path, nothing_inflated, monkeypatch):
+    """--init_from asks whether a file is a Piper .ckpt by reading its data.pkl record: a deflated file is
+    not read there either (load_checkpoint then refuses it, naming the file)."""
+    from tts.vits.published.start import is_piper_checkpoint
+
+    path = tmp_path / "voice.pt"
+    with zipfile.ZipFile(io.BytesIO(_saved({"state_dict": {"model_g.w": torch.zeros(8)}}))) as old, \
+            zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as new:
+        for info in old.infolist():
+            new.writestr(info.filename, old.read(info.filename))
+    monkeypatch.setattr(zipfile.ZipFile, "read", lambda *a, **k: (_ for _ in ()).throw(AssertionError("inflated")))
+    assert is_piper_checkpoint(path) is False

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from common.checkpoint import compare_state
+from common.checkpoint import compare_state, inflating_records
 from common.config import ConfigError, explicit_keys
 from tts.text.phonemes import Frontend
 from tts.vits.data import check_prepared_audio
@@ -38,6 +38,8 @@ def is_piper_checkpoint(path: Path) -> bool:
     the names, the tensors live in other records."""
     try:
         with zipfile.ZipFile(path) as archive:
+            if inflating_records(archive, path.stat().st_size):  # load_checkpoint names the file and refuses it
+                return False
             pickle = next((n for n in archive.namelist() if n.endswith("/data.pkl")), None)
             return pickle is not None and b"model_g." in archive.read(pickle)
     except (OSError, zipfile.BadZipFile, zipfile.LargeZipFile):
