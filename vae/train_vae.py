@@ -19,6 +19,7 @@ samples every `save_samples_freq`, validation every `val_check_interval`, `check
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Iterator
@@ -173,16 +174,19 @@ class VAETrainer:
         self.last_good = path
 
     # ------------------------------------------------------------------ validation
+    @functools.cached_property
+    def _rfid_net(self):
+        """rFID's Inception, loaded at the first validation; None: rFID off (said in one line)."""
+        return load_inception(self.cfg.rfid_weights, self.device, say=self.log)
+
     def validate(self) -> dict:
         """Held-out metrics of the EMA weights (rank 0, once per step) to TensorBoard and `metrics.jsonl`."""
         if not (self.info.is_main and self.val_batches):
             return {}
         if self.last_val[0] == self.global_step:
             return self.last_val[1]  # already measured at this step
-        if not hasattr(self, "rfid_net"):  # loaded at the first validation; None: rFID off (said in one line)
-            self.rfid_net = load_inception(self.cfg.rfid_weights, self.device, say=self.log)
         m = evaluate(self.core.eval_model, self.val_batches, self.device, self.precision.autocast, self.core.perceptual,
-                     fid=self.rfid_net)
+                     fid=self._rfid_net)
         if m:
             self.writer.scalars(m, self.global_step, "val")
             self.last_best = best_value(m, self.cfg.best_by)

@@ -18,6 +18,7 @@ validation mel L1). Ctrl-C / SIGTERM saves and exits; `--resume auto` continues 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -232,7 +233,7 @@ class CloneTrainer:
         synth = {}
         if self.info.is_main:  # free-running synthesis against the recordings: monitoring only, rank 0
             synth = synthesis_metrics(self.model, self.data.val_items, self.cfg, self.vocoder, self.device,
-                                      self.speaker_encoder())
+                                      self._speaker_encoder)
             metrics.update(synth)
         val = float(metrics["mel_l1"])
         lr_ratio = self.scheduler.get_last_lr()[-1] / max(self.cfg.optim.lr, 1e-30)
@@ -252,13 +253,11 @@ class CloneTrainer:
         recent.clear()
         return best_value(metrics, self.cfg.train.best_by)
 
-    def speaker_encoder(self):
+    @functools.cached_property
+    def _speaker_encoder(self):
         """`val.speaker_encoder`'s network for speaker_sim, loaded at the first validation (None: off, said once)."""
-        if not hasattr(self, "_speaker_encoder"):
-            path = self.cfg.val.speaker_encoder
-            self._speaker_encoder = (load_speaker_encoder(path, self.device, say=self.log)
-                                     if path and self.cfg.val.synth_items else None)
-        return self._speaker_encoder
+        path = self.cfg.val.speaker_encoder
+        return load_speaker_encoder(path, self.device, say=self.log) if path and self.cfg.val.synth_items else None
 
     # ------------------------------------------------------------------ the loop
     def fit(self, progress: bool = True, stop_at_step: int | None = None) -> dict:

@@ -17,6 +17,7 @@ producing them stopped with its last good checkpoint intact, exact resume.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -273,19 +274,17 @@ class VitsTrainer:
         with torch.compiler.set_stance("force_eager"):
             metrics = evaluate(self.generator, self.eval_set, build_mel(cfg), self.device, cfg.eval_max_items,
                                noise_scale=cfg.noise_scale, seed=cfg.seed, batch_size=cfg.eval_batch_size,
-                               num_workers=cfg.num_eval_loader_workers, speaker_encoder=self.speaker_encoder())
+                               num_workers=cfg.num_eval_loader_workers, speaker_encoder=self._speaker_encoder)
             record_metrics(metrics, self.step, self.writer, self.run_dir, self.log)
             speak_test_sentences(self.generator, cfg, self.speakers, self.train_set.tokens, self.mel, self.writer,
                                  self.run_dir, self.step)
         self.last_metrics = metrics
         return metrics
 
-    def speaker_encoder(self):
+    @functools.cached_property
+    def _speaker_encoder(self):
         """`speaker_encoder`'s network for speaker_sim, loaded at the first evaluation (None: off, said once)."""
-        if not hasattr(self, "_speaker_encoder"):
-            self._speaker_encoder = (load_speaker_encoder(self.cfg.speaker_encoder, self.device, say=self.log)
-                                     if self.cfg.speaker_encoder else None)
-        return self._speaker_encoder
+        return load_speaker_encoder(self.cfg.speaker_encoder, self.device, say=self.log) if self.cfg.speaker_encoder else None
 
     def _log_step(self, metrics: dict[str, torch.Tensor], progress: Progress) -> dict:
         """Every ``print_step`` steps (rank 0): TensorBoard ``train/`` scalars (with the clipped fraction since
