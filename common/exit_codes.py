@@ -5,6 +5,7 @@ place that turns a trainer's failures into them."""
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -62,6 +63,31 @@ def sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
+def stop_loader_workers() -> None:
+    """Kill this process's daemonic child processes that are still alive: DataLoader workers (the only daemonic
+    children a script here starts). They ignore SIGTERM (`common.workers`: the trainer alone decides), so the
+    `terminate()` Python sends its daemonic children at exit does not stop them, and the exit would wait for
+    them forever: a loader whose iteration ended with an error (a damaged prepared file, a bug) leaves its
+    workers waiting for indices. They only read data; a daemonic child never outlives its parent anyway.
+    torch's SIGCHLD handler, which would report their end as a worker failure, is set aside meanwhile."""
+    children = [child for child in multiprocessing.active_children() if child.daemon]
+    if not children:
+        return
+    sigchld = getattr(signal, "SIGCHLD", None)  # none on Windows
+    try:
+        old = signal.signal(sigchld, signal.SIG_DFL) if sigchld is not None else None
+    except ValueError:  # not the main thread
+        old = None
+    try:
+        for child in children:
+            child.kill()
+        for child in children:
+            child.join(timeout=5)
+    finally:
+        if old is not None:
+            signal.signal(sigchld, old)
+
+
 def run_main(body: Callable[[], int], bad_input: tuple[type[BaseException], ...],
              cleanup: Callable[[], None] | None = None) -> int:
     """Run a trainer's `main` body and return its exit code. A failure the README documents prints one
@@ -71,7 +97,8 @@ def run_main(body: Callable[[], int], bad_input: tuple[type[BaseException], ...]
     (whose own handler saves and exits 130) -> `interrupted()`, and SIGTERM there too; a third-party module
     that is missing -> `missing_dependency` (BAD_INPUT, the module and what to install). Anything else propagates
     with its traceback: it is a bug, not a user error. `cleanup` runs in every case, then the run
-    folder's lock (`common.run_lock`) is released."""
+    folder's lock (`common.run_lock`) is released and DataLoader workers still alive are stopped
+    (`stop_loader_workers`: else the exit after an error in the loop waits for them forever)."""
     try:
         with sigterm_interrupts():
             return body()
@@ -95,3 +122,4 @@ def run_main(body: Callable[[], int], bad_input: tuple[type[BaseException], ...]
                 cleanup()
         finally:
             release_run_locks()
+            stop_loader_workers()

@@ -20,7 +20,8 @@ also ``phonemes_<espeak_voice>.json`` (normalised text → espeak-ng phonemes, t
 
 Nothing in the input is modified. A bad line or file is dropped and reported with its file and
 line; the rest is prepared (exit 0). Nothing usable → a clear error (exit 1). A second run
-reuses the outputs of items already done with the same audio settings.
+reuses the outputs of items already done with the same audio settings, when they read back whole (a wav
+at the rate, a spec of its frames and no NaN/inf); a damaged one is made again from its source (one line).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from common import exit_codes
 from common.atomic_write import atomic_output, write_text
 from common.audio import AudioError, MelSpectrogram, check_audio, load_audio, save_wav, to_float32, to_int16
 from common.config import ConfigError, load_config
+from common.prepared import array_problem, open_npy
 from common.run_dir import check_apart, check_output_dir, check_prepared_settings, outside
 from common.workers import RUN_ERRORS, process_pool
 from tts.text import SYMBOLS, find_unknown, normalize, text_to_ids
@@ -288,6 +290,7 @@ class Result:
     record: dict | None = None
     reason: str | None = None
     notes: list[str] = field(default_factory=list)
+    remade: str | None = None  # a damaged earlier output of this item, made again: which and why
 
 
 _MEL: MelSpectrogram | None = None
@@ -305,17 +308,37 @@ def _spec_module(a: AudioConfig) -> MelSpectrogram:
     return _MEL
 
 
+def reusable(wav_out: Path, spec_out: Path, a: AudioConfig) -> tuple[np.ndarray | None, str | None]:
+    """(the wav, None) when an earlier run's outputs of an item read back whole: the wav at the config's rate,
+    the spec [n_fft // 2 + 1, that wav's frames] with only finite values; else (None, why not) to make them
+    again, why None when they simply are not there."""
+    there = [f for f in (wav_out, spec_out) if f.is_file()]
+    if len(there) < 2:  # neither: a new item (or one dropped before); one: the other was lost
+        return None, None if not there else f"{spec_out if there == [wav_out] else wav_out} is missing"
+    try:
+        wav, sr = load_audio(wav_out)
+    except (AudioError, RuntimeError, OSError, ValueError) as e:
+        return None, f"{wav_out} is damaged ({getattr(e, 'reason', e)})"
+    if sr != a.sample_rate:
+        return None, None  # another rate: not damaged, simply made again
+    spec = open_npy(spec_out, mmap=True)
+    why = array_problem(spec, (a.n_fft // 2 + 1, None))
+    if why is None and abs(spec.shape[1] - len(wav) // a.hop_length) > 1:  # T samples make T // hop frames
+        why = f"has {spec.shape[1]} frames, expected {len(wav) // a.hop_length} for its wav (one of them cut short?)"
+    return (None, f"{spec_out} {why}") if why else (wav, None)
+
+
 def process_item(job: Job) -> Result:
     row, a, out = job.row, job.audio, Path(job.out_dir)
     res = Result(row, job.out_id)
     wav_out = out / "wavs" / f"{job.out_id}.wav"
     spec_out = out / "spec" / f"{job.out_id}.npy"
     try:
-        done = job.reuse and wav_out.is_file() and spec_out.is_file()
+        wav, res.remade = reusable(wav_out, spec_out, a) if job.reuse else (None, None)
+        done = wav is not None
         if done:
-            wav, sr = load_audio(wav_out)
-            done = sr == a.sample_rate
-        if not done:
+            sr = a.sample_rate
+        else:
             # longer than data.max_audio_len: refused from its header, nothing decoded; else read and resampled in
             # blocks (common.audio.load_audio), so a worker holds the clip at the output rate and little more
             wav, sr = load_audio(job.audio_path, sr=a.sample_rate, mono=True, max_seconds=job.data.max_audio_len)
@@ -376,6 +399,15 @@ def _state_key(a: AudioConfig) -> dict:
     return {"audio": asdict(a), "version": 1}
 
 
+def _read_state(path: Path) -> dict | None:
+    """The settings an earlier run recorded, or None (no file, or a damaged one: nothing of it is reused)."""
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # missing, not UTF-8, not JSON
+        return None
+    return state if isinstance(state, dict) else None
+
+
 def prepare(metadata: str | Path, audio_dir: str | Path, output_dir: str | Path, cfg: TrainConfig | None = None,
             num_workers: int = 1, fmt: str = "auto", speaker: str = DEFAULT_SPEAKER, quiet: bool = False,
             speaker_from_path: bool = False, overwrite: bool = False) -> dict:
@@ -389,13 +421,13 @@ def prepare(metadata: str | Path, audio_dir: str | Path, output_dir: str | Path,
     check_apart(out, "--output_dir", {"--audio_dir": audio_dir, "--metadata": metadata})  # before any write
     rows, problems, fmt = parse_metadata(metadata, fmt, speaker, speaker_from_path)
     state_path = out / "prepare_state.json"
-    old = json.loads(state_path.read_text()) if state_path.is_file() else None
+    old = _read_state(state_path)  # None: none yet, or damaged (then everything is made again)
     check_prepared_settings(out, None if old is None else {**old.get("audio", {}), "version": old.get("version")},
                             {**asdict(cfg.audio), "version": _state_key(cfg.audio)["version"]}, overwrite,
                             "--output_dir", log=print)
     (out / "wavs").mkdir(parents=True, exist_ok=True)
     (out / "spec").mkdir(parents=True, exist_ok=True)
-    reuse = state_path.is_file() and json.loads(state_path.read_text()) == _state_key(cfg.audio)
+    reuse = _read_state(state_path) == _state_key(cfg.audio)
     if not reuse:  # a re-run over a finished folder writes nothing another reader could catch half-written
         write_text(state_path, json.dumps(_state_key(cfg.audio), indent=1))
 
@@ -433,6 +465,10 @@ def prepare(metadata: str | Path, audio_dir: str | Path, output_dir: str | Path,
 
     records, notes = [], []
     for r in results:
+        if r.remade:
+            if not quiet:
+                print(f"damaged prepared file made again from its source: {r.remade}")
+            notes.append(Problem(src, r.row.line, r.row.id, f"damaged prepared file made again: {r.remade}"))
         for note in r.notes:
             notes.append(Problem(src, r.row.line, r.row.id, note))
         if r.record is None:

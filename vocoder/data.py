@@ -6,12 +6,15 @@ Randomness comes only from the sample key that ``common.data.ResumableSampler`` 
 (``sample_rng(key)``), so crops and augmentations are identical with any number of workers and
 after an exact resume. Items are memory-mapped: a crop reads ``crop_mel_frames`` frames, not
 the whole file (a 10-minute file costs the same as a 2-second one).
+
+A damaged item (a file missing, cut short, not an array, of another shape, or NaN/inf in what a sample
+reads) or manifest stops the run with one line naming the file and the prepare command that makes it
+again (``common.prepared``, exit 2), also from a loader worker; a NaN in a mel is never a divergence.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from pathlib import Path
 
@@ -20,6 +23,7 @@ import torch
 from torch.utils.data import Dataset
 
 from common.data import sample_rng
+from common.prepared import damaged, load_npy, read_json, require_finite
 from vocoder.config import VocoderConfig
 from vocoder.prepare_data import AUDIO_EXTENSIONS, FORMAT_VERSION, MANIFEST
 
@@ -45,15 +49,27 @@ def missing_manifest(data_dir: Path) -> str:
             f"--output {data_dir}`")
 
 
+def prepare_again(data_dir: str | Path) -> str:
+    """What to do about a damaged prepared file of `data_dir`: the prepare command that makes it again."""
+    return (f"run `python vocoder/prepare_data.py --config <this run's config> --input <audio folders> --output "
+            f"{data_dir}` again (it makes damaged items again and keeps the others), then train again (--resume "
+            "auto continues from the last checkpoint)")
+
+
 def load_manifest(data_dir: str | Path, cfg: VocoderConfig) -> dict:
     """Read the manifest and check it was made with this config's audio/mel settings."""
     data_dir = Path(data_dir)
     path = data_dir / MANIFEST
     if not path.is_file():
         raise DatasetError(missing_manifest(data_dir))
-    manifest = json.loads(path.read_text())
+    manifest = read_json(path, prepare_again(data_dir))
     if manifest.get("format_version") != FORMAT_VERSION:
         raise DatasetError(f"{data_dir} was prepared by another version of prepare_data.py; run it again")
+    fields = {"settings": dict, "train": list, "valid": list}
+    wrong = [k for k, kind in fields.items() if not isinstance(manifest.get(k), kind)]
+    if wrong or not all(isinstance(i, str) for i in manifest["train"] + manifest["valid"]):
+        raise damaged(path, f"is damaged ({', '.join(wrong) or 'train/valid ids'} not as prepare_data.py writes "
+                      "them)", prepare_again(data_dir))
     s = manifest["settings"]
     a = cfg.audio
     # the f0 keys too: training reads the stored f0, and the export tells inference to extract it this way
@@ -84,6 +100,7 @@ class VocoderDataset(Dataset):
         if not ids:
             raise DatasetError(f"{data_dir}: no {'training' if train else 'validation'} items")
         self.dir = Path(data_dir) / "items"
+        self.again = prepare_again(data_dir)  # the advice of a damaged item's one line
         self.ids = list(ids)
         self.cfg = cfg
         self.train = train
@@ -95,17 +112,23 @@ class VocoderDataset(Dataset):
         return self.length
 
     def _load(self, name: str, mmap: bool = True) -> dict[str, np.ndarray]:
-        mode = "r" if mmap else None
+        """The item's three arrays (memory-mapped: only their headers are read here), each checked to be
+        readable and of the shape prepare_data.py writes (mel [F, n_mels], f0 [F], audio [F * hop]);
+        `PreparedFileError` names the first that is not."""
         d = self.dir / name
-        try:
-            return {k: np.load(d / f"{k}.npy", mmap_mode=mode) for k in ("audio", "mel", "f0")}
-        except FileNotFoundError as e:
-            raise DatasetError(f"item {d} is incomplete ({e.filename} missing): run prepare_data.py again") from None
+        mel = load_npy(d / "mel.npy", self.again, mmap, shape=(None, self.cfg.audio.n_mels))
+        frames = mel.shape[0]
+        return {"mel": mel, "f0": load_npy(d / "f0.npy", self.again, mmap, shape=(frames,)),
+                "audio": load_npy(d / "audio.npy", self.again, mmap, shape=(frames * self.hop,))}
+
+    def _read(self, item: dict, key: str, start: int | None = None, stop: int | None = None) -> np.ndarray:
+        """`item[key][start:stop]` read into memory, refused (the file named) when it holds NaN or inf."""
+        return require_finite(np.array(item[key][start:stop]), self.dir / item["name"] / f"{key}.npy", self.again)
 
     def __getitem__(self, key) -> dict:
         index, rng = sample_rng(key)
         name = self.ids[index % len(self.ids)]
-        item = self._load(name)
+        item = {**self._load(name), "name": name}
         if not self.train:
             return self._whole(item, name)
         sample = None
@@ -123,23 +146,23 @@ class VocoderDataset(Dataset):
         frames = item["mel"].shape[0]
         limit = max(1, int(self.cfg.valid_max_seconds * self.cfg.audio.sample_rate / self.hop))
         n = min(frames, limit)
-        return {"mel": torch.from_numpy(np.array(item["mel"][:n].T)),
-                "f0": torch.from_numpy(np.array(item["f0"][:n])),
-                "audio": torch.from_numpy(np.array(item["audio"][: n * self.hop])), "name": name}
+        return {"mel": torch.from_numpy(np.ascontiguousarray(self._read(item, "mel", 0, n).T)),
+                "f0": torch.from_numpy(self._read(item, "f0", 0, n)),
+                "audio": torch.from_numpy(self._read(item, "audio", 0, n * self.hop)), "name": name}
 
     def _crop(self, item: dict, rng: np.random.Generator) -> dict:
         crop = self.cfg.crop_mel_frames
         frames = item["mel"].shape[0]
         if frames >= crop:
             start = int(rng.integers(0, frames - crop + 1))
-            return {"mel": np.array(item["mel"][start:start + crop].T),
-                    "f0": np.array(item["f0"][start:start + crop]),
-                    "audio": np.array(item["audio"][start * self.hop:(start + crop) * self.hop])}
+            return {"mel": self._read(item, "mel", start, start + crop).T,
+                    "f0": self._read(item, "f0", start, start + crop),
+                    "audio": self._read(item, "audio", start * self.hop, (start + crop) * self.hop)}
         # Shorter than a crop: pad with silence (floor mel, held f0, zero audio).
         pad = crop - frames
-        mel = np.pad(np.array(item["mel"]).T, ((0, 0), (0, pad)), constant_values=LOG_FLOOR)
-        f0 = np.pad(np.array(item["f0"]), (0, pad), mode="edge")
-        audio = np.pad(np.array(item["audio"]), (0, pad * self.hop))
+        mel = np.pad(self._read(item, "mel").T, ((0, 0), (0, pad)), constant_values=LOG_FLOOR)
+        f0 = np.pad(self._read(item, "f0"), (0, pad), mode="edge")
+        audio = np.pad(self._read(item, "audio"), (0, pad * self.hop))
         return {"mel": mel, "f0": f0, "audio": audio}
 
     def _speed_crop(self, item: dict, rng: np.random.Generator) -> dict | None:
@@ -157,7 +180,7 @@ class VocoderDataset(Dataset):
         if frames < need:
             return None
         start = int(rng.integers(0, frames - need + 1))
-        seg = np.array(item["audio"][start * self.hop:(start + need) * self.hop], dtype=np.float32)
+        seg = self._read(item, "audio", start * self.hop, (start + need) * self.hop).astype(np.float32)
         fast = soxr.resample(seg, round(self.hop * speed), self.hop, quality="HQ").astype(np.float32)
         total = crop + 2 * margin
         if len(fast) < total * self.hop:
@@ -169,7 +192,7 @@ class VocoderDataset(Dataset):
             mel = self._mel_fn(torch.from_numpy(fast)[None])[0].numpy()  # [n_mels, total]
         # New frame j is centred at old time (j + 0.5) * speed frames after the segment start.
         pos = (np.arange(total) + 0.5) * speed - 0.5
-        f0_old = np.array(item["f0"][start:start + need], dtype=np.float64)
+        f0_old = self._read(item, "f0", start, start + need).astype(np.float64)
         f0 = np.interp(pos, np.arange(need), f0_old) * speed
         return {"mel": mel[:, margin:margin + crop], "f0": f0[margin:margin + crop].astype(np.float32),
                 "audio": fast[margin * self.hop:(margin + crop) * self.hop]}

@@ -23,8 +23,9 @@ Output layout (``--output``)::
     manifest.json          settings, items, train / valid ids
     report.json, report.txt  skipped files and reasons
 
-Resumable: an item whose meta.json matches the source file and the settings is not redone;
-items are written to a temporary folder and renamed, so an interrupted run leaves no half item.
+Resumable: an item whose meta.json matches the source file and the settings, and whose arrays read
+back whole (the shapes meta.json records, no NaN/inf), is not redone; a damaged one is made again (one
+line). Items are written to a temporary folder and renamed, so an interrupted run leaves no half item.
 Input files are only read, never modified or deleted. Exit status 0 when at least one file was
 usable (bad files are reported, not fatal), 2 when nothing usable was found.
 """
@@ -44,6 +45,7 @@ import numpy as np
 from common import exit_codes
 from common.atomic_write import atomic_output, remove_stale_temp_folders, write_text
 from common.config import ConfigError, add_config_args, load_config
+from common.prepared import npy_problem
 from common.run_dir import check_apart, check_output_dir, check_prepared_settings, outside
 from common.workers import RUN_ERRORS, process_pool
 from vocoder.config import VocoderConfig
@@ -147,6 +149,22 @@ def is_done(item_dir: Path, path: Path, settings: Settings, mel: Path | None = N
     if mel is not None and meta.get("mel_source") != _source_stamp(mel):
         return None
     return meta
+
+
+def item_problem(item_dir: Path, meta: dict, settings: Settings) -> str | None:
+    """Why a finished item (its meta.json matched) cannot be kept: an array that does not read back whole,
+    has another shape than its meta.json's frames, or holds NaN/inf (damaged after it was written). None when
+    it is intact. Every array is read through once (memory-mapped)."""
+    frames = meta.get("frames")
+    if not isinstance(frames, int):
+        return "meta.json has no frame count"
+    shapes = {"mel": (frames, settings.num_mels), "f0": (frames,), "voiced": (frames,),
+              "audio": (frames * settings.hop_size,)}
+    for key, shape in shapes.items():
+        why = npy_problem(item_dir / f"{key}.npy", shape)
+        if why:
+            return f"{key}.npy {why}"
+    return None
 
 
 def process_file(path: Path, item_dir: Path, settings: Settings, gta_mel: Path | None = None) -> dict:
@@ -307,6 +325,10 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
             meta = is_done(items_dir / iid, path, settings, mels.get(path))
         except OSError:
             pass
+        why = item_problem(items_dir / iid, meta, settings) if meta is not None else None
+        if why:
+            log(f"damaged prepared item {items_dir / iid}: {why}; making it again from {path}")
+            meta = None
         if meta is not None and settings.max_seconds is not None and meta["seconds"] > settings.max_seconds:
             results[iid] = {"ok": False, "reason": f"too long ({meta['seconds']:.2f} s > {settings.max_seconds:g} s)"}
         elif meta is not None:

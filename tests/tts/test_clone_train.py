@@ -337,3 +337,35 @@ def test_teacher_forced_mels_have_the_frames_the_vocoder_prepares(trained, corpu
     for item in items.values():
         source = Path(item["source"])
         assert item["frames"] == mels[source.stem].shape[1] == sf.info(str(source)).frames // 256
+
+
+def test_a_damaged_feature_cache_file_is_made_again_on_resume_and_named_when_read(corpus, tmp_path, capsys):
+    """A cached feature file damaged after it was written (garbage, cut short, a NaN in its mel): the next
+    start (a resume) makes it again with one line naming it, and training goes on; one damaged while the run
+    trains is named in one line (exit 2) when it is read, not a traceback or a divergence."""
+    from common.prepared import PreparedFileError
+    from tts.clone.data import CloneDataset, cache_problem
+
+    cache, run = tmp_path / "cache", tmp_path / "run"
+    fast = ("--set", f"data.cache_dir={cache}", "--set", "train.val_check_interval=100",
+            "--set", "train.save_interval=100", "--set", "val.at_start=false")
+    assert main(clone_argv(corpus, run, *fast, "--set", "train.max_updates=4")) == 0
+    files = sorted(cache.rglob("*.npz"))
+    files[0].write_bytes(np.random.default_rng(0).bytes(300))
+    files[1].write_bytes(files[1].read_bytes()[: files[1].stat().st_size // 2])
+    with np.load(files[2]) as z:
+        arrays = dict(z)
+    arrays["mel"][0, 0] = np.nan
+    np.savez(files[2], **arrays)
+    capsys.readouterr()
+    assert main(clone_argv(corpus, run, *fast, "--set", "train.max_updates=6", "--resume", "auto")) == 0
+    out = capsys.readouterr().out
+    for f in files[:3]:
+        assert f"damaged cached features {f} " in out
+    assert not [line for line in out.splitlines() if line.startswith("skipped ")]  # made again, not dropped
+    audio = AudioConfig(22050, 1024, 1024, 256, 80, 40.0, 8000.0)
+    assert all(cache_problem(f, audio) is None for f in files)
+    items = [{"id": f.stem, "speaker": "s", "path": str(f), "frames": 1, "n_text": 1} for f in files[:2]]
+    files[0].write_bytes(b"garbage")
+    with pytest.raises(PreparedFileError, match=f"^prepared file {files[0]} is damaged .*--resume auto"):
+        CloneDataset(items, 16)[0]

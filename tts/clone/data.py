@@ -5,7 +5,10 @@ Three stages, each for a reason the XTTS-style users felt:
    (`tts.prepare_data.check_item`, the VITS trainer's) and caches log-mel + f0 + voiced + token
    ids per utterance under the cache folder (the input is never touched). Bad items are skipped
    and reported, never fatal. After that, a training step only reads small .npz files: no audio
-   decoding, no pitch tracking in the loop, so the GPU is not starved by the DataLoader.
+   decoding, no pitch tracking in the loop, so the GPU is not starved by the DataLoader. A cached file
+   that no longer reads back whole (cut short, garbage, NaN/inf, another shape) is made again with one
+   line at every start (a resume too); one damaged while the run trains stops it with one line naming it
+   (`common.prepared`, exit 2): the same command with --resume auto makes it again and continues.
 2. `CloneDataset` returns one utterance plus a reference crop from ANOTHER utterance of the same
    speaker (so the reference encoder must learn the voice, not copy the content), drawn from
    `common.data.sample_rng(key)`: exactly reproducible on resume, with workers.
@@ -35,6 +38,7 @@ from torch.utils.data import DataLoader, Dataset
 from common.atomic_write import write_bytes
 from common.audio import AudioError, MelSpectrogram, check_audio, extract_f0, load_audio
 from common.data import BucketBatchSampler, BucketShapes, make_loader, sample_rng
+from common.prepared import damaged, npz_problem, open_npz, require_finite
 from common.workers import process_pool
 from tts.clone.config import AudioConfig, CloneConfig, DataConfig
 from tts.prepare_data import DataConfig as SharedCheckConfig  # the shared data check's limits
@@ -141,9 +145,12 @@ def _feature_job(job: tuple[dict, AudioConfig, DataConfig, str]) -> tuple[dict, 
     out = Path(cache_dir) / (row["id"].replace("/", "__") + ".npz")
     item = {"id": row["id"], "speaker": row["speaker"], "path": str(out), "wav": row["wav"]}
     if out.is_file():
-        with np.load(out) as z:
-            item.update(frames=int(z["mel"].shape[1]), n_text=int(z["ids"].shape[0]))
-        return item, None
+        why = cache_problem(out, audio)
+        if why is None:
+            with np.load(out) as z:
+                item.update(frames=int(z["mel"].shape[1]), n_text=int(z["ids"].shape[0]))
+            return item, None
+        item["remade"] = f"damaged cached features {out} {why}: making it again from {row['wav']}"
     try:
         wav, _ = load_audio(row["wav"], sr=audio.sample_rate)
     except AudioError as e:
@@ -160,6 +167,18 @@ def _feature_job(job: tuple[dict, AudioConfig, DataConfig, str]) -> tuple[dict, 
     write_bytes(out, buf.getvalue())  # atomic: never a half-written cache entry; a full disk is one line
     item.update(frames=int(feats["mel"].shape[1]), n_text=len(chk.ids))
     return item, None
+
+
+def cache_problem(path: Path, audio: AudioConfig) -> str | None:
+    """Why a cached feature file cannot be used (unreadable, an array missing or of another shape, NaN/inf),
+    or None: ids [S], mel [n_mels, T], f0 [T], voiced [T]."""
+    why = npz_problem(path, {"ids": (None,), "mel": (audio.n_mels, None), "f0": (None,), "voiced": (None,)})
+    if why is None:
+        with np.load(path) as z:
+            frames = z["mel"].shape[1]
+            if z["f0"].shape[0] != frames or z["voiced"].shape[0] != frames:
+                why = f"has f0/voiced of {z['f0'].shape[0]}/{z['voiced'].shape[0]} frames, mel of {frames}"
+    return why
 
 
 def _init_worker() -> None:
@@ -184,6 +203,8 @@ def build_features(manifest: Path, audio: AudioConfig, data: DataConfig, cache_r
         results = [_feature_job(j) for j in jobs]
     items = []
     for row, (item, reason) in zip(rows, results):
+        if "remade" in item:
+            log(item.pop("remade"))
         if reason is None:
             items.append(item)
         else:
@@ -197,9 +218,20 @@ def build_features(manifest: Path, audio: AudioConfig, data: DataConfig, cache_r
     return items
 
 
+# A cached file damaged after the start checked it: the start of the next run makes it again
+REMAKE_CACHE = ("run the same command again with --resume auto: a damaged cached feature file is made again from "
+                "its wav at the start, and training continues from the last checkpoint")
+
+
 def load_item(item: dict) -> dict[str, np.ndarray]:
-    with np.load(item["path"]) as z:
-        return {k: z[k] for k in ("ids", "mel", "f0", "voiced")}
+    """The cached features of an utterance; `PreparedFileError` names the file when it no longer reads back
+    whole or holds NaN/inf (damaged after the start checked it)."""
+    feats = open_npz(item["path"], ("ids", "mel", "f0", "voiced"))
+    if isinstance(feats, str):
+        raise damaged(item["path"], feats, REMAKE_CACHE)
+    for key in ("mel", "f0"):
+        require_finite(feats[key], item["path"], REMAKE_CACHE)
+    return feats
 
 
 def feature_stats(items: list[dict], max_items: int) -> tuple[torch.Tensor, torch.Tensor, float, float]:

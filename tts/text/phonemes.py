@@ -152,7 +152,12 @@ class PhonemeCache:
         self.voice = voice
         self.table: dict[str, str] = {}
         if self.path.is_file():
-            self.table = json.loads(self.path.read_text(encoding="utf-8"))
+            try:
+                table = json.loads(self.path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as e:  # damaged (not UTF-8 / not JSON): a cache, so made again
+                table = None
+                print(f"note: {self.path} is damaged ({str(e).splitlines()[0][:100]}); phonemizing again")
+            self.table = table if isinstance(table, dict) else {}
 
     def fill(self, texts: list[str]) -> int:
         """Phonemize the texts not cached yet and rewrite the file (atomically); how many were new."""

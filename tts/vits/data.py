@@ -4,6 +4,11 @@ An item is (token ids with blanks, cached linear spectrogram, 16-bit waveform cr
 whole frames, speaker id). The random training window is cut inside the model (VITS slices
 its latent), with the global torch RNG that checkpoints restore, so the dataset itself is
 deterministic and resumes exactly with any number of loader workers.
+
+A damaged prepared file (a spec or wav missing, cut short, not what prepare_data.py wrote, of another
+length than its manifest line, NaN/inf in a spec; a damaged speakers.json or prepare_state.json) stops the
+run with one line naming it and the prepare command that makes it again (``common.prepared``, exit 2),
+also from a loader worker; a NaN in a spec is never a divergence.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from torch.utils.data import Dataset
 
 from common.audio import to_float32
 from common.data import BucketShapes, sample_rng
+from common.prepared import damaged, load_npy, read_json, require_finite
 from tts.text import intersperse
 from tts.text.phonemes import Frontend, PhonemeCache
 from tts.vits.config import AudioConfig
@@ -32,14 +38,27 @@ def read_manifest(data_dir: str | Path, split: str) -> list[dict]:
     if not path.is_file():
         raise DataError(f"{path} not found: --data_dir must be a folder made by "
                         "`python tts/prepare_data.py --metadata ... --audio_dir ... --output_dir DIR`")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise damaged(path, f"is damaged (not UTF-8: {e.reason} at byte {e.start})", prepare_again(data_dir)) from None
     items = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
                 items.append(json.loads(line))
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}:{n}: not valid JSON ({e}); re-run prepare_data.py") from None
+            if not isinstance(items[-1], dict):
+                raise damaged(f"{path}:{n}", "is damaged (not a JSON object)", prepare_again(data_dir))
     return items
+
+
+def prepare_again(data_dir: str | Path) -> str:
+    """What to do about a damaged prepared file of `data_dir`: the prepare command that makes it again."""
+    return (f"run `python tts/prepare_data.py --metadata <metadata> --audio_dir <audio folder> --output_dir {data_dir} "
+            "--config <this run's config>` again (it makes damaged files again and keeps the others), then train "
+            "again (--resume auto continues from the last checkpoint)")
 
 
 def read_speakers(data_dir: str | Path) -> dict[str, int]:
@@ -47,7 +66,10 @@ def read_speakers(data_dir: str | Path) -> dict[str, int]:
     if not path.is_file():
         raise DataError(f"{path} not found: --data_dir must be a folder made by "
                         "`python tts/prepare_data.py --metadata ... --audio_dir ... --output_dir DIR`")
-    return json.loads(path.read_text(encoding="utf-8"))
+    speakers = read_json(path, prepare_again(data_dir))
+    if not speakers or not all(isinstance(k, str) and type(v) is int for k, v in speakers.items()):
+        raise damaged(path, "is damaged (not the {name: id} table prepare_data.py writes)", prepare_again(data_dir))
+    return speakers
 
 
 def check_prepared_audio(data_dir: str | Path, audio: AudioConfig, source: str | Path | None = None) -> None:
@@ -56,7 +78,9 @@ def check_prepared_audio(data_dir: str | Path, audio: AudioConfig, source: str |
     state = Path(data_dir) / "prepare_state.json"
     if not state.is_file():
         return
-    prepared = json.loads(state.read_text()).get("audio", {})
+    prepared = read_json(state, prepare_again(data_dir)).get("audio", {})
+    if not isinstance(prepared, dict):
+        raise damaged(state, "is damaged (its audio settings are not a table)", prepare_again(data_dir))
     for key in ("sample_rate", "n_fft", "win_length", "hop_length"):
         if key in prepared and prepared[key] != getattr(audio, key):
             if source is not None:
@@ -76,6 +100,7 @@ class VitsDataset(Dataset):
         self.hop = audio.hop_length
         self.spec_channels = audio.n_fft // 2 + 1
         self.add_blank = add_blank
+        self.again = prepare_again(data_dir)  # the advice of a damaged file's one line
         self.frontend = frontend or Frontend()
         self.phonemes: dict[str, str] = {}
         if self.frontend.phoneme_type == "espeak":  # prepare_data.py cached them; data prepared for text: now
@@ -107,15 +132,32 @@ class VitsDataset(Dataset):
     def __getitem__(self, key) -> dict:
         index, _ = sample_rng(key)
         item = self.items[index]
-        spec = torch.from_numpy(np.load(self.dir / item["spec"]).astype(np.float32))
-        if spec.size(0) != self.spec_channels:
-            raise DataError(f"{self.dir / item['spec']}: {spec.size(0)} frequency bins, expected "
-                            f"{self.spec_channels} (audio.n_fft // 2 + 1); re-run prepare_data.py")
-        pcm, _ = sf.read(self.dir / item["wav"], dtype="int16")
+        spec_path, wav_path = self.dir / item["spec"], self.dir / item["wav"]
+        spec = load_npy(spec_path, self.again, shape=(self.spec_channels, None))  # bins: audio.n_fft // 2 + 1
+        spec = torch.from_numpy(require_finite(spec, spec_path, self.again).astype(np.float32))
+        pcm = self._pcm(wav_path, int(item["num_samples"]))
+        if abs(spec.size(1) - len(pcm) // self.hop) > 1:  # T samples make T // hop frames
+            raise damaged(spec_path, f"has {spec.size(1)} frames, expected {len(pcm) // self.hop} for its "
+                          f"{len(pcm)}-sample wav", self.again)
         frames = min(spec.size(1), len(pcm) // self.hop)
         wav = torch.from_numpy(to_float32(pcm[: frames * self.hop]))
         return {"id": item["id"], "ids": self.tokens(item["text"]), "spec": spec[:, :frames], "wav": wav,
                 "sid": int(item.get("speaker_id", 0))}
+
+
+    def _pcm(self, path: Path, samples: int) -> np.ndarray:
+        """The prepared 16-bit wav, refused (named) when it is missing, unreadable or of another length
+        than its manifest line's `num_samples` (cut short)."""
+        if not path.is_file():
+            raise damaged(path, "is missing", self.again)
+        try:
+            pcm, _ = sf.read(path, dtype="int16")
+        except (RuntimeError, OSError, ValueError, EOFError) as e:  # soundfile.LibsndfileError is a RuntimeError
+            raise damaged(path, f"is damaged (not a readable wav: {getattr(e, 'error_string', None) or e})", self.again) from None
+        if pcm.ndim != 1 or len(pcm) != samples:
+            raise damaged(path, f"has {len(pcm)} samples{'' if pcm.ndim == 1 else ' in several channels'}, its "
+                          f"manifest line says {samples} (cut short?)", self.again)
+        return pcm
 
 
 def collate(batch: list[dict], shapes: BucketShapes | None = None) -> dict:
