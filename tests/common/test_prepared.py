@@ -22,17 +22,9 @@ from common.prepared import (
     read_json,
     require_finite,
 )
+from tests.damage import damage
 
 REMEDY = "prepare it again"
-
-
-def _damage(path, how: str) -> None:
-    if how == "truncate":
-        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    elif how == "garbage":
-        path.write_bytes(np.random.default_rng(0).bytes(300))
-    elif how == "delete":
-        path.unlink()
 
 
 @pytest.mark.parametrize("how", ["truncate", "garbage", "delete"])
@@ -40,7 +32,7 @@ def _damage(path, how: str) -> None:
 def test_a_damaged_npy_is_one_line_naming_it(tmp_path, how, mmap):
     path = tmp_path / "mel.npy"
     np.save(path, np.zeros((40, 8), np.float32))
-    _damage(path, how)
+    damage(path, how)
     with pytest.raises(PreparedFileError) as e:
         load_npy(path, REMEDY, mmap=mmap)
     message = str(e.value)
@@ -69,7 +61,7 @@ def test_npz_and_json_checks(tmp_path):
     np.savez(npz, mel=np.zeros((4, 3), np.float32))
     assert npz_problem(npz, {"mel": (4, None)}) is None
     assert npz_problem(npz, {"mel": None, "f0": None}) == "is damaged (it lacks f0)"
-    _damage(npz, "truncate")
+    damage(npz, "truncate")
     assert npz_problem(npz, {"mel": None}).startswith("is damaged")
     manifest = tmp_path / "speakers.json"
     manifest.write_text(json.dumps({"a": 0}))

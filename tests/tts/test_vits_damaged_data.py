@@ -9,10 +9,10 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 import soundfile as sf
 
+from tests.damage import damage
 from tests.tts.test_vits_train import _args, _corpus
 from tts.prepare_data import main as prepare_main
 from tts.vits import train as train_mod
@@ -33,19 +33,6 @@ def data(prepared, tmp_path) -> Path:
     return shutil.copytree(prepared, tmp_path / "prepared")
 
 
-def _damage(path: Path, how: str) -> None:
-    if how == "truncate":
-        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    elif how == "garbage":
-        path.write_bytes(np.random.default_rng(0).bytes(300))
-    elif how == "delete":
-        path.unlink()
-    elif how == "nan":
-        array = np.load(path)
-        array.flat[array.size // 2] = np.nan
-        np.save(path, array)
-
-
 def _train_rows(data: Path) -> list[dict]:
     return [json.loads(line) for line in (data / "train.jsonl").read_text(encoding="utf-8").splitlines()]
 
@@ -56,7 +43,7 @@ def _train_rows(data: Path) -> list[dict]:
 def test_a_damaged_spec_or_wav_stops_training_with_one_line_naming_it(data, tmp_path, capsys, key, how, workers):
     rows = _train_rows(data)
     for row in rows:  # every training item: the first batch meets one
-        _damage(data / row[key], how)
+        damage(data / row[key], how)
     rc = train_mod.main(_args(data, tmp_path / "run", f"num_workers={workers}", "persistent_workers=false", steps=2))
     err = capsys.readouterr().err
     assert rc == 2, err
@@ -69,7 +56,7 @@ def test_a_damaged_spec_or_wav_stops_training_with_one_line_naming_it(data, tmp_
 
 
 def test_a_damaged_speakers_json_is_one_line(data, tmp_path, capsys):
-    _damage(data / "speakers.json", "garbage")
+    damage(data / "speakers.json", "garbage")
     assert train_mod.main(_args(data, tmp_path / "run", steps=2)) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: prepared file {data / 'speakers.json'} is damaged (not UTF-8 JSON")
@@ -79,10 +66,10 @@ def test_a_damaged_speakers_json_is_one_line(data, tmp_path, capsys):
 def test_prepare_again_makes_damaged_files_again_and_keeps_their_utterances(prepared, data, capsys):
     root = prepared.parent  # the corpus: metadata.csv and audio/
     rows = _train_rows(data)
-    _damage(data / rows[0]["wav"], "garbage")
-    _damage(data / rows[1]["spec"], "truncate")
-    _damage(data / rows[2]["spec"], "delete")
-    _damage(data / rows[3]["spec"], "nan")
+    damage(data / rows[0]["wav"], "garbage")
+    damage(data / rows[1]["spec"], "truncate")
+    damage(data / rows[2]["spec"], "delete")
+    damage(data / rows[3]["spec"], "nan")
     kept = (data / rows[4]["spec"]).stat().st_mtime_ns
     capsys.readouterr()
     assert prepare_main(["--metadata", str(root / "metadata.csv"), "--audio_dir", str(root / "audio"),

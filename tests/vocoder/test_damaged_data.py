@@ -11,6 +11,7 @@ import shutil
 import numpy as np
 import pytest
 
+from tests.damage import damage
 from vocoder.prepare_data import main as prepare_main
 from vocoder.train import main as train_main
 
@@ -20,19 +21,6 @@ from .conftest import DEMO_YAML, TINY
 def _args(data, run, *extra: str) -> list[str]:
     return ["--config", str(DEMO_YAML), "--data_dir", str(data), "--run_dir", str(run), "--device", "cpu",
             *[a for o in TINY for a in ("--set", o)], "--set", "max_updates=2", *extra]
-
-
-def _damage(path, how: str) -> None:
-    if how == "truncate":
-        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    elif how == "garbage":
-        path.write_bytes(np.random.default_rng(0).bytes(300))
-    elif how == "delete":
-        path.unlink()
-    elif how == "nan":
-        array = np.load(path)
-        array.flat[array.size // 2] = np.nan
-        np.save(path, array)
 
 
 def _one_line(err: str, path) -> None:
@@ -55,7 +43,7 @@ def data(tiny_data, tmp_path):
 def test_a_damaged_item_stops_training_with_one_line_naming_it(data, tmp_path, capsys, key, how, workers):
     train = json.loads((data / "manifest.json").read_text())["train"]
     for name in train:  # every training item: the first batch meets one
-        _damage(data / "items" / name / f"{key}.npy", how)
+        damage(data / "items" / name / f"{key}.npy", how)
     rc = train_main(_args(data, tmp_path / "run", "--set", f"num_workers={workers}"))
     err = capsys.readouterr().err
     assert rc == 2, err
@@ -86,9 +74,9 @@ def test_prepare_again_makes_the_damaged_items_and_manifest_again(tiny_data, tmp
     manifest = json.loads((out / "manifest.json").read_text())
     first, second, third = manifest["train"][:3]
     kept = (out / "items" / third / "mel.npy").stat().st_mtime_ns
-    _damage(out / "items" / first / "mel.npy", "truncate")
-    _damage(out / "items" / second / "f0.npy", "nan")
-    _damage(out / "manifest.json", "garbage")
+    damage(out / "items" / first / "mel.npy", "truncate")
+    damage(out / "items" / second / "f0.npy", "nan")
+    damage(out / "manifest.json", "garbage")
     capsys.readouterr()
     assert prepare_main(prepare) == 0
     printed = capsys.readouterr().out
