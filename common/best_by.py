@@ -43,6 +43,7 @@ METRICS: dict[str, str] = {
     "ssim": "max",  # 0..1
     "lpips": "min",  # learned perceptual distance
     "l1": "min",  # mean absolute pixel error
+    "rfid": "min",  # Fréchet distance of Inception features, reconstructions against originals
 }
 
 BEST_BY_HELP = ("the held-out metric best.pt is chosen by (config key best_by); lower or higher is better as "

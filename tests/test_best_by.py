@@ -75,8 +75,13 @@ def test_an_unknown_metric_is_exit_2_naming_the_key_and_the_trainers_metrics(nam
     assert not list(run.rglob("*.pt"))
 
 
-@pytest.mark.parametrize("name, metric, how", [("vocoder", "pesq", "valid_pesq"), ("vae", "lpips", "perceptual_weight")])
-def test_a_metric_this_run_does_not_measure_says_how_to_turn_it_on(name, metric, how, data, tmp_path, capsys):
+@pytest.mark.parametrize("name, metric, how", [("vocoder", "pesq", "valid_pesq"), ("vae", "lpips", "perceptual_weight"),
+                                               ("vae", "rfid", "rfid_weights")])
+def test_a_metric_this_run_does_not_measure_says_how_to_turn_it_on(name, metric, how, data, tmp_path, capsys,
+                                                                  monkeypatch):
+    from vae import config as vae_config
+
+    monkeypatch.setattr(vae_config, "hub_weights", lambda: None)  # a machine with the Inception cached measures rFID
     trainer = TRAINERS[name]
     assert trainer.main([*trainer.argv(data, tmp_path / "run", 1), "--best_by", metric]) == exit_codes.BAD_INPUT
     err = capsys.readouterr().err.strip().splitlines()
@@ -159,3 +164,18 @@ def test_vocoder_validation_reports_the_pitch_errors_and_pesq(data, tmp_path):
     valid = json.loads((run / "summary.json").read_text())["valid"][-1]
     assert {"mrstft", "mel_l1", "f0_rmse", "vuv_error", "periodicity", "pesq"} <= set(valid), valid
     assert 0.0 <= valid["vuv_error"] <= 1.0 and valid["periodicity"] >= 0.0
+
+
+def test_best_by_rfid_needs_inception_weights_and_ranks_lower_first(tmp_path, monkeypatch):
+    """rFID is a metric only where its Inception weights are (a local file or the torch hub cache)."""
+    from vae import config as vae_config
+    from vae.config import VAEConfig
+
+    monkeypatch.setattr(vae_config, "hub_weights", lambda: None)
+    with pytest.raises(ValueError, match="rfid is not measured by this run .*rfid_weights"):
+        VAEConfig(best_by="rfid")
+    weights = tmp_path / "pt_inception-2015-12-05-6726825d.pth"
+    weights.write_bytes(b"x")
+    assert VAEConfig(best_by="rfid", rfid_weights=str(weights)).best_by == "rfid" and METRICS["rfid"] == "min"
+    with pytest.raises(ValueError, match="rfid is not measured"):
+        VAEConfig(best_by="rfid", rfid_weights="off")

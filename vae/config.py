@@ -9,6 +9,7 @@ validation path (`common.config.load_config`): an unknown key fails with the clo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar, Literal
 
 from common.best_by import check_best_by
@@ -23,6 +24,7 @@ from common.ranges import (
     PositiveInt,
     Probability,
 )
+from vae.rfid import WEIGHTS_NAME, hub_weights
 
 DECODER_ONLY_FLAG = "--train_decoder_only"  # named in the messages of vae/decoder_only.py and vae/pretrained.py
 
@@ -145,9 +147,13 @@ class VAEConfig:
             self.logger = tracker_names(self.logger)
         except ValueError as exc:
             problems.append(str(exc))
-        try:  # what vae/metrics.py's evaluate measures; LPIPS only with the perceptual loss's network
-            self.best_by = check_best_by(self.best_by, ("psnr", "ssim", "l1") + ("lpips",) * (self.perceptual_weight > 0),
-                                         {"lpips": "it needs perceptual_weight > 0"})
+        try:  # what vae/metrics.py's evaluate measures; LPIPS only with the perceptual loss's network, rFID with weights
+            rfid = self.rfid_weights != "off" and (Path(self.rfid_weights).expanduser().is_file() if self.rfid_weights
+                                                   else hub_weights() is not None)
+            self.best_by = check_best_by(
+                self.best_by, ("psnr", "ssim", "l1") + ("lpips",) * (self.perceptual_weight > 0) + ("rfid",) * rfid,
+                {"lpips": "it needs perceptual_weight > 0",
+                 "rfid": f"it needs Inception weights: rfid_weights naming pytorch-fid's {WEIGHTS_NAME}, none found"})
         except ValueError as exc:
             problems.append(str(exc))
         if self.image_size % 8:
