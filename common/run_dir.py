@@ -90,8 +90,9 @@ def check_apart(output: str | Path, flag: str, inputs: dict[str, str | Path | li
                 suffix: str = "_prepared", doing: str = "writing there") -> None:
     """OutputPathError (exit 2) when the output folder `output` (the user's `flag`) is, contains or lies
     inside any existing input of `inputs` ({flag: path or paths}; a file counts when `output` contains it,
-    e.g. the metadata file with outputs written next to it): writing there would overwrite the user's files,
-    and `--overwrite` would move them into `overwritten-*/`. Call it before anything is written."""
+    e.g. the metadata file with outputs written next to it; `output` may be a file, e.g. a script's output wav that
+    is its input): writing there would overwrite the user's files, and `--overwrite` would replace them or move
+    them into `overwritten-*/`. Call it before anything is written."""
     out = Path(output)
     for in_flag, value in inputs.items():
         for given in (value if isinstance(value, (list, tuple)) else [value]):
@@ -105,9 +106,12 @@ def check_apart(output: str | Path, flag: str, inputs: dict[str, str | Path | li
             else:
                 continue
             outer = outer.resolve()
-            example = f", e.g. {outer.parent / (outer.name + suffix)}" if outer.name else ""
+            if outer.is_file():  # an output file that is the input file (an export's or inference's): a name beside it
+                where = f"choose another name, e.g. {outer.with_name(outer.stem + suffix + outer.suffix)}"
+            else:
+                where = "choose a separate folder" + (f", e.g. {outer.parent / (outer.name + suffix)}" if outer.name else "")
             raise OutputPathError(f"{flag} {out} {how} {in_flag} {inp}: {doing} would overwrite or mix with your files, "
-                                  f"and --overwrite would move them aside; choose a separate folder{example} "
+                                  f"and --overwrite would replace them or move them aside; {where} "
                                   "(inputs are never modified)")
 
 

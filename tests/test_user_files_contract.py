@@ -5,7 +5,9 @@
    run folder is (or holds, or lies in) its data folder;
 3. a short write with no errno (numpy's "N requested and M written") is a full disk: the run stops with the
    one disk-full line (exit 2) instead of skipping files or a traceback;
-4. what the atomic writer writes has the mode a plain open() gives (0666 & ~umask), not mkstemp's 0600."""
+4. what the atomic writer writes has the mode a plain open() gives (0666 & ~umask), not mkstemp's 0600;
+5. no export or inference script writes its output at, around or inside what it reads (its input audio, images or
+   text, its checkpoint or export folder, a reference clip): refused before anything is loaded or written."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from common import atomic_write
 from common.atomic_write import DiskFullError, atomic_output, is_disk_full, write_text
 from common.errors import OutputPathError
 from common.run_dir import check_apart, prepare_run_dir
+from tests.test_script_contract import inputs  # noqa: F401 - module fixture: tiny inputs and models of every script
 from tests.vae.helpers import write_images
 from tests.vocoder.conftest import voiced_tone, write_tones
 
@@ -46,19 +49,23 @@ def test_check_apart_names_the_relation_and_both_folders(tmp_path):
     data = tmp_path / "corpus"
     (data / "wavs").mkdir(parents=True)
     (data / "metadata.csv").write_text("x|y\n")
-    inputs = {"--audio_dir": data / "wavs", "--metadata": data / "metadata.csv"}
+    given = {"--audio_dir": data / "wavs", "--metadata": data / "metadata.csv"}
     for out, how in ((data / "wavs", "is"), (data, "contains"), (data / "wavs" / "prep", "is inside"),
                      (tmp_path, "contains")):
         with pytest.raises(OutputPathError, match=rf"^--output_dir {out} {how} --audio_dir .*choose a separate folder"):
-            check_apart(out, "--output_dir", inputs)
+            check_apart(out, "--output_dir", given)
     link = tmp_path / "link"
     link.symlink_to(data / "wavs")
     with pytest.raises(OutputPathError, match="is --audio_dir"):  # the same folder under another name
-        check_apart(link, "--output_dir", inputs)
+        check_apart(link, "--output_dir", given)
     with pytest.raises(OutputPathError, match=r"contains --metadata .*metadata\.csv"):  # files next to it
         check_apart(data, "--output_dir", {"--metadata": data / "metadata.csv"})
-    check_apart(data / "prepared", "--output_dir", inputs)  # beside the recordings: fine
+    check_apart(data / "prepared", "--output_dir", given)  # beside the recordings: fine
     check_apart(tmp_path / "out", "--output_dir", {"--audio_dir": tmp_path / "gone", "--metadata": None})
+    clip = data / "wavs" / "a.wav"  # an output file that is an input file: another name beside it
+    clip.write_bytes(b"a recording")
+    with pytest.raises(OutputPathError, match=r"^--output \S+a\.wav is --reference .*choose another name, e\.g\. \S+/a_out\.wav "):
+        check_apart(clip, "--output", {"--reference": clip}, suffix="_out")
 
 
 # ----------------------------------------------------------------------------- 1 + 2: the three prepares
@@ -326,3 +333,75 @@ def test_overwrite_refuses_to_move_away_the_init_from_checkpoint_it_lies_in(tmp_
     elsewhere.write_bytes(b"w")
     prepare_run_dir(run, run / "checkpoints", None, True, str(elsewhere), is_main=True, log=lambda *_: None)
     assert list(run.glob("overwritten-*/checkpoints/checkpoint_100.pt"))
+
+
+# ------------------------------------------------------------- 5: exports and inference never write over their inputs
+def _at_or_in_an_input(i: dict[str, Path]) -> dict[str, tuple]:
+    """case -> (main, argv, the output flag and path, the input flag and path it is refused for)."""
+    from tts import export_onnx, infer_clone, synthesize
+    from tts.clone import export_onnx as clone_export
+    from vae import reconstruct
+    from vocoder import export, infer
+
+    wav, ckpt, text = i["wavs"] / "tone_0.wav", i["vocoder"], i["root"] / "texts" / "sentences.txt"
+    image = sorted(i["images"].glob("*.png"))[0]
+    return {  # (the copy-synthesis and the single image with the flags the user would type to replace them)
+        "vocoder/infer.py": (infer.main, ["--model", str(ckpt), "--input", str(i["wavs"]), "--device", "cpu"],
+                             ("--output", i["wavs"]), ("--input", i["wavs"])),
+        "vocoder/export.py": (export.main, ["--ckpt", str(ckpt), "--onnx"], ("--out", ckpt.parent), ("--ckpt", ckpt)),
+        "tts/synthesize.py": (synthesize.main, ["--checkpoint", str(i["vits"]), "--text", "salom", "--overwrite"],
+                              ("--out", i["vits"]), ("--checkpoint", i["vits"])),
+        "tts/synthesize.py --out_dir": (synthesize.main, ["--checkpoint", str(i["vits"]), "--text_file", str(text),
+                                                          "--overwrite"],
+                                        ("--out_dir", text.parent), ("--text_file", text)),
+        "tts/export_onnx.py": (export_onnx.main, ["--checkpoint", str(i["vits"]), "--no_check", "--overwrite"],
+                               ("--out", i["vits"]), ("--checkpoint", i["vits"])),
+        "tts/infer_clone.py": (infer_clone.main, ["--checkpoint", str(i["clone"]), "--reference", str(wav), "--text",
+                                                  "salom", "--vocoder", str(ckpt), "--device", "cpu", "--overwrite"],
+                               ("--output", wav), ("--reference", wav)),
+        "tts/infer_clone.py --teacher_forced": (infer_clone.main, ["--checkpoint", str(i["clone"]), "--teacher_forced",
+                                                                   "--data", str(i["tts"]), "--device", "cpu",
+                                                                   "--overwrite"],
+                                                ("--output", i["tts"] / "gta_mels"), ("--data", i["tts"])),
+        "tts/export_clone_onnx.py": (clone_export.main, ["--checkpoint", str(i["clone"]), "--overwrite"],
+                                     ("--out", i["clone"]), ("--checkpoint", i["clone"])),
+        "vae/reconstruct.py": (reconstruct.main, ["--checkpoint", str(i["vae"]), "--input", str(image), "--device", "cpu"],
+                               ("--output", image), ("--input", image)),
+        "vae/reconstruct.py folder": (reconstruct.main, ["--checkpoint", str(i["vae"]), "--input", str(i["images"]),
+                                                         "--device", "cpu"],
+                                      ("--output", i["images"] / "reconstructed"), ("--input", i["images"])),
+        "vae/reconstruct.py into the model": (reconstruct.main, ["--checkpoint", str(i["vae"]), "--input",
+                                                                 str(i["images"]), "--device", "cpu"],
+                                              ("--output", i["vae"]), ("--checkpoint", i["vae"])),
+    }
+
+
+@pytest.mark.parametrize("case", ["vocoder/infer.py", "vocoder/export.py", "tts/synthesize.py",
+                                  "tts/synthesize.py --out_dir", "tts/export_onnx.py", "tts/infer_clone.py",
+                                  "tts/infer_clone.py --teacher_forced", "tts/export_clone_onnx.py",
+                                  "vae/reconstruct.py", "vae/reconstruct.py folder",
+                                  "vae/reconstruct.py into the model"])
+def test_no_export_or_inference_writes_at_around_or_in_its_input(case, inputs, capsys):  # noqa: F811
+    root = inputs["root"]
+    (root / "texts").mkdir(exist_ok=True)
+    (root / "texts" / "sentences.txt").write_text("Salom dunyo.\n\nBugun havo yaxshi.\n", encoding="utf-8")
+    main, argv, (out_flag, out), (in_flag, given) = _at_or_in_an_input(inputs)[case]
+    before = _snapshot(root)
+    assert main([*argv, out_flag, str(out)]) == 2
+    text = "".join(capsys.readouterr())
+    errors = [ln for ln in text.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in text, text[-2000:]
+    assert errors[0].startswith(f"error: {out_flag} {out} ") and f" {in_flag} {given}: " in errors[0], errors
+    assert "would overwrite or mix with your files" in errors[0], errors
+    assert _snapshot(root) == before  # the input byte-identical, nothing written beside it, nothing moved
+
+
+def test_an_export_beside_its_checkpoint_in_the_run_folder_is_still_written(inputs, tmp_path):  # noqa: F811
+    from vocoder import export
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    ckpt = run / "checkpoints" / inputs["vocoder"].name
+    ckpt.write_bytes(inputs["vocoder"].read_bytes())
+    assert export.main(["--ckpt", str(ckpt), "--out", str(run / "export")]) == 0
+    assert (run / "export" / "model.ckpt").is_file() and ckpt.read_bytes() == inputs["vocoder"].read_bytes()

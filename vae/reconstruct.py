@@ -28,7 +28,7 @@ from PIL import Image
 from common.atomic_write import DiskFullError, atomic_output
 from common.checkpoint import CheckpointError
 from common.precision import Precision
-from common.run_dir import OutputPathError, check_output_dir, check_output_file
+from common.run_dir import OutputPathError, check_apart, check_output_dir, check_output_file
 from vae.data import BadImage, image_to_tensor, list_images, open_image_rgb, tensor_to_uint8
 from vae.metrics import psnr
 from vae.model import AutoencoderKL
@@ -206,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --input {src}: no such file or folder", file=sys.stderr)
         return 2
     try:
+        check_apart(args.output, "--output", {"--input": src, "--checkpoint": args.checkpoint}, "_reconstructed")
         (check_output_dir if src.is_dir() else check_output_file)(args.output, "--output")
         if not src.is_dir() and image_format(args.output) is None:  # before minutes of reconstruction
             raise OutputPathError(f"--output {args.output}: not an image file name; end it in .png (lossless), "

@@ -33,7 +33,7 @@ import torch
 
 from common.atomic_write import atomic_output, write_text
 from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind, save_atomic
-from common.run_dir import OutputPathError, check_output_dir
+from common.run_dir import OutputPathError, check_apart, check_output_dir
 from vocoder.model import Generator, GeneratorArgs, remove_all_weight_norm
 
 _NEW = ("parametrizations.weight.original0", "parametrizations.weight.original1")
@@ -264,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         made = not Path(args.out).exists()
+        check_apart(args.out, "--out", {"--ckpt": args.ckpt}, "_export")  # beside the checkpoint's folder: fine
         check_output_dir(args.out, "--out")  # first: a bad --out is told before the checkpoint is read
         out = export(args.ckpt, args.out, args.onnx, args.oudep)
     except (CheckpointError, OutputPathError) as e:

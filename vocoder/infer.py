@@ -33,7 +33,7 @@ from common import exit_codes
 from common.atomic_write import DiskFullError
 from common.audio import MelSpectrogram, extract_f0, load_audio, save_wav
 from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind
-from common.run_dir import OutputPathError, check_output_dir
+from common.run_dir import OutputPathError, check_apart, check_output_dir
 from vocoder.export import generator_args, split_checkpoint
 from vocoder.model import Generator, remove_all_weight_norm
 
@@ -211,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args(argv)
     try:
+        check_apart(args.output, "--output", {"--input": args.input, "--model": args.model}, "_vocoded")  # first
         check_output_dir(args.output, "--output")
         voc = load_vocoder(args.model, args.device)
         files = _collect_inputs(args.input)

@@ -29,7 +29,7 @@ from torch import nn
 
 from common.atomic_write import DiskFullError, atomic_output, write_text
 from common.checkpoint import CheckpointError
-from common.run_dir import OutputPathError, check_output_file, refuse_to_replace
+from common.run_dir import OutputPathError, check_apart, check_output_file, refuse_to_replace
 from tts.clone.config import CloneConfig
 from tts.clone.data import DataError, load_reference
 from tts.clone.infer import load_clone_model, text_ids
@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"{', '.join(unused)} with --no_check: the check they set is skipped; drop one")
     args.tolerance = 1e-3 if args.tolerance is None else args.tolerance
     try:
+        for written in (args.out, args.out + ".json"):
+            check_apart(written, "--out", {"--checkpoint": args.checkpoint, "--reference": args.reference}, "_onnx")
         check_output_file(args.out, "--out")
         for existing in (args.out, args.out + ".json"):
             refuse_to_replace(existing, args.overwrite, "--out")

@@ -29,7 +29,7 @@ from common.atomic_write import DiskFullError
 from common.audio import save_wav
 from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind
 from common.mel_files import settings_mismatch
-from common.run_dir import OutputPathError, check_output_file, refuse_to_replace
+from common.run_dir import OutputPathError, check_apart, check_output_file, refuse_to_replace
 from tts.clone.config import AudioConfig, CloneConfig, config_from_dict
 from tts.clone.data import DataError, Reference, feature_cache_root, load_reference
 from tts.clone.model import VoiceCloneTTS
@@ -129,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--reference and --text are required (or --teacher_forced with --data and --output)")
     args.output = args.output or "clone.wav"
     try:
+        check_apart(args.output, "--output", {"--checkpoint": args.checkpoint, "--reference": args.reference,
+                                              "--vocoder": args.vocoder}, "_clone")
         check_output_file(args.output, "--output")
         refuse_to_replace(args.output, args.overwrite, "--output")
         with warnings.catch_warnings():
@@ -170,6 +172,7 @@ def main_teacher_forced(p: argparse.ArgumentParser, args: argparse.Namespace) ->
     if not args.data or not args.output:
         p.error("--teacher_forced needs --data (a prepared folder or .jsonl) and --output (a folder for the mels)")
     try:
+        check_apart(args.output, "--output", {"--checkpoint": args.checkpoint, "--data": args.data}, "_gta_mels")
         model, cfg = load_clone_model(args.checkpoint, args.device)
         check_output_dir(args.output, "--output")
         write_teacher_forced_mels(model, cfg, args.data, args.output,

@@ -37,7 +37,7 @@ from torch import nn
 
 from common.atomic_write import DiskFullError, atomic_output, write_text
 from common.checkpoint import CheckpointError, load_checkpoint
-from common.run_dir import check_output_file, refuse_to_replace
+from common.run_dir import check_apart, check_output_file, refuse_to_replace
 from tts.text.phonemes import Frontend
 from tts.text.symbols import PAD
 from tts.vits.config import TrainConfig
@@ -146,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--tolerance with --no_check: the check it sets is skipped; drop one")
     args.tolerance = 1e-3 if args.tolerance is None else args.tolerance
     try:
+        for written in (args.out, args.out + ".json"):
+            check_apart(written, "--out", {"--checkpoint": args.checkpoint}, "_onnx")
         check_output_file(args.out, "--out")
         for existing in (args.out, args.out + ".json"):
             refuse_to_replace(existing, args.overwrite, "--out")

@@ -31,7 +31,7 @@ from common.atomic_write import atomic_output
 from common.audio import to_int16
 from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind
 from common.config import ConfigError, load_config
-from common.run_dir import check_output_dir, check_output_file, refuse_to_replace
+from common.run_dir import check_apart, check_output_dir, check_output_file, refuse_to_replace
 from tts.text import intersperse, normalize, says_something
 from tts.text.phonemes import Frontend
 from tts.text.sentences import paragraphs, split_sentences
@@ -176,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.out_dir is not None and args.text_file is None:
             raise ValueError("--out_dir goes with --text_file (one wav per paragraph); with --text use --out")
         if not args.list_speakers:
+            check_apart(args.out_dir or args.out, "--out_dir" if args.out_dir else "--out",
+                        {"--checkpoint": args.checkpoint, "--text_file": args.text_file}, "_speech")
             if args.out_dir is None:
                 check_output_file(args.out, "--out")
             else:
