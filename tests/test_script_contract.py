@@ -270,6 +270,27 @@ def test_an_existing_output_file_is_replaced_only_with_overwrite(inputs, tmp_pat
     assert onnx.stat().st_size > 1000 and (tmp_path / "m.onnx.json").read_text() != "{}"
 
 
+def test_vocoding_or_reconstructing_again_into_a_used_folder_needs_overwrite(inputs, tmp_path, capsys):
+    """vocoder/infer.py and vae/reconstruct.py wrote over the wavs / images of an earlier run without a word."""
+    from vae import reconstruct
+    from vocoder import infer
+
+    for main, argv, name in (
+            (infer.main, ["--model", str(inputs["vocoder"]), "--input", str(inputs["wavs"]), "--device", "cpu"],
+             f"{sorted(inputs['wavs'].glob('*.wav'))[0].stem}.wav"),
+            (reconstruct.main, ["--checkpoint", str(inputs["vae"]), "--input", str(inputs["images"]), "--device", "cpu"],
+             f"{sorted(inputs['images'].iterdir())[0].stem}.png")):
+        out = tmp_path / main.__module__.replace(".", "_")
+        out.mkdir()
+        (out / name).write_bytes(b"an earlier result")
+        assert main([*argv, "--output", str(out)]) == 2, main.__module__
+        assert _one_error(capsys) == (f"error: --output {out / name} already exists; pass --overwrite to replace "
+                                      "it, or choose another name")
+        assert (out / name).read_bytes() == b"an earlier result"
+        assert main([*argv, "--output", str(out), "--overwrite"]) == 0, main.__module__
+        assert (out / name).read_bytes() != b"an earlier result"
+
+
 def test_preparing_again_with_other_settings_is_refused_without_overwrite(inputs, tmp_path, capsys):
     from tests.vocoder.conftest import DEMO_YAML, TINY
     from tts import prepare_data as tts_prepare

@@ -28,7 +28,13 @@ from PIL import Image
 from common.atomic_write import DiskFullError, atomic_output
 from common.checkpoint import CheckpointError
 from common.precision import Precision
-from common.run_dir import OutputPathError, check_apart, check_output_dir, check_output_file
+from common.run_dir import (
+    OutputPathError,
+    check_apart,
+    check_output_dir,
+    check_output_file,
+    refuse_to_replace,
+)
 from vae.data import BadImage, image_to_tensor, list_images, open_image_rgb, tensor_to_uint8
 from vae.metrics import psnr
 from vae.model import AutoencoderKL
@@ -183,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", required=True, help="checkpoint_*.pt, vae_final.pt or a diffusers folder")
     p.add_argument("--input", required=True, help="an image file or a folder of images")
     p.add_argument("--output", required=True, help="output file (single input) or folder")
+    p.add_argument("--overwrite", action="store_true", help="replace output images that exist (else refused)")
     p.add_argument("--tile_size", type=int, default=512, help="tile side in px; 0 = never tile")
     p.add_argument("--tile_overlap", type=int, default=64, help="overlap of neighbouring tiles in px")
     p.add_argument("--tiling", choices=("image", "latent"), default="image",
@@ -211,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         if not src.is_dir() and image_format(args.output) is None:  # before minutes of reconstruction
             raise OutputPathError(f"--output {args.output}: not an image file name; end it in .png (lossless), "
                                   ".webp, .jpg or .tif")
+        for dst in [Path(args.output)] if not src.is_dir() else [
+                Path(args.output) / f.relative_to(src).with_suffix(".png") for f in list_images(src)]:
+            refuse_to_replace(dst, args.overwrite, "--output")  # a second run must not silently replace the first's
     except OutputPathError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -33,7 +33,7 @@ from common import exit_codes
 from common.atomic_write import DiskFullError
 from common.audio import MelSpectrogram, extract_f0, load_audio, save_wav
 from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind
-from common.run_dir import OutputPathError, check_apart, check_output_dir
+from common.run_dir import OutputPathError, check_apart, check_output_dir, refuse_to_replace
 from vocoder.export import generator_args, split_checkpoint
 from vocoder.model import Generator, remove_all_weight_norm
 
@@ -209,12 +209,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--input", nargs="+", required=True, help="audio files, .npz (mel, f0) files or folders")
     p.add_argument("--output", required=True, help="output folder for the wavs")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--overwrite", action="store_true", help="replace wavs already in --output (else refused)")
     args = p.parse_args(argv)
     try:
         check_apart(args.output, "--output", {"--input": args.input, "--model": args.model}, "_vocoded")  # first
         check_output_dir(args.output, "--output")
-        voc = load_vocoder(args.model, args.device)
         files = _collect_inputs(args.input)
+        for f in files:  # before the model loads: a second run must not silently replace the first's wavs
+            refuse_to_replace(Path(args.output) / f"{f.stem}.wav", args.overwrite, "--output")
+        voc = load_vocoder(args.model, args.device)
     except (CheckpointError, FileNotFoundError, OutputPathError) as e:
         print(f"error: {e}", file=sys.stderr)
         return exit_codes.BAD_INPUT
