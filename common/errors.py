@@ -21,7 +21,8 @@ class OutputPathError(ConfigError):
 # A missing (or broken) third-party package is not a bad input file: the run stops with one line naming
 # it. The pip name where it differs from the module name; any other module installs under its own name.
 PIP_NAMES = {"parselmouth": "praat-parselmouth", "PIL": "pillow", "yaml": "PyYAML", "skimage": "scikit-image",
-             "sklearn": "scikit-learn", "cv2": "opencv-python"}
+             "sklearn": "scikit-learn", "cv2": "opencv-python",
+             "pkg_resources": "'setuptools<81'"}  # pyworld 0.3.5 (f0 harvest) imports pkg_resources
 # This repository's own top-level packages (each folder beside common/ with an __init__.py): an import of
 # these failing is a bug, not a missing install.
 OWN_PACKAGES = tuple(sorted(p.parent.name for p in Path(__file__).resolve().parents[1].glob("*/__init__.py")))

@@ -204,6 +204,7 @@ class VocoderConfig:
         # the seed's flat mel keys -> the audio: block
         **{k: f"audio.{v}" for k, v in AudioSettings.ALIASES.items() if k in _SEED_AUDIO_KEYS},
         "fmin": "audio.fmin", "fmax": "audio.fmax",
+        "f0_extractor": "pe",  # the (and the tts guide's) name for DiffSinger's `pe`
     }
 
     # ---- task
@@ -217,7 +218,9 @@ class VocoderConfig:
     # DiffSinger's key: files whose path below the input folder starts with one of these are the
     # validation set instead of a random val_num pick (hold out whole speakers: [spk_a/, spk_b/])
     test_prefixes: list[str] = field(default_factory=list)
-    pe: str = "parselmouth"  # f0 extractor: parselmouth (fast, default) or pyin
+    # f0 extractor (alias f0_extractor): parselmouth (fast, default), pyin, harvest (pyworld), crepe (torchcrepe),
+    # fcpe (torchfcpe); the last three are optional packages (common.audio.F0_METHODS)
+    pe: str = "parselmouth"
     f0_min: PositiveFloat = 65.0
     f0_max: PositiveFloat = 1100.0
     binarization_args: BinarizationArgs = field(default_factory=BinarizationArgs)

@@ -11,7 +11,10 @@ a single misfit file: skipped with its reason). Audio, f0 and voicing are made a
 
 Input: wav/flac/ogg/mp3 (whatever libsndfile reads), any sample rate (resampled with soxr to
 ``audio_sample_rate``) and channel count (averaged to mono). f0 is extracted from the
-*resampled* audio, on the mel frame grid (``common.audio.extract_f0``), with ``pe``.
+*resampled* audio, on the mel frame grid (``common.audio.extract_f0``), with ``pe`` (alias
+``f0_extractor``: parselmouth, pyin, harvest, crepe or fcpe; a missing package is one line and exit 2 before
+any file). ``report.txt`` / ``report.json`` say what it found (voiced fraction, f0 percentiles, a warning
+with suggested values when f0_min / f0_max cut a voice off), ``f0_histogram.png`` shows it.
 
 Output layout (``--output``)::
 
@@ -21,7 +24,8 @@ Output layout (``--output``)::
     items/<id>/voiced.npy  bool    [frames]
     items/<id>/meta.json   source path/size/mtime + the settings fingerprint (written last)
     manifest.json          settings, items, train / valid ids
-    report.json, report.txt  skipped files and reasons
+    report.json, report.txt  skipped files and reasons, the f0 report (common/f0_report.py)
+    f0_histogram.png       voiced f0 of every item, with f0_min / f0_max and the 1st / 99th percentiles
 
 Resumable: an item whose meta.json matches the source file and the settings, and whose arrays read
 back whole (the shapes meta.json records, no NaN/inf), is not redone; a damaged one is made again (one
@@ -45,6 +49,7 @@ import numpy as np
 from common import exit_codes
 from common.atomic_write import atomic_output, remove_stale_temp_folders, write_text
 from common.config import ConfigError, add_config_args, load_config
+from common.f0_report import F0_PNG, f0_report_lines, f0_summary, save_f0_histogram
 from common.prepared import npy_problem
 from common.run_dir import check_apart, check_output_dir, check_prepared_settings, outside
 from common.workers import RUN_ERRORS, process_pool
@@ -220,6 +225,17 @@ def process_file(path: Path, item_dir: Path, settings: Settings, gta_mel: Path |
     return {"ok": True, "frames": frames, "seconds": meta["seconds"]}
 
 
+def check_extractor(pe: str) -> None:
+    """Before any file: an unknown `pe` is a PrepareError; a missing package raises its ModuleNotFoundError,
+    which `exit_codes.run_main` reports in one line with its pip install (exit 2)."""
+    from common.audio import check_f0_extractor
+
+    try:
+        check_f0_extractor(pe)
+    except ValueError as e:
+        raise PrepareError(f"pe (f0_extractor): {e}") from None
+
+
 def prepared_settings(out: Path) -> dict | None:
     """The settings `out` was prepared with: its manifest's, or (an interrupted run) those of its first item."""
     sources = [out / MANIFEST, *sorted((out / "items").glob("*/meta.json"))[:1]]
@@ -294,6 +310,7 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
     out = Path(output)
     check_apart(out, "--output", {"--input": roots, "--mel_dir": mel_dir})  # before anything is written
     settings = Settings.from_config(cfg, mel_dir)
+    check_extractor(settings.pe)
     workers = cfg.binarization_args.num_workers if num_workers is None else num_workers
     files = find_audio(roots)
     away = {p for root, p in files if outside([p], root)}
@@ -354,11 +371,16 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
         ({"file": str(sources[i]), "reason": r["reason"]} for i, r in results.items() if not r["ok"]),
         key=lambda d: d["file"],
     )
+    f0 = f0_summary(((np.load(items_dir / i / "f0.npy"), np.load(items_dir / i / "voiced.npy")) for i in good),
+                    settings.f0_min, settings.f0_max, settings.pe)
+    if good:
+        save_f0_histogram(f0, out / F0_PNG)
     report = {"num_files": len(files), "num_ok": len(good), "num_skipped": len(skipped), "skipped": skipped,
-              "seconds": round(time.time() - t0, 2)}
+              "seconds": round(time.time() - t0, 2), "f0": {k: v for k, v in f0.items() if k != "voiced"}}
     write_text(out / "report.json", json.dumps(report, indent=1))
     lines = [f"{len(good)} of {len(files)} files usable, {len(skipped)} skipped"]
     lines += [f"SKIPPED {s['file']}: {s['reason']}" for s in skipped]
+    lines += f0_report_lines(f0) if good else []
     write_text(out / "report.txt", "\n".join(lines) + "\n")
     for line in lines[1:]:
         log(line)
@@ -408,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         cfg = load_config(args.config, VocoderConfig, args.overrides)
+        check_extractor(cfg.pe)
         inputs = args.input or cfg.data_input_path
         output = args.output or cfg.binary_data_dir
         if not output:

@@ -15,6 +15,7 @@ from common.audio import (
     AudioError,
     MelSpectrogram,
     check_audio,
+    check_f0_extractor,
     extract_f0,
     load_audio,
     resample,
@@ -235,8 +236,48 @@ def test_extract_f0_silence_pyin_and_bad_method():
     x = sine(220, 0.4, SR)
     f0, voiced = extract_f0(x, SR, HOP, len(x) // HOP, f0_min=100, f0_max=500, method="pyin")
     assert voiced.mean() > 0.8 and np.abs(f0[voiced] / 220 - 1).max() < 0.02
-    with pytest.raises(ValueError, match="parselmouth, pyin"):
-        extract_f0(x, SR, HOP, 10, method="harvest")
+    with pytest.raises(ValueError, match="parselmouth, pyin, harvest, crepe, fcpe"):
+        extract_f0(x, SR, HOP, 10, method="rmvpe")
+
+
+@pytest.mark.parametrize("method", ["parselmouth", "pyin", "harvest", "crepe", "fcpe"])
+def test_every_f0_extractor_finds_a_220hz_tone_on_the_mel_grid(method):
+    """0.5 s of a 220 Hz harmonic tone: each installed extractor gives ~220 Hz on its voiced frames, exactly the
+    mel's frame count (FCPE's own 10 ms frames and crepe's centred ones resampled onto the mel grid)."""
+    from common.audio import F0_MODULES
+
+    try:
+        check_f0_extractor(method)
+    except ImportError as e:
+        pytest.skip(f"{method}: {F0_MODULES[method]} does not import ({e})")
+    t = np.arange(SR // 2) / SR
+    x = sum(0.3 / k * np.sin(2 * np.pi * 220 * k * t) for k in range(1, 6)).astype(np.float32)
+    n = MelSpectrogram(SR, 1024, 1024, HOP, 80, 0.0, None)(torch.from_numpy(x)).shape[-1]
+    f0, voiced = extract_f0(x, SR, HOP, n, 50.0, 1100.0, method)
+    assert f0.shape == voiced.shape == (n,) and n == len(x) // HOP
+    assert voiced.mean() > 0.8 and np.abs(f0[voiced] / 220 - 1).max() < 0.03
+
+
+def test_the_f0_report_states_the_range_and_flags_a_bound_that_cuts_the_voice(tmp_path):
+    from common.f0_report import f0_report_lines, f0_summary, save_f0_histogram
+
+    x = sine(220, 0.5, SR)
+    n = len(x) // HOP
+    track = extract_f0(x, SR, HOP, n, 65.0, 1100.0)
+    s = f0_summary([track], 65.0, 1100.0, "parselmouth")
+    assert s["voiced_fraction"] == pytest.approx(track[1].mean()) and s["voiced_fraction"] > 0.8
+    assert s["p1"] == pytest.approx(220, rel=0.02) and s["p99"] == pytest.approx(220, rel=0.02)
+    assert s["cut"] == [] and len(f0_report_lines(s)) == 1
+    assert save_f0_histogram(s, tmp_path / "f0.png").stat().st_size > 1000
+    # f0_max just above the tone: the voice sits at the bound (an extractor never goes beyond it)
+    s = f0_summary([extract_f0(x, SR, HOP, n, 65.0, 225.0)], 65.0, 225.0, "parselmouth")
+    lines = f0_report_lines(s)
+    assert s["cut"] == ["f0_max"] and s["suggest"]["f0_max"] > 300 and len(lines) == 2
+    assert lines[1].startswith("WARNING: f0_max=225 Hz cuts a voice off") and "--set f0_max=" in lines[1]
+    s = f0_summary([track], 215.0, 1100.0, "parselmouth")  # f0_min just under it
+    assert s["cut"] == ["f0_min"] and s["suggest"]["f0_min"] < 150
+    silent = f0_summary([(np.zeros(n, np.float32), np.zeros(n, bool))], 65.0, 1100.0, "crepe")
+    assert silent["voiced_fraction"] == 0 and "no voiced frame" in f0_report_lines(silent)[0]
 
 
 # ----------------------------------------------------------------------------- demo speech

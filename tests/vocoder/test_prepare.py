@@ -149,6 +149,30 @@ def test_f0_is_frame_aligned_with_mel(tmp_path):
     inner = np.where((centres > 0.1) & (centres < 0.9))[0][:-1]
     change = np.abs(np.diff(mel, axis=0)).sum(axis=1)[inner]
     assert abs(inner[np.argmax(change)] + 0.5 - switch) <= 4
+    # the f0 report: what the extractor found, no bound flagged for a 150-300 Hz voice, and its picture
+    report = (tmp_path / "bin" / "report.txt").read_text()
+    assert "f0 (parselmouth, f0_min 65 Hz, f0_max 1100 Hz): " in report and "WARNING" not in report
+    f0_found = json.loads((tmp_path / "bin" / "report.json").read_text())["f0"]
+    assert f0_found["p1"] == pytest.approx(150, rel=0.05) and f0_found["p99"] == pytest.approx(300, rel=0.05)
+    assert f0_found["voiced_fraction"] > 0.9 and f0_found["cut"] == []
+    assert (tmp_path / "bin" / "f0_histogram.png").stat().st_size > 1000
+
+
+def test_a_missing_f0_package_is_one_line_before_any_file(tmp_path, monkeypatch, capsys):
+    """f0_extractor (alias of pe) names an optional extractor whose package is not installed: one line naming
+    it and its pip install, exit 2, and no output folder."""
+    monkeypatch.setitem(sys.modules, "torchfcpe", None)  # `import torchfcpe` raises ModuleNotFoundError
+    (tmp_path / "w").mkdir()
+    sf.write(tmp_path / "w" / "a.wav", voiced_tone(0.5, SR), SR)
+    rc = prepare_main(["--config", str(DEMO_YAML), "--input", str(tmp_path / "w"), "--output", str(tmp_path / "o"),
+                       "--set", "f0_extractor=fcpe"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "'torchfcpe' is not installed" in err, err
+    assert "pip install torchfcpe" in err and not (tmp_path / "o").exists()
+    rc = prepare_main(["--config", str(DEMO_YAML), "--input", str(tmp_path / "w"), "--output", str(tmp_path / "o"),
+                       "--set", "pe=rmvpe"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "unknown f0 extractor 'rmvpe'; valid: parselmouth, pyin, harvest, crepe, fcpe" in err, err
 
 
 MISSING_PARSELMOUTH = "No module named 'parselmouth'"

@@ -411,11 +411,13 @@ def test_a_data_dir_without_a_manifest_gets_the_prepare_command_that_fits(tmp_pa
         assert err.strip() == expected and "Traceback" not in err
 
 
-def test_a_prepare_only_key_on_the_training_command_line_is_noted_and_a_changed_f0_refused(tiny_data, tmp_path, capsys):
-    """val_num and pe are read when the data is prepared: training says so in one line (one --set list
-    for both commands is common), and refuses data whose f0 was extracted another way than the config's."""
+@pytest.mark.parametrize("key, value", [("pe", "pyin"), ("f0_extractor", "fcpe")])
+def test_a_prepare_only_key_on_the_training_command_line_is_noted_and_a_changed_f0_refused(tiny_data, tmp_path, capsys,
+                                                                                           key, value):
+    """val_num and pe (alias f0_extractor) are read when the data is prepared: training says so in one line (one
+    --set list for both commands is common), and refuses data whose f0 was extracted another way than the config's."""
     rc = train_main(["--config", str(DEMO_YAML), "--data_dir", str(tiny_data), "--run_dir", str(tmp_path / "r"),
-                     "--set", "val_num=3", "--set", "pe=pyin"])
+                     "--set", "val_num=3", "--set", f"{key}={value}"])
     printed = capsys.readouterr()
-    assert "note: val_num (--set val_num=3), pe (--set pe=pyin): read when the data is prepared" in printed.out
-    assert rc == 2 and "pe: data parselmouth vs config pyin" in printed.err
+    assert f"note: val_num (--set val_num=3), pe (--set {key}={value}): read when the data is prepared" in printed.out
+    assert rc == 2 and f"pe: data parselmouth vs config {value}" in printed.err

@@ -1,0 +1,85 @@
+"""What a preparation's f0 extractor found: the voiced fraction, the range of voiced f0 (1st / 50th / 99th
+percentile), a histogram picture, and a warning with suggested values when `f0_min` / `f0_max` cut a
+speaker off (many voiced frames at a bound, or the 1st / 99th percentile near one: an extractor never
+reports f0 outside its bounds, so a voice beyond them piles up at the bound or goes unvoiced)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+NEAR = 1.05  # within 5% of a bound counts as "at" it
+AT_BOUND_FRACTION = 0.02  # this share of voiced frames at a bound is a cut
+F0_PNG = "f0_histogram.png"
+
+
+def f0_summary(tracks: Iterable[tuple[np.ndarray, np.ndarray]], f0_min: float, f0_max: float,
+               extractor: str) -> dict:
+    """`tracks`: (f0 [frames], voiced [frames]) per item. Returns the numbers the report states: `voiced`
+    (all voiced f0 values, for the picture), `voiced_fraction`, `p1`/`p50`/`p99` (Hz, None when nothing is
+    voiced), `at_min`/`at_max` (share of voiced frames near each bound), `cut` (the bounds that cut a voice
+    off) and `suggest` (values for those bounds)."""
+    values, frames = [], 0
+    for f0, voiced in tracks:
+        frames += len(voiced)
+        values.append(np.asarray(f0, dtype=np.float64)[np.asarray(voiced, dtype=bool)])
+    v = np.concatenate(values) if values else np.zeros(0)
+    s: dict = {"extractor": extractor, "frames": frames, "voiced_frames": int(v.size),
+               "voiced_fraction": v.size / frames if frames else 0.0, "f0_min": f0_min, "f0_max": f0_max,
+               "p1": None, "p50": None, "p99": None, "at_min": 0.0, "at_max": 0.0, "cut": [], "suggest": {},
+               "voiced": v}
+    if not v.size:
+        return s
+    p1, p50, p99 = (float(x) for x in np.percentile(v, [1, 50, 99]))
+    s.update(p1=p1, p50=p50, p99=p99, at_min=float((v <= f0_min * NEAR).mean()),
+             at_max=float((v >= f0_max / NEAR).mean()))
+    if p1 <= f0_min * NEAR or s["at_min"] >= AT_BOUND_FRACTION:
+        s["cut"].append("f0_min")
+        s["suggest"]["f0_min"] = max(20, 5 * math.floor(min(p1, f0_min) / 1.5 / 5))
+    if p99 >= f0_max / NEAR or s["at_max"] >= AT_BOUND_FRACTION:
+        s["cut"].append("f0_max")
+        s["suggest"]["f0_max"] = 10 * math.ceil(max(p99, f0_max) * 1.5 / 10)
+    return s
+
+
+def f0_report_lines(s: dict) -> list[str]:
+    """The report's lines for `f0_summary`'s result (for report.txt and the log)."""
+    head = (f"f0 ({s['extractor']}, f0_min {s['f0_min']:g} Hz, f0_max {s['f0_max']:g} Hz): "
+            f"{100 * s['voiced_fraction']:.1f}% of {s['frames']} frames voiced")
+    if s["p1"] is None:
+        return [head + "; no voiced frame: f0 range unknown"]
+    lines = [head + f"; voiced f0 1st/50th/99th percentile {s['p1']:.1f} / {s['p50']:.1f} / {s['p99']:.1f} Hz"]
+    for key, at in (("f0_min", "at_min"), ("f0_max", "at_max")):
+        if key in s["cut"]:
+            lines.append(f"WARNING: {key}={s[key]:g} Hz cuts a voice off ({100 * s[at]:.1f}% of voiced frames "
+                         f"within 5% of it): prepare again with --set {key}={s['suggest'][key]}")
+    return lines
+
+
+def save_f0_histogram(s: dict, path: str | Path) -> Path:
+    """The voiced f0 histogram (log-spaced bins) with the bounds and percentiles marked, as a PNG."""
+    from matplotlib.figure import Figure
+
+    from common.log import save_figure
+
+    fig = Figure(figsize=(6, 3), dpi=100)
+    ax = fig.add_subplot(1, 1, 1)
+    v = s["voiced"]
+    lo, hi = s["f0_min"] / 1.2, s["f0_max"] * 1.2
+    if v.size:
+        lo, hi = min(lo, float(v.min())), max(hi, float(v.max()) * 1.01)
+        ax.hist(v, bins=np.geomspace(lo, hi, 80), color="tab:blue")
+    for x, style, label in ((s["f0_min"], "r-", "f0_min"), (s["f0_max"], "r-", "f0_max"),
+                            (s["p1"], "k--", "1st pct"), (s["p99"], "k--", "99th pct")):
+        if x is not None:
+            ax.axvline(x, color=style[0], linestyle=style[1:], linewidth=1, label=f"{label} {x:.0f}")
+    ax.set_xscale("log")
+    ax.set_xlabel("f0 (Hz), voiced frames")
+    ax.set_ylabel("frames")
+    ax.set_title(f"{s['extractor']}: {100 * s['voiced_fraction']:.1f}% voiced", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return save_figure(fig, path)
