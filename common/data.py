@@ -80,7 +80,15 @@ class ResumableSampler(DistributedSampler):
 
 class BucketBatchSampler(Sampler[list[SampleKey]]):
     """Batches of similar length (less padding; padded to `BucketShapes`, few distinct shapes, so
-    torch.compile and CUDA graphs do not recompile every batch). Sharded by rank, resumable."""
+    torch.compile and CUDA graphs do not recompile every batch). Sharded by rank, resumable.
+
+    `max_frames` > 0 (a frame budget, like F5-TTS's DynamicBatchSampler): a batch holds at most
+    `max_frames` padded frames, counting every item padded to its bucket's longest item rounded up
+    to `frame_multiple` (what `BucketShapes` pads to; padding to the batch's own longest is never
+    more). A bucket of long items thus makes smaller batches instead of an out-of-memory error;
+    `batch_size` stays the upper bound (the short buckets). An item longer than the whole budget
+    is a batch alone. Each bucket's batch size is fixed, so the number of batches per epoch is the
+    same every epoch (steps_per_epoch) and the order stays a pure function of (seed, epoch)."""
 
     def __init__(
         self,
@@ -92,9 +100,13 @@ class BucketBatchSampler(Sampler[list[SampleKey]]):
         num_replicas: int | None = None,
         rank: int | None = None,
         drop_last: bool = False,
+        max_frames: int = 0,
+        frame_multiple: int = 1,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if max_frames < 0 or frame_multiple < 1:
+            raise ValueError(f"max_frames must be >= 0 and frame_multiple >= 1, got {max_frames}, {frame_multiple}")
         if len(lengths) == 0:
             raise ValueError("BucketBatchSampler got an empty dataset")
         world, this_rank = _world()
@@ -112,6 +124,11 @@ class BucketBatchSampler(Sampler[list[SampleKey]]):
         self.buckets = [b for b in np.array_split(order, num_buckets) if len(b)]
         # The longest item of each bucket: pad to it for a fixed shape per bucket.
         self.boundaries = sorted({int(self.lengths[b].max()) for b in self.buckets})
+        self.max_frames = max_frames
+        # items per batch of each bucket: batch_size, or fewer where the frame budget says so
+        self.bucket_batch = [batch_size if not max_frames else
+                             min(batch_size, max(1, max_frames // round_up(int(self.lengths[b].max()), frame_multiple)))
+                             for b in self.buckets]
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -123,18 +140,19 @@ class BucketBatchSampler(Sampler[list[SampleKey]]):
     def _all_batches(self) -> list[list[int]]:
         rng = np.random.default_rng([self.seed, self.epoch])
         batches: list[list[int]] = []
-        for bucket in self.buckets:
+        for bucket, size in zip(self.buckets, self.bucket_batch):
             items = rng.permutation(bucket) if self.shuffle else bucket
-            for i in range(0, len(items), self.batch_size):
-                chunk = items[i : i + self.batch_size].tolist()
-                if len(chunk) == self.batch_size or not self.drop_last:
+            for i in range(0, len(items), size):
+                chunk = items[i : i + size].tolist()
+                if len(chunk) == size or not self.drop_last:
                     batches.append(chunk)
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         # Equal batch count on every rank, else DDP ranks deadlock at the epoch end.
         per_rank = len(batches) // self.num_replicas
         if per_rank == 0:
-            raise ConfigError(f"batch_size {self.batch_size}: {len(self.lengths)} training items make {len(batches)} "
+            budget = f" (at most {self.max_frames} frames a batch)" if self.max_frames else ""
+            raise ConfigError(f"batch_size {self.batch_size}{budget}: {len(self.lengths)} training items make {len(batches)} "
                               f"batch(es) an epoch, fewer than the {self.num_replicas} processes that each need one; "
                               "lower batch_size (or the number of GPUs), or add data")
         return batches[self.rank : per_rank * self.num_replicas : self.num_replicas]

@@ -88,3 +88,37 @@ def test_too_few_batches_for_the_ranks_is_one_config_line_naming_batch_size():
     sampler = BucketBatchSampler([10] * 6, batch_size=4, num_buckets=1, num_replicas=2, rank=0, drop_last=True)
     with pytest.raises(ConfigError, match=r"batch_size 4: 6 training items make 1 batch\(es\) an epoch, fewer than the 2"):
         list(sampler)
+
+
+def test_frame_budget_batches_hold_the_budget_cover_the_epoch_and_resume():
+    """max_frames: every batch's items, padded to their bucket's longest rounded up to frame_multiple,
+    hold at most max_frames frames (an item over the budget alone); without drop_last each item comes
+    once an epoch; the same (seed, epoch) gives the same batches; skip_batches continues exactly; ranks
+    get equal counts, the same every epoch."""
+    lengths = np.random.default_rng(1).integers(20, 900, size=97)
+    lengths[5] = 3000  # longer than the whole budget: a batch of its own
+
+    def sampler(**kw):
+        return BucketBatchSampler(lengths, batch_size=16, num_buckets=6, seed=7, max_frames=2000, frame_multiple=16,
+                                  **kw)
+
+    s = sampler()
+    s.set_epoch(3)
+    batches = [[k[0] for k in b] for b in s]
+    assert sorted(i for b in batches for i in b) == list(range(97))
+    padded = {i: -(-int(lengths[bucket].max()) // 16) * 16 for bucket in s.buckets for i in bucket}
+    assert all(len(b) * padded[b[0]] <= 2000 or len(b) == 1 for b in batches)
+    assert [5] in batches and max(len(b) for b in batches) > 2  # short buckets still batch several
+    again = sampler()
+    again.set_epoch(3)
+    assert [[k[0] for k in b] for b in again] == batches
+    again.set_epoch(3)
+    again.skip_batches(4)
+    assert [[k[0] for k in b] for b in again] == batches[4:]
+    ranks = [sampler(num_replicas=3, rank=r, drop_last=True) for r in range(3)]
+    counts = set()
+    for epoch in (0, 1):
+        for r in ranks:
+            r.set_epoch(epoch)
+            counts.add(len(list(r)))
+    assert len(counts) == 1  # equal on every rank, and in every epoch (steps_per_epoch)

@@ -7,6 +7,7 @@ unchanged, batches padded to a few bucket shapes), channels_last (the period cri
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -115,6 +116,21 @@ def test_steps_and_exact_resume(straight_run, data_one, tmp_path, capsys):
     assert _equal(a, b)
     first = _states(straight_run / "checkpoints" / "vits_00000002.pt")
     assert not _equal(first["models"], a["models"])  # training changed the weights
+
+
+def test_frame_budget_batches_train_and_resume_exactly(data_one, tmp_path, capsys):
+    """max_frames_per_batch below one item's frames: each item is a batch alone (a step per item, not
+    per 2 of batch 2); 1 step, stop, resume to 2 → bitwise the 2 straight steps."""
+    budget = ("max_frames_per_batch=1",)
+    straight, run = tmp_path / "straight", tmp_path / "resumed"
+    assert train_mod.main(_args(data_one, straight, *budget, steps=2)) == 0
+    n = re.search(r"data: (\d+) train / .* (\d+) steps per epoch", capsys.readouterr().out)
+    assert n and n[1] == n[2]
+    assert train_mod.main(_args(data_one, run, *budget, steps=1)) == 0
+    assert train_mod.main(_args(data_one, run, *budget, steps=2) + ["--resume", "auto"]) == 0
+    a = _states(straight / "checkpoints" / "vits_00000002.pt")
+    b = _states(run / "checkpoints" / "vits_00000002.pt")
+    assert a["counters"]["batch_in_epoch"] == 2 and _equal(a, b)
 
 
 def test_nonfinite_steps_skip_then_stop(data_one, tmp_path, monkeypatch, capsys):

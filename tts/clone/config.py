@@ -123,6 +123,9 @@ class TrainConfig:
     max_updates: NonNegativeInt = 0  # optimizer steps; 0 = run until --epochs
     max_minutes: NonNegativeFloat = 0.0  # wall-clock budget of the training loop; 0 = none (then validate, save, stop)
     batch_size: PositiveInt = 32
+    # > 0: a micro-batch holds at most this many padded mel frames (items x their bucket's length), so a
+    # bucket of long utterances makes smaller batches; batch_size stays the upper bound. 0 = off
+    max_frames_per_batch: NonNegativeInt = 0
     grad_accum: PositiveInt = 1
     num_workers: NonNegativeInt = 4
     precision: str = "auto"    # 32-true | 16-mixed | bf16-mixed | auto (bf16-mixed on a bf16 GPU, else 32-true)

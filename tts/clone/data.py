@@ -382,7 +382,8 @@ class CloneData:
         self.train_set = CloneDataset(self.train_items, ref_frames)
         val_set = CloneDataset(self.val_items, ref_frames)
         self.sampler = BucketBatchSampler(self.train_set.lengths(), t.batch_size, cfg.data.num_buckets, shuffle=True,
-                                          seed=t.seed, drop_last=True)
+                                          seed=t.seed, drop_last=True, max_frames=t.max_frames_per_batch,
+                                          frame_multiple=cfg.data.frame_multiple)
         self.collate = self._collate(cfg, self.train_set, self.train_items, self.sampler, ref_frames)
         val_sampler = BucketBatchSampler(val_set.lengths(), cfg.val.batch_size, cfg.data.num_buckets, shuffle=False,
                                          seed=0, num_replicas=1, rank=0)

@@ -81,7 +81,9 @@ def build_data(cfg: TrainConfig, device: torch.device, world_size: int, log: Cal
         log(f"note: batch_size {cfg.batch_size} > training items per rank; using {batch}")
     batch_size = max(1, batch)
     buckets = max(1, min(cfg.data.num_buckets, len(train_set) // (batch_size * world_size)))
-    sampler = BucketBatchSampler(train_set.lengths, batch_size, buckets, shuffle=True, seed=cfg.seed, drop_last=True)
+    # the frame budget counts frames padded as BucketShapes pads them (its default multiple of 16)
+    sampler = BucketBatchSampler(train_set.lengths, batch_size, buckets, shuffle=True, seed=cfg.seed, drop_last=True,
+                                 max_frames=cfg.max_frames_per_batch, frame_multiple=16)
     # with cudnn.benchmark (CUDA) or torch.compile, every batch is padded to its length bucket's fixed
     # (text, frames) size: each shape is autotuned / compiled once, not once per batch
     benchmark = cfg.cudnn_benchmark and device.type == "cuda" and not cfg.deterministic  # as Precision

@@ -172,6 +172,9 @@ class TrainConfig:
     espeak_voice: str = "uz"
     # batches and loading
     batch_size: PositiveInt = 64
+    # > 0: a batch holds at most this many padded spectrogram frames (items x their bucket's length), so a
+    # bucket of long utterances makes smaller batches; batch_size stays the upper bound. 0 = off
+    max_frames_per_batch: NonNegativeInt = 0
     eval_batch_size: PositiveInt = 16
     num_workers: NonNegativeInt = 6  # DataLoader workers (Coqui's num_loader_workers)
     num_eval_loader_workers: NonNegativeInt = 2
