@@ -82,7 +82,7 @@ class BucketBatchSampler(Sampler[list[SampleKey]]):
     """Batches of similar length (less padding; padded to `BucketShapes`, few distinct shapes, so
     torch.compile and CUDA graphs do not recompile every batch). Sharded by rank, resumable.
 
-    `max_frames` > 0 (a frame budget, like F5-TTS's DynamicBatchSampler): a batch holds at most
+    `max_frames` > 0 (a frame budget, as F5's DynamicBatchSampler batches): a batch holds at most
     `max_frames` padded frames, counting every item padded to its bucket's longest item rounded up
     to `frame_multiple` (what `BucketShapes` pads to; padding to the batch's own longest is never
     more). A bucket of long items thus makes smaller batches instead of an out-of-memory error;

@@ -191,7 +191,7 @@ def test_real_files_still_load(hostile, tmp_path):
             "ema": {"vae": {"decay": 0.999, "num_updates": 1, "shadow": model.state_dict()}}}
     sources = [hostile["good"], save_atomic(ckpt, tmp_path / "checkpoint_last.pt"),
                save_diffusers(model, tmp_path / "diffusers")]
-    for source in sources:
+    for i, source in enumerate(sources):
         for ema in ("--ema", "--no-ema"):
             assert reconstruct_main(["--checkpoint", str(source), "--input", str(hostile["image"]),
-                                     "--output", str(tmp_path / "rec.png"), "--device", "cpu", ema]) == 0, source
+                                     "--output", str(tmp_path / f"rec{i}{ema}.png"), "--device", "cpu", ema]) == 0, source
