@@ -156,15 +156,24 @@ def require_finite(array: np.ndarray, path: str | Path, remedy: str) -> np.ndarr
     return array
 
 
-def read_json(path: str | Path, remedy: str, kind: type = dict) -> object:
-    """A prepared JSON file (a manifest, a speaker table) that must hold a `kind`: its content, or
-    `PreparedFileError` naming it (missing, not UTF-8, not JSON, another type)."""
+def json_problem(path: str | Path, kind: type = dict) -> tuple[object, str | None]:
+    """(the JSON value in `path`, None), or (None, why it cannot be used: missing, unreadable, not UTF-8, not
+    JSON, nested past the recursion limit, not a `kind`): the one reading behind every JSON file a run checks."""
     try:
         value = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise damaged(path, "is missing", remedy) from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise damaged(path, f"is damaged (not UTF-8 JSON: {_first_sentence(e)})", remedy) from None
+        return None, "is missing"
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        return None, f"is damaged (not UTF-8 JSON: {_first_sentence(e)})"
     if not isinstance(value, kind):
-        raise damaged(path, f"is damaged (a JSON {type(value).__name__}, expected a {kind.__name__})", remedy)
+        return None, f"is damaged (a JSON {type(value).__name__}, expected a {kind.__name__})"
+    return value, None
+
+
+def read_json(path: str | Path, remedy: str, kind: type = dict) -> object:
+    """A prepared JSON file (a manifest, a speaker table) that must hold a `kind`: its content, or
+    `PreparedFileError` naming it (`json_problem`)."""
+    value, why = json_problem(path, kind)
+    if why:
+        raise damaged(path, why, remedy)
     return value

@@ -29,6 +29,7 @@ from torch.utils.data import Dataset
 
 from common.config import ConfigError
 from common.data import ResumableSampler, make_loader, sample_rng
+from common.prepared import json_problem
 
 if TYPE_CHECKING:
     from vae.config import VAEConfig
@@ -218,20 +219,11 @@ def tensor_to_uint8(x: torch.Tensor) -> np.ndarray:
 
 def read_json(path: Path, advice: str, error: type[Exception] = ConfigError) -> dict:
     """The JSON object in `path`; `error` (exit 2) in one line naming the file, what is wrong with it
-    and `advice` (what to do) when it cannot be read, is not UTF-8 JSON (cut short, binary) or not an object."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        why = "not UTF-8 text"
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-        why = f"not valid JSON: {' '.join(str(exc).split())[:200]}"
-    except OSError as exc:
-        why = f"cannot be read: {exc.strerror or exc}"
-    else:
-        if isinstance(data, dict):
-            return data
-        why = f"a JSON {type(data).__name__}, not an object"
-    raise error(f"{path} is damaged ({why}); {advice}")
+    (`common.prepared.json_problem`) and `advice` (what to do)."""
+    data, why = json_problem(path)
+    if why:
+        raise error(f"{path} {why}; {advice}")
+    return data
 
 
 def read_manifest(root: Path) -> list[Path] | None:
