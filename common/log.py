@@ -505,8 +505,10 @@ def _fmt(v) -> str:
 class Progress:
     """A tqdm bar for the training loop: it/s and ETA (tqdm's), samples/s, memory, data wait.
 
-    `update(step, data_s, step_s, **metrics)`: `step` is the global step after this update,
-    `data_s` the seconds spent waiting for the batch and `step_s` the seconds of compute.
+    `update(step, data_s, step_s, samples=None, **metrics)`: `step` is the global step after this update,
+    `data_s` the seconds spent waiting for the batch and `step_s` the seconds of compute. `samples`: what
+    this step held, where batches vary (a frame budget makes long utterances a smaller batch): samples/s
+    is then the window's samples over its busy seconds, not the step rate times `samples_per_step`.
     The data-wait fraction sum(data_s) / sum(data_s + step_s) over the last `window` updates
     says whether the GPU is starved by the DataLoader (more workers / prefetch help) or not.
     Nothing here synchronises the GPU; measure `step_s` where you already sync (or accept
@@ -517,6 +519,7 @@ class Progress:
                  enabled: bool = True, desc: str = "train", window: int = 50):
         self.samples_per_step = samples_per_step
         self._times: collections.deque[tuple[float, float]] = collections.deque(maxlen=window)
+        self._samples: collections.deque[int | None] = collections.deque(maxlen=window)
         # A terminal redraws every second; a log file or pipe gets one line per 30 s, not 30 lines
         # (TQDM_MININTERVAL, tqdm's own variable, sets another interval).
         mininterval = float(os.environ.get("TQDM_MININTERVAL", 1.0 if sys.stderr.isatty() else 30.0))
@@ -530,15 +533,21 @@ class Progress:
         return data / total if total > 0 else 0.0
 
     def samples_per_second(self) -> float | None:
-        """tqdm's smoothed step rate times samples per step (None before the rate is known)."""
+        """tqdm's smoothed step rate times samples per step (None before the rate is known); with every
+        step's count reported, the window's samples over its busy seconds."""
+        if self._samples and None not in self._samples:
+            busy = sum(d + s for d, s in self._times)
+            return sum(self._samples) / busy if busy > 0 else None
         rate = self.bar.format_dict.get("rate") if self.bar is not None else None
         if rate is None and self._times:
             busy = sum(d + s for d, s in self._times)
             rate = len(self._times) / busy if busy > 0 else None
         return rate * self.samples_per_step if rate else None
 
-    def update(self, step: int, data_s: float = 0.0, step_s: float = 0.0, **metrics) -> None:
+    def update(self, step: int, data_s: float = 0.0, step_s: float = 0.0, samples: int | None = None,
+               **metrics) -> None:
         self._times.append((float(data_s), float(step_s)))
+        self._samples.append(samples)
         if self.bar is None:
             return
         parts = [f"{k}={_fmt(v)}" for k, v in metrics.items()]

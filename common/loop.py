@@ -89,7 +89,8 @@ def run(trainer: Trainer, cadence: Cadence, stop: RunStop, progress: Progress, *
     the trainer's sampler's); the loop advances `step`, `batch_in_epoch` and `epoch`. `log(logs, progress)`
     writes one log point and returns the values the progress bar shows; `metric(validate())` is what
     `save` ranks best.pt by. A step that fetches its own micro-batches lazily (so data loading keeps its
-    order with the forward passes) reports its wait as `logs["data_wait_s"]`. Hooks, where a trainer truly
+    order with the forward passes) reports its wait as `logs["data_wait_s"]`; one whose batches vary in size (a
+    frame budget) reports what the step held, over all ranks, as `logs["samples"]` for the bar's samples/s. Hooks, where a trainer truly
     differs: `after_step()` runs after each step's log (e.g. sample images on their own cadence), and
     `epoch_end(epochs_done)` after an epoch ends, past that step's saves (e.g. per-epoch checkpoints).
     """
@@ -121,11 +122,11 @@ def run(trainer: Trainer, cadence: Cadence, stop: RunStop, progress: Progress, *
                 ending = reason is not None or step >= c.total_steps
                 if ending:  # inside a non-finite/diverging streak: exit 3, nothing to save
                     check_run_ended_good(*all_guards)
-                data_s = logs.pop("data_wait_s", None)
+                data_s, samples = logs.pop("data_wait_s", None), logs.pop("samples", None)
                 step_s = t2 - t1 - (data_s or 0.0)
                 logging = step == 1 or ending or (c.log_every and step % c.log_every == 0)
                 shown = log(logs, progress) if logging else {}
-                progress.update(step, t1 - t0 if data_s is None else data_s, step_s, **shown)
+                progress.update(step, t1 - t0 if data_s is None else data_s, step_s, samples, **shown)
                 if after_step is not None:
                     after_step()
                 validating = (c.validate_every and step % c.validate_every == 0 and epoch >= c.validate_from_epoch) \

@@ -74,6 +74,18 @@ def test_progress_data_wait_fraction():
     assert w.data_wait_fraction == pytest.approx(2 / 6)
 
 
+def test_progress_counts_the_samples_each_step_held_when_batches_vary():
+    """A frame budget makes a long utterance's batch smaller: samples/s is the window's samples over its
+    busy seconds, not the step rate times a fixed batch size; without counts, the fixed size as before."""
+    varying = Progress(total_steps=10, enabled=False, samples_per_step=64)
+    for step, (n, s) in enumerate([(64, 1.0), (8, 1.0), (24, 2.0)]):
+        varying.update(step + 1, 0.0, s, samples=n)
+    assert varying.samples_per_second() == pytest.approx(96 / 4)
+    fixed = Progress(total_steps=10, enabled=False, samples_per_step=8)
+    fixed.update(1, 0.0, 0.5), fixed.update(2, 0.0, 0.5)
+    assert fixed.samples_per_second() == pytest.approx(8 / 0.5)
+
+
 def test_progress_bar_shows_rates_and_metrics(capsys):
     p = Progress(total_steps=10, initial=2, samples_per_step=8, desc="train")
     p.bar.mininterval = 0  # draw on every update

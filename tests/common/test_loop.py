@@ -66,3 +66,18 @@ def test_planned_epochs_end_without_another_fetch_and_the_last_one_counts():
     assert ended == [1, 2] and (t.epoch, t.batch_in_epoch) == (2, 0)
     assert [e for e in t.events if e[0] in ("validate", "save")] == [("save", 2, None), ("save", 4, None),
                                                                      ("validate", 6), ("save", 6, 0.5)]
+
+
+def test_a_step_s_sample_count_reaches_the_bar_and_not_the_log():
+    """A trainer whose batches vary (a frame budget) reports `samples`: the bar counts them, the log
+    point never sees the key (it is no metric)."""
+    class Varying(Recorder):
+        def train_step(self, batch: int) -> dict:
+            return {"loss": 1.0, "samples": batch + 1}
+
+    t, seen = Varying(per_epoch=3), []
+    bar = Progress(3, enabled=False)
+    loop.run(t, loop.Cadence(total_steps=3, log_every=1), RunStop(), bar, epoch_batches=lambda: range(3),
+             optimizers={"model": None}, guards={"model": NonFiniteGuard(3)}, divergence=DivergenceGuard([], 3),
+             log=lambda logs, _bar: seen.append(set(logs)) or {})
+    assert seen == [{"loss"}] * 3 and list(bar._samples) == [1, 2, 3]

@@ -182,15 +182,17 @@ class CloneTrainer:
     def train_step(self, batch: Iterable[dict]) -> dict:
         """One optimizer step over the `grad_accum` micro-batches of `batch`, fetched one by one between the
         forward passes (the order of data and RNG draws the digest pins; DDP syncs on the last only); the
-        losses add up for the next log point. Returns the grad norm before clipping and the data wait."""
+        losses add up for the next log point. Returns the grad norm before clipping, the data wait and the samples
+        it held (a frame budget makes batches vary: the bar counts them, common.loop)."""
         cfg, accum = self.cfg, self.cfg.train.grad_accum
         t_start = time.perf_counter()
         micro_batches = iter(batch)
-        data_s, step_loss = 0.0, 0.0
+        data_s, step_loss, samples = 0.0, 0.0, 0
         for micro in range(accum):
             td = time.perf_counter()
             mb = to_device(next(micro_batches), self.device)
             data_s += time.perf_counter() - td
+            samples += mb["text"].size(0)
             with no_sync(self.model_ddp, micro < accum - 1):
                 with self.precision.autocast():
                     out = self.model_ddp(mb["text"], mb["text_mask"], mb["mel"], mb["mel_mask"], mb["ref_mel"],
@@ -209,7 +211,7 @@ class CloneTrainer:
         if not stepped:
             self.writer.scalar("train/skipped_steps", self.guard.skipped_total, self.step + 1)
         self.train_time += time.perf_counter() - t_start  # training time: validation and saving excluded
-        return {"grad_norm": grad_norm, "data_wait_s": data_s}
+        return {"grad_norm": grad_norm, "data_wait_s": data_s, "samples": samples * self.info.world_size}
 
     def _log_train(self, logs: dict, bar: Progress, print_line: bool) -> dict:
         """The means since the last log point (over ranks) and the step's health, to TensorBoard."""

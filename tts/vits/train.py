@@ -258,7 +258,8 @@ class VitsTrainer:
         if adversarial:  # D's schedule starts with D (as ParallelWaveGAN's)
             self.d_sched.step()
         out_metrics = {f"loss_{k}": v.detach() for k, v in losses.items()}
-        out_metrics.update(grad_norm_g=gn_g)
+        # a frame budget makes batches vary: the bar counts what each step held (common.loop)
+        out_metrics.update(grad_norm_g=gn_g, samples=x.size(0) * self.info.world_size)
         if adversarial:
             out_metrics.update(loss_disc=loss_d.detach(), grad_norm_d=gn_d)
         self.last_attn = out["attn"][0].detach()
