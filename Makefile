@@ -12,7 +12,7 @@ export PYTHONUNBUFFERED := 1
 # again (~3-8 s of CPU each).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup test lint demo bench bench-learning check clean-demo gpu-check gpu-wheels
+.PHONY: setup test lint serve demo bench bench-learning check clean-demo gpu-check gpu-wheels
 
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -29,16 +29,23 @@ $(SYSDEPS):
 
 setup: $(STAMP) $(SYSDEPS)
 
-# The originating code the loaders are verified against (diffusers, transformers, piper-tts): tests only.
-$(TESTDEPS): requirements-test.txt $(STAMP)
+# The originating code the loaders are verified against (diffusers, transformers, piper-tts) and the browser the
+# page's tests drive (Playwright + Debian's chromium): tests only.
+$(TESTDEPS): requirements-test.txt $(STAMP) shell/install_test_sysdeps.sh
 	$(PY) -m pip install -q --no-compile -r requirements-test.txt
+	@bash shell/install_test_sysdeps.sh
 	@touch $@
 
 test: setup $(TESTDEPS)
 	$(PY) -m pytest tests
 
 lint: setup
-	$(PY) -m ruff check common vocoder tts vae bench tests
+	$(PY) -m ruff check common vocoder tts vae bench serve tests
+
+# The page and HTTP API over trained models (docs/serve.md): CKPT="a.pt b/export ..." (default: the demo's
+# outputs under runs/), ARGS="--port 8001 --device cuda ...". Listens on 127.0.0.1 unless ARGS says --host.
+serve: setup
+	$(PY) -m serve $(CKPT) $(ARGS)
 
 check: setup
 	$(PY) -m common.check

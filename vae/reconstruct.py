@@ -159,6 +159,18 @@ def reconstruct_latent_tiled(model: AutoencoderKL, x: torch.Tensor, tile: int = 
     return decode_tiled(model, z, t, o)[..., :h, :w]
 
 
+def reconstruct_image(model: AutoencoderKL, x: torch.Tensor, prec: Precision, tile_size: int = 512,
+                      tile_overlap: int = 64, tiling: str = "image") -> torch.Tensor:
+    """[B,3,H,W] in [-1,1] → its reconstruction under `prec`'s autocast: whole when no side exceeds
+    `tile_size` (0 = never tile), else in feathered tiles (`tiling`: "image" or "latent", as --tiling).
+    The one path reconstruct.py and the local server (serve/) share."""
+    with prec.autocast():
+        if tile_size and max(x.shape[-2:]) > tile_size:
+            tiled = reconstruct_latent_tiled if tiling == "latent" else reconstruct_tiled
+            return tiled(model, x, tile_size, tile_overlap)
+        return reconstruct_full(model, x)
+
+
 def too_large(path: Path, max_pixels: int) -> str | None:
     """Why `path` is too large to reconstruct, from its header alone (`Image.open` reads no pixel data), or
     None; a file PIL cannot open is left to `open_image_rgb`, which says what is wrong with it."""
@@ -253,12 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             failures += 1
             continue
         x = image_to_tensor(im)[None].to(device)
-        with prec.autocast():
-            if args.tile_size and max(x.shape[-2:]) > args.tile_size:
-                tiled = reconstruct_latent_tiled if args.tiling == "latent" else reconstruct_tiled
-                rec = tiled(model, x, args.tile_size, args.tile_overlap)
-            else:
-                rec = reconstruct_full(model, x)
+        rec = reconstruct_image(model, x, prec, args.tile_size, args.tile_overlap, args.tiling)
         dst = out if not src.is_dir() else out / path.relative_to(src).with_suffix(".png")
         try:
             with atomic_output(dst) as tmp:

@@ -1,0 +1,157 @@
+"""The page as a person uses it, in a real headless browser (Debian's chromium driven by Playwright): type a
+sentence and click, upload an image, upload a file that is not audio and read the message, then speak
+again. Each part's screenshot is written under $SERVE_SCREENSHOTS when set (how docs/serve.png was made).
+
+Chromium comes from the test setup (shell/install_test_sysdeps.sh, run by `make test`). Where it is missing
+these tests skip with the reason, except under CI (CI=true), where a missing browser is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import png_bytes
+
+CHROMIUM = next((p for p in (shutil.which("chromium"), shutil.which("chromium-browser"), "/usr/bin/chromium")
+                 if p and Path(p).is_file()), None)
+
+
+def _missing() -> str | None:
+    if CHROMIUM is None:
+        return "chromium is not installed (apt-get install chromium, or shell/install_test_sysdeps.sh)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "playwright is not installed (pip install -r requirements-test.txt)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser_page(served):
+    """The app on a free local port (uvicorn in a thread) and one headless chromium page on it."""
+    reason = _missing()
+    if reason:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"the browser tests cannot run: {reason}")
+        pytest.skip(reason)
+    import uvicorn
+    from playwright.sync_api import sync_playwright
+
+    from serve.app import create_app
+    from serve.models import Limits
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(served, Limits(max_pixels=256 * 256)), host="127.0.0.1",
+                                           port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.05)
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                         args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+            page = browser.new_page(viewport={"width": 1100, "height": 900})
+            page.set_default_timeout(20_000)
+            page.goto(f"http://127.0.0.1:{port}/")
+            page.wait_for_selector("body[data-ready='1']")
+            yield page
+            browser.close()
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def _shot(page, name: str) -> None:
+    folder = os.environ.get("SERVE_SCREENSHOTS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(folder) / f"{name}.png"), full_page=True)
+
+
+def _audio_bytes(page, selector: str) -> int:
+    """The size of the wav an <audio> element plays (fetched back from its blob URL)."""
+    return page.eval_on_selector(selector, "async (a) => (await (await fetch(a.src)).arrayBuffer()).byteLength")
+
+
+def test_speak_then_a_bad_upload_then_speak_again(browser_page, tmp_path):
+    page = browser_page
+    page.fill("#speak-text", "Салом, дунё! Bugun havo juda yaxshi.")
+    page.click("#speak-go")
+    page.wait_for_selector("#speak-result audio")
+    assert _audio_bytes(page, "#speak-result audio") > 1000
+    assert "real-time factor" in page.inner_text("#speak-result")
+    _shot(page, "speak")
+
+    page.click("nav button[data-tab='vocode']")
+    bad = tmp_path / "notes.txt"
+    bad.write_text("this is not a recording")
+    page.set_input_files("#vocode-file", str(bad))
+    page.click("#vocode-go")
+    page.wait_for_function("document.getElementById('vocode-error').textContent.length > 0")
+    assert "not audio" in page.inner_text("#vocode-error")
+    _shot(page, "vocode_error")
+
+    page.click("nav button[data-tab='speak']")  # the server goes on serving
+    page.fill("#speak-text", "Yana bir gap.")
+    page.eval_on_selector("#speak-result", "e => e.replaceChildren()")
+    page.click("#speak-go")
+    page.wait_for_selector("#speak-result audio")
+    assert _audio_bytes(page, "#speak-result audio") > 1000
+    assert page.inner_text("#speak-error") == ""
+
+
+def test_vocode_shows_spectrograms_and_metrics(browser_page, tmp_path):
+    from .conftest import wav_file_bytes
+
+    page = browser_page
+    page.click("nav button[data-tab='vocode']")
+    clip = tmp_path / "voice.wav"
+    clip.write_bytes(wav_file_bytes(1.0))
+    page.set_input_files("#vocode-file", str(clip))
+    page.click("#vocode-go")
+    page.wait_for_selector("#vocode-result img.spec")
+    assert "MCD-DTW" in page.inner_text("#vocode-result") and page.inner_text("#vocode-error") == ""
+    page.wait_for_function("document.querySelector('#vocode-result img.spec').naturalWidth > 0")
+    _shot(page, "vocode")
+
+
+def test_reconstruct_shows_the_image_beside_its_reconstruction(browser_page, tmp_path):
+    page = browser_page
+    page.click("nav button[data-tab='reconstruct']")
+    image = tmp_path / "picture.png"
+    image.write_bytes(png_bytes(96, 64))
+    page.set_input_files("#reconstruct-file", str(image))
+    page.click("#reconstruct-go")
+    page.wait_for_selector("#reconstruct-result img.recon")
+    page.wait_for_function("document.querySelector('#reconstruct-result img.recon').naturalWidth === 96")
+    assert "PSNR" in page.inner_text("#reconstruct-result")
+    _shot(page, "reconstruct")
+
+
+def test_compare_two_vocoders_side_by_side(browser_page, tmp_path):
+    from .conftest import wav_file_bytes
+
+    page = browser_page
+    page.click("nav button[data-tab='compare']")
+    page.select_option("#compare-a", "vocoder-1")
+    page.select_option("#compare-b", "vocoder-2")
+    clip = tmp_path / "voice.wav"
+    clip.write_bytes(wav_file_bytes(1.0))
+    page.set_input_files("#compare-file", str(clip))
+    page.click("#compare-go")
+    page.wait_for_function("document.querySelectorAll('#compare-result .side').length === 2")
+    text = page.inner_text("#compare-result")
+    assert "A: vocoder-1" in text and "B: vocoder-2" in text and text.count("MCD-DTW") == 2
+    _shot(page, "compare")
