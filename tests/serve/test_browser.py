@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import png_bytes
+from .tiny import png_bytes, wav_file_bytes
 
 CHROMIUM = next((p for p in (shutil.which("chromium"), shutil.which("chromium-browser"), "/usr/bin/chromium")
                  if p and Path(p).is_file()), None)
@@ -113,8 +113,6 @@ def test_speak_then_a_bad_upload_then_speak_again(browser_page, tmp_path):
 
 
 def test_vocode_shows_spectrograms_and_metrics(browser_page, tmp_path):
-    from .conftest import wav_file_bytes
-
     page = browser_page
     page.click("nav button[data-tab='vocode']")
     clip = tmp_path / "voice.wav"
@@ -141,8 +139,6 @@ def test_reconstruct_shows_the_image_beside_its_reconstruction(browser_page, tmp
 
 
 def test_compare_two_vocoders_side_by_side(browser_page, tmp_path):
-    from .conftest import wav_file_bytes
-
     page = browser_page
     page.click("nav button[data-tab='compare']")
     page.select_option("#compare-a", "vocoder-1")
