@@ -56,10 +56,10 @@ def create_app(models: dict[str, Served], limits: Limits | None = None) -> Starl
         return models[wanted]
 
     async def read_form(request: Request):
-        size = request.headers.get("content-length")
-        if size is None:
+        size = request.headers.get("content-length", "")
+        if not size.isdigit():
             raise BadRequest("send the request with a Content-Length (a file upload of known size)", 411)
-        if int(size) > limits.max_upload_bytes + 64 * 1024:
+        if int(size) > limits.max_upload_bytes + 64 * 1024:  # the form's own fields and boundaries besides the file
             raise BadRequest(f"the upload is {int(size) / 2**20:.1f} MB, more than the limit of "
                              f"{limits.max_upload_bytes / 2**20:g} MB (--max_upload_mb)", 413)
         try:

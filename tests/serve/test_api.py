@@ -102,6 +102,7 @@ def test_reconstruct_returns_the_image_its_psnr_and_tiles_when_large(client):
     ("/vocode", {"model": "vocoder-1"}, {"audio": ("a.wav", b"", "audio/wav")}, 400, "empty"),
     ("/vocode", {"model": "vocoder-1"}, {"audio": ("a.wav", wav_file_bytes(4.0), "audio/wav")}, 400, "too long"),
     ("/vocode", {"model": "vocoder-1"}, {"audio": ("a.wav", wav_file_bytes(5.0), "audio/wav")}, 413, "limit"),
+    ("/vocode", {"model": "vocoder-1"}, {"audio": ("a.wav", wav_file_bytes(20.0), "audio/wav")}, 413, "limit"),
     ("/vocode", {"model": "vocoder-1"}, None, 400, "no file"),
     ("/reconstruct", {"model": "vae-1"}, {"image": ("x.png", b"GIF89a broken", "image/png")}, 400, "give a png"),
     ("/reconstruct", {"model": "vae-1"}, {"image": ("x.png", png_bytes(80, 80), "image/png")}, 400, "too large"),
