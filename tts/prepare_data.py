@@ -3,14 +3,19 @@ cached linear spectrograms, speaker ids, train/eval split, and a report of what 
 
     python tts/prepare_data.py --metadata metadata.csv --audio_dir wavs --output_dir data/prep
         [--config tts/vits/configs/uzbek_vits.yaml] [--num_workers 4] [--format auto] [--speaker NAME]
+        [--text_kind auto|text|phonemes|phoneme_ids] [--audio_column A --text_column T --speaker_column S]
 
-Metadata forms (``--format auto`` detects them):
+Metadata forms (``--format auto`` detects them; one line says which was read; tts/metadata.py reads them):
 - LJSpeech: ``id|text`` or ``id|text|normalized_text`` (no header; audio ``<audio_dir>/<id>.wav``,
   other extensions tried too). Our normaliser reads column 2; column 3 is ignored.
+- Piper: ``id|text``, ``id|speaker|text``, ``id|text|phoneme_ids``, ``id|speaker|text|phoneme_ids``; three
+  fields are told from LJSpeech over the whole file, or refused with a request for ``--format``.
 - Common Voice: the TSV with a header holding ``path`` and ``sentence`` (and ``client_id`` →
   speaker); audio at ``<audio_dir>/<path>`` or ``<audio_dir>/clips/<path>``.
 - CSV with a header naming an audio column (id/file/path/audio/wav), a text column
   (text/sentence/transcript) and optionally ``speaker``.
+- Hugging Face ``datasets``: a ``save_to_disk`` folder or a ``.parquet`` file with an audio column and a text
+  column (no --audio_dir when the audio is in the table); read offline with pyarrow.
 
 Output (``OUT``): ``wavs/<id>.wav`` (mono 16-bit at the config's rate), ``spec/<id>.npy``
 (float16 linear magnitude [n_fft/2+1, frames], common.audio.MelSpectrogram.linear of that wav),
@@ -27,7 +32,6 @@ at the rate, a spec of its frames and no NaN/inf); a damaged one is made again f
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import re
@@ -45,20 +49,32 @@ from common.atomic_write import atomic_output, write_text
 from common.audio import AudioError, MelSpectrogram, check_audio, load_audio, save_wav, to_float32, to_int16
 from common.config import ConfigError, load_config
 from common.prepared import array_problem, open_npy
-from common.run_dir import check_apart, check_output_dir, check_prepared_settings, outside
+from common.run_dir import check_apart, check_output_dir, check_prepared_settings
 from common.workers import RUN_ERRORS, process_pool
+from tts.metadata import (  # noqa: F401  (Row, resolve_audio: importable from here too, as before)
+    AUDIO_EXTENSIONS,
+    DEFAULT_SPEAKER,
+    FORMATS,
+    TEXT_KINDS,
+    PrepareError,
+    Problem,
+    Row,
+    TableAudio,
+    describe,
+    find_audio,
+    is_table,
+    parse_metadata,
+    resolve_audio,
+)
 from tts.text import SYMBOLS, find_unknown, normalize, text_to_ids
-from tts.text.phonemes import PhonemeCache
-from tts.text.symbols import PUNCTUATION, describe_char
+from tts.text.phonemes import ESPEAK_SYMBOLS, Frontend, PhonemeCache
+from tts.text.symbols import PUNCTUATION, SILENT, describe_char
 from tts.vits.config import AudioConfig, DataConfig, TrainConfig
 
-AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".mp3", ".opus")
 _LETTER_IDS = {i for i, s in enumerate(SYMBOLS) if s not in PUNCTUATION and s not in (" ", "_")}
-DEFAULT_SPEAKER = "speaker"
-
-
-class PrepareError(RuntimeError):
-    """Nothing usable, or the inputs cannot be read at all; the message says what to do."""
+# phoneme ids given in the metadata: both symbol lists start with the symbols that say nothing (pad, space, punctuation)
+_SPOKEN_FROM = len(SILENT)
+assert set(SYMBOLS[:_SPOKEN_FROM]) == SILENT == set(ESPEAK_SYMBOLS[:_SPOKEN_FROM])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -77,12 +93,15 @@ class ItemCheck:
 
 
 def check_item(raw_text: str, wav: np.ndarray | None = None, sr: int | None = None,
-               cfg: DataConfig | None = None, hop_length: int = 256) -> ItemCheck:
+               cfg: DataConfig | None = None, hop_length: int = 256, ids: list[int] | None = None) -> ItemCheck:
     """Every per-item data check in one place: text (empty, unknown characters, token count),
     audio (common.audio.check_audio: validity, silence, clipping, duration), speaking rate
     (normalised letters per second) and whether MAS can align it (frames ≥ tokens, with blanks).
-    ``wav=None`` runs only the text checks."""
+    ``wav=None`` runs only the text checks. ``ids``: the phoneme ids the metadata gave (tts/metadata.py checked
+    them against the symbols): no normalising, their spoken symbols count as the letters."""
     cfg = cfg or DataConfig()
+    if ids is not None:
+        return _check_rest(raw_text, ids, sum(1 for i in ids if i >= _SPOKEN_FROM), wav, sr, cfg, hop_length)
     if raw_text is None or not raw_text.strip():
         return ItemCheck("", [], 0.0, "empty text")
     try:
@@ -94,11 +113,17 @@ def check_item(raw_text: str, wav: np.ndarray | None = None, sr: int | None = No
     unknown = find_unknown(text)
     ids = text_to_ids(text, on_unknown="drop")
     letters = sum(1 for i in ids if i in _LETTER_IDS)
-    seconds = 0.0 if wav is None or sr is None else len(wav) / float(sr)
     if unknown:
         chars = ", ".join(describe_char(c) for c in unknown)
         what = "only unknown characters" if letters == 0 else "unknown characters"
-        return ItemCheck(text, ids, seconds, f"{what}: {chars}")
+        return ItemCheck(text, ids, 0.0 if wav is None or sr is None else len(wav) / float(sr), f"{what}: {chars}")
+    return _check_rest(text, ids, letters, wav, sr, cfg, hop_length)
+
+
+def _check_rest(text: str, ids: list[int], letters: int, wav: np.ndarray | None, sr: int | None, cfg: DataConfig,
+                hop_length: int) -> ItemCheck:
+    """The checks of `check_item` after the text became ids: token count, audio, speaking rate, alignment."""
+    seconds = 0.0 if wav is None or sr is None else len(wav) / float(sr)
     if letters == 0:
         return ItemCheck(text, ids, seconds, "no speakable text after normalisation")
     if len(ids) < cfg.min_text_len:
@@ -123,147 +148,6 @@ def check_item(raw_text: str, wav: np.ndarray | None = None, sr: int | None = No
     if frames < need:
         return ItemCheck(text, ids, seconds, f"audio too short to align ({frames} frames < {need} tokens)")
     return ItemCheck(text, ids, seconds, None)
-
-
-# ---------------------------------------------------------------------------------------------
-# Metadata parsing
-# ---------------------------------------------------------------------------------------------
-@dataclass
-class Row:
-    line: int
-    id: str
-    audio: str  # path as written in the metadata (resolved later)
-    text: str
-    speaker: str
-
-
-@dataclass
-class Problem:
-    file: str
-    line: int | None
-    id: str | None
-    reason: str
-
-
-def _decode_lines(path: Path, problems: list[Problem]) -> list[tuple[int, str]]:
-    """(line number, text) for every line that decodes; undecodable lines are reported."""
-    data = path.read_bytes()
-    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
-        text = data.decode("utf-16")
-        return [(i + 1, ln.rstrip("\r")) for i, ln in enumerate(text.split("\n"))]
-    if data.startswith(b"\xef\xbb\xbf"):
-        data = data[3:]
-    out, bad = [], 0
-    raw_lines = data.split(b"\n")
-    for i, raw in enumerate(raw_lines):
-        try:
-            out.append((i + 1, raw.decode("utf-8").rstrip("\r")))
-        except UnicodeDecodeError as e:
-            bad += 1
-            problems.append(Problem(str(path), i + 1, None,
-                                    f"line is not valid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
-                                    "re-save the metadata file as UTF-8"))
-    nonempty = sum(1 for raw in raw_lines if raw.strip())
-    if bad and bad >= max(1, nonempty // 2):
-        problems.append(Problem(str(path), None, None,
-                                f"{bad} of {nonempty} lines are not UTF-8: the file is probably in another "
-                                "encoding (e.g. cp1251/latin-1); convert it with `iconv -f CP1251 -t UTF-8`"))
-    return out
-
-
-def detect_format(lines: list[tuple[int, str]], path: Path) -> str:
-    first = next((t for _, t in lines if t.strip()), "")
-    header = [h.strip().lower() for h in first.split("\t")]
-    if "path" in header and "sentence" in header:
-        return "commonvoice"
-    if "|" in first:
-        return "ljspeech"
-    if "," in first and _csv_columns(first)[0] is not None:
-        return "csv"
-    raise PrepareError(f"{path}: cannot tell the metadata format from its first line {first[:80]!r}; expected "
-                       "LJSpeech 'id|text', a Common Voice TSV (header with path, sentence) or a CSV "
-                       "with a header (file,text[,speaker]); or pass --format")
-
-
-def _csv_columns(header_line: str) -> tuple[int | None, int | None, int | None]:
-    cols = [c.strip().lower() for c in next(csv.reader([header_line]))]
-
-    def find(names: tuple[str, ...]) -> int | None:
-        return next((i for i, c in enumerate(cols) if c in names), None)
-
-    audio = find(("id", "file", "filename", "file_name", "path", "audio", "wav", "audio_file"))
-    text = find(("text", "sentence", "transcript", "transcription", "normalized_text"))
-    speaker = find(("speaker", "speaker_name", "speaker_id", "client_id"))
-    if audio is None or text is None:
-        return None, None, None
-    return audio, text, speaker
-
-
-def parse_metadata(path: Path, fmt: str = "auto", speaker: str = DEFAULT_SPEAKER, speaker_from_path: bool = False
-                   ) -> tuple[list[Row], list[Problem], str]:
-    """Rows that parsed and the problems of those that did not (file + line + reason).
-    ``speaker_from_path``: an id/file like ``alice/0001`` belongs to speaker ``alice``."""
-    if not path.is_file():
-        raise PrepareError(f"metadata file not found: {path} (--metadata)")
-    problems: list[Problem] = []
-    lines = _decode_lines(path, problems)
-    if fmt == "auto":
-        fmt = detect_format(lines, path)
-    rows: list[Row] = []
-    src = str(path)
-    body = [(n, t) for n, t in lines if t.strip()]
-    if fmt == "ljspeech":
-        for n, t in body:
-            parts = t.split("|")
-            if len(parts) not in (2, 3):
-                problems.append(Problem(src, n, parts[0] or None, f"expected 2 or 3 '|'-separated fields "
-                                        f"(id|text[|normalized_text]), got {len(parts)}"))
-                continue
-            rows.append(Row(n, parts[0].strip(), parts[0].strip(), parts[1], speaker))
-    elif fmt == "commonvoice":
-        header = body[0][1].split("\t")
-        cols = {h.strip().lower(): i for i, h in enumerate(header)}
-        if "path" not in cols or "sentence" not in cols:
-            raise PrepareError(f"{path}: Common Voice header needs 'path' and 'sentence' columns, got {header}")
-        for n, t in body[1:]:
-            parts = t.split("\t")
-            if len(parts) != len(header):
-                problems.append(Problem(src, n, None, f"expected {len(header)} tab-separated fields like the "
-                                        f"header, got {len(parts)}"))
-                continue
-            audio = parts[cols["path"]].strip()
-            spk = parts[cols["client_id"]].strip() if "client_id" in cols else speaker
-            rows.append(Row(n, Path(audio).stem, audio, parts[cols["sentence"]], spk or speaker))
-    elif fmt == "csv":
-        a, x, s = _csv_columns(body[0][1])
-        if a is None:
-            raise PrepareError(f"{path}: the CSV header needs an audio column (id/file/path/audio) and a text "
-                               f"column (text/sentence/transcript), got {body[0][1]!r}")
-        width = len(next(csv.reader([body[0][1]])))
-        for n, t in body[1:]:
-            parts = next(csv.reader([t]))
-            if len(parts) != width:
-                problems.append(Problem(src, n, None, f"expected {width} comma-separated fields like the header, "
-                                        f"got {len(parts)} (quote fields that contain commas)"))
-                continue
-            audio = parts[a].strip()
-            rows.append(Row(n, Path(audio).stem if Path(audio).suffix.lower() in AUDIO_EXTENSIONS else audio,
-                            audio, parts[x], (parts[s].strip() if s is not None else "") or speaker))
-    else:
-        raise PrepareError(f"--format must be auto, ljspeech, commonvoice or csv, not {fmt!r}")
-    if speaker_from_path:
-        for row in rows:
-            parts = row.audio.replace("\\", "/").split("/")
-            if len(parts) > 1 and parts[0]:
-                row.speaker = parts[0]
-    return rows, problems, fmt
-
-
-def resolve_audio(audio_dir: Path, name: str) -> Path | None:
-    cands = [audio_dir / name, audio_dir / "clips" / name]
-    if Path(name).suffix.lower() not in AUDIO_EXTENSIONS:
-        cands = [audio_dir / f"{name}{ext}" for ext in AUDIO_EXTENSIONS] + cands
-    return next((c for c in cands if c.is_file()), None)
 
 
 _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
@@ -354,7 +238,7 @@ def process_item(job: Job) -> Result:
     except (RuntimeError, OSError, ValueError) as e:  # soundfile can fail in odd ways
         res.reason = f"audio not readable ({type(e).__name__}: {e})"
         return res
-    chk = check_item(row.text, wav, sr, job.data, a.hop_length)
+    chk = check_item(row.text, wav, sr, job.data, a.hop_length, ids=row.ids)
     if not chk.ok:
         res.reason = chk.reason
         return res
@@ -367,6 +251,7 @@ def process_item(job: Job) -> Result:
         "id": job.out_id, "wav": f"wavs/{job.out_id}.wav", "spec": f"spec/{job.out_id}.npy",
         "text": chk.text, "raw_text": row.text, "speaker": row.speaker, "duration": round(chk.seconds, 4),
         "num_samples": len(wav), "num_tokens": len(chk.ids), "line": row.line,
+        **({"ids": chk.ids} if row.ids is not None else {}),  # given phoneme ids: the model reads these
     }
     return res
 
@@ -408,18 +293,29 @@ def _read_state(path: Path) -> dict | None:
     return state if isinstance(state, dict) else None
 
 
-def prepare(metadata: str | Path, audio_dir: str | Path, output_dir: str | Path, cfg: TrainConfig | None = None,
+def prepare(metadata: str | Path, audio_dir: str | Path | None, output_dir: str | Path, cfg: TrainConfig | None = None,
             num_workers: int = 1, fmt: str = "auto", speaker: str = DEFAULT_SPEAKER, quiet: bool = False,
-            speaker_from_path: bool = False, overwrite: bool = False) -> dict:
+            speaker_from_path: bool = False, overwrite: bool = False, text_kind: str = "auto",
+            columns: tuple[str | None, str | None, str | None] = (None, None, None)) -> dict:
     """Runs the whole preparation and returns the report (also written to OUT/report.json). A folder
     prepared with other audio settings is refused (OutputPathError) unless `overwrite`, which moves its
-    files aside first (`common.run_dir.check_prepared_settings`)."""
+    files aside first (`common.run_dir.check_prepared_settings`). `audio_dir` may be None for a datasets
+    table whose audio is in it; `text_kind` and `columns`: tts.metadata.parse_metadata's."""
     cfg = cfg or TrainConfig()
-    metadata, audio_dir, out = Path(metadata), Path(audio_dir), Path(output_dir)
-    if not audio_dir.is_dir():
+    metadata, out = Path(metadata), Path(output_dir)
+    audio_dir = None if audio_dir is None else Path(audio_dir)
+    if audio_dir is None and not (fmt == "hf" or (fmt == "auto" and is_table(metadata))):
+        raise PrepareError(f"--audio_dir is needed for {metadata}: the folder with its audio files")
+    if audio_dir is not None and not audio_dir.is_dir():
         raise PrepareError(f"audio folder not found: {audio_dir} (--audio_dir)")
     check_apart(out, "--output_dir", {"--audio_dir": audio_dir, "--metadata": metadata})  # before any write
-    rows, problems, fmt = parse_metadata(metadata, fmt, speaker, speaker_from_path)
+    symbols = Frontend.of(cfg).symbols
+    if text_kind == "phonemes" and cfg.phoneme_type != "espeak":
+        raise PrepareError("--text_kind phonemes reads espeak-ng IPA: it needs phoneme_type: espeak in the config "
+                           "(--set phoneme_type=espeak); for the letters of phoneme_type: text give the text itself")
+    rows, problems, fmt = parse_metadata(metadata, fmt, speaker, speaker_from_path, text_kind, symbols, columns)
+    if not quiet:
+        print(describe(fmt, rows, text_kind))
     state_path = out / "prepare_state.json"
     old = _read_state(state_path)  # None: none yet, or damaged (then everything is made again)
     check_prepared_settings(out, None if old is None else {**old.get("audio", {}), "version": old.get("version")},
@@ -433,6 +329,7 @@ def prepare(metadata: str | Path, audio_dir: str | Path, output_dir: str | Path,
 
     jobs, seen = [], {}
     src = str(metadata)
+    tables = TableAudio(out, columns)  # audio bytes of a datasets table, as files for the workers (removed below)
     for row in rows:
         if not row.id:
             problems.append(Problem(src, row.line, None, "empty id / audio name"))
@@ -445,14 +342,9 @@ def prepare(metadata: str | Path, audio_dir: str | Path, output_dir: str | Path,
         if not row.text.strip():  # cheap checks first: no need to touch the audio
             problems.append(Problem(src, row.line, row.id, "empty text"))
             continue
-        audio_path = resolve_audio(audio_dir, row.audio)
-        if audio_path is not None and outside([audio_path], audio_dir):
-            problems.append(Problem(src, row.line, row.id, f"audio path {row.audio} leads outside --audio_dir (an "
-                                    "absolute or '..' path, or a link to elsewhere): only files inside it are read"))
-            continue
+        audio_path, why = find_audio(row, audio_dir, tables)
         if audio_path is None:
-            problems.append(Problem(src, row.line, row.id, f"audio file not found ({audio_dir / row.audio}"
-                                    f"{'' if Path(row.audio).suffix else '.wav'})"))
+            problems.append(Problem(src, row.line, row.id, str(why)))
             continue
         jobs.append(Job(row, str(audio_path), out_id, str(out), cfg.audio, cfg.data, reuse))
 
@@ -462,6 +354,7 @@ def prepare(metadata: str | Path, audio_dir: str | Path, output_dir: str | Path,
             results = list(pool.map(process_item, jobs, chunksize=max(1, len(jobs) // (8 * num_workers))))
     else:
         results = [process_item(j) for j in jobs]
+    tables.close()
 
     records, notes = [], []
     for r in results:
@@ -489,9 +382,12 @@ def prepare(metadata: str | Path, audio_dir: str | Path, output_dir: str | Path,
     for name, items in (("train.jsonl", train), ("eval.jsonl", evals)):
         write_text(out / name, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in items))
     write_text(out / "speakers.json", json.dumps(speakers, ensure_ascii=False, indent=1))
+    if any("ids" in r for r in records):  # the list the given ids index: training refuses a config of another
+        write_text(out / "symbols.json", json.dumps({"phoneme_type": cfg.phoneme_type, "symbols": symbols},
+                                                    ensure_ascii=False))
     if cfg.phoneme_type == "espeak":  # cached once here, so training never runs espeak-ng
         cache = PhonemeCache(out, cfg.espeak_voice)
-        new = cache.fill([r["text"] for r in records])
+        new = cache.fill([r["text"] for r in records if "ids" not in r])  # given phonemes / ids: nothing to run
         if not quiet:
             print(f"phonemes: {new} new utterance(s) phonemized with espeak-ng -v {cfg.espeak_voice} → {cache.path}")
     report = _write_report(out, metadata, fmt, rows, problems, notes, train, evals, speakers)
@@ -503,7 +399,7 @@ def _write_report(out: Path, metadata: Path, fmt: str, rows: list[Row], problems
                   notes: list[Problem], train: list[dict], evals: list[dict], speakers: dict) -> dict:
     kinds = Counter(re.sub(r"\s*[(:].*$", "", p.reason) for p in problems)
     report = {
-        "metadata": str(metadata), "format": fmt, "rows_parsed": len(rows),
+        "metadata": str(metadata), "format": fmt, "layout": describe(fmt, rows), "rows_parsed": len(rows),
         "kept": len(train) + len(evals), "train": len(train), "eval": len(evals),
         "hours": round(sum(r["duration"] for r in train + evals) / 3600, 4),
         "speakers": len(speakers), "dropped": [asdict(p) for p in problems],
@@ -528,13 +424,23 @@ def _print_summary(problems: list[Problem], notes: list[Problem], n_train: int, 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--metadata", required=True, help="metadata.csv (LJSpeech id|text), Common Voice TSV or CSV")
-    p.add_argument("--audio_dir", required=True, help="folder with the audio files")
+    p.add_argument("--metadata", required=True, help="metadata.csv (LJSpeech/Piper id|text, Piper id|speaker|text), "
+                   "Common Voice TSV, CSV, or a Hugging Face datasets folder (save_to_disk) / .parquet file")
+    p.add_argument("--audio_dir", default=None, help="folder with the audio files (not needed when a datasets "
+                   "table holds the audio)")
     p.add_argument("--output_dir", required=True, help="prepared dataset folder (created)")
     p.add_argument("--config", default=None, help="training YAML (its audio: and data: sections are used)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--num_workers", type=int, default=max(1, min(8, (os.cpu_count() or 2) - 1)))
-    p.add_argument("--format", default="auto", choices=["auto", "ljspeech", "commonvoice", "csv"])
+    p.add_argument("--format", default="auto", choices=FORMATS,
+                   help="auto tells them apart; three '|' fields that cannot be told need ljspeech or piper")
+    p.add_argument("--text_kind", default="auto", choices=TEXT_KINDS,
+                   help="what the text column holds: text (normalised here), phonemes (espeak-ng IPA, with "
+                   "phoneme_type: espeak) or phoneme_ids (ids of the config's symbols, space-separated); auto: "
+                   "text, or the ids of Piper's id|[speaker|]text|phoneme_ids")
+    p.add_argument("--audio_column", default=None, help="audio column of a CSV or datasets table (default: detected)")
+    p.add_argument("--text_column", default=None, help="text column of a CSV or datasets table (default: detected)")
+    p.add_argument("--speaker_column", default=None, help="speaker column of a CSV or datasets table (optional)")
     p.add_argument("--speaker", default=DEFAULT_SPEAKER, help="speaker name for formats without one")
     p.add_argument("--speaker_from_path", action="store_true",
                    help="take the speaker from the first folder of each id/path (alice/0001 → alice)")
@@ -547,7 +453,8 @@ def main(argv: list[str] | None = None) -> int:
         check_apart(args.output_dir, "--output_dir", {"--audio_dir": args.audio_dir, "--metadata": args.metadata})
         check_output_dir(args.output_dir, "--output_dir")
         prepare(args.metadata, args.audio_dir, args.output_dir, cfg, args.num_workers, args.format, args.speaker,
-                speaker_from_path=args.speaker_from_path, overwrite=args.overwrite)
+                speaker_from_path=args.speaker_from_path, overwrite=args.overwrite, text_kind=args.text_kind,
+                columns=(args.audio_column, args.text_column, args.speaker_column))
         return exit_codes.OK
     return exit_codes.run_main(body, (PrepareError, ConfigError))
 

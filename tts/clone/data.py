@@ -88,6 +88,10 @@ def read_manifest(path: Path) -> tuple[list[dict], list[str]]:
         except json.JSONDecodeError as e:
             problems.append(f"{path}:{n}: not valid JSON ({e.msg})")
             continue
+        if isinstance(row, dict) and "ids" in row:  # prepare_data.py --text_kind phonemes / phoneme_ids
+            raise DataError(f"{path}:{n}: this folder was prepared from phonemes or phoneme ids (tts/prepare_data.py "
+                            "--text_kind), which only the VITS trainer reads; the cloning model reads text through "
+                            "its own front-end: prepare the corpus again from its text (--text_kind text)")
         missing = [k for k in ("id", "wav", "text") if not isinstance(row, dict) or k not in row]
         if missing:
             problems.append(f"{path}:{n}: missing field(s) {missing} (expected id, wav, text, speaker)")

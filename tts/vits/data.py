@@ -92,6 +92,20 @@ def check_prepared_audio(data_dir: str | Path, audio: AudioConfig, source: str |
                             f"{getattr(audio, key)}; re-run prepare_data.py with this --config (or fix the config)")
 
 
+def check_given_ids(data_dir: str | Path, frontend: Frontend) -> None:
+    """Phoneme ids given to prepare_data.py index the symbol list it wrote to symbols.json: a model of another
+    list would read other sounds, so it is refused."""
+    path = Path(data_dir) / "symbols.json"
+    if not path.is_file():
+        raise damaged(path, "is missing (the folder holds phoneme ids)", prepare_again(data_dir))
+    table = read_json(path, prepare_again(data_dir))
+    if not isinstance(table, dict) or table.get("symbols") != list(frontend.symbols):
+        kind = table.get("phoneme_type") if isinstance(table, dict) else None
+        raise DataError(f"{data_dir} was prepared from phoneme ids of phoneme_type: {kind} "
+                        f"(its symbols.json), but this config's front-end is phoneme_type: {frontend.phoneme_type}: "
+                        "train with the phoneme_type it was prepared with, or prepare the ids again for this one")
+
+
 class VitsDataset(Dataset):
     def __init__(self, data_dir: str | Path, split: str, audio: AudioConfig, add_blank: bool = True,
                  frontend: Frontend | None = None):
@@ -103,9 +117,11 @@ class VitsDataset(Dataset):
         self.again = prepare_again(data_dir)  # the advice of a damaged file's one line
         self.frontend = frontend or Frontend()
         self.phonemes: dict[str, str] = {}
+        if any("ids" in it for it in self.items):  # prepared from phoneme ids: of this front-end's symbols only
+            check_given_ids(data_dir, self.frontend)
         if self.frontend.phoneme_type == "espeak":  # prepare_data.py cached them; data prepared for text: now
             cache = PhonemeCache(data_dir, self.frontend.voice)
-            new = cache.fill([it["text"] for it in self.items])
+            new = cache.fill([it["text"] for it in self.items if "ids" not in it])
             if new:
                 print(f"note: phonemized {new} {split} utterance(s) with espeak-ng into {cache.path}")
             self.phonemes = cache.table
@@ -123,11 +139,17 @@ class VitsDataset(Dataset):
 
     def token_lengths(self) -> list[int]:
         """Tokens per item (blanks included), for the bucket shapes of ``collate``."""
-        return [len(self.tokens(item["text"])) for item in self.items]
+        return [len(self.item_tokens(item)) for item in self.items]
 
     def tokens(self, text: str) -> torch.Tensor:
         ids = self.frontend.ids(text, on_unknown="error", phonemes=self.phonemes.get(text))
         return torch.tensor(intersperse(ids) if self.add_blank else ids, dtype=torch.long)
+
+    def item_tokens(self, item: dict) -> torch.Tensor:
+        """An item's ids with blanks: the phoneme ids its metadata gave (prepare_data.py --text_kind), else its text's."""
+        if "ids" not in item:
+            return self.tokens(item["text"])
+        return torch.tensor(intersperse(item["ids"]) if self.add_blank else item["ids"], dtype=torch.long)
 
     def __getitem__(self, key) -> dict:
         index, _ = sample_rng(key)
@@ -141,7 +163,7 @@ class VitsDataset(Dataset):
                           f"{len(pcm)}-sample wav", self.again)
         frames = min(spec.size(1), len(pcm) // self.hop)
         wav = torch.from_numpy(to_float32(pcm[: frames * self.hop]))
-        return {"id": item["id"], "ids": self.tokens(item["text"]), "spec": spec[:, :frames], "wav": wav,
+        return {"id": item["id"], "ids": self.item_tokens(item), "spec": spec[:, :frames], "wav": wav,
                 "sid": int(item.get("speaker_id", 0))}
 
 
