@@ -516,6 +516,9 @@ def describe(fmt: str, rows: list[Row], text_kind: str = "auto") -> str:
     """The one line that says how the metadata was read: 'metadata: Piper id|speaker|text, 40 line(s), 3 speakers,
     the model reads text'."""
     speakers = len({r.speaker for r in rows})
+    if text_kind == "auto" and any(r.ids is not None for r in rows):  # what parse_metadata made of the rows
+        given = fmt.endswith("_ids") or all(_IDS.fullmatch(r.text) for r in rows if r.ids is not None)
+        text_kind = "phoneme_ids" if given else "phonemes"
     kind = {"text": "text", "phonemes": "IPA phonemes", "phoneme_ids": "phoneme ids"}[resolve_kind(text_kind, fmt)]
     return (f"metadata: {LAYOUTS.get(fmt, fmt)}, {len(rows)} line(s) read, {speakers} speaker"
             f"{'' if speakers == 1 else 's'}, the model reads {kind}")

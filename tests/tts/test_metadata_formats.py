@@ -74,6 +74,8 @@ def test_pipe_layouts_are_told_over_the_whole_file(tmp_path):
     assert layout(ambiguous, "piper") == "piper_speaker" and layout(ambiguous, "ljspeech") == "ljspeech"
     with pytest.raises(PrepareError, match="column 2 holds text"):
         layout(["a|Salom dunyo.|Salom dunyo."], "piper")
+    with pytest.raises(PrepareError, match="--audio_dir is needed"):
+        prepare(tmp_path / "m.csv", None, tmp_path / "out", quiet=True)
 
 
 def test_piper_multi_speaker_prepares_with_its_speakers(speech, tmp_path, capsys):
@@ -98,7 +100,7 @@ def test_phoneme_ids_reach_a_vits_training_step(speech, tmp_path):
     meta = _write(tmp_path / "metadata.csv", lines[-2:] + lines[:-2])
     out = tmp_path / "out"
     report = prepare(meta, speech, out, _cfg(), quiet=True)
-    assert report["format"] == "piper_ids" and report["kept"] == 6
+    assert report["format"] == "piper_ids" and report["kept"] == 6 and report["layout"].endswith("reads phoneme ids")
     reasons = [d["reason"] for d in report["dropped"]]
     assert any("999 not in the config's symbol set" in r for r in reasons)
     assert any("pad/blank" in r for r in reasons)
@@ -126,6 +128,7 @@ def test_ipa_phonemes_are_read_not_phonemized_again(speech, tmp_path):
         prepare(meta, speech, tmp_path / "no", _cfg(), quiet=True, text_kind="phonemes")
     report = prepare(meta, speech, tmp_path / "out", _cfg(phoneme_type="espeak"), quiet=True, text_kind="phonemes")
     assert report["kept"] == 3 and "'☃' (U+2603" in report["dropped"][0]["reason"]
+    assert report["layout"].endswith("the model reads IPA phonemes")
     index = {s: i for i, s in enumerate(ESPEAK_SYMBOLS)}
     assert {r["id"]: r["ids"] for r in _records(tmp_path / "out")} == {k: [index[c] for c in v] for k, v in ipa.items()}
     assert not (tmp_path / "out" / "phonemes_uz.json").exists() or \
