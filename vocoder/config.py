@@ -152,6 +152,10 @@ class BinarizationArgs:
     max_seconds: PositiveFloat | None = 600.0
     silence_db: AnyFloat = -60.0  # peak below this -> skipped as silent
     max_clip_fraction: Probability = 0.01  # more samples than this at full scale -> skipped as clipped
+    # Silero VAD trims leading/trailing silence before mel and f0, keeping trim_margin s each side (common/trim.py)
+    trim_silence: bool = False
+    trim_margin: NonNegativeFloat = 0.25
+    loudness_lufs: AnyFloat | None = None  # a level (e.g. -23): every file scaled to it (ITU-R BS.1770); None = off
 
 
 # SingingVocoders keys with no equivalent here, each with what does the job instead (a config

@@ -52,6 +52,7 @@ from common.config import ConfigError, add_config_args, load_config
 from common.f0_report import F0_PNG, f0_report_lines, f0_summary, save_f0_histogram
 from common.prepared import npy_problem
 from common.run_dir import check_apart, check_output_dir, check_prepared_settings, outside
+from common.trim import report_lines
 from common.workers import RUN_ERRORS, process_pool
 from vocoder.config import VocoderConfig
 from vocoder.gta_mels import MelDirError, check_mel_dir, load_gta_mel
@@ -84,19 +85,27 @@ class Settings:
     silence_db: float
     max_clip_fraction: float
     mel_dir: str | None = None  # --mel_dir, resolved: GTA mels instead of computed ones
+    trim_silence: bool = False  # Silero VAD trim before mel and f0 (common/trim.py)
+    trim_margin: float = 0.25
+    loudness_lufs: float | None = None
 
     @classmethod
     def from_config(cls, cfg: VocoderConfig, mel_dir: str | Path | None = None) -> Settings:
         b = cfg.binarization_args
         a = cfg.audio
         return cls(a.sample_rate, a.hop_length, a.n_fft, a.win_length, a.n_mels, a.fmin, a.fmax, cfg.pe, cfg.f0_min, cfg.f0_max, b.min_seconds, b.max_seconds,
-                   b.silence_db, b.max_clip_fraction, str(Path(mel_dir).resolve()) if mel_dir else None)
+                   b.silence_db, b.max_clip_fraction, str(Path(mel_dir).resolve()) if mel_dir else None,
+                   b.trim_silence, b.trim_margin, b.loudness_lufs)
 
     def as_dict(self) -> dict:
-        """The fingerprint; `mel_dir` only when given, so folders of computed mels keep their settings."""
+        """The fingerprint; `mel_dir` only when given and the trim/loudness keys only when on, so folders
+        prepared without them keep their settings."""
         d = dict(self.__dict__)
-        if d["mel_dir"] is None:
-            del d["mel_dir"]
+        for key, off in (("mel_dir", None), ("trim_silence", False), ("loudness_lufs", None)):
+            if d[key] == off:
+                del d[key]
+        if not self.trim_silence:
+            del d["trim_margin"]
         return d
 
 
@@ -178,6 +187,7 @@ def process_file(path: Path, item_dir: Path, settings: Settings, gta_mel: Path |
     import torch
 
     from common.audio import AudioError, MelSpectrogram, check_audio, extract_f0
+    from common.trim import trim_and_level
 
     torch.set_num_threads(1)  # parallelism comes from processes
     try:
@@ -188,6 +198,15 @@ def process_file(path: Path, item_dir: Path, settings: Settings, gta_mel: Path |
                          settings.max_clip_fraction)
     if reason:
         return {"ok": False, "reason": reason}
+    level = None
+    if settings.trim_silence or settings.loudness_lufs is not None:
+        # before mel and f0 (common/trim.py), so a GTA mel of the trimmed audio and the f0 stay on its frames
+        wav, level = trim_and_level(wav, sr, settings.trim_silence, settings.trim_margin, settings.loudness_lufs)
+        if wav is None:
+            return {"ok": False, "reason": level["reason"], "level": level}
+        if len(wav) < settings.min_seconds * sr:
+            return {"ok": False, "reason": f"too short after trimming silence ({len(wav) / sr:.2f} s < "
+                    f"{settings.min_seconds:g} s)", "level": level}
     frames = len(wav) // settings.hop_size
     if frames * settings.hop_size < settings.fft_size:
         return {"ok": False, "reason": f"too short for fft_size {settings.fft_size}"}
@@ -215,14 +234,15 @@ def process_file(path: Path, item_dir: Path, settings: Settings, gta_mel: Path |
     meta = {**_source_stamp(path), "settings": settings.as_dict(), "frames": frames,
             **({"mel_source": _source_stamp(gta_mel)} if gta_mel is not None else {}),
             "seconds": frames * settings.hop_size / settings.sample_rate,
-            "voiced_fraction": float(voiced.mean()) if frames else 0.0}
+            "voiced_fraction": float(voiced.mean()) if frames else 0.0,
+            **({"level": level} if level is not None else {})}
     with atomic_output(item_dir, folder=True) as tmp:  # <item>.tmp<pid>, renamed when complete
         np.save(tmp / "audio.npy", wav.astype(np.float32, copy=False))  # no second copy of a long file
         np.save(tmp / "mel.npy", mel.astype(np.float32, copy=False))
         np.save(tmp / "f0.npy", f0.astype(np.float32))
         np.save(tmp / "voiced.npy", voiced.astype(bool))
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-    return {"ok": True, "frames": frames, "seconds": meta["seconds"]}
+    return {"ok": True, "frames": frames, "seconds": meta["seconds"], **({"level": level} if level else {})}
 
 
 def check_extractor(pe: str) -> None:
@@ -311,6 +331,9 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
     check_apart(out, "--output", {"--input": roots, "--mel_dir": mel_dir})  # before anything is written
     settings = Settings.from_config(cfg, mel_dir)
     check_extractor(settings.pe)
+    if mel_dir and settings.trim_silence:
+        raise PrepareError("binarization_args.trim_silence with --mel_dir: GTA mels are frame-aligned with the "
+                           "whole file, so it cannot be trimmed here; trim when preparing the acoustic model's data")
     workers = cfg.binarization_args.num_workers if num_workers is None else num_workers
     files = find_audio(roots)
     away = {p for root, p in files if outside([p], root)}
@@ -349,7 +372,8 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
         if meta is not None and settings.max_seconds is not None and meta["seconds"] > settings.max_seconds:
             results[iid] = {"ok": False, "reason": f"too long ({meta['seconds']:.2f} s > {settings.max_seconds:g} s)"}
         elif meta is not None:
-            results[iid] = {"ok": True, "frames": meta["frames"], "seconds": meta["seconds"], "cached": True}
+            results[iid] = {"ok": True, "frames": meta["frames"], "seconds": meta["seconds"], "cached": True,
+                            **({"level": meta["level"]} if "level" in meta else {})}
         else:
             jobs.append((str(path), str(items_dir / iid), settings, str(mels[path]) if path in mels else None))
     log(f"prepare: {len(files)} audio files, {len(files) - len(jobs)} already done, {len(jobs)} to process "
@@ -381,6 +405,12 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
     lines = [f"{len(good)} of {len(files)} files usable, {len(skipped)} skipped"]
     lines += [f"SKIPPED {s['file']}: {s['reason']}" for s in skipped]
     lines += f0_report_lines(f0) if good else []
+    levels = {str(sources[i]): r["level"] for i, r in results.items() if r.get("level")}
+    if levels:  # trim_silence / loudness_lufs on: trimmed seconds and level of every file, and the total
+        report["levels"] = levels
+        report["trimmed_seconds"] = round(sum(v.get("trimmed_seconds", 0.0) for v in levels.values()), 3)
+        write_text(out / "report.json", json.dumps(report, indent=1))
+        lines += report_lines(levels)
     write_text(out / "report.txt", "\n".join(lines) + "\n")
     for line in lines[1:]:
         log(line)

@@ -175,3 +175,14 @@ def test_datasets_folder_and_parquet(speech, tmp_path, monkeypatch, capsys):
     report = prepare(tmp_path / "paths.parquet", speech, tmp_path / "p2", _cfg(), quiet=True,
                      columns=("file", "words", None))
     assert report["kept"] == 6 and "leads outside --audio_dir" in report["dropped"][0]["reason"]
+
+
+def test_tables_that_cannot_be_read_say_what_to_do(tmp_path, monkeypatch):
+    from datasets import Dataset, DatasetDict
+    ds = Dataset.from_dict({"text": ["salom"]})
+    DatasetDict({"train": ds, "test": ds}).save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(PrepareError, match=r"several splits \(test, train\): pass one, e.g. --metadata .*dd/test"):
+        prepare(tmp_path / "dd", None, tmp_path / "out", quiet=True)
+    monkeypatch.setitem(__import__("sys").modules, "pyarrow", None)  # as if it were not installed
+    with pytest.raises(PrepareError, match=r"needs pyarrow: `pip install pyarrow==26.0.1`"):
+        prepare(tmp_path / "dd" / "train", None, tmp_path / "out", quiet=True)
