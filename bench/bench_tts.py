@@ -136,6 +136,7 @@ def synthetic_corpus(root: Path, n: int, seconds: float = 2.0) -> Path:
     (root / "m.csv").write_text("\n".join(lines) + "\n")
     cfg = TrainConfig()
     cfg.data.eval_split_size = 1
+    cfg.data.trim_silence = False  # tones: no speech for the Silero VAD to keep
     prepare(root / "m.csv", root / "a", root / "p", cfg, quiet=True)
     return root / "p"
 

@@ -289,7 +289,7 @@ def _prepare_inputs(name: str, data: dict[str, Path], tmp: Path) -> list[str]:
                 lines.append(f"{stem}_{copy}|{text}")
         (tmp / "metadata.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
         return ["--metadata", str(tmp / "metadata.csv"), "--audio_dir", str(audio), "--speaker_from_path",
-                "--set", "data.eval_split_size=1", "--num_workers", "2"]
+                "--set", "data.eval_split_size=1", "--num_workers", "2", "--no_trim"]
     write_images(tmp / "images", 32, size=40)
     return ["--mode", "preprocess", "--input_dir", str(tmp / "images"), "--target_size", "32", "--num_workers", "2"]
 

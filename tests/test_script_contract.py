@@ -159,7 +159,7 @@ def _cases(i: dict[str, Path], out: Path) -> dict[str, tuple[Callable, Callable[
         "tts/prepare_data.py": (
             lambda m: m.setattr(sf, "write", lambda f, *a, **k: _partial_then_full(f)),
             lambda: tts_prepare.main(["--metadata", str(corpus / "metadata.csv"), "--audio_dir", str(corpus / "audio"),
-                                      "--output_dir", str(out), "--num_workers", "1"]),
+                                      "--output_dir", str(out), "--num_workers", "1", "--no_trim"]),
             r"wavs/\S+\.wav"),
         "vae/prepare_data.py": (
             lambda m: m.setattr(Image.Image, "save", lambda self, fp, *a, **k: _partial_then_full(fp)),

@@ -50,6 +50,7 @@ from common.audio import AudioError, MelSpectrogram, check_audio, load_audio, sa
 from common.config import ConfigError, load_config
 from common.prepared import array_problem, open_npy
 from common.run_dir import check_apart, check_output_dir, check_prepared_settings
+from common.trim import loudness, report_lines, trim_and_level
 from common.workers import RUN_ERRORS, process_pool
 from tts.metadata import (  # noqa: F401  (Row, resolve_audio: importable from here too, as before)
     AUDIO_EXTENSIONS,
@@ -175,6 +176,7 @@ class Result:
     reason: str | None = None
     notes: list[str] = field(default_factory=list)
     remade: str | None = None  # a damaged earlier output of this item, made again: which and why
+    level: dict | None = None  # trimmed seconds and loudness (common.trim.trim_and_level; None: audio not read)
 
 
 _MEL: MelSpectrogram | None = None
@@ -212,6 +214,16 @@ def reusable(wav_out: Path, spec_out: Path, a: AudioConfig) -> tuple[np.ndarray 
     return (None, f"{spec_out} {why}") if why else (wav, None)
 
 
+def _earlier_level(job: Job, wav: np.ndarray, sr: int) -> dict:
+    """The report entry of an item made by an earlier run: the seconds trimmed (its source's length, from the
+    header, less the kept wav) and, with no loudness target, the level of the kept wav (what trim_and_level
+    measured); with a target the scale is not known again: prepare() takes the earlier report's entry."""
+    level = {"trimmed_seconds": round(max(0.0, sf.info(job.audio_path).duration - len(wav) / sr), 3)
+             if job.data.trim_silence else 0.0, "earlier": True}
+    lufs = loudness(wav, sr) if job.data.loudness_lufs is None else float("-inf")
+    return {**level, "lufs": round(lufs, 2)} if np.isfinite(lufs) else level
+
+
 def process_item(job: Job) -> Result:
     row, a, out = job.row, job.audio, Path(job.out_dir)
     res = Result(row, job.out_id)
@@ -222,6 +234,7 @@ def process_item(job: Job) -> Result:
         done = wav is not None
         if done:
             sr = a.sample_rate
+            res.level = _earlier_level(job, wav, sr)
         else:
             # longer than data.max_audio_len: refused from its header, nothing decoded; else read and resampled in
             # blocks (common.audio.load_audio), so a worker holds the clip at the output rate and little more
@@ -231,6 +244,12 @@ def process_item(job: Job) -> Result:
                 res.notes.append(f"downmixed {info.channels} channels to mono")
             if info is not None and info.samplerate != a.sample_rate:
                 res.notes.append(f"resampled {info.samplerate} Hz -> {a.sample_rate} Hz")
+            # silence trimmed and level set before the spec (common/trim.py), so spec, wav and durations agree
+            wav, res.level = trim_and_level(wav, sr, job.data.trim_silence, job.data.trim_margin,
+                                            job.data.loudness_lufs)
+            if wav is None:
+                res.reason = f"audio {res.level['reason']}"
+                return res
             wav = to_float32(to_int16(wav))  # exactly what the saved 16-bit file will hold
     except AudioError as e:
         res.reason = f"audio {e.reason}"
@@ -280,12 +299,22 @@ def split_items(records: list[dict], cfg: DataConfig) -> tuple[list[dict], list[
     return train, evals
 
 
-def _state_key(a: AudioConfig) -> dict:
-    return {"audio": asdict(a), "version": 1}
+def _state_key(a: AudioConfig, d: DataConfig) -> dict:
+    """What the folder's wavs and specs depend on: the audio settings, and the trim and loudness target when on."""
+    trim = _trim_key(d)
+    return {"audio": asdict(a), **({"trim": trim} if trim else {}), "version": 1}
+
+
+def _trim_key(d: DataConfig) -> dict:
+    """The trim / loudness settings that change the wavs, only those in use: a folder prepared before they
+    existed (or with both off) keeps matching a run with both off."""
+    key = {"trim_silence": True, "trim_margin": d.trim_margin} if d.trim_silence else {}
+    return {**key, "loudness_lufs": d.loudness_lufs} if d.loudness_lufs is not None else key
 
 
 def _read_state(path: Path) -> dict | None:
-    """The settings an earlier run recorded, or None (no file, or a damaged one: nothing of it is reused)."""
+    """The settings (or report) an earlier run recorded, or None (no file, or a damaged one: nothing of it is
+    reused)."""
     try:
         state = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):  # missing, not UTF-8, not JSON
@@ -318,14 +347,16 @@ def prepare(metadata: str | Path, audio_dir: str | Path | None, output_dir: str 
         print(describe(fmt, rows, text_kind))
     state_path = out / "prepare_state.json"
     old = _read_state(state_path)  # None: none yet, or damaged (then everything is made again)
-    check_prepared_settings(out, None if old is None else {**old.get("audio", {}), "version": old.get("version")},
-                            {**asdict(cfg.audio), "version": _state_key(cfg.audio)["version"]}, overwrite,
+    key = _state_key(cfg.audio, cfg.data)
+    check_prepared_settings(out, None if old is None else {**old.get("audio", {}), **(old.get("trim") or {}),
+                                                            "version": old.get("version")},
+                            {**key["audio"], **key.get("trim", {}), "version": key["version"]}, overwrite,
                             "--output_dir", log=print)
     (out / "wavs").mkdir(parents=True, exist_ok=True)
     (out / "spec").mkdir(parents=True, exist_ok=True)
-    reuse = _read_state(state_path) == _state_key(cfg.audio)
+    reuse = _read_state(state_path) == key
     if not reuse:  # a re-run over a finished folder writes nothing another reader could catch half-written
-        write_text(state_path, json.dumps(_state_key(cfg.audio), indent=1))
+        write_text(state_path, json.dumps(key, indent=1))
 
     jobs, seen = [], {}
     src = str(metadata)
@@ -356,8 +387,13 @@ def prepare(metadata: str | Path, audio_dir: str | Path | None, output_dir: str 
         results = [process_item(j) for j in jobs]
     tables.close()
 
-    records, notes = [], []
+    records, notes, levels = [], [], {}
+    earlier = (_read_state(out / "report.json") or {}).get("levels")  # the entries of items an earlier run made
     for r in results:
+        if r.level is not None and r.level.pop("earlier", False) and isinstance(earlier, dict):
+            r.level = earlier.get(r.row.audio) if isinstance(earlier.get(r.row.audio), dict) else r.level
+        if r.level is not None:
+            levels[r.row.audio] = r.level
         if r.remade:
             if not quiet:
                 print(f"damaged prepared file made again from its source: {r.remade}")
@@ -369,7 +405,7 @@ def prepare(metadata: str | Path, audio_dir: str | Path | None, output_dir: str 
         else:
             records.append(r.record)
     if not records:
-        _write_report(out, metadata, fmt, rows, problems, notes, [], [], {})
+        _write_report(out, metadata, fmt, rows, problems, notes, [], [], {}, levels)
         _print_summary(problems, notes, 0, 0, 0.0, quiet=False)
         raise PrepareError(f"nothing usable in {metadata}: every line was dropped ({len(problems)} problems"
                            f" listed above and {out / 'report.json'}); check --audio_dir, the metadata "
@@ -390,13 +426,16 @@ def prepare(metadata: str | Path, audio_dir: str | Path | None, output_dir: str 
         new = cache.fill([r["text"] for r in records if "ids" not in r])  # given phonemes / ids: nothing to run
         if not quiet:
             print(f"phonemes: {new} new utterance(s) phonemized with espeak-ng -v {cfg.espeak_voice} → {cache.path}")
-    report = _write_report(out, metadata, fmt, rows, problems, notes, train, evals, speakers)
+    report = _write_report(out, metadata, fmt, rows, problems, notes, train, evals, speakers, levels)
     _print_summary(problems, notes, len(train), len(evals), report["hours"], quiet=quiet)
     return report
 
 
 def _write_report(out: Path, metadata: Path, fmt: str, rows: list[Row], problems: list[Problem],
-                  notes: list[Problem], train: list[dict], evals: list[dict], speakers: dict) -> dict:
+                  notes: list[Problem], train: list[dict], evals: list[dict], speakers: dict,
+                  levels: dict[str, dict] | None = None) -> dict:
+    """report.json, and report.txt: the dropped lines, and the trimmed seconds and level of every file read
+    (`levels`: common.trim.trim_and_level's, or the earlier report's for the files an earlier run made)."""
     kinds = Counter(re.sub(r"\s*[(:].*$", "", p.reason) for p in problems)
     report = {
         "metadata": str(metadata), "format": fmt, "layout": describe(fmt, rows), "rows_parsed": len(rows),
@@ -405,7 +444,13 @@ def _write_report(out: Path, metadata: Path, fmt: str, rows: list[Row], problems
         "speakers": len(speakers), "dropped": [asdict(p) for p in problems],
         "dropped_by_reason": dict(kinds.most_common()), "notes": [asdict(n) for n in notes],
     }
+    levels = levels or {}
+    report["trimmed_seconds"] = round(sum(v.get("trimmed_seconds", 0.0) for v in levels.values()), 3)
+    report["levels"] = levels
     write_text(out / "report.json", json.dumps(report, ensure_ascii=False, indent=1))
+    lines = [f"{report['kept']} of {len(rows)} lines kept, {len(problems)} dropped"]
+    lines += [f"DROPPED {p.file}:{p.line} [{p.id}]: {p.reason}" for p in problems]
+    write_text(out / "report.txt", "\n".join(lines + report_lines(levels)) + "\n")
     return report
 
 
@@ -446,10 +491,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="take the speaker from the first folder of each id/path (alice/0001 → alice)")
     p.add_argument("--overwrite", action="store_true",
                    help="prepare again into a folder prepared with other audio settings (its old files are moved aside)")
+    p.add_argument("--no_trim", action="store_true",
+                   help="keep leading/trailing silence (default: trimmed with Silero VAD, data.trim_silence)")
     args = p.parse_args(argv)
 
     def body() -> int:
         cfg = load_config(args.config, TrainConfig, args.overrides)
+        if args.no_trim:
+            cfg.data.trim_silence = False
         check_apart(args.output_dir, "--output_dir", {"--audio_dir": args.audio_dir, "--metadata": args.metadata})
         check_output_dir(args.output_dir, "--output_dir")
         prepare(args.metadata, args.audio_dir, args.output_dir, cfg, args.num_workers, args.format, args.speaker,

@@ -62,7 +62,7 @@ def test_tts_prepare_with_a_killed_worker_says_so_and_continues(tmp_path, monkey
         sf.write(audio / f"{name}.wav", _tone(2.0, 22050, 120 + 10 * i), 22050, subtype="PCM_16")
     (tmp_path / "m.csv").write_text("".join(f"{n}|Bugun havo juda yaxshi edi.\n" for n in ids))
     argv = ["--metadata", str(tmp_path / "m.csv"), "--audio_dir", str(audio), "--output_dir", str(tmp_path / "out"),
-            "--num_workers", "2"]
+            "--num_workers", "2", "--no_trim"]
     monkeypatch.setattr(workers, "_Tracked", KillOnMarkedFile)
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()

@@ -71,6 +71,7 @@ def test_prepare_robustness(corpus, capsys):
     before = {p.name: p.read_bytes() for p in audio.iterdir()}
     cfg = TrainConfig()
     cfg.data.eval_split_size = 2
+    cfg.data.trim_silence = False  # synthetic tones: no speech for the Silero VAD to keep (tests/common/test_trim.py)
     report = prepare(meta, audio, out, cfg, num_workers=1)
     printed = capsys.readouterr().out
     dropped = {(d["line"], d["reason"].split(" (")[0].split(":")[0]) for d in report["dropped"]}
@@ -154,7 +155,7 @@ def test_a_missing_module_stops_the_run_instead_of_dropping_every_line(tmp_path,
     meta.write_text("".join(f"u{i}|Bugun havo juda yaxshi, biz bogʻda sayr qildik.\n" for i in range(5)),
                     encoding="utf-8")
     rc = main(["--metadata", str(meta), "--audio_dir", str(audio), "--output_dir", str(tmp_path / "o"),
-               "--num_workers", str(workers)])
+               "--num_workers", str(workers), "--no_trim"])
     captured = capsys.readouterr()
     assert rc == 2, captured.err
     assert f"'{module}' is not installed" in captured.err and pip in captured.err
@@ -171,7 +172,9 @@ def test_common_voice_tsv(tmp_path):
     rows.append("carol\tc9.flac\ttoo\tfew")  # wrong field count
     meta = tmp_path / "cv" / "validated.tsv"
     meta.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    report = prepare(meta, tmp_path / "cv", tmp_path / "out", quiet=True)
+    cfg = TrainConfig()
+    cfg.data.trim_silence = False  # synthetic tones
+    report = prepare(meta, tmp_path / "cv", tmp_path / "out", cfg, quiet=True)
     assert report["format"] == "commonvoice" and report["kept"] == 4 and report["speakers"] == 2
     assert report["dropped"][0]["line"] == 6 and "expected 5 tab-separated" in report["dropped"][0]["reason"]
     spk = json.loads((tmp_path / "out" / "speakers.json").read_text())

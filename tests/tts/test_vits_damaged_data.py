@@ -74,7 +74,7 @@ def test_prepare_again_makes_damaged_files_again_and_keeps_their_utterances(prep
     capsys.readouterr()
     assert prepare_main(["--metadata", str(root / "metadata.csv"), "--audio_dir", str(root / "audio"),
                          "--output_dir", str(data), "--speaker_from_path", "--num_workers", "1",
-                         "--set", "data.eval_split_size=1"]) == 0
+                         "--set", "data.eval_split_size=1", "--no_trim"]) == 0
     printed = capsys.readouterr().out
     for why in (f"{data / rows[0]['wav']} is damaged", f"{data / rows[1]['spec']} is damaged",
                 f"{data / rows[2]['spec']} is missing", f"{data / rows[3]['spec']} holds NaN or infinite values"):

@@ -94,7 +94,7 @@ def espeak_run(tmp_path_factory) -> Path:
         pytest.skip("espeak-ng is not installed")
     root = tmp_path_factory.mktemp("espeak")
     data = _corpus(root, ["anna", "bobur"])
-    cfg = load_config(None, TrainConfig, ["phoneme_type=espeak", "data.eval_split_size=1"])
+    cfg = load_config(None, TrainConfig, ["phoneme_type=espeak", "data.eval_split_size=1", "data.trim_silence=false"])
     prepare(root / "metadata.csv", root / "audio", data, cfg, quiet=True, speaker_from_path=True)
     cache = json.loads((data / "phonemes_uz.json").read_text(encoding="utf-8"))
     assert cache["salom dunyo"].startswith("s") and "ˈ" in cache["salom dunyo"]

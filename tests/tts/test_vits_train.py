@@ -54,6 +54,7 @@ def _corpus(root: Path, speakers: list[str]) -> Path:
     (root / "metadata.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
     cfg = TrainConfig()
     cfg.data.eval_split_size = 1
+    cfg.data.trim_silence = False  # tones: no speech for the Silero VAD to keep
     out = root / "prepared"
     prepare(root / "metadata.csv", audio, out, cfg, quiet=True, speaker_from_path=True)
     return out

@@ -71,13 +71,9 @@ def ensure_corpus(prepared: Path = PREPARED_DIR) -> Path:
     if (prepared / "train.jsonl").is_file() and (prepared / "eval.jsonl").is_file():
         print(f"reusing {prepared} (the VITS demo's prepared corpus)")
         return prepared
-    from tts import prepare_data
     from tts.vits import demo as vits_demo
 
-    meta = vits_demo.build_corpus()
-    rc = prepare_data.main(["--metadata", str(meta), "--audio_dir", str(vits_demo.RAW_DIR / "wavs"), "--output_dir",
-                            str(prepared), "--config", str(vits_demo.CONFIG), "--num_workers", "2",
-                            "--speaker_from_path"])
+    rc = vits_demo.prepare(vits_demo.build_corpus(), prepared)
     if rc != 0:
         raise SystemExit(rc)
     return prepared

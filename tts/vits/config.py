@@ -135,7 +135,8 @@ class DataConfig:
     PREPARE_ONLY: ClassVar[tuple[str, ...]] = (
         "data.min_audio_len", "data.max_audio_len", "data.min_text_len", "data.max_text_len",
         "data.min_chars_per_second", "data.max_chars_per_second", "data.silence_db", "data.max_clip_fraction",
-        "data.eval_split_size", "data.eval_split_max_size", "data.split_seed")
+        "data.eval_split_size", "data.eval_split_max_size", "data.split_seed", "data.trim_silence",
+        "data.trim_margin", "data.loudness_lufs")
 
     min_audio_len: NonNegativeFloat = 0.5  # seconds
     max_audio_len: PositiveFloat = 15.0
@@ -148,6 +149,11 @@ class DataConfig:
     eval_split_size: PositiveFloat = 0.02  # a fraction (< 1) or a count (>= 1) of utterances
     eval_split_max_size: PositiveInt = 64
     split_seed: AnyInt = 1234
+    # Silero VAD trims leading/trailing silence before the spec is made, keeping trim_margin s each side
+    # (Piper's 0.25 s; common/trim.py); prepare_data.py --no_trim turns it off
+    trim_silence: bool = True
+    trim_margin: NonNegativeFloat = 0.25
+    loudness_lufs: AnyFloat | None = None  # a level (e.g. -23): every file scaled to it (ITU-R BS.1770); None = off
     add_blank: bool = True  # intersperse a blank token between symbols (VITS)
     num_buckets: PositiveInt = 8  # length buckets of the training batches
 

@@ -92,11 +92,14 @@ def build_corpus(raw_dir: Path = RAW_DIR) -> Path:
     return meta
 
 
-def prepare(meta: Path, prepared_dir: Path = PREPARED_DIR) -> int:
-    """tts/prepare_data.py over the corpus (resumable); its exit status. bench/learning.py reuses it."""
+def prepare(meta: Path, prepared_dir: Path = PREPARED_DIR, *extra: str) -> int:
+    """tts/prepare_data.py over the corpus (resumable); its exit status. bench/learning.py and the cloning demo
+    reuse it. Silence is trimmed (the default); a folder an older version prepared with other settings (before
+    trimming) is moved aside and prepared again (--overwrite), so the demo never stops on its own old data.
+    `extra`: more prepare_data.py arguments (bench/trim_effect.py's --no_trim)."""
     return prepare_data.main(["--metadata", str(meta), "--audio_dir", str(meta.parent / "wavs"), "--output_dir",
                               str(prepared_dir), "--config", str(CONFIG), "--num_workers", "2",
-                              "--speaker_from_path"])
+                              "--speaker_from_path", "--overwrite", *extra])
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
