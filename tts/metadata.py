@@ -440,6 +440,8 @@ def read_table(path: Path, speaker: str, given: tuple[str | None, str | None, st
     unique = all(stems) and len(set(stems)) == len(stems)
     for r, stem in zip(rows, stems):  # ids: the audio names when they tell the rows apart, else the row numbers
         r.id = stem if unique else f"{r.line:06d}"
+        if not unique and r.table is not None:  # audio in the table: a name of its own (the report lists files by it)
+            r.audio = f"{Path(r.table).name}#{r.index}"
     return rows, problems
 
 

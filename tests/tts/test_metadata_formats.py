@@ -135,12 +135,13 @@ def test_ipa_phonemes_are_read_not_phonemized_again(speech, tmp_path):
         json.loads((tmp_path / "out" / "phonemes_uz.json").read_text()) == {}  # espeak-ng ran on nothing
 
 
-def _hf_dataset(speech: Path):
-    """A datasets Dataset of the speech, its audio embedded as datasets' own Audio feature writes it."""
+def _hf_dataset(speech: Path, named: bool = True):
+    """A datasets Dataset of the speech, its audio embedded as datasets' own Audio feature writes it (with the file
+    names, or none as when a dataset was made from arrays)."""
     from datasets import Audio, Dataset
     files = sorted(speech.glob("*.wav"))
     return Dataset.from_dict({
-        "audio": [{"bytes": f.read_bytes(), "path": f.name} for f in files],
+        "audio": [{"bytes": f.read_bytes(), "path": f.name if named else None} for f in files],
         "sentence": [TEXTS[int(f.stem.split("_")[1])] for f in files],
         "speaker_id": [f.stem.split("_")[0] for f in files],
         "path": [f"clips/{f.stem}.mp3" for f in files],  # as Common Voice's: the Audio column is the audio
@@ -157,11 +158,13 @@ def test_datasets_folder_and_parquet(speech, tmp_path, monkeypatch, capsys):
     assert {r["id"] for r in _records(tmp_path / "out")} == {f.stem for f in speech.glob("*.wav")}
     assert not (tmp_path / "out" / metadata.TABLE_AUDIO).exists()  # the audio taken out is gone again
 
-    ds.to_parquet(str(tmp_path / "train.parquet"))
+    _hf_dataset(speech, named=False).to_parquet(str(tmp_path / "train.parquet"))
     assert main(["--metadata", str(tmp_path / "train.parquet"), "--output_dir", str(tmp_path / "pq"),
                  "--num_workers", "1", "--speaker_column", "speaker_id"]) == 0
     assert "metadata: Hugging Face datasets table, 6 line(s) read, 2 speakers" in capsys.readouterr().out
-    assert json.loads((tmp_path / "pq" / "report.json").read_text())["kept"] == 6
+    report = json.loads((tmp_path / "pq" / "report.json").read_text())
+    assert report["kept"] == 6 and {r["id"] for r in _records(tmp_path / "pq")} == {f"{i:06d}" for i in range(1, 7)}
+    assert len(report.get("levels", "123456")) == 6  # the report's entry of each file (no names: the row's own)
 
     # a parquet whose audio column is a plain path, columns named by the user: the audio from --audio_dir only
     from datasets import Dataset
