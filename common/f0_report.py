@@ -5,6 +5,7 @@ reports f0 outside its bounds, so a voice beyond them piles up at the bound or g
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
 from pathlib import Path
@@ -45,8 +46,9 @@ def f0_summary(tracks: Iterable[tuple[np.ndarray, np.ndarray]], f0_min: float, f
     return s
 
 
-def f0_report_lines(s: dict) -> list[str]:
-    """The report's lines for `f0_summary`'s result (for report.txt and the log)."""
+def f0_report_lines(s: dict, key_prefix: str = "", redo: str = "prepare again") -> list[str]:
+    """The report's lines for `f0_summary`'s result (for report.txt and the log). A cut bound's warning says
+    what to run: `redo` with `--set <key_prefix>f0_min=...` (keys inside a config block: its prefix)."""
     head = (f"f0 ({s['extractor']}, f0_min {s['f0_min']:g} Hz, f0_max {s['f0_max']:g} Hz): "
             f"{100 * s['voiced_fraction']:.1f}% of {s['frames']} frames voiced")
     if s["p1"] is None:
@@ -55,7 +57,27 @@ def f0_report_lines(s: dict) -> list[str]:
     for key, at in (("f0_min", "at_min"), ("f0_max", "at_max")):
         if key in s["cut"]:
             lines.append(f"WARNING: {key}={s[key]:g} Hz cuts a voice off ({100 * s[at]:.1f}% of voiced frames "
-                         f"within 5% of it): prepare again with --set {key}={s['suggest'][key]}")
+                         f"within 5% of it): {redo} with --set {key_prefix}{key}={s['suggest'][key]}")
+    return lines
+
+
+def summary_json(s: dict) -> dict:
+    """`f0_summary`'s numbers without the values (for a report.json)."""
+    return {k: v for k, v in s.items() if k != "voiced"}
+
+
+def save_f0_report(s: dict, folder: str | Path, name: str, key_prefix: str = "", redo: str = "prepare again",
+                   extra: dict | None = None) -> list[str]:
+    """A report of its own in `folder`: <name>.txt (the lines), <name>.json (the numbers and `extra`, e.g. what
+    identifies the extractor) and <name>.png (the histogram, when a frame is voiced). Returns the lines."""
+    from common.atomic_write import write_text
+
+    folder = Path(folder)
+    lines = f0_report_lines(s, key_prefix, redo)
+    write_text(folder / f"{name}.txt", "\n".join(lines) + "\n")
+    write_text(folder / f"{name}.json", json.dumps({**(extra or {}), **summary_json(s)}, indent=1))
+    if s["voiced_frames"]:
+        save_f0_histogram(s, folder / f"{name}.png")
     return lines
 
 

@@ -97,6 +97,18 @@ def f0_rmse_cents(f0_out, f0_ref) -> float:
     return float(np.sqrt(np.mean(cents**2)))
 
 
+def f0_agreement(f0_out, f0_ref, gross_cents: float = 50.0) -> dict[str, float]:
+    """How far one tracker agrees with another on the frames both call voiced: `gross` (the gross pitch error
+    rate: the share of them more than `gross_cents` apart; 50 cents = a quarter tone, octave jumps and
+    misses, not jitter) and `median_cents` (the median |difference|); NaN for both when no frame is."""
+    a, b = _pair(f0_out, f0_ref)
+    both = (a > 0) & (b > 0)
+    if not both.any():
+        return {"gross": math.nan, "median_cents": math.nan}
+    cents = np.abs(1200.0 * np.log2(a[both] / b[both]))
+    return {"gross": float(np.mean(cents > gross_cents)), "median_cents": float(np.median(cents))}
+
+
 def vuv_error(f0_out, f0_ref) -> float:
     """The fraction of frames voiced in one track and unvoiced (0) in the other; NaN for empty tracks."""
     a, b = _pair(f0_out, f0_ref)

@@ -196,7 +196,7 @@ class VocoderConfig:
     # `--preset` (common.presets): each card setting of vocoder/presets.py -> the key it sets here
     # read by vocoder/prepare_data.py alone: training reads the manifest and the stored mels / f0
     PREPARE_ONLY: ClassVar[tuple[str, ...]] = ("binarization_args", "data_input_path", "val_num", "test_prefixes",
-                                               "pe", "f0_min", "f0_max")
+                                               "pe", "pe_ckpt", "f0_min", "f0_max")
     PRESET_KEYS: ClassVar[dict[str, str]] = {"batch_size": "batch_size", "num_workers": "num_workers",
                                              "crop": "crop_mel_frames", "precision": "precision"}
     ALIASES: ClassVar[dict[str, str]] = {
@@ -209,6 +209,7 @@ class VocoderConfig:
         **{k: f"audio.{v}" for k, v in AudioSettings.ALIASES.items() if k in _SEED_AUDIO_KEYS},
         "fmin": "audio.fmin", "fmax": "audio.fmax",
         "f0_extractor": "pe",  # the (and the tts guide's) name for DiffSinger's `pe`
+        "f0_extractor_weights": "pe_ckpt",
     }
 
     # ---- task
@@ -223,8 +224,9 @@ class VocoderConfig:
     # validation set instead of a random val_num pick (hold out whole speakers: [spk_a/, spk_b/])
     test_prefixes: list[str] = field(default_factory=list)
     # f0 extractor (alias f0_extractor): parselmouth (fast, default), pyin, harvest (pyworld), crepe (torchcrepe),
-    # fcpe (torchfcpe); the last three are optional packages (common.audio.F0_METHODS)
+    # fcpe (torchfcpe), rmvpe (RVC's rmvpe.onnx given as pe_ckpt); harvest/crepe/fcpe are optional packages
     pe: str = "parselmouth"
+    pe_ckpt: str = ""  # DiffSinger's key (alias f0_extractor_weights): the weights file pe=rmvpe runs
     f0_min: PositiveFloat = 65.0
     f0_max: PositiveFloat = 1100.0
     binarization_args: BinarizationArgs = field(default_factory=BinarizationArgs)

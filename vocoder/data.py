@@ -76,6 +76,13 @@ def load_manifest(data_dir: str | Path, cfg: VocoderConfig) -> dict:
     want = {"sample_rate": a.sample_rate, "hop_size": a.hop_length, "fft_size": a.n_fft,
             "win_size": a.win_length, "num_mels": a.n_mels, "fmin": a.fmin, "fmax": a.fmax,
             "pe": cfg.pe, "f0_min": cfg.f0_min, "f0_max": cfg.f0_max}
+    if cfg.pe == "rmvpe" and cfg.pe_ckpt:  # its weights too, by content (a moved or renamed file is the same)
+        from common.rmvpe import F0WeightsError, weights_digest
+
+        try:
+            want["pe_ckpt_sha256"] = weights_digest(cfg.pe_ckpt)
+        except F0WeightsError as e:
+            raise DatasetError(f"pe_ckpt (f0_extractor_weights): {e}") from None
     wrong = [f"{k}: data {s.get(k)} vs config {v}" for k, v in want.items() if s.get(k) != v]
     if wrong:
         raise DatasetError(f"{data_dir} was prepared with other audio or f0 settings ({'; '.join(wrong)}); "

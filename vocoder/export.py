@@ -96,6 +96,7 @@ def export_info(cfg) -> dict:
         "harmonic_num": m.harmonic_num,
         "pc_aug": cfg.pc_aug,
         "pe": cfg.pe,
+        "pe_ckpt": cfg.pe_ckpt or None,  # pe=rmvpe: the weights file inference extracts f0 with
         "f0_min": cfg.f0_min,
         "f0_max": cfg.f0_max,
     }

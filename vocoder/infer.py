@@ -56,6 +56,7 @@ class VocoderInference:
         self.f0_min = float(info.get("f0_min", 65.0))
         self.f0_max = float(info.get("f0_max", 1100.0))
         self.pe = str(info.get("pe", "parselmouth"))
+        self.pe_ckpt = info.get("pe_ckpt")  # pe=rmvpe's weights file
         self.mel_kwargs = dict(sample_rate=self.sample_rate, n_fft=self.n_fft, win_length=self.win_length,
                                hop_length=self.hop_length, n_mels=self.n_mels, fmin=self.fmin, fmax=self.fmax)
         self.generator = generator.to(self.device).eval()
@@ -74,7 +75,7 @@ class VocoderInference:
         """f0 in Hz [len(wav) // hop] (unvoiced frames interpolated), frame-aligned with ``mel``."""
         wav = np.asarray(wav, dtype=np.float32).reshape(-1)
         f0, _ = extract_f0(wav, self.sample_rate, self.hop_length, len(wav) // self.hop_length,
-                           self.f0_min, self.f0_max, self.pe)
+                           self.f0_min, self.f0_max, self.pe, self.pe_ckpt)
         return f0
 
     @torch.no_grad()

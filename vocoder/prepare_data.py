@@ -12,8 +12,8 @@ a single misfit file: skipped with its reason). Audio, f0 and voicing are made a
 Input: wav/flac/ogg/mp3 (whatever libsndfile reads), any sample rate (resampled with soxr to
 ``audio_sample_rate``) and channel count (averaged to mono). f0 is extracted from the
 *resampled* audio, on the mel frame grid (``common.audio.extract_f0``), with ``pe`` (alias
-``f0_extractor``: parselmouth, pyin, harvest, crepe or fcpe; a missing package is one line and exit 2 before
-any file). ``report.txt`` / ``report.json`` say what it found (voiced fraction, f0 percentiles, a warning
+``f0_extractor``: parselmouth, pyin, harvest, crepe, fcpe, or rmvpe with the weights file ``pe_ckpt``; a missing
+package or an unusable weights file is one line and exit 2 before any file). ``report.txt`` / ``report.json`` say what it found (voiced fraction, f0 percentiles, a warning
 with suggested values when f0_min / f0_max cut a voice off), ``f0_histogram.png`` shows it.
 
 Output layout (``--output``)::
@@ -37,6 +37,7 @@ usable (bad files are reported, not fatal), 2 when nothing usable was found.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import sys
@@ -49,7 +50,7 @@ import numpy as np
 from common import exit_codes
 from common.atomic_write import atomic_output, remove_stale_temp_folders, write_text
 from common.config import ConfigError, add_config_args, load_config
-from common.f0_report import F0_PNG, f0_report_lines, f0_summary, save_f0_histogram
+from common.f0_report import F0_PNG, f0_report_lines, f0_summary, save_f0_histogram, summary_json
 from common.prepared import npy_problem
 from common.run_dir import check_apart, check_output_dir, check_prepared_settings, outside
 from common.trim import report_lines
@@ -88,6 +89,8 @@ class Settings:
     trim_silence: bool = False  # Silero VAD trim before mel and f0 (common/trim.py)
     trim_margin: float = 0.25
     loudness_lufs: float | None = None
+    pe_ckpt: str | None = None  # pe=rmvpe: the weights file it runs (not part of the fingerprint: a moved file)
+    pe_ckpt_sha256: str | None = None  # ... and what identifies them (common.audio.f0_extractor_id)
 
     @classmethod
     def from_config(cls, cfg: VocoderConfig, mel_dir: str | Path | None = None) -> Settings:
@@ -106,6 +109,9 @@ class Settings:
                 del d[key]
         if not self.trim_silence:
             del d["trim_margin"]
+        del d["pe_ckpt"]
+        if d["pe_ckpt_sha256"] is None:
+            del d["pe_ckpt_sha256"]
         return d
 
 
@@ -225,7 +231,8 @@ def process_file(path: Path, item_dir: Path, settings: Settings, gta_mel: Path |
         frames = mel.shape[0]  # the shorter of mel and audio
         wav = wav[: frames * settings.hop_size]
     try:
-        f0, voiced = extract_f0(wav, sr, settings.hop_size, frames, settings.f0_min, settings.f0_max, settings.pe)
+        f0, voiced = extract_f0(wav, sr, settings.hop_size, frames, settings.f0_min, settings.f0_max,
+                                settings.pe, settings.pe_ckpt)
     except RUN_ERRORS:
         raise  # e.g. parselmouth not installed: no file's fault, the run stops with one line
     except Exception as e:  # noqa: BLE001 - an extractor failure is a per-file problem
@@ -245,15 +252,26 @@ def process_file(path: Path, item_dir: Path, settings: Settings, gta_mel: Path |
     return {"ok": True, "frames": frames, "seconds": meta["seconds"], **({"level": level} if level else {})}
 
 
-def check_extractor(pe: str) -> None:
-    """Before any file: an unknown `pe` is a PrepareError; a missing package raises its ModuleNotFoundError,
-    which `exit_codes.run_main` reports in one line with its pip install (exit 2)."""
-    from common.audio import check_f0_extractor
+def check_extractor(cfg: VocoderConfig) -> dict:
+    """Before any file: an unknown `pe` or an unusable `pe_ckpt` is a PrepareError naming the key; a missing
+    package raises its ModuleNotFoundError, which `exit_codes.run_main` reports in one line with its pip install
+    (exit 2). Returns the Settings fields of rmvpe's weights (the file, and its digest: the folder's identity)."""
+    from common.audio import check_f0_extractor, f0_extractor_id
+    from common.rmvpe import F0WeightsError
 
+    if cfg.pe_ckpt and cfg.pe != "rmvpe":
+        raise PrepareError(f"pe_ckpt (f0_extractor_weights) is set but pe is {cfg.pe!r}: only pe=rmvpe reads a "
+                           "weights file; remove pe_ckpt or set pe=rmvpe")
     try:
-        check_f0_extractor(pe)
+        check_f0_extractor(cfg.pe, cfg.pe_ckpt)
+        ident = f0_extractor_id(cfg.pe, cfg.pe_ckpt)
+    except F0WeightsError as e:
+        raise PrepareError(f"pe_ckpt (f0_extractor_weights): {e}") from None
     except ValueError as e:
         raise PrepareError(f"pe (f0_extractor): {e}") from None
+    if "f0_weights_sha256" not in ident:
+        return {}
+    return {"pe_ckpt": str(Path(cfg.pe_ckpt).expanduser().resolve()), "pe_ckpt_sha256": ident["f0_weights_sha256"]}
 
 
 def prepared_settings(out: Path) -> dict | None:
@@ -329,8 +347,7 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
         raise PrepareError(f"input path(s) not found: {', '.join(missing)}")
     out = Path(output)
     check_apart(out, "--output", {"--input": roots, "--mel_dir": mel_dir})  # before anything is written
-    settings = Settings.from_config(cfg, mel_dir)
-    check_extractor(settings.pe)
+    settings = dataclasses.replace(Settings.from_config(cfg, mel_dir), **check_extractor(cfg))
     if mel_dir and settings.trim_silence:
         raise PrepareError("binarization_args.trim_silence with --mel_dir: GTA mels are frame-aligned with the "
                            "whole file, so it cannot be trimmed here; trim when preparing the acoustic model's data")
@@ -400,7 +417,7 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
     if good:
         save_f0_histogram(f0, out / F0_PNG)
     report = {"num_files": len(files), "num_ok": len(good), "num_skipped": len(skipped), "skipped": skipped,
-              "seconds": round(time.time() - t0, 2), "f0": {k: v for k, v in f0.items() if k != "voiced"}}
+              "seconds": round(time.time() - t0, 2), "f0": summary_json(f0)}
     write_text(out / "report.json", json.dumps(report, indent=1))
     lines = [f"{len(good)} of {len(files)} files usable, {len(skipped)} skipped"]
     lines += [f"SKIPPED {s['file']}: {s['reason']}" for s in skipped]
@@ -460,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         cfg = load_config(args.config, VocoderConfig, args.overrides)
-        check_extractor(cfg.pe)
+        check_extractor(cfg)
         inputs = args.input or cfg.data_input_path
         output = args.output or cfg.binary_data_dir
         if not output:

@@ -236,8 +236,8 @@ def test_extract_f0_silence_pyin_and_bad_method():
     x = sine(220, 0.4, SR)
     f0, voiced = extract_f0(x, SR, HOP, len(x) // HOP, f0_min=100, f0_max=500, method="pyin")
     assert voiced.mean() > 0.8 and np.abs(f0[voiced] / 220 - 1).max() < 0.02
-    with pytest.raises(ValueError, match="parselmouth, pyin, harvest, crepe, fcpe"):
-        extract_f0(x, SR, HOP, 10, method="rmvpe")
+    with pytest.raises(ValueError, match="parselmouth, pyin, harvest, crepe, fcpe, rmvpe"):
+        extract_f0(x, SR, HOP, 10, method="swipe")
 
 
 @pytest.mark.parametrize("method", ["parselmouth", "pyin", "harvest", "crepe", "fcpe"])
@@ -310,6 +310,33 @@ def test_speak_makes_plausible_speech(tmp_path):
     # U+02BB is read as the oʻ/gʻ letters, not spelled out: same audio as the ASCII apostrophe
     ascii_path = speak("O'zbekiston bog'larida bahor keldi.", tmp_path / "b.wav", sample_rate=16000)
     np.testing.assert_array_equal(load_audio(ascii_path)[0], wav)
+
+
+@needs_espeak
+@pytest.mark.parametrize("method", ["pyin", "harvest", "crepe", "fcpe"])
+def test_every_f0_extractor_agrees_with_praat_on_speech(method, tmp_path):
+    """espeak-ng's Uzbek voice (male, ~125 Hz): on the frames both call voiced each extractor is within a quarter
+    tone of Praat on nearly all (measured: no gross error but harvest's 2%; median 2-8 cents) and the voicing
+    differs on few frames (7-13%; bench/f0_extractors.py measures the same on human recordings)."""
+    from common.audio import F0_MODULES
+    from common.pitch_metrics import f0_agreement, vuv_error
+
+    try:
+        check_f0_extractor(method)
+    except ImportError as e:
+        pytest.skip(f"{method}: {F0_MODULES[method]} does not import ({e})")
+    wav, sr = load_audio(speak("Bahor keldi, bogʻlar gulladi.", tmp_path / "a.wav", pitch=70, sample_rate=16000))
+    n = len(wav) // 160
+
+    def track(m):
+        f0, voiced = extract_f0(wav, sr, 160, n, 65.0, 800.0, m)
+        return np.where(voiced, f0, 0.0)
+
+    ref, f0 = track("parselmouth"), track(method)
+    assert (ref > 0).mean() > 0.4 and (f0 > 0).mean() > 0.4
+    agree = f0_agreement(f0, ref)
+    assert agree["gross"] < 0.08 and agree["median_cents"] < 20, agree
+    assert vuv_error(f0, ref) < 0.25
 
 
 @needs_espeak

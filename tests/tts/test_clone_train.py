@@ -246,6 +246,58 @@ def test_data_check_skips_and_reports_bad_rows(corpus, tmp_path):
         build_features(only_bad, audio, DataConfig(), tmp_path / "cache", 1, log.append)
 
 
+def test_the_feature_cache_reports_its_f0_and_is_keyed_by_the_extractor_and_its_weights(corpus, tmp_path):
+    """build_features writes the f0 report (common/f0_report.py) into the cache folder and logs it, with the
+    cloning keys in its warning; the extractor and rmvpe's weights (by content) are part of the cache's name,
+    and a bad audio.f0_method / audio.f0_weights is one DataError before any file."""
+    import dataclasses
+    import hashlib
+
+    from common.audio import F0_METHODS
+    from tests.common.test_rmvpe import stand_in
+    from tts.clone.data import features_tag
+
+    rows = [json.loads(x) for x in (corpus / "train.jsonl").read_text(encoding="utf-8").splitlines()][:2]
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps(dict(r, wav=str(corpus / r["wav"])), ensure_ascii=False) + "\n"
+                                for r in rows), encoding="utf-8")
+    audio = AudioConfig(22050, 1024, 1024, 256, 80, 40.0, 8000.0, f0_min=40.0, f0_max=1000.0)
+    log: list[str] = []
+    build_features(manifest, audio, DataConfig(), tmp_path / "cache", 1, log.append)
+    cache = tmp_path / "cache" / features_tag(audio)
+    found = json.loads((cache / "m_f0.json").read_text())
+    assert found["f0_method"] == "parselmouth" and found["voiced_fraction"] > 0.3 and found["cut"] == []
+    assert (cache / "m_f0.png").stat().st_size > 1000 and (cache / "m_f0.txt").read_text().splitlines() == log[-1:]
+    assert log[-1].startswith("f0 (parselmouth, f0_min 40 Hz, f0_max 1000 Hz): ")
+    low = dataclasses.replace(audio, f0_max=0.9 * found["p50"])  # a bound inside the voice's range
+    build_features(manifest, low, DataConfig(), tmp_path / "cache", 1, log.append)
+    assert log[-1].startswith(f"WARNING: f0_max={low.f0_max:g} Hz cuts a voice off") and "train again with --set " \
+        f"audio.f0_max={json.loads((tmp_path / 'cache' / features_tag(low) / 'm_f0.json').read_text())['suggest']['f0_max']}" \
+        in log[-1]
+    # the cache's identity: a cache made before f0_weights existed keeps its name; the extractor and the weights'
+    # content (not their path) change it
+    old = {k: v for k, v in dataclasses.asdict(audio).items() if k != "f0_weights"}
+    assert features_tag(audio) == "feat_" + hashlib.sha1(json.dumps(old, sort_keys=True).encode()).hexdigest()[:10]
+    a, b = stand_in(tmp_path / "a.onnx", f0=180.0), stand_in(tmp_path / "b.onnx", f0=300.0)
+    (tmp_path / "moved.onnx").write_bytes(a.read_bytes())
+    tags = {m: features_tag(dataclasses.replace(audio, f0_method=m, f0_weights=str(a) if m == "rmvpe" else ""))
+            for m in F0_METHODS}
+    assert len(set(tags.values())) == len(F0_METHODS)
+    assert features_tag(dataclasses.replace(audio, f0_method="rmvpe", f0_weights=str(tmp_path / "moved.onnx"))) \
+        == tags["rmvpe"] != features_tag(dataclasses.replace(audio, f0_method="rmvpe", f0_weights=str(b)))
+    rm = dataclasses.replace(audio, f0_method="rmvpe", f0_weights=str(a))
+    items = build_features(manifest, rm, DataConfig(), tmp_path / "cache", 1, log.append)
+    with np.load(items[0]["path"]) as z:
+        assert z["voiced"].mean() > 0.3 and np.abs(z["f0"][z["voiced"]] - 180).max() < 0.1
+    assert json.loads((tmp_path / "cache" / tags["rmvpe"] / "m_f0.json").read_text())["f0_weights_sha256"]
+    for change, words in (({"f0_method": "swipe"}, "audio.f0_method: unknown f0 extractor 'swipe'"),
+                          ({"f0_method": "rmvpe"}, "audio.f0_weights: the f0 extractor rmvpe needs its weights"),
+                          ({"f0_weights": str(a)}, "audio.f0_weights is set but audio.f0_method is 'parselmouth'")):
+        with pytest.raises(DataError, match=words):
+            build_features(manifest, dataclasses.replace(audio, **change), DataConfig(), tmp_path / "x", 1, log.append)
+    assert not (tmp_path / "x").exists()
+
+
 def test_bad_reference_clips_are_refused_with_a_clear_reason(tmp_path):
     audio, data = AudioConfig(22050, 1024, 1024, 256, 80, 40.0, 8000.0), DataConfig()
     t = np.arange(22050 * 2) / 22050

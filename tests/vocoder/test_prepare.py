@@ -170,9 +170,43 @@ def test_a_missing_f0_package_is_one_line_before_any_file(tmp_path, monkeypatch,
     assert rc == 2 and err.count("\n") == 1 and "'torchfcpe' is not installed" in err, err
     assert "pip install torchfcpe" in err and not (tmp_path / "o").exists()
     rc = prepare_main(["--config", str(DEMO_YAML), "--input", str(tmp_path / "w"), "--output", str(tmp_path / "o"),
-                       "--set", "pe=rmvpe"])
+                       "--set", "pe=swipe"])
     err = capsys.readouterr().err
-    assert rc == 2 and "unknown f0 extractor 'rmvpe'; valid: parselmouth, pyin, harvest, crepe, fcpe" in err, err
+    assert rc == 2 and "unknown f0 extractor 'swipe'; valid: parselmouth, pyin, harvest, crepe, fcpe, rmvpe" in err
+
+
+def test_rmvpe_runs_the_given_weights_and_they_are_the_prepared_folders_identity(tmp_path, capsys):
+    """pe=rmvpe with pe_ckpt (alias f0_extractor_weights): the f0 is the stand-in model's, the manifest records the
+    weights' digest (not their path), and training refuses other weights; a missing or needless pe_ckpt is one
+    line naming the key, before any file."""
+    from common.rmvpe import weights_digest
+    from tests.common.test_rmvpe import stand_in
+    from vocoder.data import DatasetError, load_manifest
+
+    from .conftest import write_tones
+
+    write_tones(tmp_path / "w", 2, SR, seconds=0.6)
+    a, b = stand_in(tmp_path / "a.onnx", f0=180.0), stand_in(tmp_path / "b.onnx", f0=300.0)
+    m = prepare(tiny_config("pe=rmvpe", f"f0_extractor_weights={a}"), [tmp_path / "w"], tmp_path / "bin",
+                num_workers=0, log=lambda *x: None)
+    assert m["settings"]["pe"] == "rmvpe" and m["settings"]["pe_ckpt_sha256"] == weights_digest(a)
+    assert "pe_ckpt" not in m["settings"]
+    f0, voiced = (np.load(tmp_path / "bin" / "items" / m["train"][0] / n) for n in ("f0.npy", "voiced.npy"))
+    assert voiced.mean() > 0.8 and np.abs(f0[voiced] - 180).max() < 0.1
+    assert "f0 (rmvpe, " in (tmp_path / "bin" / "report.txt").read_text()
+    (tmp_path / "moved.onnx").write_bytes(a.read_bytes())  # the same weights elsewhere: the same extractor
+    load_manifest(tmp_path / "bin", tiny_config("pe=rmvpe", f"pe_ckpt={tmp_path / 'moved.onnx'}"))
+    with pytest.raises(DatasetError, match=f"pe_ckpt_sha256: data {weights_digest(a)} vs config {weights_digest(b)}"):
+        load_manifest(tmp_path / "bin", tiny_config("pe=rmvpe", f"pe_ckpt={b}"))
+    args = ["--config", str(DEMO_YAML), "--input", str(tmp_path / "w"), "--output", str(tmp_path / "o")]
+    for sets, words in (([f"pe_ckpt={a}"], "pe_ckpt (f0_extractor_weights) is set but pe is 'parselmouth'"),
+                        (["pe=rmvpe"], "pe_ckpt (f0_extractor_weights): the f0 extractor rmvpe needs its weights"),
+                        (["pe=rmvpe", "pe_ckpt=no.onnx"], "pe_ckpt (f0_extractor_weights): rmvpe weights file no.onnx "
+                                                          "does not exist")):
+        assert prepare_main([*args, *(x for s in sets for x in ("--set", s))]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and words in err, err
+    assert not (tmp_path / "o").exists()
 
 
 MISSING_PARSELMOUTH = "No module named 'parselmouth'"

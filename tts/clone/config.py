@@ -56,7 +56,10 @@ class AudioConfig(AudioSettings):
 
     f0_min: PositiveFloat = 60.0
     f0_max: PositiveFloat = 800.0
+    # f0 extractor: parselmouth | pyin | harvest | crepe | fcpe | rmvpe (common.audio.extract_f0); rmvpe runs the
+    # weights file f0_weights (RVC's rmvpe.onnx). Both are part of the feature cache's identity (data.features_tag)
     f0_method: str = "parselmouth"
+    f0_weights: str = ""
 
 
 @dataclass

@@ -36,8 +36,17 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from common.atomic_write import write_bytes
-from common.audio import AudioError, MelSpectrogram, check_audio, extract_f0, load_audio
+from common.audio import (
+    AudioError,
+    MelSpectrogram,
+    check_audio,
+    check_f0_extractor,
+    extract_f0,
+    f0_extractor_id,
+    load_audio,
+)
 from common.data import BucketBatchSampler, BucketShapes, make_loader, sample_rng
+from common.f0_report import f0_summary, save_f0_report
 from common.prepared import damaged, npz_problem, open_npz, require_finite
 from common.workers import process_pool
 from tts.clone.config import AudioConfig, CloneConfig, DataConfig
@@ -117,10 +126,36 @@ def shared_check_config(data: DataConfig) -> SharedCheckConfig:
         max_clip_fraction=data.max_clip_fraction, add_blank=False)
 
 
+def features_identity(audio: AudioConfig) -> dict:
+    """Every setting the features depend on: the audio block, the f0 extractor among them, and for rmvpe its
+    weights by content (`common.audio.f0_extractor_id`), not by path: other weights are another cache."""
+    d = asdict(audio)
+    del d["f0_weights"]  # the path is not the identity (the digest is); without it older caches keep their tag
+    if audio.f0_method == "rmvpe":
+        d.update(f0_extractor_id(audio.f0_method, audio.f0_weights))
+    return d
+
+
 def features_tag(audio: AudioConfig) -> str:
-    """Cache sub-folder name: a hash of every setting the features depend on."""
-    blob = json.dumps(asdict(audio), sort_keys=True).encode()
+    """Cache sub-folder name: a hash of `features_identity`."""
+    blob = json.dumps(features_identity(audio), sort_keys=True).encode()
     return "feat_" + hashlib.sha1(blob).hexdigest()[:10]
+
+
+def check_f0_settings(audio: AudioConfig) -> None:
+    """Before any file: audio.f0_method and (rmvpe) audio.f0_weights usable, else one DataError naming the key;
+    a missing package raises its ModuleNotFoundError (one line with its pip install at the run's edge)."""
+    from common.rmvpe import F0WeightsError
+
+    if audio.f0_weights and audio.f0_method != "rmvpe":
+        raise DataError(f"audio.f0_weights is set but audio.f0_method is {audio.f0_method!r}: only rmvpe reads a "
+                        "weights file; remove audio.f0_weights or set audio.f0_method=rmvpe")
+    try:
+        check_f0_extractor(audio.f0_method, audio.f0_weights)
+    except F0WeightsError as e:
+        raise DataError(f"audio.f0_weights: {e}") from None
+    except ValueError as e:
+        raise DataError(f"audio.f0_method: {e}") from None
 
 
 _MEL: tuple[str, MelSpectrogram] | None = None
@@ -128,7 +163,7 @@ _MEL: tuple[str, MelSpectrogram] | None = None
 
 def _mel_module(audio: AudioConfig) -> MelSpectrogram:
     global _MEL
-    tag = features_tag(audio)
+    tag = json.dumps(audio.mel_kwargs, sort_keys=True)
     if _MEL is None or _MEL[0] != tag:
         _MEL = (tag, MelSpectrogram(**audio.mel_kwargs))
     return _MEL[1]
@@ -139,7 +174,7 @@ def compute_features(wav: np.ndarray, audio: AudioConfig) -> dict[str, np.ndarra
     with torch.no_grad():
         mel = _mel_module(audio)(torch.from_numpy(wav).float())[0].numpy()
     f0, voiced = extract_f0(wav, audio.sample_rate, audio.hop_length, mel.shape[1], audio.f0_min,
-                            audio.f0_max, method=audio.f0_method)
+                            audio.f0_max, method=audio.f0_method, weights=audio.f0_weights)
     return {"mel": mel.astype(np.float32), "f0": f0.astype(np.float32), "voiced": voiced.astype(bool)}
 
 
@@ -195,6 +230,7 @@ def build_features(manifest: Path, audio: AudioConfig, data: DataConfig, cache_r
 
     Each dropped row is reported with its manifest line and reason; none usable → DataError.
     """
+    check_f0_settings(audio)
     rows, problems = read_manifest(manifest)
     n_rows = len(rows) + len(problems)
     cache_dir = cache_root / features_tag(audio)
@@ -219,7 +255,24 @@ def build_features(manifest: Path, audio: AudioConfig, data: DataConfig, cache_r
         raise DataError(f"nothing usable in {manifest}: all {n_rows} rows were "
                         "skipped (reasons above)")
     log(f"{manifest}: {len(items)} utterances usable, {len(problems)} skipped; features cached in {cache_dir}")
+    for line in f0_report(items, audio, cache_dir, manifest.stem):
+        log(line)
     return items
+
+
+def f0_report(items: list[dict], audio: AudioConfig, cache_dir: Path, name: str) -> list[str]:
+    """The f0 the extractor found in the cached features (`common.f0_report`), as <name>_f0.txt / .json / .png
+    in the cache folder: voiced fraction, range, and a warning with suggested audio.f0_min / audio.f0_max when
+    they cut a speaker off. The .json records the extractor (and rmvpe's weights digest) the cache holds."""
+    def tracks():
+        for item in items:
+            with np.load(item["path"]) as z:
+                yield z["f0"], z["voiced"]
+
+    s = f0_summary(tracks(), audio.f0_min, audio.f0_max, audio.f0_method)
+    ident = features_identity(audio)
+    return save_f0_report(s, cache_dir, f"{name}_f0", key_prefix="audio.", redo="train again",
+                          extra={k: v for k, v in ident.items() if k.startswith("f0_")})
 
 
 # A cached file damaged after the start checked it: the start of the next run makes it again
