@@ -11,9 +11,10 @@ steps from the same seed, then for each model:
 
     python -m bench.trim_effect [--steps 1700] [--seed 1234] [--threads 1] [--retrain]
 
-The corpus is the demo's (data/demo/tts_raw, made when missing); the prepared folders and runs go under
-data/bench/trim_effect/ and runs/bench/trim_effect/, and a finished run with the same steps and seed is
-reused. The table is printed and written to runs/bench/trim_effect/results.json. A benchmark, not a test.
+The corpus is the demo's (data/demo/tts_raw, made when missing); the prepared folders go under
+data/bench/trim_effect/, the runs under runs/bench/trim_effect/<on|off>_s<seed>/ (a finished one with the same
+steps is reused). The table is printed and written to runs/bench/trim_effect/results_s<seed>.json. A
+benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def train(name: str, data: Path, steps: int, seed: int, retrain: bool) -> Path:
     from tts.vits import demo
     from tts.vits import train as train_mod
 
-    run = OUT_RUNS / name
+    run = OUT_RUNS / f"{name}_s{seed}"
     stamp = {"steps": steps, "seed": seed}
     done = run / "bench_settings.json"
     if not retrain and (run / "checkpoints" / "best.pt").is_file() and done.is_file() \
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {name: measure(train(name, folders[name], args.steps, args.seed, args.retrain), folders)
                for name in SETTINGS}
     OUT_RUNS.mkdir(parents=True, exist_ok=True)
-    (OUT_RUNS / "results.json").write_text(json.dumps({"steps": args.steps, "seed": args.seed, **results}, indent=1))
+    (OUT_RUNS / f"results_s{args.seed}.json").write_text(json.dumps({"steps": args.steps, "seed": args.seed, **results}, indent=1))
     print(f"\nVITS demo recipe, {args.steps} steps, seed {args.seed}, held-out sentences "
           f"({results['on']['items']}); silence in seconds (mean)")
     print("| trimming | MCD-DTW vs own recordings | MCD-DTW vs trimmed recordings | lead (-40 dB) | trail (-40 dB) "
