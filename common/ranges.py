@@ -84,3 +84,4 @@ Fraction = Annotated[float, Range(0, 1, max_open=True)]  # Adam betas, decay rat
 Decay = Annotated[float, Range(0, 1, min_open=True)]  # a per-step multiplier of the LR: 1 = constant
 AnyInt = Annotated[int, Range()]  # every value means something (a seed)
 AnyFloat = Annotated[float, Range()]  # every finite value means something (a dB level, a log-mel bound)
+LoudnessTarget = Annotated[float, Range(-70, 0)]  # LUFS: BS.1770's absolute gate (-70) up to full scale (a sign slip, 23, is refused)

@@ -34,6 +34,7 @@ from common.ranges import (
     AnyInt,
     Decay,
     Fraction,
+    LoudnessTarget,
     NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
@@ -155,7 +156,7 @@ class BinarizationArgs:
     # Silero VAD trims leading/trailing silence before mel and f0, keeping trim_margin s each side (common/trim.py)
     trim_silence: bool = False
     trim_margin: NonNegativeFloat = 0.25
-    loudness_lufs: AnyFloat | None = None  # a level (e.g. -23): every file scaled to it (ITU-R BS.1770); None = off
+    loudness_lufs: LoudnessTarget | None = None  # a level (e.g. -23): every file scaled to it (ITU-R BS.1770); None = off
 
 
 # SingingVocoders keys with no equivalent here, each with what does the job instead (a config

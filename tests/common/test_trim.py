@@ -39,6 +39,20 @@ def test_speech_span_keeps_speech_and_margins(padded):
     assert speech_span(np.zeros(SR, np.float32), SR) == (0, 0)
 
 
+def test_loudness_is_bs1770_and_the_target_is_reached():
+    """EBU Tech 3341's reference: a 997 Hz sine at -23 dBFS peak in both stereo channels reads -23.0 LUFS, so
+    in one channel 3.01 dB less; scaled to -30 LUFS it reads -30."""
+    from common.trim import normalize_loudness
+
+    sr = 48000
+    sine = (10 ** (-23 / 20) * np.sin(2 * np.pi * 997 * np.arange(5 * sr) / sr)).astype(np.float32)
+    assert loudness(sine, sr) == pytest.approx(-26.01, abs=0.1)
+    scaled, before, gain = normalize_loudness(sine, sr, -30.0)
+    assert loudness(scaled, sr) == pytest.approx(-30.0, abs=0.01) and gain == pytest.approx(-30.0 - before, abs=0.01)
+    loud, _, _ = normalize_loudness(sine, sr, -1.0)  # would need a peak over full scale: held at 0.999
+    assert np.max(np.abs(loud)) == pytest.approx(0.999, abs=1e-4)
+
+
 def _tts_corpus(root, padded):
     audio = root / "audio"
     audio.mkdir(parents=True)

@@ -28,6 +28,7 @@ from common.ranges import (
     Decay,
     Fraction,
     Length,
+    LoudnessTarget,
     NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
@@ -153,7 +154,7 @@ class DataConfig:
     # (Piper's 0.25 s; common/trim.py); prepare_data.py --no_trim turns it off
     trim_silence: bool = True
     trim_margin: NonNegativeFloat = 0.25
-    loudness_lufs: AnyFloat | None = None  # a level (e.g. -23): every file scaled to it (ITU-R BS.1770); None = off
+    loudness_lufs: LoudnessTarget | None = None  # a level (e.g. -23): every file scaled to it (ITU-R BS.1770); None = off
     add_blank: bool = True  # intersperse a blank token between symbols (VITS)
     num_buckets: PositiveInt = 8  # length buckets of the training batches
 
