@@ -65,7 +65,7 @@ def test_mms_folder_starts_a_run_and_speaks_latin_as_mms_speaks_cyrillic(tmp_pat
     trainer.generator.train()
     before = trainer.generator.enc_p.emb.weight.detach().clone()
     losses = trainer.train_step(next(iter(trainer.loader)))
-    assert all(torch.isfinite(v) for v in losses.values()) and "loss_disc" in losses
+    assert all(torch.isfinite(v) for k, v in losses.items() if k != "samples") and "loss_disc" in losses
     assert not torch.equal(before, trainer.generator.enc_p.emb.weight)
 
 
