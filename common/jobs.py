@@ -20,6 +20,7 @@ failed; the summary names them.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -88,6 +89,16 @@ def demo_overrides(args: argparse.Namespace) -> list[str]:
 
 
 DEMO_SETTINGS = "demo_settings.json"  # in a demo's run folder: the --set / --seed it was trained with
+
+
+def prepared_with(folder: Path, state: str = "prepare_state.json") -> list[str]:
+    """The prepared data a demo trains on, as one more entry of its settings (`trained_with_other_settings`):
+    the folder and a digest of the settings its prepare recorded, so a run trained on data prepared otherwise
+    (before silence trimming, say) is trained again instead of reported as if made from this data."""
+    path = folder / state
+    if not path.is_file():
+        return []
+    return [f"data={folder.as_posix()}#{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}"]
 
 
 def trained_with_other_settings(run: Path, settings: list[str], log=print) -> bool:

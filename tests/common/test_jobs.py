@@ -132,6 +132,25 @@ def test_a_demo_run_trained_with_other_settings_is_trained_again(tmp_path):
     assert "trained with a=1 seed=7, this call asks for the config as it is" in said[-1] and len(said) == 2
 
 
+def test_a_demo_run_on_data_prepared_otherwise_is_trained_again(tmp_path):
+    """A TTS demo run trained before its corpus was prepared again with other settings (silence trimming came
+    in) is trained again, not reported as if made from the new data; the same data keeps the run."""
+    data, run = tmp_path / "prepared", tmp_path / "run"
+    assert jobs.prepared_with(data) == []  # not prepared yet: nothing to compare
+    data.mkdir()
+    (data / "prepare_state.json").write_text('{"trim": false}')
+    untrimmed = jobs.prepared_with(data)
+    jobs.record_demo_settings(run, ["seed=7", *untrimmed])
+    assert not jobs.trained_with_other_settings(run, ["seed=7", *jobs.prepared_with(data)], print)
+    (data / "prepare_state.json").write_text('{"trim": true}')
+    said: list[str] = []
+    assert jobs.trained_with_other_settings(run, ["seed=7", *jobs.prepared_with(data)], said.append)
+    assert untrimmed[0].startswith(f"data={data.as_posix()}#") and untrimmed[0] in said[0]
+    assert jobs.trained_with_other_settings(tmp_path / "old", [], print) is False  # no run yet
+    (tmp_path / "old").mkdir(), (tmp_path / "old" / "best.pt").write_text("x")  # a run from before the record
+    assert jobs.trained_with_other_settings(tmp_path / "old", jobs.prepared_with(data), print)
+
+
 def test_demo_seed_becomes_the_configs_seed_key():
     import argparse
 

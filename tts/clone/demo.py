@@ -42,6 +42,7 @@ from common.jobs import (
     add_demo_overrides,
     demo_overrides,
     demo_threads,
+    prepared_with,
     record_demo_settings,
     trained_with_other_settings,
 )
@@ -203,11 +204,12 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"== 2/3 train (tiny, CPU, {torch.get_num_threads()} thread(s)) ==")
     summary_file = RUN_DIR / "summary.json"
-    retrain = trained_with_other_settings(RUN_DIR, demo_overrides(args))
+    settings = demo_overrides(args) + prepared_with(prepared)
+    retrain = trained_with_other_settings(RUN_DIR, settings)
     if args.retrain or retrain or not summary_file.is_file():
         if RUN_DIR.exists():
             shutil.rmtree(RUN_DIR)
-        record_demo_settings(RUN_DIR, demo_overrides(args))
+        record_demo_settings(RUN_DIR, settings)
         argv_train = ["--config", str(CONFIG), "--train-data", str(prepared), "--checkpoint-dir", str(RUN_DIR),
                       *sum((["--set", o] for o in demo_overrides(args)), [])]
         if vocoder_path:

@@ -35,6 +35,7 @@ from common.jobs import (
     add_demo_overrides,
     demo_overrides,
     demo_threads,
+    prepared_with,
     record_demo_settings,
     trained_with_other_settings,
 )
@@ -135,11 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     print("== 3/4 train (tiny preset, CPU) ==")
     metrics = read_metrics(RUN_DIR)
     finished = (RUN_DIR / "checkpoints" / "best.pt").is_file() and len(metrics) >= 2
-    retrain = trained_with_other_settings(RUN_DIR, demo_overrides(args))
+    settings = demo_overrides(args) + prepared_with(PREPARED_DIR)
+    retrain = trained_with_other_settings(RUN_DIR, settings)
     if args.retrain or retrain or not finished:
         if RUN_DIR.exists():
             shutil.rmtree(RUN_DIR)
-        record_demo_settings(RUN_DIR, demo_overrides(args))
+        record_demo_settings(RUN_DIR, settings)
         rc = train_mod.main(["--config", str(CONFIG), "--data_dir", str(PREPARED_DIR), "--run_dir", str(RUN_DIR),
                              "--device", "cpu", *sum((["--set", o] for o in demo_overrides(args)), [])])
         if rc != 0:
