@@ -31,7 +31,7 @@ import torch
 
 from common import exit_codes
 from common.atomic_write import DiskFullError
-from common.audio import MelSpectrogram, extract_f0, load_audio, save_wav
+from common.audio import MelSpectrogram, check_f0_extractor, extract_f0, load_audio, save_wav
 from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind
 from common.run_dir import OutputPathError, check_apart, check_output_dir, refuse_to_replace
 from vocoder.export import generator_args, split_checkpoint
@@ -211,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", required=True, help="output folder for the wavs")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--overwrite", action="store_true", help="replace wavs already in --output (else refused)")
+    p.add_argument("--pe_ckpt", default=None, help="rmvpe's weights for the f0 of audio inputs, where the model's "
+                   "pe is rmvpe (default: the file its export or checkpoint recorded)")
     args = p.parse_args(argv)
     try:
         check_apart(args.output, "--output", {"--input": args.input, "--model": args.model}, "_vocoded")  # first
@@ -219,8 +221,14 @@ def main(argv: list[str] | None = None) -> int:
         for f in files:  # before the model loads: a second run must not silently replace the first's wavs
             refuse_to_replace(Path(args.output) / f"{f.stem}.wav", args.overwrite, "--output")
         voc = load_vocoder(args.model, args.device)
+        voc.pe_ckpt = args.pe_ckpt or voc.pe_ckpt
+        if any(f.suffix.lower() != ".npz" for f in files):  # audio needs the model's f0 extractor: once, not per file
+            check_f0_extractor(voc.pe, voc.pe_ckpt)
     except (CheckpointError, FileNotFoundError, OutputPathError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    except ValueError as e:  # the model's f0 extractor cannot run here (rmvpe's weights recorded elsewhere)
+        print(f"error: {e}; this model extracts f0 with pe={voc.pe}: give its weights with --pe_ckpt", file=sys.stderr)
         return exit_codes.BAD_INPUT
     if not files:
         print("error: no audio or .npz files in the given inputs", file=sys.stderr)

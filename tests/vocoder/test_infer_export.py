@@ -163,3 +163,24 @@ def test_oudep_full_disk_leaves_no_partial_package(trained, tmp_path, monkeypatc
     assert export_main(["--ckpt", str(trained), "--out", str(tmp_path / "exp"), "--oudep"]) == 2
     assert "disk full while writing" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exp"]  # no .oudep, no temp file beside it
+
+
+def test_an_rmvpe_model_whose_weights_are_elsewhere_is_one_line_before_any_file(trained, tmp_path, capsys):
+    """An export records pe=rmvpe's weights by path; on another machine that path is gone: inference of audio says
+    so once, before any file, and --pe_ckpt gives the weights (mel + f0 .npz inputs need none)."""
+    from tests.common.test_rmvpe import stand_in
+
+    assert export_main(["--ckpt", str(trained), "--out", str(tmp_path / "exp")]) == 0
+    info = json.loads((tmp_path / "exp" / "config.json").read_text())
+    (tmp_path / "exp" / "config.json").write_text(json.dumps({**info, "pe": "rmvpe", "pe_ckpt": "/gone/rmvpe.onnx"}))
+    wavs = tmp_path / "in"
+    wavs.mkdir()
+    sf.write(wavs / "a.wav", voiced_tone(0.5, 22050), 22050)
+    args = ["--model", str(tmp_path / "exp"), "--input", str(wavs), "--device", "cpu"]
+    capsys.readouterr()
+    assert infer_main([*args, "--output", str(tmp_path / "o1")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "/gone/rmvpe.onnx" in err and "--pe_ckpt" in err, err
+    assert not (tmp_path / "o1" / "a.wav").exists()
+    assert infer_main([*args, "--output", str(tmp_path / "o2"), "--pe_ckpt", str(stand_in(tmp_path / "r.onnx"))]) == 0
+    assert (tmp_path / "o2" / "a.wav").is_file()
