@@ -15,6 +15,7 @@ import torch
 
 from common.checkpoint import CheckpointError
 from common.config import ConfigError
+from common.errors import missing_dependency_message
 
 # What `make demo` leaves (tts/targets.mk, tts/clone_targets.mk, vocoder/targets.mk, vae/targets.mk).
 DEMO_OUTPUTS = ("runs/tts_demo/checkpoints/best.pt", "runs/tts_clone_demo/best.pt", "runs/vocoder_demo/export",
@@ -62,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         models = load_models(paths, device, args.precision)
     except (CheckpointError, ConfigError, ValueError, OSError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ImportError as e:  # a vocoder's f0 extractor whose package is not installed (crepe, fcpe, ...)
+        print(f"error: {missing_dependency_message(e) or e}", file=sys.stderr)
         return 2
     for m in models.values():
         print(f"  {m.id:<10} {m.label}")

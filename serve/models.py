@@ -26,7 +26,7 @@ import soundfile as sf
 import torch
 
 from common import pitch_metrics as pm
-from common.audio import AudioError, MelSpectrogram, load_audio, to_int16
+from common.audio import AudioError, MelSpectrogram, check_f0_extractor, load_audio, to_int16
 from common.checkpoint import CheckpointError, checkpoint_kind, describe_kind, load_checkpoint
 from common.log import plot_spectrograms
 from common.plausibility import compare_speech
@@ -120,6 +120,7 @@ def load_model(path: str | Path, device: torch.device, precision: str, index: in
         from vocoder.infer import load_vocoder
 
         voc = load_vocoder(path, device)
+        check_f0_extractor(voc.pe, voc.pe_ckpt)  # Vocode extracts f0 with it: a missing package or rmvpe file at start
         return Served(f"vocoder-{index}", kind, label, voc, {"sample_rate": voc.sample_rate},
                       extra={"mel": MelSpectrogram(**voc.mel_kwargs).to(device)})
     from vae.weights import load_vae_weights

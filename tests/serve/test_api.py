@@ -162,6 +162,20 @@ def test_start_refuses_a_file_it_cannot_serve_in_one_line(tmp_path, capsys):
     assert err.startswith("error: ") and str(bad) in err and "Traceback" not in err
 
 
+def test_start_refuses_a_vocoder_whose_f0_extractor_cannot_run_here(tiny_checkpoints, tmp_path, capsys):
+    """Vocode extracts f0 with the vocoder's own extractor: rmvpe weights recorded on another machine are one
+    line at start, not a 4xx on every upload."""
+    import json
+    import shutil
+
+    moved = shutil.copytree(tiny_checkpoints["vocoder"], tmp_path / "export")
+    info = json.loads((moved / "config.json").read_text())
+    (moved / "config.json").write_text(json.dumps({**info, "pe": "rmvpe", "pe_ckpt": "/gone/rmvpe.onnx"}))
+    assert serve_main([str(moved)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "/gone/rmvpe.onnx" in err and len(err.splitlines()) == 1, err
+
+
 def test_cancel_stops_a_long_text_between_sentences(served):
     """A cancel that arrives while a text is spoken ends it after the sentence in progress, not at the end."""
     spoken = []
