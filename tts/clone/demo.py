@@ -64,6 +64,7 @@ MAX_MCD = 4.4  # mean held-out MCD-DTW through the vocoder demo's export, dB: se
 # (docs/DEMO.md): 3.29-4.10 dB, the widest spread of the four demos: it vocodes through the vocoder demo's
 # export, so it inherits that run's vocoder as well as its own seed (the highest, 4.10, came with two threads).
 # <= 4.4 dB, 0.30 dB (7 %) beyond the worst run and 0.48 dB below the same voice reading another sentence.
+# On the silence-trimmed corpus (the prepare's default since 2026-11-27): 3.53 dB (one run, the config's seed).
 MARGIN = 0.2  # "clearly below": different-reference cosine at least this much under same-reference
 
 

@@ -72,8 +72,9 @@ MAX_MCD = 3.6  # mean held-out MCD-DTW, dB: see MEASURED below
 # voices: the SAME voice reading a DIFFERENT sentence scores 4.88 dB on average (3.68-6.29); another
 # voice of the other sex reading the SAME sentence 5.8-5.9 (5.36-6.42), the two male voices 1.99
 # (1.79-2.15). The demo itself, six fresh-clone make demo runs over seeds and 1 / 2 threads
-# (docs/DEMO.md): mean MCD-DTW 3.08-3.38 dB. A synthesis is plausible when it is closer to its
-# recording than any other sentence in that voice (3.68): <= 3.6 dB, 0.22 dB (7 %) beyond the worst run.
+# (docs/DEMO.md): mean MCD-DTW 3.08-3.38 dB; since the corpus is silence-trimmed (Silero VAD, the prepare's
+# default) 3.20 / 3.32 / 3.47 over seeds 1234 / 7 / 42 (bench/README.md "Silence trim and VITS"). A synthesis
+# is plausible when it is closer to its recording than any other sentence in that voice (3.68): <= 3.6 dB.
 
 
 def build_corpus(raw_dir: Path = RAW_DIR) -> Path:
