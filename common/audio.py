@@ -576,8 +576,8 @@ def extract_f0(
     """f0 per mel frame: `(f0 float32 [n_frames], voiced bool [n_frames])`.
 
     Extractor: Praat's autocorrelation tracker (`praat-parselmouth`, `to_pitch_ac`, voicing
-    threshold 0.6 as in openvpi's recipes) by default: accurate and about 400× real time on one
-    CPU core. `method="pyin"` (librosa) runs about 1× real time, too slow to binarize a corpus.
+    threshold 0.6 as in openvpi's recipes) by default: accurate and about 650× real time on one
+    CPU core; pyin (librosa) about 11×, harvest 10×, crepe 6×, fcpe 31× (bench/README.md, "f0 extractors").
     `"harvest"` (pyworld; 0.3.5 imports `pkg_resources`, so setuptools < 81), `"crepe"` (torchcrepe's tiny
     model) and `"fcpe"` (torchfcpe) are optional packages, imported lazily (`check_f0_extractor` at start);
     `"rmvpe"` runs the ONNX file `weights` (RVC's rmvpe.onnx, `common.rmvpe`). Whatever the extractor's own
