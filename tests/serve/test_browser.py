@@ -151,3 +151,19 @@ def test_compare_two_vocoders_side_by_side(browser_page, tmp_path):
     text = page.inner_text("#compare-result")
     assert "A: vocoder-1" in text and "B: vocoder-2" in text and text.count("MCD-DTW") == 2
     _shot(page, "compare")
+
+
+def test_compare_two_reconstructions_beside_their_original(browser_page, tmp_path):
+    """Two VAEs (here the same one twice) on one image: the original, then A and B with their PSNR."""
+    page = browser_page
+    page.click("nav button[data-tab='compare']")
+    page.select_option("#compare-a", "vae-1")
+    page.select_option("#compare-b", "vae-1")
+    image = tmp_path / "picture.png"
+    image.write_bytes(png_bytes(64, 48))
+    page.set_input_files("#compare-file", str(image))
+    page.click("#compare-go")
+    page.wait_for_function("document.querySelectorAll('#compare-result .side').length === 3")
+    page.wait_for_function("document.querySelector('#compare-result img.original').naturalWidth === 64")
+    text = page.inner_text("#compare-result")
+    assert text.index("original") < text.index("A: vae-1") < text.index("B: vae-1") and text.count("PSNR") == 2
