@@ -9,7 +9,10 @@ steps from the same seed, then for each model:
   before / after the speech Silero VAD finds (``common.trim.speech_span`` with no margin), beside the same
   figures of the recordings.
 
-    python -m bench.trim_effect [--steps 1700] [--seed 1234] [--threads 1] [--retrain]
+    python -m bench.trim_effect [--steps 1700] [--seed 1234] [--threads 1] [--retrain] [--pad 1.0]
+
+``--pad S``: every recording of the corpus first gets 0.2..S s of a -60 dBFS noise floor before and after its
+speech (seeded per file), as a room recording has; espeak-ng's own files have almost none to trim.
 
 The corpus is the demo's (data/demo/tts_raw, made when missing); the prepared folders go under
 data/bench/trim_effect/, the runs under runs/bench/trim_effect/<on|off>_s<seed>/ (a finished one with the same
@@ -35,6 +38,30 @@ OUT_DATA = REPO / "data" / "bench" / "trim_effect"
 OUT_RUNS = REPO / "runs" / "bench" / "trim_effect"
 SETTINGS = {"on": [], "off": ["--no_trim"]}
 TOP_DB = 40.0  # a frame this far under the loudest one is silence (librosa.effects.trim)
+FLOOR_DB = -60.0  # --pad's noise floor, dBFS (RMS)
+
+
+def padded_corpus(raw: Path, pad: float) -> Path:
+    """A copy of the demo corpus whose every wav has 0.2..`pad` s of a FLOOR_DB noise floor before and after it
+    (lengths and noise seeded by the file's index), with the same metadata.csv. Made once."""
+    import soundfile as sf
+
+    out = OUT_DATA / f"raw_pad{pad:g}"
+    meta = raw / "metadata.csv"
+    if (out / "metadata.csv").is_file():
+        return out / "metadata.csv"
+    wavs = sorted((raw / "wavs").rglob("*.wav"))
+    for i, src in enumerate(wavs):
+        wav, sr = sf.read(src, dtype="float32")
+        rng = np.random.default_rng(i)
+        lead, trail = (int(rng.uniform(0.2, pad) * sr) for _ in range(2))
+        floor = 10 ** (FLOOR_DB / 20) * rng.standard_normal(lead + len(wav) + trail).astype(np.float32)
+        floor[lead:lead + len(wav)] += wav
+        dst = out / "wavs" / src.relative_to(raw / "wavs")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        sf.write(dst, floor, sr, subtype="PCM_16")
+    (out / "metadata.csv").write_text(meta.read_text(encoding="utf-8"), encoding="utf-8")  # last: marks it done
+    return out / "metadata.csv"
 
 
 def edge_silence(wav: np.ndarray, sr: int) -> dict:
@@ -56,16 +83,19 @@ def mean(rows: list[dict], key: str) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
-def prepare(name: str) -> Path:
+def prepare(name: str, pad: float) -> Path:
     from tts.vits import demo
 
-    folder = OUT_DATA / name
-    if demo.prepare(demo.build_corpus(DATA / "tts_raw"), folder, *SETTINGS[name]) != 0:
+    meta = demo.build_corpus(DATA / "tts_raw")
+    folder = OUT_DATA / (f"{name}_pad{pad:g}" if pad else name)
+    if pad:
+        meta = padded_corpus(meta.parent, pad)
+    if demo.prepare(meta, folder, *SETTINGS[name]) != 0:
         raise SystemExit(f"error: preparing the demo corpus with trimming {name} failed (see above)")
     return folder
 
 
-def train(name: str, data: Path, steps: int, seed: int, retrain: bool) -> Path:
+def train(name: str, data: Path, steps: int, seed: int, retrain: bool, pad: float = 0.0) -> Path:
     """The demo recipe on `data` for `steps` steps from `seed` (no step-0 evaluation); its best.pt (the
     only evaluation is the last step's, so it is the final model)."""
     import shutil
@@ -73,7 +103,7 @@ def train(name: str, data: Path, steps: int, seed: int, retrain: bool) -> Path:
     from tts.vits import demo
     from tts.vits import train as train_mod
 
-    run = OUT_RUNS / f"{name}_s{seed}"
+    run = OUT_RUNS / (f"{name}_pad{pad:g}_s{seed}" if pad else f"{name}_s{seed}")
     stamp = {"steps": steps, "seed": seed}
     done = run / "bench_settings.json"
     if not retrain and (run / "checkpoints" / "best.pt").is_file() and done.is_file() \
@@ -137,15 +167,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--retrain", action="store_true", help="train again even when a finished run is there")
+    p.add_argument("--pad", type=float, default=0.0, help="add 0.2..PAD s of a -60 dBFS floor around every recording")
+    p.add_argument("--only", choices=list(SETTINGS), default=None, help="train one setting (two processes, two cores)")
     args = p.parse_args(argv)
+    if args.pad and args.pad <= 0.2:
+        p.error("--pad must be more than 0.2 s (the shortest pad)")
     torch.set_num_threads(args.threads)
-    folders = {name: prepare(name) for name in SETTINGS}
-    results = {name: measure(train(name, folders[name], args.steps, args.seed, args.retrain), folders)
+    folders = {name: prepare(name, args.pad) for name in SETTINGS}
+    if args.only:  # train one; a later call without --only reuses both runs and measures
+        train(args.only, folders[args.only], args.steps, args.seed, args.retrain, args.pad)
+        return 0
+    results = {name: measure(train(name, folders[name], args.steps, args.seed, args.retrain, args.pad), folders)
                for name in SETTINGS}
     OUT_RUNS.mkdir(parents=True, exist_ok=True)
-    (OUT_RUNS / f"results_s{args.seed}.json").write_text(json.dumps({"steps": args.steps, "seed": args.seed, **results}, indent=1))
+    tag = f"_pad{args.pad:g}" if args.pad else ""
+    (OUT_RUNS / f"results{tag}_s{args.seed}.json").write_text(json.dumps(
+        {"steps": args.steps, "seed": args.seed, "pad": args.pad, **results}, indent=1))
     print(f"\nVITS demo recipe, {args.steps} steps, seed {args.seed}, held-out sentences "
-          f"({results['on']['items']}); silence in seconds (mean)")
+          f"({results['on']['items']}){f', corpus padded with 0.2-{args.pad:g} s of a {FLOOR_DB:g} dBFS floor' if args.pad else ''}; "
+          "silence in seconds (mean)")
     print("| trimming | MCD-DTW vs own recordings | MCD-DTW vs trimmed recordings | lead (-40 dB) | trail (-40 dB) "
           "| lead (Silero) | trail (Silero) |")
     print("|---|---|---|---|---|---|---|")
