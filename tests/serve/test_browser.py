@@ -138,32 +138,29 @@ def test_reconstruct_shows_the_image_beside_its_reconstruction(browser_page, tmp
     _shot(page, "reconstruct")
 
 
-def test_compare_two_vocoders_side_by_side(browser_page, tmp_path):
-    page = browser_page
+def _compare(page, a: str, b: str, upload: Path, sides: int) -> str:
+    """Compare `a` and `b` on `upload` in the page; the result's text once `sides` columns are there."""
     page.click("nav button[data-tab='compare']")
-    page.select_option("#compare-a", "vocoder-1")
-    page.select_option("#compare-b", "vocoder-2")
+    page.select_option("#compare-a", a)
+    page.select_option("#compare-b", b)
+    page.set_input_files("#compare-file", str(upload))
+    page.click("#compare-go")
+    page.wait_for_function(f"document.querySelectorAll('#compare-result .side').length === {sides}")
+    return page.inner_text("#compare-result")
+
+
+def test_compare_two_vocoders_side_by_side(browser_page, tmp_path):
     clip = tmp_path / "voice.wav"
     clip.write_bytes(wav_file_bytes(1.0))
-    page.set_input_files("#compare-file", str(clip))
-    page.click("#compare-go")
-    page.wait_for_function("document.querySelectorAll('#compare-result .side').length === 2")
-    text = page.inner_text("#compare-result")
+    text = _compare(browser_page, "vocoder-1", "vocoder-2", clip, sides=2)
     assert "A: vocoder-1" in text and "B: vocoder-2" in text and text.count("MCD-DTW") == 2
-    _shot(page, "compare")
+    _shot(browser_page, "compare")
 
 
 def test_compare_two_reconstructions_beside_their_original(browser_page, tmp_path):
     """Two VAEs (here the same one twice) on one image: the original, then A and B with their PSNR."""
-    page = browser_page
-    page.click("nav button[data-tab='compare']")
-    page.select_option("#compare-a", "vae-1")
-    page.select_option("#compare-b", "vae-1")
     image = tmp_path / "picture.png"
     image.write_bytes(png_bytes(64, 48))
-    page.set_input_files("#compare-file", str(image))
-    page.click("#compare-go")
-    page.wait_for_function("document.querySelectorAll('#compare-result .side').length === 3")
-    page.wait_for_function("document.querySelector('#compare-result img.original').naturalWidth === 64")
-    text = page.inner_text("#compare-result")
+    text = _compare(browser_page, "vae-1", "vae-1", image, sides=3)
+    browser_page.wait_for_function("document.querySelector('#compare-result img.original').naturalWidth === 64")
     assert text.index("original") < text.index("A: vae-1") < text.index("B: vae-1") and text.count("PSNR") == 2
