@@ -254,8 +254,7 @@ def _speak_vits(served: Served, text: str, job: Job, speaker: str | None, scales
 def _speak_clone(served: Served, text: str, job: Job, limits: Limits, reference: bytes, vocoder: Served | None,
                  length_scale: float | None, seed: int) -> dict:
     from tts.clone.data import DataError, load_reference
-    from tts.clone.infer import VocoderMismatchError, check_vocoder_settings, synthesize
-    from tts.vits.synthesize import plan
+    from tts.clone.infer import VocoderMismatchError, check_vocoder_settings, synthesize_long
 
     cfg = served.extra["cfg"]
     voc = vocoder.model if vocoder is not None else served.extra["vocoder"]
@@ -279,27 +278,17 @@ def _speak_clone(served: Served, text: str, job: Job, limits: Limits, reference:
         except DataError as e:
             raise BadRequest(str(e).replace(f"reference clip {ref_path}", "the reference clip")) from None
     locks = [served] + ([vocoder] if vocoder is not None else [])  # always model before vocoder: no deadlock
-    pieces, compute, sentences = [], 0.0, 0
-    pause = np.zeros(round(0.3 * voc.sample_rate), dtype=np.float32)
     with locked(locks[0], job), (locked(locks[1], job) if len(locks) > 1 else contextlib.nullcontext()):
         torch.manual_seed(seed)
-        for sentence, _ in plan(text):
-            job.check()
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    res = synthesize(served.model, sentence, ref, voc, length_scale)
-            except DataError:  # only symbols: skipped as the VITS path skips it
-                continue
-            pieces += [res["wav"], pause]
-            compute += res["compute_s"]
-            sentences += 1
-    if not sentences:
-        raise BadRequest(f"nothing to say in {text[:80]!r} after normalisation")
-    wav = np.concatenate(pieces[:-1])
-    seconds = len(wav) / voc.sample_rate
-    return {"wav": wav_bytes(wav, voc.sample_rate), "sample_rate": voc.sample_rate, "seconds": seconds,
-            "elapsed": compute, "rtf": compute / max(seconds, 1e-9), "sentences": sentences}
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                res = synthesize_long(served.model, text, ref, voc, length_scale, between=job.check)
+        except DataError as e:  # nothing speakable after normalisation
+            raise BadRequest(str(e)) from None
+    seconds = len(res["wav"]) / voc.sample_rate
+    return {"wav": wav_bytes(res["wav"], voc.sample_rate), "sample_rate": voc.sample_rate, "seconds": seconds,
+            "elapsed": res["compute_s"], "rtf": res["compute_s"] / max(seconds, 1e-9), "sentences": res["sentences"]}
 
 
 def vocode(served: Served, data: bytes, job: Job, limits: Limits) -> dict:

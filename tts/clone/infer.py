@@ -34,6 +34,7 @@ from tts.clone.config import AudioConfig, CloneConfig, config_from_dict
 from tts.clone.data import DataError, Reference, feature_cache_root, load_reference
 from tts.clone.model import VoiceCloneTTS
 from tts.text import SYMBOLS, normalize, says_something, text_to_ids
+from tts.text.sentences import plan
 
 
 class VocoderMismatchError(ValueError):
@@ -97,6 +98,27 @@ def synthesize(model: VoiceCloneTTS, text: str, reference: Reference, vocoder=No
         torch.cuda.synchronize()
     return {"mel": out["mel"][0], "f0": out["f0"][0], "durations": out["durations"][0], "wav": wav,
             "spk": out["spk"][0], "compute_s": time.perf_counter() - t0}
+
+
+def synthesize_long(model: VoiceCloneTTS, text: str, reference: Reference, vocoder, length_scale: float = 1.0,
+                    pause: float = 0.3, between=None) -> dict:
+    """Text of any length, sentence by sentence as VITS reads it (`tts.text.sentences.plan`), `pause` s of silence
+    between them: {"wav", "compute_s", "sentences"}. `between()` runs before each sentence (a server's cancel check
+    raises there); a sentence with nothing to say is skipped, none at all is a DataError."""
+    silence = np.zeros(round(pause * vocoder.sample_rate), dtype=np.float32)
+    pieces, compute = [], 0.0
+    for sentence, _ in plan(text):
+        if between is not None:
+            between()
+        try:
+            res = synthesize(model, sentence, reference, vocoder, length_scale)
+        except DataError:  # only symbols
+            continue
+        pieces += [res["wav"], silence]
+        compute += res["compute_s"]
+    if not pieces:
+        raise DataError(f"nothing to say in {text[:80]!r} after normalisation")
+    return {"wav": np.concatenate(pieces[:-1]), "compute_s": compute, "sentences": len(pieces) // 2}
 
 
 def main(argv: list[str] | None = None) -> int:

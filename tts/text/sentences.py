@@ -86,3 +86,16 @@ def split_sentences(paragraph: str, max_chars: int = 300) -> list[str]:
         start = m.end()
     out.append(text[start:].strip())
     return [piece for s in out if s for piece in _cut_long(s, max_chars)]
+
+
+def plan(text: str, max_chars: int = 300) -> list[tuple[str, str]]:
+    """Raw text → [(raw sentence, what follows it: "sentence" | "paragraph" | "end")]: how both TTS models
+    read long text (the pause after each comes from what follows it)."""
+    items = []
+    paras = paragraphs(text)
+    for p, para in enumerate(paras):
+        sentences = split_sentences(para, max_chars)
+        for s, sentence in enumerate(sentences):
+            last = s == len(sentences) - 1
+            items.append((sentence, "end" if last and p == len(paras) - 1 else "paragraph" if last else "sentence"))
+    return items

@@ -34,7 +34,7 @@ from common.config import ConfigError, load_config
 from common.run_dir import check_apart, check_output_dir, check_output_file, refuse_to_replace
 from tts.text import intersperse, normalize, says_something
 from tts.text.phonemes import Frontend
-from tts.text.sentences import paragraphs, split_sentences
+from tts.text.sentences import paragraphs, plan
 from tts.vits.config import TrainConfig
 from tts.vits.model import VITS
 
@@ -93,17 +93,6 @@ def synthesize(model: VITS, cfg: TrainConfig, text: str, sid: int = 0, noise_sca
                             noise_scale, length_scale, noise_scale_w)
     return wav[0, 0].float().cpu()
 
-
-def plan(text: str, max_chars: int = 300) -> list[tuple[str, str]]:
-    """Raw text → [(raw sentence, what follows it: "sentence" | "paragraph" | "end")]."""
-    items = []
-    paras = paragraphs(text)
-    for p, para in enumerate(paras):
-        sentences = split_sentences(para, max_chars)
-        for s, sentence in enumerate(sentences):
-            last = s == len(sentences) - 1
-            items.append((sentence, "end" if last and p == len(paras) - 1 else "paragraph" if last else "sentence"))
-    return items
 
 
 def synthesize_long(model: VITS, cfg: TrainConfig, text: str, out: str | Path, sid: int = 0,
