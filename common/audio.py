@@ -553,6 +553,24 @@ def check_f0_extractor(method: str, weights: str | os.PathLike | None = None) ->
         load_session(weights)
 
 
+def check_f0_keys(method: str, weights: str | os.PathLike | None, method_key: str, weights_key: str) -> None:
+    """`check_f0_extractor` for a trainer's two config keys (e.g. "pe (f0_extractor)", "audio.f0_weights"): a
+    ValueError whose message starts with the key at fault, for the trainer to raise as its own error class.
+    Weights given to another extractor are refused rather than ignored: a key that changes nothing is a mistake."""
+    from common.rmvpe import F0WeightsError
+
+    method_name, weights_name = method_key.split(" (")[0], weights_key.split(" (")[0]  # without the alias
+    if weights and method != "rmvpe":
+        raise ValueError(f"{weights_key} is set but {method_name} is {method!r}: only {method_name}=rmvpe reads a "
+                         f"weights file; remove {weights_name} or set {method_name}=rmvpe")
+    try:
+        check_f0_extractor(method, weights)
+    except F0WeightsError as e:
+        raise ValueError(f"{weights_key}: {e}") from None
+    except ValueError as e:
+        raise ValueError(f"{method_key}: {e}") from None
+
+
 def f0_extractor_id(method: str, weights: str | os.PathLike | None = None) -> dict:
     """What a prepared folder / feature cache records of its extractor, so that one made with another is never
     taken for it: the name, and for rmvpe the digest of its weights (not the path: a moved file is the same)."""

@@ -256,19 +256,13 @@ def check_extractor(cfg: VocoderConfig) -> dict:
     """Before any file: an unknown `pe` or an unusable `pe_ckpt` is a PrepareError naming the key; a missing
     package raises its ModuleNotFoundError, which `exit_codes.run_main` reports in one line with its pip install
     (exit 2). Returns the Settings fields of rmvpe's weights (the file, and its digest: the folder's identity)."""
-    from common.audio import check_f0_extractor, f0_extractor_id
-    from common.rmvpe import F0WeightsError
+    from common.audio import check_f0_keys, f0_extractor_id
 
-    if cfg.pe_ckpt and cfg.pe != "rmvpe":
-        raise PrepareError(f"pe_ckpt (f0_extractor_weights) is set but pe is {cfg.pe!r}: only pe=rmvpe reads a "
-                           "weights file; remove pe_ckpt or set pe=rmvpe")
     try:
-        check_f0_extractor(cfg.pe, cfg.pe_ckpt)
-        ident = f0_extractor_id(cfg.pe, cfg.pe_ckpt)
-    except F0WeightsError as e:
-        raise PrepareError(f"pe_ckpt (f0_extractor_weights): {e}") from None
+        check_f0_keys(cfg.pe, cfg.pe_ckpt, "pe (f0_extractor)", "pe_ckpt (f0_extractor_weights)")
     except ValueError as e:
-        raise PrepareError(f"pe (f0_extractor): {e}") from None
+        raise PrepareError(str(e)) from None
+    ident = f0_extractor_id(cfg.pe, cfg.pe_ckpt)
     if "f0_weights_sha256" not in ident:
         return {}
     return {"pe_ckpt": str(Path(cfg.pe_ckpt).expanduser().resolve()), "pe_ckpt_sha256": ident["f0_weights_sha256"]}

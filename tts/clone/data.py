@@ -40,7 +40,7 @@ from common.audio import (
     AudioError,
     MelSpectrogram,
     check_audio,
-    check_f0_extractor,
+    check_f0_keys,
     extract_f0,
     f0_extractor_id,
     load_audio,
@@ -145,17 +145,10 @@ def features_tag(audio: AudioConfig) -> str:
 def check_f0_settings(audio: AudioConfig) -> None:
     """Before any file: audio.f0_method and (rmvpe) audio.f0_weights usable, else one DataError naming the key;
     a missing package raises its ModuleNotFoundError (one line with its pip install at the run's edge)."""
-    from common.rmvpe import F0WeightsError
-
-    if audio.f0_weights and audio.f0_method != "rmvpe":
-        raise DataError(f"audio.f0_weights is set but audio.f0_method is {audio.f0_method!r}: only rmvpe reads a "
-                        "weights file; remove audio.f0_weights or set audio.f0_method=rmvpe")
     try:
-        check_f0_extractor(audio.f0_method, audio.f0_weights)
-    except F0WeightsError as e:
-        raise DataError(f"audio.f0_weights: {e}") from None
+        check_f0_keys(audio.f0_method, audio.f0_weights, "audio.f0_method", "audio.f0_weights")
     except ValueError as e:
-        raise DataError(f"audio.f0_method: {e}") from None
+        raise DataError(str(e)) from None
 
 
 _MEL: tuple[str, MelSpectrogram] | None = None
