@@ -30,7 +30,11 @@ from torch import nn
 
 from common import distributed
 from common.atomic_write import FileInUseError, atomic_output, remove, replace, write_text
+from common.config import config_to_dict
 from common.distributed import unwrap as _unwrap
+from common.guards import saving_blocked
+from common.log import resumed_trackers
+from common.training import apply_optimizer_overrides, optimizer_overrides
 
 
 class CheckpointError(RuntimeError):
@@ -497,6 +501,94 @@ def _find_resume(arg: str, ckpt_dir: str | Path, manager: CheckpointManager, ext
     if not path.is_file():
         raise CheckpointError(f"--resume {arg}: no such checkpoint file (use --resume auto to pick the latest in {ckpt_dir})")
     return path
+
+
+# ---------------------------------------------------------------------------------------------
+# One run's saving and resuming, written once for every trainer
+# ---------------------------------------------------------------------------------------------
+GUARDS_FIELD = "guards"  # the one place of every guard's state: {optimizer name: state, "divergence": state}
+
+
+def read_guards(ckpt: dict, optimizer_names: list[str]) -> dict[str, dict | None]:
+    """Every guard's state in `ckpt`, by optimizer name plus "divergence": from the one layout (`guards`), or
+    from the four written before it (tested with files the trainers wrote then), where the first optimizer
+    is the generator / the model and the second its critic:
+    the vocoder's `counters.g_guard` / `counters.d_guard`; VITS's one `counters.guard` for both networks;
+    the cloning model's `extra.guard`; the VAE's `extra.guard` / `extra.d_guard`; the divergence guard in
+    `counters` or `extra` (absent before it existed: its window fills again)."""
+    if GUARDS_FIELD in ckpt:
+        return dict(ckpt[GUARDS_FIELD])
+    counters, extra = ckpt.get("counters", {}), ckpt.get("extra", {})
+    first = counters.get("g_guard", counters.get("guard", extra.get("guard")))
+    second = counters.get("d_guard", extra.get("d_guard", first))
+    found = dict(zip(optimizer_names, (first, second)))
+    found["divergence"] = counters.get("divergence", extra.get("divergence"))
+    return found
+
+
+class RunCheckpoints:
+    """Saving and resuming one run, the same for every trainer (DESIGN.md, "The shape of a trainer").
+
+    `store` is where files go (a `CheckpointManager`: rotation and best.pt; or any object with its `save`,
+    `dir` and `best_metric`). `save(metric)` writes nothing inside a non-finite or diverging streak (one line
+    naming the last good checkpoint), else the one layout: the trainer's models, optimizers, schedulers,
+    scaler and `ema`, its position and trackers under `counters`, every guard under `guards`, its own
+    `state()` under `extra`; then every rank waits for rank 0's write. `resume(path)` restores all of it
+    exactly (`read_guards` also reads the layouts written before this one), applies the optimizer values
+    given now (`optimizer_spec`: {optimizer: {hyper-parameter: (config keys, value)}}, see
+    `common.training.optimizer_overrides`) and says where it resumed."""
+
+    def __init__(self, trainer: Any, store: Any, kind: str, *, ema: dict[str, Any] | None = None,
+                 optimizer_spec: dict | None = None, map_location: str | torch.device = "cpu") -> None:
+        self.trainer, self.store, self.kind, self.ema = trainer, store, kind, ema
+        self.optimizer_spec, self.map_location = optimizer_spec, map_location
+        self.last_good: Path | None = None  # the newest checkpoint known to hold a good state
+
+    def save(self, metric: float | None = None) -> Path | None:
+        t = self.trainer
+        if saving_blocked(*t.guards.values(), t.divergence):
+            t.printer(f"step {t.step}: no checkpoint while steps are non-finite or diverging "
+                      f"(last good: {self.last_good or 'none'})")
+            return None
+        state = self.state()
+        path = self.store.save(state, t.step, metric) if t.info.is_main else None
+        self.last_good = path or self.last_good
+        distributed.barrier()  # no rank runs ahead (or tears the process group down) while rank 0 writes
+        return path
+
+    def state(self) -> dict:
+        """The whole checkpoint (call on every rank: it gathers every rank's RNG)."""
+        t = self.trainer
+        counters = {"step": t.step, "epoch": t.epoch, "batch_in_epoch": t.batch_in_epoch,
+                    **t.writer.checkpoint_state()}
+        state = make_state(t.models, t.optimizers, t.schedulers, t.precision.scaler, self.ema, counters,
+                           config_to_dict(t.cfg), extra=t.state(), trainer=self.kind)
+        state[GUARDS_FIELD] = {**{name: g.state_dict() for name, g in t.guards.items()},
+                               "divergence": t.divergence.state_dict()}
+        return state
+
+    def resume(self, path: str | Path, ckpt: dict | None = None) -> dict:
+        """Continue the run saved in `path` exactly; returns its checkpoint (read here unless given)."""
+        t, path = self.trainer, Path(path)
+        ckpt = load_checkpoint(path, map_location=self.map_location) if ckpt is None else ckpt
+        counters = restore_state(ckpt, t.models, t.optimizers, t.schedulers, t.precision.scaler, self.ema,
+                                 rank=t.info.rank, source=path)
+        t.step, t.epoch = int(counters["step"]), int(counters["epoch"])
+        t.batch_in_epoch = int(counters.get("batch_in_epoch", counters.get("micro_in_epoch", 0)))
+        guards = read_guards(ckpt, list(t.optimizers))
+        for name, guard in t.guards.items():
+            if guards.get(name) is not None:
+                guard.load_state_dict(guards[name])
+        t.divergence.load_state_dict(guards.get("divergence"))
+        t.trackers = resumed_trackers(counters)
+        t.load_state(ckpt)
+        self.last_good = path
+        t.printer(f"resumed from {path} at step {t.step} (epoch {t.epoch}, batch {t.batch_in_epoch})")
+        if self.optimizer_spec:
+            changed = apply_optimizer_overrides(t.optimizers, t.schedulers, optimizer_overrides(t.cfg, self.optimizer_spec))
+            if changed:
+                t.printer(changed)
+        return ckpt
 
 
 # ---------------------------------------------------------------------------------------------

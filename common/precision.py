@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from common.distributed import DistInfo, wrap_ddp
+
 PRECISIONS = ("32-true", "16-mixed", "bf16-mixed")
 _ALIASES = {
     "32": "32-true", "32-true": "32-true", "fp32": "32-true", "float32": "32-true", "no": "32-true",
@@ -214,9 +216,14 @@ class Precision:
         """For spectrograms, log-determinants and losses, which must be fp32."""
         return no_autocast(self.device.type)
 
-    def prepare_model(self, model: nn.Module) -> nn.Module:
+    def prepare_model(self, model: nn.Module, info: DistInfo | None = None) -> nn.Module:
+        """The network as trained, in the one build order of every trainer (DESIGN.md): channels_last, then
+        DDP under torchrun (`info`), then compile. Compiling the DDP wrapper lets DDP's bucketed gradient
+        hooks run outside the compiled graph, torch's recommended order."""
         if self.channels_last:
             model = model.to(memory_format=torch.channels_last)
+        if info is not None:
+            model = wrap_ddp(model, info)
         if self.compile:
             model = torch.compile(model)
         return model

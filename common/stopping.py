@@ -30,8 +30,8 @@ from typing import Any
 
 from common import exit_codes
 from common.distributed import any_rank
+from common.guards import NonFiniteError, nonfinite_stop_message
 from common.hardware import OutOfMemory, is_oom, oom_message
-from common.training import NonFiniteError, nonfinite_stop_message
 
 SIGNAL, TIME_LIMIT, STOP_AT_STEP = "signal", "time limit", "stop_at_step"
 
@@ -91,6 +91,14 @@ class RunStop:
         self.reason: str | None = None
         self.t_start = time.perf_counter()
 
+    @classmethod
+    def of(cls, keys: Any, cfg: Any, what: str, **kw: Any) -> RunStop:
+        """The stop of a run whose config section `keys` holds the cadence keys `max_minutes` and `stop_at_step`
+        (0: off), with the out-of-memory advice for `what` derived from `cfg`'s schema (`oom_hints`)."""
+        batch_key, hints = oom_hints(cfg)
+        return cls(keys.max_minutes or None, keys.stop_at_step or None,
+                   oom=(what, int(config_value(cfg, batch_key)), hints), **kw)
+
     def __enter__(self) -> RunStop:
         self.signals.__enter__()
         self.t_start = time.perf_counter()
@@ -123,6 +131,34 @@ class RunStop:
         why = self.signal_name if self.reason == SIGNAL else self.reason
         return (f"stopped by {why} at step {step}; checkpoint saved{f' in {where}' if where else ''} "
                 f"(continue with {self.resume_hint})")
+
+
+def config_value(cfg: Any, key: str) -> Any:
+    """The value of dotted config key `key` (`train.batch_size`); None where a free mapping (VITS's
+    `model_args`) does not hold it (the model's preset gives it then)."""
+    for part in key.split("."):
+        cfg = cfg.get(part) if isinstance(cfg, dict) else getattr(cfg, part)
+    return cfg
+
+
+def oom_hints(cfg: Any) -> tuple[str, dict]:
+    """(batch-size key, `oom_message`'s hints) from the keys a trainer's schema names: `PRESET_KEYS` (what a
+    card preset sets: batch size, precision, crop) and `OOM_KEYS` (what else relieves memory: `accumulation`,
+    `checkpointing`, or a `batch_size` / `crop` the presets leave alone). Why from the schema: the advice
+    names the keys the user can set, and a renamed key can never leave it stale."""
+    schema = type(cfg)
+    keys = {**getattr(schema, "PRESET_KEYS", {}), **getattr(schema, "OOM_KEYS", {})}
+    hints: dict[str, Any] = {"batch_key": keys.get("batch_size", "batch_size"), "accum_key": keys.get("accumulation"),
+                             "precision_key": keys.get("precision", "precision"), "resume": "--resume auto"}
+    if "precision" in keys:
+        hints["precision"] = config_value(cfg, keys["precision"])
+    if "accumulation" in keys:
+        hints["accumulation"] = config_value(cfg, keys["accumulation"])
+    if "checkpointing" in keys:
+        hints["checkpointing_key"] = keys["checkpointing"]
+    if "crop" in keys and config_value(cfg, keys["crop"]) is not None:
+        hints["crop_key"], hints["crop"] = keys["crop"], config_value(cfg, keys["crop"])
+    return hints["batch_key"], hints
 
 
 def exit_code(reason: str | None) -> int:

@@ -14,6 +14,7 @@ from typing import ClassVar, Literal
 
 from common.best_by import check_best_by
 from common.log import tracker_names
+from common.loop import CadenceKeys
 from common.precision import MixedPrecisionSwitch, precision_name
 from common.ranges import (
     AnyFloat,
@@ -30,18 +31,24 @@ DECODER_ONLY_FLAG = "--train_decoder_only"  # named in the messages of vae/decod
 
 
 @dataclass
-class VAEConfig:
+class VAEConfig(CadenceKeys):
     ALIASES: ClassVar[dict[str, str]] = {"lr": "learning_rate", "epochs": "num_epochs",
                                          "gradient_accumulation_steps": "accumulation_steps",
                                          "block_out_channels": "channels", "latent_channels": "z_channels",
                                          # the guide's spellings of the names every trainer reads
                                          # (docs/conventions.md, "One name per concept"); its flags too
                                          "keep_checkpoints": "save_n_checkpoints",
-                                         "val_freq": "val_check_interval", "gradient_clip": "clip_grad_norm"}
+                                         "val_freq": "validate_every", "gradient_clip": "clip_grad_norm",
+                                         # the cadence keys' spellings before they were one set (CadenceKeys)
+                                         "val_check_interval": "validate_every", "log_freq": "log_every",
+                                         "save_every_steps": "save_every", "time_limit_minutes": "max_minutes"}
     # `--preset` (common.presets): each card setting of vae/presets.py -> the key it sets here.
     # Workers and precision only: the guide fixes batch and crop per resolution profile (24/16/8/4 at
     # 768/1024/1536/2048) and `fit_batch_size` lowers the batch at start when memory says so.
     PRESET_KEYS: ClassVar[dict[str, str]] = {"num_workers": "num_workers", "precision": "precision"}
+    # what else an out-of-memory stop suggests (common.stopping.oom_hints)
+    OOM_KEYS: ClassVar[dict[str, str]] = {"batch_size": "batch_size", "crop": "image_size",
+                                          "accumulation": "accumulation_steps", "checkpointing": "gradient_checkpointing"}
     # The guide's switches, as its flags read: --mixed_precision alone = fp16 autocast + GradScaler,
     # --mixed_precision --use_bf16 = bf16 autocast, neither = fp32; read as `precision` at load.
     MULTI_KEY_ALIASES: ClassVar[tuple[MixedPrecisionSwitch, ...]] = (MixedPrecisionSwitch(
@@ -101,8 +108,6 @@ class VAEConfig:
     min_lr_ratio: Probability = 0.1
     num_epochs: NonNegativeInt = 100
     max_steps: NonNegativeInt = 0             # >0: the run (and its LR plan) ends at this optimizer step
-    stop_at_step: NonNegativeInt = 0          # >0: save and stop at this step WITHOUT changing the LR plan
-    time_limit_minutes: NonNegativeFloat = 0.0  # >0: save and stop after this long (plan unchanged)
     accumulation_steps: PositiveInt = 1
     clip_grad_norm: NonNegativeFloat = 1.0    # max grad norm (gradient_clip); 0 = no clipping (the norm is still logged)
     ema_decay: Fraction = 0.999               # 0 disables the EMA copy
@@ -120,13 +125,13 @@ class VAEConfig:
     # ---- checkpoints, logging, validation
     checkpoint_freq: PositiveInt = 1          # epochs between checkpoint_epoch_{N}.pt
     save_n_checkpoints: PositiveInt = 3       # rotation: newest N epoch checkpoints are kept (keep_checkpoints)
-    save_every_steps: NonNegativeInt = 0      # >0: also refresh checkpoint_last.pt every N steps
+    save_every: NonNegativeInt = 0            # >0: also refresh checkpoint_last.pt every N steps (save_every_steps)
     save_samples_freq: NonNegativeInt = 500   # steps between reconstruction grids
-    val_check_interval: NonNegativeInt = 1000  # steps between validation (PSNR/SSIM/LPIPS); the guide's val_freq
+    validate_every: NonNegativeInt = 1000     # steps between validation (PSNR/SSIM/LPIPS); the guide's val_freq
     # rFID of the held-out set (vae/rfid.py): pytorch-fid's pt_inception-2015-12-05-6726825d.pth; "" = from the
     # torch hub cache when there, "off" = no rFID; never downloaded (no file: one line, rFID off)
     rfid_weights: str = ""
-    log_freq: PositiveInt = 20                # steps between TensorBoard scalars
+    log_every: PositiveInt = 20               # steps between TensorBoard scalars (log_freq)
     logger: str = "tensorboard"               # experiment trackers: tensorboard, wandb, mlflow, comma-separated
     best_by: str = "psnr"                     # the held-out metric best.pt is chosen by (--best_by; common/best_by.py)
     num_sample_images: PositiveInt = 4

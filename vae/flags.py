@@ -23,7 +23,8 @@ VALUE_FLAGS: dict[str, type] = {
     "checkpoint_freq": int, "save_samples_freq": int, "accumulation_steps": int,
     "disc_start": int, "disc_weight": float, "layers_per_block": int, "ema_decay": float,
     "warmup_steps": int, "val_freq": int, "log_freq": int, "seed": int, "device": str,
-    "stop_at_step": int, "time_limit_minutes": float, "keep_checkpoints": int, "num_val_images": int,
+    "stop_at_step": int, "time_limit_minutes": float, "log_every": int, "validate_every": int,
+    "save_every": int, "max_minutes": float, "keep_checkpoints": int, "num_val_images": int,
     "disc_learning_rate": float, "precision": str, "logger": str, "best_by": str,
 }
 BOOL_FLAGS = ("mixed_precision", "use_bf16", "use_torch_compile", "enable_tf32", "channels_last",

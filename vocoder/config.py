@@ -28,6 +28,7 @@ from common.audio import AudioSettings
 from common.best_by import check_best_by
 from common.config import ConfigError, load_config  # noqa: F401 (re-exported for callers)
 from common.log import tracker_names
+from common.loop import CadenceKeys
 from common.precision import precision_name
 from common.ranges import (
     AnyFloat,
@@ -176,7 +177,7 @@ VALIDATES = ("mrstft", "mel_l1", "f0_rmse", "vuv_error", "periodicity")
 
 
 @dataclass
-class VocoderConfig:
+class VocoderConfig(CadenceKeys):
     NOT_READ_HERE: ClassVar[dict[str, str]] = {  # common.config names the replacement instead of guessing
         **dict.fromkeys(("pl_trainer_accelerator", "pl_trainer_devices", "pl_trainer_num_nodes",
                          "pl_trainer_strategy", "ddp_backend", "nccl_p2p"), _LIGHTNING),
@@ -211,6 +212,8 @@ class VocoderConfig:
         "fmin": "audio.fmin", "fmax": "audio.fmax",
         "f0_extractor": "pe",  # the (and the tts guide's) name for DiffSinger's `pe`
         "f0_extractor_weights": "pe_ckpt",
+        # the seed's cadence keys -> the five every trainer takes (common.loop.CadenceKeys)
+        "log_interval": "log_every", "val_check_interval": "validate_every",
     }
 
     # ---- task
@@ -288,9 +291,9 @@ class VocoderConfig:
 
     # ---- loop, logging, checkpoints (all in steps = one D + one G update)
     max_updates: PositiveInt = 150000
-    log_interval: PositiveInt = 100
+    log_every: PositiveInt = 100  # alias log_interval
     logger: str = "tensorboard"  # experiment trackers: tensorboard, wandb, mlflow, comma-separated (--logger)
-    val_check_interval: PositiveInt = 2000  # validate + checkpoint every this many steps
+    validate_every: NonNegativeInt = 2000  # validate + checkpoint every this many steps (alias val_check_interval)
     num_sanity_val_steps: NonNegativeInt = 1  # >0: validate that many files before the first step
     num_valid_plots: NonNegativeInt = 10  # validation files logged as audio + mel plots
     valid_max_seconds: PositiveFloat = 20.0  # validation files are cut to this length

@@ -107,7 +107,7 @@ def test_steps_and_exact_resume(straight_run, data_one, tmp_path, capsys):
     assert train_mod.main(_args(data_one, run, steps=2)) == 0
     out = capsys.readouterr().out
     assert "parameters: generator" in out and "used at inference" in out
-    assert "lr_g = lr_d plan over 2 updates" in out and (run / "lr_schedule.png").is_file()
+    assert "lr_generator = lr_discriminator plan over 2 updates" in out and (run / "lr_schedule.png").is_file()
     assert "grad_norm_g=" in out and "clipped_g=" in out  # pre-clip norm and clipped fraction per line
     assert train_mod.main(_args(data_one, run, steps=4) + ["--resume", "auto"]) == 0
     assert "resumed from" in capsys.readouterr().out
@@ -155,7 +155,7 @@ def test_nonfinite_steps_skip_then_stop(data_one, tmp_path, monkeypatch, capsys)
         finally:
             good = {k: v.clone() for k, v in trainer.generator.state_dict().items()}
     assert trainer.step == 4  # steps 3 and 4 skipped, the third bad one (step 5) stopped the run
-    assert trainer.guard.skipped_total == 3
+    assert trainer.guards["generator"].skipped_total == 3
     assert all(torch.isfinite(v).all() for v in good.values() if v.is_floating_point())  # never stepped on NaN
     ckpts = sorted((run / "checkpoints").glob("vits_*.pt"))
     assert [p.name for p in ckpts] == ["vits_00000002.pt"]  # the last good one, nothing newer
@@ -323,8 +323,8 @@ def test_lr_plan_shows_the_critics_schedule_from_their_start(data_one, tmp_path,
     assert train_mod.main(_args(data_one, tmp_path / "plan", "discriminator_train_start_steps=2", "lr_scheduler_per=step",
                                 "lr_gamma=0.5", steps=4)) == 0
     out = capsys.readouterr().out
-    d_line = next(line for line in out.splitlines() if line.startswith("lr_d plan"))
-    g_line = next(line for line in out.splitlines() if line.startswith("lr_g plan"))
+    d_line = next(line for line in out.splitlines() if line.startswith("lr_discriminator plan"))
+    g_line = next(line for line in out.splitlines() if line.startswith("lr_generator plan"))
     assert "| 25% 0 (0x) |" in d_line and "100% 0.0001 (0.5x)" in d_line  # updates 1 and 3: before D, D's second
     assert "100% 2.5e-05" in g_line  # G: 2e-4 * 0.5^3
 

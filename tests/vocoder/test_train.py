@@ -14,6 +14,7 @@ import torch
 
 from common.checkpoint import CheckpointError, load_checkpoint, save_atomic
 from common.config import ConfigError
+from common.training import critic_outputs_for_generator
 from vocoder.config import OptimizerArgs
 from vocoder.data import VocoderDataset
 from vocoder.discriminators import head_outputs, split_outputs
@@ -89,7 +90,7 @@ def test_non_finite_step_is_skipped_without_touching_muon_or_adam_state(tiny_dat
     bad = dict(batch, mel=batch["mel"].clone())
     bad["mel"][0, 0, 0] = float("nan")
     tr.train_step(bad)
-    assert tr.g_guard.skipped_total == 1 and tr.d_guard.skipped_total == 1
+    assert tr.guards["generator"].skipped_total == 1 and tr.guards["discriminator"].skipped_total == 1
     for before, module in ((g_params, tr.generator), (d_params, tr.discriminator)):
         for k, v in module.state_dict().items():
             assert torch.equal(v, before[k]), k
@@ -101,7 +102,7 @@ def test_non_finite_step_is_skipped_without_touching_muon_or_adam_state(tiny_dat
                     assert torch.equal(after[idx][name], val), (idx, name)
     assert all(p.grad is None for p in tr.generator.parameters())
     tr.train_step(batch)  # a good step afterwards trains again
-    assert tr.g_guard.consecutive == 0
+    assert tr.guards["generator"].consecutive == 0
 
 
 def test_repeated_non_finite_steps_stop_with_last_good_checkpoint(tiny_data, tmp_path, monkeypatch, capsys):
@@ -268,12 +269,12 @@ def test_signal_saves_and_exits_then_resumes(tiny_data, tmp_path, monkeypatch):
 
     monkeypatch.setattr(stopping, "GracefulExit", SignalAfterTwoSteps)
     result = _trainer(tiny_data, tmp_path, "max_updates=10").fit()
-    assert result["stopped"] == "signal" and result["step"] == 2
+    assert result.stopped == "signal" and result.step == 2
     assert (tmp_path / "checkpoints" / "model_00000002.pt").is_file()
     monkeypatch.undo()
     resumed = _trainer(tiny_data, tmp_path, "max_updates=3", resume="auto")
     assert resumed.step == 2
-    assert resumed.fit()["step"] == 3
+    assert resumed.fit().step == 3
 
 
 def test_worker_counts_reach_the_pools(tiny_data, tmp_path, monkeypatch):
@@ -340,12 +341,12 @@ def test_split_critic_call_gives_the_concatenated_calls_grads(tiny_data, tmp_pat
     tr.discriminator.requires_grad_(False)  # the G update freezes the critics (common.training.frozen)
     spectral_state = {k: v.clone() for k, v in tr.discriminator.state_dict().items()}  # power-iteration u, v
 
-    d_real, d_fake = split_outputs(tr._critics_no_ddp(torch.cat([real, fake])), b)  # the former call
+    d_real, d_fake = split_outputs(tr._critics(torch.cat([real, fake])), b)  # the former call
     old = _g_grads(tr, d_real, d_fake, b)
     u_after_old = {k: v.clone() for k, v in tr.discriminator.state_dict().items()}
 
     tr.discriminator.load_state_dict(spectral_state)
-    d_real, d_fake = tr._critic_outputs(real, fake)
+    d_real, d_fake = critic_outputs_for_generator(tr._critics, real, fake)
     new = _g_grads(tr, d_real, d_fake, b)
 
     assert sum(g is not None for g in new) > 10

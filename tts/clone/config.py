@@ -14,6 +14,7 @@ from typing import ClassVar, Literal
 from common.audio import AudioSettings
 from common.best_by import check_best_by
 from common.log import tracker_names
+from common.loop import CadenceKeys
 from common.precision import precision_name
 from common.ranges import (
     AnyFloat,
@@ -120,11 +121,13 @@ VALIDATES = ("mel_l1", "loss")
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(CadenceKeys):
+    # the spellings of the cadence keys before they were one set (common.loop.CadenceKeys)
+    ALIASES: ClassVar[dict[str, str]] = {"log_interval": "log_every", "val_check_interval": "validate_every",
+                                         "save_interval": "save_every"}
     checkpoint_dir: str = "runs/tts_clone"
     epochs: PositiveInt = 1000
     max_updates: NonNegativeInt = 0  # optimizer steps; 0 = run until --epochs
-    max_minutes: NonNegativeFloat = 0.0  # wall-clock budget of the training loop; 0 = none (then validate, save, stop)
     batch_size: PositiveInt = 32
     # > 0: a micro-batch holds at most this many padded mel frames (items x their bucket's length), so a
     # bucket of long utterances makes smaller batches; batch_size stays the upper bound. 0 = off
@@ -134,10 +137,10 @@ class TrainConfig:
     precision: str = "auto"    # 32-true | 16-mixed | bf16-mixed | auto (bf16-mixed on a bf16 GPU, else 32-true)
     device: str = "auto"
     seed: AnyInt = 1234
-    log_interval: PositiveInt = 50  # optimizer steps
+    log_every: PositiveInt = 50  # optimizer steps (alias log_interval)
     logger: str = "tensorboard"  # experiment trackers: tensorboard, wandb, mlflow, comma-separated (--logger)
-    val_check_interval: PositiveInt = 1000
-    save_interval: PositiveInt = 1000  # also saved at every validation and at the end
+    validate_every: NonNegativeInt = 1000  # alias val_check_interval
+    save_every: NonNegativeInt = 1000  # also saved at every validation and at the end (alias save_interval)
     save_n_checkpoints: PositiveInt = 5
     save_best_after: NonNegativeInt = 0
     best_by: str = "mel_l1"  # the held-out metric best.pt is chosen by (--best_by; VALIDATES, common/best_by.py)
@@ -181,8 +184,11 @@ class VocoderConfig:
 @dataclass
 class CloneConfig:
     ALIASES: ClassVar[dict[str, str]] = {"precision": "train.precision", "logger": "train.logger",
-                                         "best_by": "train.best_by"}  # the keys every trainer reads
+                                         "best_by": "train.best_by",  # the keys every trainer reads
+                                         **{k: f"train.{k}" for k in ("log_every", "validate_every", "save_every",
+                                                                       "max_minutes", "stop_at_step")}}
     # `--preset` (common.presets): each card setting of tts/clone/presets.py -> the key it sets here
+    OOM_KEYS: ClassVar[dict[str, str]] = {"accumulation": "train.grad_accum"}  # common.stopping.oom_hints
     PRESET_KEYS: ClassVar[dict[str, str]] = {"batch_size": "train.batch_size", "num_workers": "train.num_workers",
                                              "crop": "data.ref_seconds", "precision": "train.precision"}
 

@@ -21,6 +21,7 @@ from common.audio import AudioSettings
 from common.best_by import check_best_by
 from common.config import ConfigError, build_dataclass
 from common.log import tracker_names
+from common.loop import CadenceKeys
 from common.precision import MixedPrecisionSwitch, precision_name
 from common.ranges import (
     AnyFloat,
@@ -164,7 +165,7 @@ VALIDATES = ("score", "mcd", "align_sharpness", "dur_mae", "dur_err", "f0_rmse",
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(CadenceKeys):
     """Everything train.py reads. Defaults are the RTX 4090 recipe's (tts/vits/configs/uzbek_vits.yaml)."""
 
     run_name: str = "uzbek_vits_rtx4090"
@@ -234,14 +235,13 @@ class TrainConfig:
     # schedule
     epochs: PositiveInt = 200
     max_steps: PositiveInt | None = None  # stop after this many steps (None: run the epochs)
-    max_minutes: PositiveFloat | None = None  # stop (and save) after this much wall time
-    print_step: PositiveInt = 50
+    log_every: PositiveInt = 50  # alias print_step, log_interval
     logger: str = "tensorboard"  # experiment trackers: tensorboard, wandb, mlflow, comma-separated (--logger)
-    save_step: PositiveInt = 500
+    save_every: NonNegativeInt = 500  # alias save_step, checkpoint_interval
     save_n_checkpoints: PositiveInt = 8
     save_best_after: NonNegativeInt = 5000
     best_by: str = "score"  # the held-out metric best.pt is chosen by (--best_by; VALIDATES, common/best_by.py)
-    val_check_interval: NonNegativeInt = 500  # steps between evaluations; 0 = no mid-epoch evaluation
+    validate_every: NonNegativeInt = 500  # steps between evaluations; 0 = at the end only (alias val_check_interval)
     test_delay_epochs: NonNegativeInt = 3
     run_eval: bool = True
     eval_at_start: bool = False  # evaluate the untrained model too (the demo's "step 0" figures)
@@ -266,9 +266,10 @@ class TrainConfig:
         # Coqui's / the guides' spellings of the names every trainer reads (docs/conventions.md, "One name
         # per concept"); gradient_clip_val is Lightning's name, as the 4090 guide writes it
         "num_loader_workers": "num_workers", "ds_workers": "num_workers",
-        "eval_interval": "val_check_interval",
+        "eval_interval": "validate_every", "val_check_interval": "validate_every",
         "grad_clip": "clip_grad_norm", "grad_clip_norm": "clip_grad_norm", "gradient_clip_val": "clip_grad_norm",
-        "max_updates": "max_steps", "checkpoint_interval": "save_step", "log_interval": "print_step",
+        "max_updates": "max_steps", "checkpoint_interval": "save_every", "save_step": "save_every",
+        "log_interval": "log_every", "print_step": "log_every",
         "learning_rate": "lr", "lr_decay": "lr_gamma",
     }
     MULTI_KEY_ALIASES: ClassVar[tuple[MixedPrecisionSwitch, ...]] = (MixedPrecisionSwitch(
