@@ -98,9 +98,9 @@ def run_variant(name: str, flags: list[str], args, run_root: Path, cache: Path, 
     cfg.scheduler.warmup_steps = max(1, round(cfg.scheduler.warmup_steps / args.warmup_scale))
     per_step = cfg.train.batch_size * cfg.train.grad_accum
     cfg.train.max_updates = max(cfg.scheduler.warmup_steps + 1, args.samples // per_step)
-    cfg.train.val_check_interval = max(1, args.val_every_samples // per_step)
-    cfg.train.save_interval = cfg.train.max_updates
-    cfg.train.log_interval = cfg.train.val_check_interval
+    cfg.train.validate_every = max(1, args.val_every_samples // per_step)
+    cfg.train.save_every = cfg.train.max_updates
+    cfg.train.log_every = cfg.train.validate_every
     cfg.train.num_workers = 0
     cfg.val.max_batches = 0
     summary = train(res, progress=False, log=(lambda *a: None) if quiet else print)

@@ -509,6 +509,21 @@ def _find_resume(arg: str, ckpt_dir: str | Path, manager: CheckpointManager, ext
 GUARDS_FIELD = "guards"  # the one place of every guard's state: {optimizer name: state, "divergence": state}
 
 
+def upgrade_layout(ckpt: dict, optimizer_names: list[str]) -> dict:
+    """`ckpt` in the one layout: schedulers keyed by their optimizer's name (the cloning model wrote its one
+    schedule as "scheduler" before), the data position as `batch_in_epoch` (the VAE wrote `micro_in_epoch`).
+    Guards are read by `read_guards`. Returns a shallow copy; `ckpt` is left as it was."""
+    out = dict(ckpt)
+    schedulers = dict(out.get("schedulers", {}))
+    if len(optimizer_names) == 1 and list(schedulers) == ["scheduler"] != optimizer_names:
+        out["schedulers"] = {optimizer_names[0]: schedulers["scheduler"]}
+    counters = dict(out.get("counters", {}))
+    if "batch_in_epoch" not in counters and "micro_in_epoch" in counters:
+        counters["batch_in_epoch"] = counters["micro_in_epoch"]
+    out["counters"] = counters
+    return out
+
+
 def read_guards(ckpt: dict, optimizer_names: list[str]) -> dict[str, dict | None]:
     """Every guard's state in `ckpt`, by optimizer name plus "divergence": from the one layout (`guards`), or
     from the four written before it (tested with files the trainers wrote then), where the first optimizer
@@ -533,7 +548,7 @@ class RunCheckpoints:
     `dir` and `best_metric`). `save(metric)` writes nothing inside a non-finite or diverging streak (one line
     naming the last good checkpoint), else the one layout: the trainer's models, optimizers, schedulers,
     scaler and `ema`, its position and trackers under `counters`, every guard under `guards`, its own
-    `state()` under `extra`; then every rank waits for rank 0's write. `resume(path)` restores all of it
+    `state()` under `extra` (schedulers under their optimizer's name); then every rank waits for rank 0's write. `resume(path)` restores all of it
     exactly (`read_guards` also reads the layouts written before this one), applies the optimizer values
     given now (`optimizer_spec`: {optimizer: {hyper-parameter: (config keys, value)}}, see
     `common.training.optimizer_overrides`) and says where it resumed."""
@@ -570,11 +585,11 @@ class RunCheckpoints:
     def resume(self, path: str | Path, ckpt: dict | None = None) -> dict:
         """Continue the run saved in `path` exactly; returns its checkpoint (read here unless given)."""
         t, path = self.trainer, Path(path)
-        ckpt = load_checkpoint(path, map_location=self.map_location) if ckpt is None else ckpt
+        ckpt = upgrade_layout(load_checkpoint(path, map_location=self.map_location) if ckpt is None else ckpt,
+                              list(t.optimizers))
         counters = restore_state(ckpt, t.models, t.optimizers, t.schedulers, t.precision.scaler, self.ema,
                                  rank=t.info.rank, source=path)
-        t.step, t.epoch = int(counters["step"]), int(counters["epoch"])
-        t.batch_in_epoch = int(counters.get("batch_in_epoch", counters.get("micro_in_epoch", 0)))
+        t.step, t.epoch, t.batch_in_epoch = int(counters["step"]), int(counters["epoch"]), int(counters["batch_in_epoch"])
         guards = read_guards(ckpt, list(t.optimizers))
         for name, guard in t.guards.items():
             if guards.get(name) is not None:

@@ -31,11 +31,11 @@ def test_fast_convergence_is_exactly_the_guides_after_values():
     assert cfg.train.batch_size == 48 and cfg.train.grad_accum == 8
     assert cfg.optim.beta2 == 0.98 and cfg.optim.eps == 1e-9
     assert cfg.optim.weight_decay == 1e-4 and cfg.optim.clip_grad_norm == 0.5
-    assert cfg.train.num_workers == 16 and cfg.train.log_interval == 50
+    assert cfg.train.num_workers == 16 and cfg.train.log_every == 50
     # the guide's schedule: save_step = max(2000, epochs * 10), val_step = max(500, epochs * 2)
-    assert (cfg.train.save_interval, cfg.train.val_check_interval) == (10000, 2000)  # 1000 epochs
+    assert (cfg.train.save_every, cfg.train.validate_every) == (10000, 2000)  # 1000 epochs
     short = resolve("--fast-convergence", "--epochs", "30").cfg
-    assert (short.train.save_interval, short.train.val_check_interval) == (2000, 500)
+    assert (short.train.save_every, short.train.validate_every) == (2000, 500)
     assert len(FAST_CONVERGENCE) == 10
     assert resolve("--fast-convergence").notices == []
 
@@ -49,8 +49,8 @@ def test_fast_convergence_values_are_defaults_that_typed_flags_replace_with_one_
         8, 1e-4, 0.5, 16)
     assert sorted(res.notices) == ["--batch-size 64 replaces the --fast-convergence value 48",
                                    "--lr 0.0002 replaces the --fast-convergence value 0.0001"]
-    res = resolve("--fast-convergence", "--set", "optim.clip_grad_norm=1.0", "--set", "train.val_check_interval=7")
-    assert res.cfg.optim.clip_grad_norm == 1.0 and res.cfg.train.val_check_interval == 7
+    res = resolve("--fast-convergence", "--set", "optim.clip_grad_norm=1.0", "--set", "train.validate_every=7")
+    assert res.cfg.optim.clip_grad_norm == 1.0 and res.cfg.train.validate_every == 7
     assert len(res.notices) == 2 and "--set optim.clip_grad_norm 1.0 replaces the --fast-convergence value 0.5" in res.notices
     # the same value as the preset is not a replacement
     assert resolve("--fast-convergence", "--lr", "1e-4").notices == []

@@ -110,7 +110,7 @@ def trained(corpus, vocoder_dir, tmp_path_factory) -> dict:
 def test_training_lowers_the_validation_mel_loss_and_logs_audio(trained):
     s = trained["summary"]
     hist = s["history"]
-    assert [h["step"] for h in hist] == [0, 16] and s["stopped"] is None and s["skipped_steps"] == 0
+    assert [h["step"] for h in hist] == [0, 16] and s["stopped"] is None and s["skipped"]["steps"] == 0
     assert hist[-1]["mel_l1"] < 0.8 * hist[0]["mel_l1"], hist
     run = trained["run"]
     assert (run / "best.pt").is_file() and (run / "config.yaml").is_file()
@@ -142,7 +142,7 @@ def test_resume_is_bitwise_exact(corpus, tmp_path):
         assert torch.equal(ta, b["models"]["model"][name]), name
     sa, sb = a["optimizers"]["optimizer"]["state"], b["optimizers"]["optimizer"]["state"]
     assert all(torch.equal(sa[k]["exp_avg_sq"], sb[k]["exp_avg_sq"]) for k in sa)
-    assert a["schedulers"]["scheduler"]["last_epoch"] == b["schedulers"]["scheduler"]["last_epoch"] == 6
+    assert a["schedulers"]["optimizer"]["last_epoch"] == b["schedulers"]["optimizer"]["last_epoch"] == 6
 
 
 def test_init_from_loads_weights_only_into_a_new_run_and_names_mismatched_tensors(trained, corpus, tmp_path):
@@ -199,7 +199,7 @@ def test_nonfinite_steps_are_skipped_and_counted(corpus, tmp_path, monkeypatch):
     s = train(resolved(corpus, tmp_path / "r", "--set", "train.max_updates=5", "--set", "train.val_check_interval=100",
                        "--set", "val.at_start=false"),
               progress=False, log=lambda *a: None)
-    assert s["stopped"] is None and s["step"] == 5 and s["skipped_steps"] == 2
+    assert s["stopped"] is None and s["step"] == 5 and s["skipped"]["steps"] == 2
     state = load_checkpoint(CheckpointManager(tmp_path / "r", prefix="clone").latest())
     assert all(torch.isfinite(v).all() for v in state["models"]["model"].values() if v.is_floating_point())
 
@@ -210,7 +210,7 @@ def test_repeated_nonfinite_steps_stop_with_the_last_good_checkpoint_intact(corp
     s = train(resolved(corpus, tmp_path / "r", "--set", "train.max_updates=20", "--set", "train.val_check_interval=100",
                        "--set", "train.save_interval=2", "--set", "train.max_nonfinite=3", "--set", "val.at_start=false"),
               progress=False, log=lines.append)
-    assert s["stopped"] == "non-finite" and s["skipped_steps"] == 3 and s["step"] == 6
+    assert s["stopped"] == "non-finite" and s["skipped"]["steps"] == 3 and s["step"] == 6
     assert any("consecutive" in str(x) for x in lines)
     manager = CheckpointManager(tmp_path / "r", prefix="clone")
     # nothing is written during a non-finite streak: the last checkpoint is step 4, not step 6 after 2 skips

@@ -223,8 +223,8 @@ def effective_block(res: Resolved, device: torch.device, precision: Precision, n
         ("steps", f"{total_steps} optimizer steps ({steps_per_epoch}/epoch"
                   + (f", max_updates {t.max_updates}" if t.max_updates else f", {t.epochs} epochs")
                   + (f", at most {t.max_minutes:g} min)" if t.max_minutes else ")")),
-        ("validation", f"every {t.val_check_interval} steps (checkpoint then too, and every {t.save_interval}; "
-                       f"log every {t.log_interval})"),
+        ("validation", f"every {t.validate_every} steps (checkpoint then too, and every {t.save_every}; "
+                       f"log every {t.log_every})"),
         ("static shapes", f"{len(shapes)} buckets (text, frames): " + ", ".join(f"{a}x{b}" for a, b in shapes)),
     ]
     if t.max_gpu_memory > 0 and device.type == "cuda":

@@ -44,13 +44,13 @@ FAST_CONVERGENCE: dict[str, object] = {
     "optim.weight_decay": 1e-4,
     "optim.clip_grad_norm": 0.5,
     "train.num_workers": 16,
-    "train.log_interval": 50,
+    "train.log_every": 50,
 }
 
 
 def fast_convergence_schedule(epochs: int) -> dict[str, int]:
     """The guide's save/validation schedule, in optimizer steps, from the run's planned epochs."""
-    return {"train.save_interval": max(2000, epochs * 10), "train.val_check_interval": max(500, epochs * 2)}
+    return {"train.save_every": max(2000, epochs * 10), "train.validate_every": max(500, epochs * 2)}
 
 
 def cap_gpu_memory(fraction: float, device: torch.device) -> str | None:
