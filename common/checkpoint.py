@@ -20,6 +20,7 @@ import os
 import random
 import re
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -553,9 +554,12 @@ class RunCheckpoints:
     given now (`optimizer_spec`: {optimizer: {hyper-parameter: (config keys, value)}}, see
     `common.training.optimizer_overrides`) and says where it resumed."""
 
-    def __init__(self, trainer: Any, store: Any, kind: str, *, ema: dict[str, Any] | None = None,
-                 optimizer_spec: dict | None = None, map_location: str | torch.device = "cpu") -> None:
-        self.trainer, self.store, self.kind, self.ema = trainer, store, kind, ema
+    def __init__(self, trainer: Any, store: Any, kind: str, *, ema: Callable[[], dict | None] | None = None,
+                 optimizer_spec: dict | None = None, map_location: str | torch.device = "cpu",
+                 counters: Callable[[], dict] | None = None) -> None:
+        self.trainer, self.store, self.kind = trainer, store, kind
+        self.counters = counters  # a trainer's own counters beside its position (the VAE's resolution stage)
+        self.emas = ema or (lambda: None)  # {name: EMA} as it is now (a trainer may replace its EMA object)
         self.optimizer_spec, self.map_location = optimizer_spec, map_location
         self.last_good: Path | None = None  # the newest checkpoint known to hold a good state
 
@@ -575,8 +579,8 @@ class RunCheckpoints:
         """The whole checkpoint (call on every rank: it gathers every rank's RNG)."""
         t = self.trainer
         counters = {"step": t.step, "epoch": t.epoch, "batch_in_epoch": t.batch_in_epoch,
-                    **t.writer.checkpoint_state()}
-        state = make_state(t.models, t.optimizers, t.schedulers, t.precision.scaler, self.ema, counters,
+                    **(self.counters() if self.counters else {}), **t.writer.checkpoint_state()}
+        state = make_state(t.models, t.optimizers, t.schedulers, t.precision.scaler, self.emas(), counters,
                            config_to_dict(t.cfg), extra=t.state(), trainer=self.kind)
         state[GUARDS_FIELD] = {**{name: g.state_dict() for name, g in t.guards.items()},
                                "divergence": t.divergence.state_dict()}
@@ -587,7 +591,7 @@ class RunCheckpoints:
         t, path = self.trainer, Path(path)
         ckpt = upgrade_layout(load_checkpoint(path, map_location=self.map_location) if ckpt is None else ckpt,
                               list(t.optimizers))
-        counters = restore_state(ckpt, t.models, t.optimizers, t.schedulers, t.precision.scaler, self.ema,
+        counters = restore_state(ckpt, t.models, t.optimizers, t.schedulers, t.precision.scaler, self.emas(),
                                  rank=t.info.rank, source=path)
         t.step, t.epoch, t.batch_in_epoch = int(counters["step"]), int(counters["epoch"]), int(counters["batch_in_epoch"])
         guards = read_guards(ckpt, list(t.optimizers))

@@ -50,14 +50,6 @@ def profile_grid(args: argparse.Namespace) -> tuple[list[int], list[int]]:
     return (args.profile_resolutions or [256, 512, 768, 1024, 1536, 2048], args.profile_batches or [1, 2, 4, 8, 16])
 
 
-def oom_advice(cfg: VAEConfig, precision: str) -> tuple[str, int, dict]:
-    """What a CUDA out-of-memory stop of the training step suggests (`common.hardware.oom_message`'s arguments)."""
-    return ("the VAE training step", int(cfg.batch_size), {
-        "accum_key": "accumulation_steps", "accumulation": cfg.accumulation_steps, "precision": precision,
-        "checkpointing_key": "gradient_checkpointing",
-        "crop_key": "image_size", "crop": cfg.image_size, "resume": "--resume auto"})
-
-
 def _trial_step(new_step: NewStep, cfg: VAEConfig, device: torch.device, perceptual: FrozenLPIPS | None):
     """One real training step at batch b (GAN on: the heaviest step), for the batch-size searches;
     eager (compiling each trial would take minutes, and eager needs at least the compiled memory)."""

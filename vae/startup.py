@@ -20,7 +20,7 @@ from common.checkpoint import restore_state
 from common.config import format_config, save_config
 from common.log import RunLogger, report_lr_plan
 from common.schedulers import build_scheduler, lr_curve
-from common.training import EMA, apply_optimizer_overrides, optimizer_overrides
+from common.training import EMA
 from vae.config import VAEConfig
 from vae.data import TrainData
 from vae.losses import VAELoss
@@ -145,26 +145,6 @@ def start_stage(ckpt: dict, path: Path, models: dict[str, nn.Module], ema: EMA |
               f"{counters['epoch'] + 1}, global step at {counters['steps_before_stage']}"
               + (f"; kept the previous stage's {', '.join(kept)}" if kept else ""))
     return counters, stages
-
-
-def continue_stage(ckpt: dict, path: Path, cfg: VAEConfig, data: TrainData, models: dict[str, nn.Module],
-                   optimizers: dict, schedulers: dict, scaler, ema: EMA | None, rank: int, log) -> dict:
-    """Resume at the same `image_size`: everything continues exactly, but a hyper-parameter given now
-    replaces the checkpoint's, and a changed batch size, GPU count or dataset restarts the data order
-    at the beginning of the epoch. Returns the counters."""
-    old = ckpt.get("counters", {})
-    c = restore_state(ckpt, models, optimizers, schedulers, scaler, {"vae": ema} if ema else None, rank=rank,
-                      source=path)
-    changed = apply_optimizer_overrides(optimizers, schedulers,
-                                        optimizer_overrides(cfg, cfg.optimizer_spec("disc" in optimizers)))
-    if changed:
-        log(changed)
-    if (old.get("samples_per_step"), old.get("num_train")) != (data.samples_per_step, len(data.train_files)):
-        log(f"resume: batch size, GPU count or dataset changed since {path.name}; the data "
-            f"order restarts at the beginning of epoch {c['epoch']}")
-        c["micro_in_epoch"] = 0
-    log(f"resumed {path} at step {c['step']} (epoch {c['epoch']})")
-    return c
 
 
 def build_lr_schedules(cfg: VAEConfig, optimizers: dict, total_steps: int) -> dict:

@@ -50,7 +50,7 @@ class VAEStep:
             vae.freeze_encoder()
         self.vae: AutoencoderKL = vae.to(memory_format=fmt)
         # channels_last before DDP (its gradient buckets copy the parameter layout), compile after.
-        self.vae_ddp = self.precision.prepare_model(wrap_ddp(self.vae, self.info))
+        self.vae_ddp = self.precision.prepare_model(self.vae, self.info)
         if cfg.perceptual_weight > 0 and perceptual is None:
             perceptual = FrozenLPIPS(cfg.perceptual_net, cfg.perceptual_weights or None)
         self.perceptual = perceptual.to(device) if perceptual is not None else None
@@ -75,7 +75,7 @@ class VAEStep:
         self.reset_ema()
         self.guard = NonFiniteGuard(cfg.max_nonfinite)
         self.d_guard = NonFiniteGuard(cfg.max_nonfinite)  # the critic's own streak: a NaN critic must stop the run too
-        self.guards = {"vae": self.guard, "disc": self.d_guard}  # by optimizer name
+        self.guards = {"vae": self.guard, **({"disc": self.d_guard} if self.d_opt else {})}  # one per optimizer
         self.divergence = DivergenceGuard([*self.g_params, *(self.disc.parameters() if self.disc else ())],
                                           cfg.max_nonfinite, across_ranks=self.info.enabled)
         self.buffers = BufferSnapshot(self.vae, self.disc)  # the discriminator's BatchNorm stats

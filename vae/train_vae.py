@@ -22,7 +22,7 @@ import argparse
 import functools
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -30,34 +30,46 @@ import torch
 from common import distributed, exit_codes, loop
 from common.atomic_write import append_text, save_png
 from common.best_by import BestCheckpoints, best_value
-from common.checkpoint import (
-    CheckpointError,
-    load_checkpoint,
-    make_state,
-    resolve_resume,
-    save_atomic,
-)
-from common.config import ConfigError, config_to_dict
+from common.checkpoint import CheckpointError, RunCheckpoints, load_checkpoint, resolve_resume, save_atomic
+from common.config import ConfigError
 from common.distributed import DistInfo
+from common.guards import saving_blocked
 from common.log import Printer, Progress, RunLogger, peak_memory_gib, resumed_trackers
-from common.loop import Cadence
+from common.loop import Cadence, RunResult
 from common.presets import apply_preset
 from common.run_dir import prepare_run_dir, tensorboard_dir
-from common.stopping import SIGNAL, TIME_LIMIT, RunStop, exit_code
-from common.training import count_parameters, saving_blocked
+from common.stopping import TIME_LIMIT, RunStop, exit_code
+from common.training import count_parameters
 from vae import decoder_only, validation
 from vae.config import VAEConfig
 from vae.data import PreparedWatch, TrainData, build_train_data, training_images
 from vae.diffusers_io import export_final
 from vae.flags import build_parser, resolve_config
 from vae.losses import FrozenLPIPS, PerceptualWeightsError
-from vae.memory import choose_batch_size, oom_advice, profile_grid, profile_memory
+from vae.memory import choose_batch_size, profile_grid, profile_memory
 from vae.metrics import evaluate
 from vae.presets import CARD_PRESETS
 from vae.pretrained import forget_stale_record, init_weights
 from vae.rfid import load_inception
-from vae.startup import build_lr_schedules, continue_stage, report_plan, start_stage  # noqa: F401 (tests import it here)
+from vae.startup import build_lr_schedules, report_plan, start_stage  # noqa: F401 (tests import it here)
 from vae.step import VAEStep, new_step  # noqa: F401 (re-exported: tests and benches import new_step from here)
+
+
+class LastCheckpoint:
+    """Where `RunCheckpoints` saves the VAE's run: `checkpoint_last.pt`, refreshed in place (the guide's
+    layout); the rotated, ranked files are the per-epoch ones (`epochs`, whose best.pt this ranks by)."""
+
+    def __init__(self, out_dir: Path, epochs: BestCheckpoints, printer: Callable[[str], None]) -> None:
+        self.dir, self.epochs, self.printer = out_dir, epochs, printer
+
+    @property
+    def best_metric(self) -> float | None:
+        return self.epochs.best_metric
+
+    def save(self, state: dict, step: int, metric: float | None = None) -> Path:
+        path = save_atomic(state, self.dir / "checkpoint_last.pt")
+        self.printer(f"saved {path} at step {step}")
+        return path
 
 
 # ----------------------------------------------------------------------------- the trainer
@@ -69,10 +81,10 @@ class VAETrainer:
                  perceptual: FrozenLPIPS | None = None, init_from: str | None = None) -> None:
         self.cfg, self.device, self.info, self.data, self.out_dir = cfg, device, info, data, out_dir
         main = info.is_main
-        self.log = Printer(main)
+        self.printer = Printer(main)
         self.core = VAEStep(cfg, device, info, data.total_steps, perceptual)  # the models, optimizers, loss, step
         core = self.core
-        self.precision, self.guards = core.precision, core.guards
+        self.precision, self.guards, self.divergence = core.precision, core.guards, core.divergence
         self.models, self.optimizers, self.schedulers = core.models, core.optimizers, core.schedulers  # by name
         # The run's position: step of this resolution stage, epoch, micro-batches into it, stage.
         self.step = self.epoch = self.batch_in_epoch = self.steps_before_stage = 0
@@ -80,32 +92,33 @@ class VAETrainer:
         self.best_psnr: float | None = None
         self.trackers: dict = {}  # the W&B / MLflow run ids a resumed checkpoint holds
         self.last_best: float | None = None  # the latest validation's best_by metric (ranks the epoch checkpoints)
-        self.last_good: Path | None = None  # the newest checkpoint known to hold a good state
         self.last_val: tuple[int, dict] = (-1, {})  # (global step, metrics) of the latest validation
-        self.log(f"VAE {count_parameters(core.vae) / 1e6:.1f} M parameters"
-                 + (f", discriminator {count_parameters(core.disc) / 1e6:.1f} M" if core.disc else "")
-                 + f"; LPIPS: {core.perceptual.source if core.perceptual else 'off (perceptual_weight 0)'}")
+        self.printer(f"VAE {count_parameters(core.vae) / 1e6:.1f} M parameters"
+                     + (f", discriminator {count_parameters(core.disc) / 1e6:.1f} M" if core.disc else "")
+                     + f"; LPIPS: {core.perceptual.source if core.perceptual else 'off (perceptual_weight 0)'}")
         for line in self.precision.report():
-            self.log(f"  {line}")
-        # ---- per-rank noise, then resume (restores the RNG) or weights from elsewhere
-        # Build order: the shared one (models, channels_last, DDP, compile, optimizers), but the per-rank seed comes
-        # after the models (which `train` seeds alike on every rank): seeding per rank first would change the digest.
+            self.printer(f"  {line}")
+        # ---- per-rank noise (the models are seeded alike on every rank by `train`), then where the run starts
         torch.manual_seed(cfg.seed + info.rank)
-        self.manager = BestCheckpoints(out_dir, cfg.best_by, "psnr", self.log, keep_last=cfg.save_n_checkpoints,
-                                       name_fn=lambda n: f"checkpoint_epoch_{n}.pt")
-        resume = resolve_resume(cfg.resume_from, out_dir, self.manager, extra_names=("checkpoint_last.pt",))
+        self.epochs = BestCheckpoints(out_dir, cfg.best_by, "psnr", self.printer, keep_last=cfg.save_n_checkpoints,
+                                      name_fn=lambda n: f"checkpoint_epoch_{n}.pt")
+        self.checkpoints = RunCheckpoints(self, LastCheckpoint(out_dir, self.epochs, self.printer), "vae",
+                                          ema=lambda: {"vae": core.ema} if core.ema else None,
+                                          optimizer_spec=cfg.optimizer_spec("disc" in self.optimizers),
+                                          counters=self._counters)
+        resume = resolve_resume(cfg.resume_from, out_dir, self.epochs, extra_names=("checkpoint_last.pt",))
         if resume is not None:
-            self.restore(resume)
+            self._resume(resume)
         else:  # a new run
             forget_stale_record(out_dir, main)
             if init_from:  # weights only: a diffusers folder, or a checkpoint (see vae/pretrained.py)
                 for line in init_weights(self.models, cfg, init_from, out_dir, main):
-                    self.log(line)
+                    self.printer(line)
                 core.reset_ema()  # the one made with the models holds the random initial weights
         if cfg.train_decoder_only:
             distributed.barrier()  # the main rank has written the init's factors
             for line in decoder_only.startup_lines(core.vae, decoder_only.init_factors(out_dir)):
-                self.log(line)
+                self.printer(line)
         self.writer = RunLogger(tensorboard_dir(out_dir), enabled=main, purge_step=self.global_step,
                                 trackers=cfg.logger, resume=self.trackers, project="vae")
         self.eval_batch = validation.eval_batch_size(cfg)
@@ -121,63 +134,50 @@ class VAETrainer:
         """Steps over all resolution stages (what `disc_start`, the logs and the samples count)."""
         return self.steps_before_stage + self.step
 
-    # ------------------------------------------------------------------ checkpoints
-    def _state(self) -> dict:
-        core = self.core
-        c = {"epoch": self.epoch, "micro_in_epoch": self.batch_in_epoch, "stage": self.stage,
-             "steps_before_stage": self.steps_before_stage, "step": self.step, "global_step": self.global_step,
-             "image_size": self.cfg.image_size, "samples_per_step": self.data.samples_per_step,
-             "num_train": len(self.data.train_files), **self.writer.checkpoint_state()}
-        return make_state(self.models, self.optimizers, self.schedulers, self.precision.scaler,
-                          {"vae": core.ema} if core.ema else None, c, config_to_dict(self.cfg),
-                          extra={"arch": core.vae.arch(), "guard": core.guard.state_dict(),
-                                 "d_guard": core.d_guard.state_dict(), "divergence": core.divergence.state_dict(),
-                                 "best_psnr": self.best_psnr, "stages": self.stages}, trainer="vae")
+    # ------------------------------------------------------------------ checkpoints: this trainer's part
+    def _counters(self) -> dict:
+        return {"stage": self.stage, "steps_before_stage": self.steps_before_stage, "global_step": self.global_step,
+                "image_size": self.cfg.image_size, "samples_per_step": self.data.samples_per_step,
+                "num_train": len(self.data.train_files)}
 
-    def save(self, metric: float | None = None) -> bool:
-        """`checkpoint_last.pt` (outside rotation; `metric`, the latest PSNR, ranks the epoch checkpoints
-        instead); False while the newest steps are non-finite."""
-        reason = "end of training" if self.step >= self.data.total_steps else f"PSNR {metric:.2f}" if metric else "saved"
-        if saving_blocked(self.core.guard, self.core.d_guard, self.core.divergence):
-            self.log(f"not saving checkpoint_last.pt at step {self.step} ({reason}): the newest steps were "
-                     f"non-finite or diverging; the last good checkpoint is {self.last_good or 'none'}")
-            return False
-        s = self._state()  # on every rank: it gathers every rank's RNG state
-        if self.info.is_main:
-            self.last_good = save_atomic(s, self.out_dir / "checkpoint_last.pt")
-            self.log(f"saved {self.out_dir / 'checkpoint_last.pt'} at step {self.step} ({reason})")
-        return True
+    def state(self) -> dict:
+        return {"arch": self.core.vae.arch(), "best_psnr": self.best_psnr, "stages": self.stages}
 
-    def restore(self, path: Path) -> None:
-        """Continue the run saved in `path`: exactly at the same `image_size`; at another one a new
-        resolution stage (weights and EMA carry over; the optimizer and LR schedule are this run's,
-        planned afresh; the counters continue: `vae.startup.start_stage`)."""
-        cfg, data, info = self.cfg, self.data, self.info
-        ckpt = load_checkpoint(path, map_location="cpu")  # restore_state: a checkpoint that does not fit -> exit 2
-        decoder_only.check_resume(ckpt, path, cfg)
-        if ckpt.get("counters", {}).get("image_size") != cfg.image_size:
-            c, self.stages = start_stage(ckpt, path, self.models, self.core.ema, cfg, self.out_dir, data.total_steps,
-                                         info.rank, info.is_main)
-            self.manager.forget_best()  # stage K's best.pt / best.json are kept aside under stage names
-        else:
-            c = continue_stage(ckpt, path, cfg, data, self.models, self.optimizers, self.schedulers,
-                               self.precision.scaler, self.core.ema, info.rank, self.log)
-            extra = ckpt.get("extra", {})
-            self.core.guard.load_state_dict(extra.get("guard", self.core.guard.state_dict()))
-            self.core.d_guard.load_state_dict(extra.get("d_guard", self.core.d_guard.state_dict()))
-            self.core.divergence.load_state_dict(extra.get("divergence"))
-            self.best_psnr = extra.get("best_psnr")
-            self.stages = list(extra.get("stages", self.stages))
-        self.step, self.epoch, self.batch_in_epoch = int(c["step"]), int(c["epoch"]), int(c["micro_in_epoch"])
+    def load_state(self, ckpt: dict) -> None:
+        """The stage and its history; a changed batch size, GPU count or dataset restarts the data order at
+        the beginning of the epoch (everything else continues exactly)."""
+        c, extra = ckpt.get("counters", {}), ckpt.get("extra", {})
+        self.best_psnr = extra.get("best_psnr")
+        self.stages = list(extra.get("stages", self.stages))
         self.stage, self.steps_before_stage = int(c.get("stage", 1)), int(c.get("steps_before_stage", 0))
+        if (c.get("samples_per_step"), c.get("num_train")) != (self.data.samples_per_step, len(self.data.train_files)):
+            self.printer("resume: batch size, GPU count or dataset changed since that checkpoint; the data order "
+                         f"restarts at the beginning of epoch {self.epoch}")
+            self.batch_in_epoch = 0
+
+    def _resume(self, path: Path) -> None:
+        """Continue the run saved in `path`: exactly at the same `image_size` (`RunCheckpoints.resume`); at
+        another one a new resolution stage (weights and EMA carry over; the optimizer and LR schedule are this
+        run's, planned afresh; the counters continue: `vae.startup.start_stage`)."""
+        cfg, info = self.cfg, self.info
+        ckpt = load_checkpoint(path, map_location="cpu")  # a checkpoint that does not fit -> exit 2
+        decoder_only.check_resume(ckpt, path, cfg)
+        if ckpt.get("counters", {}).get("image_size") == cfg.image_size:
+            self.checkpoints.resume(path, ckpt)
+            return
+        c, self.stages = start_stage(ckpt, path, self.models, self.core.ema, cfg, self.out_dir, self.data.total_steps,
+                                     info.rank, info.is_main)
+        self.epochs.forget_best()  # stage K's best.pt / best.json are kept aside under stage names
+        self.step, self.epoch, self.batch_in_epoch = int(c["step"]), int(c["epoch"]), int(c["micro_in_epoch"])
+        self.stage, self.steps_before_stage = int(c["stage"]), int(c["steps_before_stage"])
         self.trackers = resumed_trackers(ckpt.get("counters"))  # a new resolution stage continues them too
-        self.last_good = path
+        self.checkpoints.last_good = path
 
     # ------------------------------------------------------------------ validation
     @functools.cached_property
     def _rfid_net(self):
         """rFID's Inception, loaded at the first validation; None: rFID off (said in one line)."""
-        return load_inception(self.cfg.rfid_weights, self.device, say=self.log)
+        return load_inception(self.cfg.rfid_weights, self.device, say=self.printer)
 
     def validate(self) -> dict:
         """Held-out metrics of the EMA weights (rank 0, once per step) to TensorBoard and `metrics.jsonl`."""
@@ -194,7 +194,7 @@ class VAETrainer:
             append_text(self.out_dir / "metrics.jsonl",
                         json.dumps({"step": self.global_step, "image_size": self.cfg.image_size, **m}) + "\n")
         self.last_val = (self.global_step, m)
-        self.log(f"step {self.global_step}: {validation.describe(m)}")
+        self.printer(f"step {self.global_step}: {validation.describe(m)}")
         return m
 
     def _save_samples(self) -> None:
@@ -204,9 +204,9 @@ class VAETrainer:
         self.writer.image("samples/reconstruction (top: input)", grid, self.global_step)
 
     # ------------------------------------------------------------------ the loop
-    def fit(self) -> dict:
-        """Say the plan, run the epochs (`common.loop`), save and export; returns {"step", "stopped" (None: the
-        plan ran out)} (a non-finite stop raises `NonFiniteError` naming the last good checkpoint: `main` prints it)."""
+    def fit(self) -> RunResult:
+        """Say the plan, run the epochs (`common.loop.fit`); a finished (or time-boxed) run is exported. A
+        non-finite stop raises `NonFiniteError` naming the last good checkpoint (`main` prints it)."""
         cfg, data, main = self.cfg, self.data, self.info.is_main
         if main:
             report_plan(cfg, data, self.schedulers, self.core.loss, self.out_dir, self.writer, self.steps_before_stage,
@@ -216,32 +216,20 @@ class VAETrainer:
             if self.step == 0 and self.val_batches:
                 self.validate()
                 self._save_samples()
-        progress = Progress(data.total_steps, initial=self.step, samples_per_step=data.samples_per_step, enabled=main)
-        self.log.bar = progress
         # stop_at_step counts the steps of every resolution stage (the global step), as the user sees them
-        stop_at = cfg.stop_at_step - self.steps_before_stage if cfg.stop_at_step else None
-        stop = RunStop(cfg.time_limit_minutes or None, stop_at, lr_hint="--learning_rate <lower>",
-                       last_good=lambda: self.last_good, resume_hint="--resume_from auto",
-                       oom=oom_advice(cfg, self.precision.precision))
+        keys = argparse.Namespace(max_minutes=cfg.max_minutes, stop_at_step=max(0, cfg.stop_at_step - self.steps_before_stage)
+                                  if cfg.stop_at_step else 0)
+        stop = RunStop.of(keys, cfg, "the VAE training step", lr_hint="--learning_rate <lower>",
+                          last_good=lambda: self.checkpoints.last_good, resume_hint="--resume_from auto")
         # validation needs held-out files (every rank knows whether there are; rank 0 alone measures)
-        cadence = Cadence(total_steps=data.total_steps, log_every=cfg.log_freq,
-                          validate_every=cfg.val_check_interval if data.val_files else 0, validate_at_end=bool(data.val_files),
-                          save_every=cfg.save_every_steps, steps_per_epoch=data.steps_per_epoch,
-                          batches_per_step=cfg.accumulation_steps)
-        try:
-            try:
-                reason = loop.run(self, cadence, stop, progress, epoch_batches=self._epoch_batches,
-                                  optimizers=self.optimizers, guards=self.guards, divergence=self.core.divergence,
-                                  log=self._log_train, metric=lambda m: m.get("psnr") if m else None,
-                                  after_step=self._samples_on_cadence, epoch_end=self._epoch_checkpoint)
-            finally:
-                self.log.bar = None
-                progress.close()
-            return self._finish(reason, stop.signal_name if reason == SIGNAL else reason)
-        finally:
-            self.writer.close()
+        cadence = Cadence.of(cfg, data.total_steps, validate_every=cfg.validate_every if data.val_files else 0,
+                             validate_at_end=bool(data.val_files), steps_per_epoch=data.steps_per_epoch,
+                             batches_per_step=cfg.accumulation_steps)
+        return loop.fit(self, cadence, stop, self.checkpoints, best_by=cfg.best_by,
+                        samples_per_step=data.samples_per_step, after_step=self._samples_on_cadence,
+                        epoch_end=self._epoch_checkpoint, run_end=self._export)
 
-    def _epoch_batches(self) -> Iterator[list[torch.Tensor]]:
+    def batches(self) -> Iterator[list[torch.Tensor]]:
         """The current epoch's optimizer steps from the run's position, each a list of `accumulation_steps`
         micro-batches collected before the step (as this trainer always did: its crops draw no global RNG)."""
         cfg, data = self.cfg, self.data
@@ -270,42 +258,34 @@ class VAETrainer:
 
     def _epoch_checkpoint(self, epochs_done: int) -> None:
         """Hook (the VAE alone keeps per-epoch files): the rotated `checkpoint_epoch_N.pt` every
-        `checkpoint_freq` epochs, ranked by the latest PSNR."""
-        core = self.core
-        if epochs_done % self.cfg.checkpoint_freq or saving_blocked(core.guard, core.d_guard, core.divergence):
+        `checkpoint_freq` epochs, ranked by the latest `best_by` metric."""
+        if epochs_done % self.cfg.checkpoint_freq or saving_blocked(*self.guards.values(), self.divergence):
             return
-        s = self._state()
+        s = self.checkpoints.state()
         if self.info.is_main:
-            self.last_good = self.manager.save(s, epochs_done, metric=self.last_best)
-            self.log(f"saved {self.last_good}")
+            self.checkpoints.last_good = self.epochs.save(s, epochs_done, metric=self.last_best)
+            self.printer(f"saved {self.checkpoints.last_good}")
         distributed.barrier()
 
-    def _log_train(self, logs: dict, progress: Progress) -> dict[str, float]:
+    def log(self, logs: dict, progress: Progress) -> dict[str, float]:
         """The step's losses and health to TensorBoard (rank 0); returns the values the progress bar shows."""
         logs.pop("stepped")
         if not self.info.is_main:
             return {}
-        logs.update({"lr": self.core.g_opt.param_groups[0]["lr"], "images_per_sec": progress.samples_per_second() or 0.0,
-                     "memory_gib": peak_memory_gib(self.device), "data_wait": progress.data_wait_fraction,
-                     "nonfinite_skipped": self.core.guard.skipped_total})
-        if self.core.d_opt is not None:
-            logs["disc_lr"] = self.core.d_opt.param_groups[0]["lr"]
+        logs["memory_gib"] = peak_memory_gib(self.device)
         self.writer.scalars(logs, self.global_step, "train")  # one host sync for all the tensors
         return {"loss": float(logs["total"]), "rec": float(logs[f"rec_{self.cfg.rec_loss}"])}
 
-    def _finish(self, reason: str | None, why: str | None) -> dict:
-        """The final samples; a finished (or time-boxed) run is exported (the loop saved and validated)."""
+    def _export(self, reason: str | None) -> None:
+        """Hook at the run's end: the final samples; a finished (or time-boxed) run is exported (the loop saved
+        and validated)."""
         if self.info.is_main:
             m = self.last_val[1] if self.last_val[0] == self.global_step else {}
             self._save_samples()
-            if reason:
-                self.log(f"stopped early ({why}) at step {self.step} of {self.data.total_steps}; "
-                         f"continue with --resume_from {self.last_good or 'auto'}")
-            if reason in (None, TIME_LIMIT) and self.last_good is not None:
+            if reason in (None, TIME_LIMIT) and self.checkpoints.last_good is not None:
                 export_final(self.cfg, self.core.eval_model, self.precision, self.data.train_files, self.out_dir,
                              self.writer, self.global_step, m, self.eval_batch, ema=self.core.ema is not None)
         distributed.barrier()
-        return {"step": self.step, "stopped": reason}
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -327,7 +307,7 @@ def train(cfg: VAEConfig, overwrite: bool = False, init_from: str | None = None,
     try:
         trainer = VAETrainer(cfg, info.device, info, perceptual=perceptual, data=data, out_dir=out_dir,
                              init_from=init_from)
-        return exit_code(trainer.fit()["stopped"])
+        return exit_code(trainer.fit().stopped)
     finally:
         distributed.cleanup()
 

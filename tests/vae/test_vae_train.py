@@ -260,7 +260,7 @@ def test_single_nonfinite_step_is_skipped(image_dir, tmp_path, monkeypatch):
     out = tmp_path / "run"
     assert run(image_dir, out, "--num_epochs", "1", "--no-export_diffusers") == 0
     ckpt = load_checkpoint(out / "checkpoint_last.pt")
-    assert ckpt["extra"]["guard"]["skipped_total"] == 1
+    assert ckpt["guards"]["vae"]["skipped_total"] == 1
     assert all(torch.isfinite(v).all() for v in ckpt["models"]["vae"].values())
 
 
@@ -290,7 +290,7 @@ def test_exact_resume_is_bitwise_with_rotation(image_dir, tmp_path):
     assert run(image_dir, resumed, "--num_epochs", "3", "--resume_from", str(resumed / "checkpoint_epoch_2.pt")) == 0
     # Mid-epoch: stop after 2 steps (half an epoch), resume with --resume_from auto, with a worker.
     assert run(image_dir, split, "--num_epochs", "3", "--stop_at_step", "2", "--num_workers", "1") == 0
-    assert load_checkpoint(split / "checkpoint_last.pt")["counters"]["micro_in_epoch"] == 2
+    assert load_checkpoint(split / "checkpoint_last.pt")["counters"]["batch_in_epoch"] == 2
     assert run(image_dir, split, "--num_epochs", "3", "--resume_from", "auto", "--num_workers", "1") == 0
     a = load_checkpoint(straight / "checkpoint_last.pt")
     for other in (resumed, split):
@@ -452,7 +452,7 @@ def test_a_critic_that_stays_nonfinite_stops_the_run(image_dir, tmp_path, monkey
     assert rc == 3 and "consecutive" in capsys.readouterr().err
     assert sorted(p.name for p in out.glob("checkpoint_*.pt")) == ["checkpoint_epoch_1.pt"]
     ckpt = load_checkpoint(out / "checkpoint_epoch_1.pt")
-    assert ckpt["extra"]["d_guard"]["skipped_total"] == 0 and ckpt["counters"]["step"] == 4
+    assert ckpt["guards"]["disc"]["skipped_total"] == 0 and ckpt["counters"]["step"] == 4
 
 
 # ----------------------------------------------------------------------------- the data folder changes under a run
