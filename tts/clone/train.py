@@ -47,7 +47,6 @@ from common.precision import Precision
 from common.presets import apply_preset
 from common.run_dir import prepare_run_dir, tensorboard_dir
 from common.schedulers import lr_curve
-from common.speaker_similarity import load_speaker_encoder
 from common.stopping import RunStop, exit_code
 from common.training import (
     DivergenceGuard,
@@ -60,6 +59,7 @@ from common.training import (
     saving_blocked,
     step_optimizer,
 )
+from speech.speaker_similarity import load_speaker_encoder
 from tts.clone.build import build_clone_optimizer, build_clone_scheduler, pick_device, planned_steps
 from tts.clone.data import CloneData, DataError, feature_stats, load_reference
 from tts.clone.evaluation import PlateauDetector, evaluate, log_validation, synthesis_metrics, to_device

@@ -36,13 +36,12 @@ from common.checkpoint import (
 )
 from common.config import ConfigError, config_to_dict, format_config, save_config
 from common.distributed import DistInfo, barrier, cleanup, setup_distributed, wrap_ddp
-from common.log import Printer, Progress, RunLogger, plot_alignment, report_lr_plan, resumed_trackers
+from common.log import Printer, Progress, RunLogger, report_lr_plan, resumed_trackers
 from common.loop import Cadence
 from common.muon import build_optimizer
 from common.precision import Precision, compile_unavailable
 from common.run_dir import tensorboard_dir
 from common.schedulers import build_scheduler, lr_curve
-from common.speaker_similarity import load_speaker_encoder
 from common.stopping import RunStop, exit_code
 from common.training import (
     ClipStats,
@@ -55,6 +54,8 @@ from common.training import (
     saving_blocked,
     step_optimizer,
 )
+from speech.plots import plot_alignment
+from speech.speaker_similarity import load_speaker_encoder
 from tts.text.phonemes import Frontend
 from tts.vits.build import (  # noqa: F401 (parse_args, plan_source_start: imported from here by tests)
     build_data,
