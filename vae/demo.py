@@ -7,7 +7,7 @@
 2. `vae/prepare_data.py --mode preprocess` cleans them into data/demo/vae_prepared/.
 3. `vae/train_vae.py --config vae/configs/demo.yaml` trains on 32 px crops into runs/vae_demo.
 4. Prints held-out PSNR at step 0 and at the end (it must rise clearly), judges the reconstruction
-   of every whole held-out 64 px image with speech.mcd (mean PSNR at least ``MIN_PSNR_DB``)
+   of every whole held-out 64 px image with common.demo's figures (mean PSNR at least ``MIN_PSNR_DB``)
    and saves runs/vae_demo/reconstruction_grid.png (top: held-out input, bottom: reconstruction).
 
 Idempotent: existing images and prepared files are reused, and a finished run is reported, not
