@@ -33,7 +33,7 @@ def test_the_demo_command_runs_make_demos_jobs():
     makefile = (REPO / "Makefile").read_text()
     slots = re.search(r"^DEMO_SLOTS \?= (\d+)", makefile, re.M).group(1)
     assert "$(PY) -m common.demo --slots $(DEMO_SLOTS) --log_dir runs/demo_logs $(DEMO_JOBS)" in makefile
-    block = re.search(r"```bat\n(\.venv\\Scripts\\python -m common\.jobs .*?)```", section, re.S).group(1)
+    block = re.search(r"```bat\n(\.venv\\Scripts\\python -m common\.demo .*?)```", section, re.S).group(1)
     assert block.startswith(rf".venv\Scripts\python -m common.demo --slots {slots} --log_dir runs\demo_logs ^")
     assert re.findall(r'--job "([^"]+)"', block) == demo_jobs_from_makefile()
 
