@@ -40,7 +40,7 @@ test: setup $(TESTDEPS)
 	$(PY) -m pytest tests
 
 lint: setup
-	$(PY) -m ruff check common vocoder tts vae bench serve tests
+	$(PY) -m ruff check common speech vocoder tts vae bench serve tests
 
 # The page and HTTP API over trained models (docs/serve.md): CKPT="a.pt b/export ..." (default: the demo's
 # outputs under runs/), ARGS="--port 8001 --device cuda ...". Listens on 127.0.0.1 unless ARGS says --host.
@@ -71,7 +71,7 @@ bench-learning: setup
 # a free slot takes the first listed demo whose needs have ended.
 -include tts/targets.mk vocoder/targets.mk tts/clone_targets.mk vae/targets.mk
 
-# The four demos run two at a time, one thread each (common/jobs.py says why), the cloning demo after
+# The four demos run two at a time, one thread each (common/demo.py says why), the cloning demo after
 # the vocoder demo (its export) and the VITS demo's corpus (tts-demo-data). Every demo runs, even after one misses its
 # plausibility check (each writes its outputs and pictures first); the end repeats every verdict and
 # the exit status is 1 when any demo missed or failed. DEMO_SLOTS=1 runs them one after another.
@@ -82,4 +82,4 @@ DEMO_ARGS = $(if $(DEMO_SEED),--seed $(DEMO_SEED))
 # DEMO_THREADS and DEMO_SEED reach a demo run on its own too (make vocoder-demo DEMO_THREADS=2 DEMO_SEED=7).
 DEMO_ENV = $(if $(DEMO_THREADS),OMP_NUM_THREADS=$(DEMO_THREADS))
 demo: setup
-	$(DEMO_ENV) $(PY) -m common.jobs --slots $(DEMO_SLOTS) --log_dir runs/demo_logs $(DEMO_JOBS)
+	$(DEMO_ENV) $(PY) -m common.demo --slots $(DEMO_SLOTS) --log_dir runs/demo_logs $(DEMO_JOBS)

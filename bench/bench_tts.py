@@ -40,8 +40,8 @@ def _models(preset: str, n_speakers: int = 1, **over):
 def train_step_time(preset: str, device: torch.device, steps: int, batch: int, seconds: float,
                     segment: int) -> tuple[float, float]:
     """Seconds per full G+D step and utterances/s, on a synthetic batch (after one warm-up step)."""
-    from common.audio import MelSpectrogram
     from common.training import step_optimizer
+    from speech.audio import MelSpectrogram
     from tts.vits.losses import discriminator_loss, feature_loss, generator_loss, kl_loss
     from tts.vits.model import slice_segments
 

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from common.audio import MelSpectrogram, extract_f0, load_audio
 from common.config import load_config
-from common.plausibility import compare_speech, rms_db
+from speech.audio import MelSpectrogram, load_audio
+from speech.f0 import extract_f0
+from speech.mcd import compare_speech, rms_db
 from vocoder.config import VocoderConfig
 from vocoder.demo import CONFIG, REPO
 

@@ -1,13 +1,13 @@
 """Each f0 extractor on this CPU: its speed in seconds per hour of audio (one thread) and how far it agrees with
 Praat (parselmouth, the default) on the vocoder demo's human recordings (data/demo/vocoder_readers: people
-reading Tux Paint's stamp descriptions, `common.demo_recordings`; `make vocoder-demo` or its data step makes it).
+reading Tux Paint's stamp descriptions, `speech.demo_recordings`; `make vocoder-demo` or its data step makes it).
 
     python -m bench.f0_extractors [--recordings data/demo/vocoder_readers] [--per_reader 10] [--rmvpe rmvpe.onnx]
 
-Agreement, on `common.audio.extract_f0`'s mel grid (hop 256 at 22.05 kHz), against parselmouth's track of the
+Agreement, on `speech.f0.extract_f0`'s mel grid (hop 256 at 22.05 kHz), against parselmouth's track of the
 same file: `gross` = the share of the frames both call voiced that lie more than 50 cents apart (octave jumps and
 misses, not jitter), `median` = the median |difference| in cents there, `voicing` = the share of all frames
-whose voiced / unvoiced call is the same (`common.pitch_metrics`). Speed: wall time of `extract_f0` over the
+whose voiced / unvoiced call is the same (`speech.pitch_metrics`). Speed: wall time of `extract_f0` over the
 files after one untimed call (model loading, numba compiling), torch / onnxruntime on one thread. A benchmark
 measures and prints; it judges nothing.
 """
@@ -23,8 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.audio import F0_METHODS, check_f0_extractor, extract_f0, load_audio
-from common.pitch_metrics import f0_agreement, vuv_error
+from speech.audio import load_audio
+from speech.f0 import F0_METHODS, check_f0_extractor, extract_f0
+from speech.pitch_metrics import f0_agreement, vuv_error
 
 REPO = Path(__file__).resolve().parents[1]
 HOP = 256
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(args.recordings)
     if not (root / "corpus.json").is_file():
         print(f"{root}/corpus.json not found: make the demo's recordings first (make vocoder-demo, or "
-              "common.demo_recordings.make_recordings_corpus)")
+              "speech.demo_recordings.make_recordings_corpus)")
         return 2
     torch.set_num_threads(1)
     files = pick_files(root, args.per_reader)

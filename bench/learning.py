@@ -89,8 +89,8 @@ EVAL_STFT = ([1024, 2048, 512], [120, 240, 50], [600, 1200, 240])
 def vocoder_held_out(generator: torch.nn.Module, tr, limit: int | None, seed: int) -> dict:
     """One function for every vocoder under test (ours or the reference's): whole held-out files
     of ``tr.valid_set`` through ``generator(mel, f0)`` under a fixed RNG; MR-STFT, log-magnitude
-    L1, mel L1 and MCD-DTW (common.plausibility's measure) against the ground truth."""
-    from common.plausibility import compare_speech
+    L1, mel L1 and MCD-DTW (speech.mcd's measure) against the ground truth."""
+    from speech.mcd import compare_speech
     from vocoder.losses import MultiResolutionSTFTLoss
 
     stft = MultiResolutionSTFTLoss(*EVAL_STFT)

@@ -6,10 +6,10 @@ Why: a validation metric is worth its column only when it ranks trained output b
 output. For each demo this reads every new metric at the first and the last validation from the run folder,
 then scores clearly wrong outputs against the same held-out recordings with the functions the validations
 call (imported, not re-implemented):
-- vocoder (`vocoder.validation`: `common.pitch_metrics.pitch_errors` on the validation's cut of each held-out
+- vocoder (`vocoder.validation`: `speech.pitch_metrics.pitch_errors` on the validation's cut of each held-out
   clip): a flat 30-harmonic stack on the clip's own f0 at its level, one clip of each training reader, white
   noise at the clip's level (`bench.demo_references`);
-- VITS and cloning (`common.plausibility.mcd_dtw_path` + `aligned_pitch_errors`, `common.speaker_similarity`,
+- VITS and cloning (`speech.mcd.mcd_dtw_path` + `aligned_pitch_errors`, `speech.speaker_similarity`,
   each trainer's mel and f0 range): each other speaker's recording of the same held-out sentence (the demo
   corpus has every sentence in all three voices), and white noise at the recording's level.
 The VAE's new metric, rFID, is off in the demo (no Inception weights cached), so it has no table.
@@ -26,12 +26,13 @@ import numpy as np
 import torch
 
 from bench.demo_references import at_level, harmonic_stack
-from common.audio import MelSpectrogram, extract_f0, load_audio
 from common.best_by import METRICS
 from common.config import load_config
-from common.pitch_metrics import PITCH_METRICS, nanmean, pitch_errors
-from common.plausibility import aligned_pitch_errors, mcd_dtw_path, rms_db
-from common.speaker_similarity import load_speaker_encoder
+from speech.audio import MelSpectrogram, load_audio
+from speech.f0 import extract_f0
+from speech.mcd import aligned_pitch_errors, mcd_dtw_path, rms_db
+from speech.pitch_metrics import PITCH_METRICS, nanmean, pitch_errors
+from speech.speaker_similarity import load_speaker_encoder
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "data" / "demo"

@@ -6,7 +6,7 @@ steps from the same seed, then for each model:
   held-out recordings and against the trimmed ones (the same references for both models);
 - the leading and trailing silence of its held-out syntheses (the 6 eval sentences in their speakers' voices,
   the demo's ``held_out_check`` way): frames 40 dB under the loudest one (``librosa.effects.trim``), and
-  before / after the speech Silero VAD finds (``common.trim.speech_span`` with no margin), beside the same
+  before / after the speech Silero VAD finds (``speech.trim.speech_span`` with no margin), beside the same
   figures of the recordings.
 
     python -m bench.trim_effect [--steps 1700] [--seed 1234] [--threads 1] [--retrain] [--pad 1.0]
@@ -69,7 +69,7 @@ def edge_silence(wav: np.ndarray, sr: int) -> dict:
     Silero VAD (no margin; None where it finds no speech)."""
     import librosa
 
-    from common.trim import speech_span
+    from speech.trim import speech_span
 
     _, (start, end) = librosa.effects.trim(wav, top_db=TOP_DB, frame_length=1024, hop_length=256)
     vad_start, vad_end = speech_span(wav, sr, margin=0.0)
@@ -125,7 +125,7 @@ def train(name: str, data: Path, steps: int, seed: int, retrain: bool, pad: floa
 
 @torch.no_grad()
 def measure(ckpt: Path, folders: dict[str, Path]) -> dict:
-    from common.audio import load_audio
+    from speech.audio import load_audio
     from tts.text.phonemes import Frontend
     from tts.vits import synthesize
     from tts.vits.data import VitsDataset, read_manifest

@@ -27,9 +27,9 @@ METRICS: dict[str, str] = {
     # audio against its recording
     "mrstft": "min",  # multi-resolution STFT distance (spectral convergence + log magnitude)
     "mel_l1": "min",  # L1 between log-mel spectrograms
-    "f0_rmse": "min",  # F0 RMSE in cents on frames voiced in both (common.pitch_metrics)
-    "vuv_error": "min",  # fraction of frames whose voicing differs (common.pitch_metrics)
-    "periodicity": "min",  # RMSE between periodicity tracks (common.pitch_metrics)
+    "f0_rmse": "min",  # F0 RMSE in cents on frames voiced in both (speech.pitch_metrics)
+    "vuv_error": "min",  # fraction of frames whose voicing differs (speech.pitch_metrics)
+    "periodicity": "min",  # RMSE between periodicity tracks (speech.pitch_metrics)
     "pesq": "max",  # PESQ, wide band (1.04 .. 4.64)
     "mcd": "min",  # mel-cepstral distortion after DTW, dB
     "align_sharpness": "max",  # how sure and diagonal a text-to-audio alignment is, 0..1

@@ -25,12 +25,13 @@ import numpy as np
 import soundfile as sf
 import torch
 
-from common import pitch_metrics as pm
-from common.audio import AudioError, MelSpectrogram, check_f0_extractor, load_audio, to_int16
 from common.checkpoint import CheckpointError, checkpoint_kind, describe_kind, load_checkpoint
-from common.log import plot_spectrograms
-from common.plausibility import compare_speech
 from common.precision import Precision
+from speech import pitch_metrics as pm
+from speech.audio import AudioError, MelSpectrogram, load_audio, to_int16
+from speech.f0 import check_f0_extractor
+from speech.mcd import compare_speech
+from speech.plots import plot_spectrograms
 
 KINDS = ("vits", "clone", "vocoder", "vae")
 
@@ -185,7 +186,7 @@ def check_text(text: str, limits: Limits) -> str:
 
 
 def read_upload_audio(data: bytes, sr: int, limits: Limits, what: str = "the upload") -> np.ndarray:
-    """Uploaded bytes → mono float32 at `sr` through common.audio's loader (its checks and messages)."""
+    """Uploaded bytes → mono float32 at `sr` through speech.audio's loader (its checks and messages)."""
     if not data:
         raise BadRequest(f"{what} is empty (0 bytes): choose an audio file (wav, flac, ogg, mp3)")
     with tempfile.TemporaryDirectory() as tmp:
@@ -293,8 +294,8 @@ def _speak_clone(served: Served, text: str, job: Job, limits: Limits, reference:
 
 def vocode(served: Served, data: bytes, job: Job, limits: Limits) -> dict:
     """An uploaded recording → its copy-synthesis, side-by-side spectrograms (PNG) and the vocoder's held-out
-    figures against the recording: level and MCD-DTW (`common.plausibility`), F0 RMSE, V/UV error and
-    periodicity (`common.pitch_metrics`)."""
+    figures against the recording: level and MCD-DTW (`speech.mcd`), F0 RMSE, V/UV error and
+    periodicity (`speech.pitch_metrics`)."""
     if served.kind != "vocoder":
         raise BadRequest(f"{served.id} is a {served.kind} model; Vocode takes a vocoder")
     voc = served.model

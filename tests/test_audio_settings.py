@@ -1,4 +1,4 @@
-"""One mel settings block (`common.audio.AudioSettings`) in the vocoder, VITS and cloning schemas.
+"""One mel settings block (`speech.audio.AudioSettings`) in the vocoder, VITS and cloning schemas.
 
 Every shipped config's block builds the mel front-end it describes and agrees with the model that
 consumes it (the cloning recipes' mels are vocoded by the vocoder recipe they name; a HiFi-GAN
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.audio import AudioSettings, MelSpectrogram
 from common.config import ConfigError, load_config
+from speech.audio import AudioSettings, MelSpectrogram
 from tts.clone.config import CloneConfig
 from tts.vits.config import TrainConfig
 from vocoder.config import VocoderConfig

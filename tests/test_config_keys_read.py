@@ -3,7 +3,7 @@ setting a user believes took effect when nothing changed (`eval_batch_size` was 
 
 How (static, so it covers all four trainers in well under a second): each trainer declares its
 schema as dataclasses in one config module. A key counts as read when the trainer's own source
-files (and common/, which reads configs it is handed) contain it
+files (and common/ and speech/, which read configs they are handed) contain it
 - as an attribute read (`cfg.eval_batch_size`, `t.compile`, `args.hidden_channels`: an `ast.Attribute`
   in Load context, f-strings included), or
 - as a string constant outside dict literals (`getattr(cfg, "lr_gen")`, a loop over
@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMON = sorted((ROOT / "common").glob("*.py"))
+COMMON = sorted((ROOT / "common").glob("*.py")) + sorted((ROOT / "speech").glob("*.py"))  # shared readers
 CLONE_SCRIPTS = ("train_main.py", "infer_clone.py", "export_clone_onnx.py", "clone_demo.py")  # tts/ entry points
 VITS_FILES = [p for p in sorted((ROOT / "tts").rglob("*.py"))
               if "clone" not in p.relative_to(ROOT / "tts").parts and p.name not in CLONE_SCRIPTS]

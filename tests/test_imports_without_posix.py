@@ -12,7 +12,7 @@ from tests.child_env import child_env
 
 REPO = Path(__file__).resolve().parents[1]
 POSIX_ONLY = ("resource", "fcntl", "termios", "pwd", "grp")
-PACKAGES = ("common", "vocoder", "tts", "vae", "bench")
+PACKAGES = ("common", "speech", "vocoder", "tts", "vae", "bench")
 
 # In a fresh interpreter: block the modules (None in sys.modules makes `import` raise ImportError, as on
 # Windows), then import every module of the packages; print the ones that fail with why.

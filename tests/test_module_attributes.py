@@ -10,7 +10,7 @@ import importlib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("common", "vocoder", "tts", "vae", "bench")
+PACKAGES = ("common", "speech", "vocoder", "tts", "vae", "bench")
 
 
 def module_aliases(tree: ast.Module) -> dict[str, set[str]]:

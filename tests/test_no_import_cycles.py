@@ -1,5 +1,5 @@
 """The repo's own modules import each other as a DAG: no cycle through any `import x` / `from x import y`
-that names a module of common, vocoder, tts, vae or bench, at module level or inside a function (a deferred
+that names a module of common, speech, vocoder, tts, vae or bench, at module level or inside a function (a deferred
 import hides a cycle from Python, not from the design). Read with `ast`, nothing is imported; imports made
 by name at run time (`importlib.import_module`) are not seen."""
 
@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("common", "vocoder", "tts", "vae", "bench")
+PACKAGES = ("common", "speech", "vocoder", "tts", "vae", "bench")
 
 
 def repo_modules(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:

@@ -75,7 +75,7 @@ def test_every_attribute_is_first_set_in_init(cls):
 
 
 # ----------------------------------------------------------------------------------- import graph
-PACKAGES = ("common", "vocoder", "tts", "vae")
+PACKAGES = ("common", "speech", "vocoder", "tts", "vae")
 
 
 def module_name(path: Path) -> str:

@@ -193,8 +193,8 @@ def umask():
 @pytest.mark.parametrize("mask", [0o022, 0o077, 0o002])
 @pytest.mark.parametrize("proc", [True, False], ids=["proc", "no-proc"])
 def test_written_files_have_the_mode_a_plain_open_gives(tmp_path, umask, mask, proc, monkeypatch):
-    from common.audio import save_wav
     from common.checkpoint import save_atomic
+    from speech.audio import save_wav
 
     if not proc:  # elsewhere than Linux: the umask is read by setting and restoring it
         real_open = open

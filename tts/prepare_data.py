@@ -18,7 +18,7 @@ Metadata forms (``--format auto`` detects them; one line says which was read; tt
   column (no --audio_dir when the audio is in the table); read offline with pyarrow.
 
 Output (``OUT``): ``wavs/<id>.wav`` (mono 16-bit at the config's rate), ``spec/<id>.npy``
-(float16 linear magnitude [n_fft/2+1, frames], common.audio.MelSpectrogram.linear of that wav),
+(float16 linear magnitude [n_fft/2+1, frames], speech.audio.MelSpectrogram.linear of that wav),
 ``train.jsonl`` / ``eval.jsonl`` (id, wav, spec, text, raw_text, speaker, speaker_id, duration,
 num_samples, source, line), ``speakers.json`` (name → id), ``report.json``; with ``phoneme_type: espeak``
 also ``phonemes_<espeak_voice>.json`` (normalised text → espeak-ng phonemes, tts/text/phonemes.py).
@@ -46,12 +46,12 @@ import torch
 
 from common import exit_codes
 from common.atomic_write import atomic_output, write_text
-from common.audio import AudioError, MelSpectrogram, check_audio, load_audio, save_wav, to_float32, to_int16
 from common.config import ConfigError, load_config
 from common.prepared import array_problem, open_npy
 from common.run_dir import check_apart, check_output_dir, check_prepared_settings
-from common.trim import loudness, report_lines, trim_and_level
 from common.workers import RUN_ERRORS, process_pool
+from speech.audio import AudioError, MelSpectrogram, check_audio, load_audio, save_wav, to_float32, to_int16
+from speech.trim import loudness, report_lines, trim_and_level
 from tts.metadata import (  # noqa: F401  (Row, resolve_audio: importable from here too, as before)
     AUDIO_EXTENSIONS,
     DEFAULT_SPEAKER,
@@ -96,7 +96,7 @@ class ItemCheck:
 def check_item(raw_text: str, wav: np.ndarray | None = None, sr: int | None = None,
                cfg: DataConfig | None = None, hop_length: int = 256, ids: list[int] | None = None) -> ItemCheck:
     """Every per-item data check in one place: text (empty, unknown characters, token count),
-    audio (common.audio.check_audio: validity, silence, clipping, duration), speaking rate
+    audio (speech.audio.check_audio: validity, silence, clipping, duration), speaking rate
     (normalised letters per second) and whether MAS can align it (frames ≥ tokens, with blanks).
     ``wav=None`` runs only the text checks. ``ids``: the phoneme ids the metadata gave (tts/metadata.py checked
     them against the symbols): no normalising, their spoken symbols count as the letters."""
@@ -176,7 +176,7 @@ class Result:
     reason: str | None = None
     notes: list[str] = field(default_factory=list)
     remade: str | None = None  # a damaged earlier output of this item, made again: which and why
-    level: dict | None = None  # trimmed seconds and loudness (common.trim.trim_and_level; None: audio not read)
+    level: dict | None = None  # trimmed seconds and loudness (speech.trim.trim_and_level; None: audio not read)
 
 
 _MEL: MelSpectrogram | None = None
@@ -237,14 +237,14 @@ def process_item(job: Job) -> Result:
             res.level = _earlier_level(job, wav, sr)
         else:
             # longer than data.max_audio_len: refused from its header, nothing decoded; else read and resampled in
-            # blocks (common.audio.load_audio), so a worker holds the clip at the output rate and little more
+            # blocks (speech.audio.load_audio), so a worker holds the clip at the output rate and little more
             wav, sr = load_audio(job.audio_path, sr=a.sample_rate, mono=True, max_seconds=job.data.max_audio_len)
             info = sf.info(job.audio_path)
             if info is not None and info.channels > 1:
                 res.notes.append(f"downmixed {info.channels} channels to mono")
             if info is not None and info.samplerate != a.sample_rate:
                 res.notes.append(f"resampled {info.samplerate} Hz -> {a.sample_rate} Hz")
-            # silence trimmed and level set before the spec (common/trim.py), so spec, wav and durations agree
+            # silence trimmed and level set before the spec (speech/trim.py), so spec, wav and durations agree
             wav, res.level = trim_and_level(wav, sr, job.data.trim_silence, job.data.trim_margin,
                                             job.data.loudness_lufs)
             if wav is None:
@@ -435,7 +435,7 @@ def _write_report(out: Path, metadata: Path, fmt: str, rows: list[Row], problems
                   notes: list[Problem], train: list[dict], evals: list[dict], speakers: dict,
                   levels: dict[str, dict] | None = None) -> dict:
     """report.json, and report.txt: the dropped lines, and the trimmed seconds and level of every file read
-    (`levels`: common.trim.trim_and_level's, or the earlier report's for the files an earlier run made)."""
+    (`levels`: speech.trim.trim_and_level's, or the earlier report's for the files an earlier run made)."""
     kinds = Counter(re.sub(r"\s*[(:].*$", "", p.reason) for p in problems)
     report = {
         "metadata": str(metadata), "format": fmt, "layout": describe(fmt, rows), "rows_parsed": len(rows),

@@ -7,7 +7,7 @@
 2. `vae/prepare_data.py --mode preprocess` cleans them into data/demo/vae_prepared/.
 3. `vae/train_vae.py --config vae/configs/demo.yaml` trains on 32 px crops into runs/vae_demo.
 4. Prints held-out PSNR at step 0 and at the end (it must rise clearly), judges the reconstruction
-   of every whole held-out 64 px image with common.plausibility (mean PSNR at least ``MIN_PSNR_DB``)
+   of every whole held-out 64 px image with common.demo's figures (mean PSNR at least ``MIN_PSNR_DB``)
    and saves runs/vae_demo/reconstruction_grid.png (top: held-out input, bottom: reconstruction).
 
 Idempotent: existing images and prepared files are reused, and a finished run is reported, not
@@ -27,8 +27,7 @@ import torch
 from PIL import Image
 
 from common.atomic_write import save_png, write_text
-from common.jobs import demo_threads, record_demo_settings, trained_with_other_settings
-from common.plausibility import Figure, report
+from common.demo import Figure, demo_threads, record_demo_settings, report, trained_with_other_settings
 from vae.data import image_to_tensor, list_images, open_image_rgb
 from vae.losses import backbone_cache_path
 from vae.metrics import psnr, save_grid

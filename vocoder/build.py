@@ -9,7 +9,6 @@ from pathlib import Path
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from common.audio import MelSpectrogram
 from common.best_by import add_best_by_arg
 from common.config import ConfigError, add_config_args, format_config, load_config, note_prepare_keys
 from common.data import ResumableSampler, make_loader
@@ -20,6 +19,7 @@ from common.presets import add_preset_arg, apply_preset
 from common.run_dir import add_run_args, prepare_run_dir
 from common.schedulers import lr_lambda
 from common.training import count_parameters
+from speech.audio import MelSpectrogram
 from vocoder.config import OptimizerArgs, VocoderConfig
 from vocoder.data import VocoderDataset, collate, load_manifest
 from vocoder.discriminators import Discriminators, build_discriminators

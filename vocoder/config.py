@@ -8,7 +8,7 @@ misspelt optimizer keys (``generater_optimizer_args``, ``discriminate_optimizer_
 ``save_n_checkpoints`` and ``precision``: "One name per concept" in docs/conventions.md) and
 Muon_AdamW's ``muon_args.weight_decay`` / ``adamw_args.{weight_decay,eps}`` are accepted as
 aliases, in any layer (the later layer wins whichever spelling it uses), and translated to the field
-names at load. The mel settings are the shared ``audio:`` block (``common.audio.AudioSettings``); the
+names at load. The mel settings are the shared ``audio:`` block (``speech.audio.AudioSettings``); the
 seed's flat keys (``audio_sample_rate``, ``hop_size``, ``fft_size``, ``win_size``,
 ``audio_num_mel_bins``, ``fmin``, ``fmax``) are aliases of its fields.
 
@@ -24,7 +24,6 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from common.audio import AudioSettings
 from common.best_by import check_best_by
 from common.config import ConfigError, load_config  # noqa: F401 (re-exported for callers)
 from common.log import tracker_names
@@ -42,6 +41,7 @@ from common.ranges import (
     PositiveInt,
     Probability,
 )
+from speech.audio import AudioSettings
 
 TASKS = {
     "nsf_HiFigan_task.nsf_HiFigan": "standard",
@@ -154,7 +154,7 @@ class BinarizationArgs:
     max_seconds: PositiveFloat | None = 600.0
     silence_db: AnyFloat = -60.0  # peak below this -> skipped as silent
     max_clip_fraction: Probability = 0.01  # more samples than this at full scale -> skipped as clipped
-    # Silero VAD trims leading/trailing silence before mel and f0, keeping trim_margin s each side (common/trim.py)
+    # Silero VAD trims leading/trailing silence before mel and f0, keeping trim_margin s each side (speech/trim.py)
     trim_silence: bool = False
     trim_margin: NonNegativeFloat = 0.25
     loudness_lufs: LoudnessTarget | None = None  # a level (e.g. -23): every file scaled to it (ITU-R BS.1770); None = off

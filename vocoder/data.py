@@ -27,7 +27,7 @@ from common.prepared import damaged, load_npy, read_json, require_finite
 from vocoder.config import VocoderConfig
 from vocoder.prepare_data import AUDIO_EXTENSIONS, FORMAT_VERSION, MANIFEST
 
-LOG_FLOOR = math.log(1e-5)  # common.audio.MelSpectrogram's log clamp
+LOG_FLOOR = math.log(1e-5)  # speech.audio.MelSpectrogram's log clamp
 
 
 class DatasetError(RuntimeError):
@@ -77,7 +77,7 @@ def load_manifest(data_dir: str | Path, cfg: VocoderConfig) -> dict:
             "win_size": a.win_length, "num_mels": a.n_mels, "fmin": a.fmin, "fmax": a.fmax,
             "pe": cfg.pe, "f0_min": cfg.f0_min, "f0_max": cfg.f0_max}
     if cfg.pe == "rmvpe" and cfg.pe_ckpt:  # its weights too, by content (a moved or renamed file is the same)
-        from common.rmvpe import F0WeightsError, weights_digest
+        from speech.rmvpe import F0WeightsError, weights_digest
 
         try:
             want["pe_ckpt_sha256"] = weights_digest(cfg.pe_ckpt)
@@ -178,7 +178,7 @@ class VocoderDataset(Dataset):
         from the new audio and f0 is the old contour, time-warped and multiplied by ``speed``."""
         import soxr
 
-        from common.audio import MelSpectrogram
+        from speech.audio import MelSpectrogram
 
         speed = float(rng.uniform(self.cfg.aug_min, self.cfg.aug_max))
         crop, margin = self.cfg.crop_mel_frames, 2

@@ -3,7 +3,7 @@ copy-synthesis of held-out readers it never heard, and an exported generator.
 
 1. ``apt-get download tuxpaint-stamps-default`` (Debian's package of Tux Paint's read-aloud stamp
    descriptions, GPL-2): 30 clips from each of six readers to train on, 3 from each of two other
-   readers to hold out -> ``data/demo/vocoder_readers`` (22.05 kHz; ``common.demo_recordings``).
+   readers to hold out -> ``data/demo/vocoder_readers`` (22.05 kHz; ``speech.demo_recordings``).
    When the package cannot be fetched, espeak-ng reads Uzbek sentences in six voices instead
    (``data/demo/vocoder_wavs``, 6 random files held out), and one line says so;
 2. ``prepare_data`` binarizes them (the held-out readers via ``test_prefixes``);
@@ -13,7 +13,7 @@ copy-synthesis of held-out readers it never heard, and an exported generator.
 
 It prints the held-out multi-resolution STFT distance at step 0 and at the end (it must fall
 clearly), writes ``copysyn/<file>.png`` (ground-truth and generated mel side by side) for every
-held-out file, and judges the copy-synthesis with ``common.plausibility``: each file's level within
+held-out file, and judges the copy-synthesis with ``speech.mcd``: each file's level within
 6 dB of its ground truth and the mean MCD-DTW below ``MAX_MCD``. Exit status 1 when any fails. Every
 stage is resumable: a second run reuses the corpus and the dataset and continues (or skips) training.
 """
@@ -31,19 +31,21 @@ import numpy as np
 import torch
 
 from common.atomic_write import write_text
-from common.audio import MelSpectrogram, load_audio, save_wav
 from common.config import load_config
-from common.demo_recordings import HELD_OUT_READERS, LICENCE, RecordingsUnavailable, make_recordings_corpus
-from common.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, make_corpus
-from common.jobs import (
+from common.demo import (
     add_demo_overrides,
     demo_overrides,
     demo_threads,
     record_demo_settings,
+    report,
     trained_with_other_settings,
 )
-from common.log import plot_spectrograms, save_figure
-from common.plausibility import compare_speech, report, speech_figures
+from common.log import save_figure
+from speech.audio import MelSpectrogram, load_audio, save_wav
+from speech.demo_recordings import HELD_OUT_READERS, LICENCE, RecordingsUnavailable, make_recordings_corpus
+from speech.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, make_corpus
+from speech.mcd import compare_speech, speech_figures
+from speech.plots import plot_spectrograms
 from vocoder.config import VocoderConfig
 from vocoder.export import export
 from vocoder.infer import load_vocoder

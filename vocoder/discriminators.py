@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.parametrizations import spectral_norm, weight_norm
 
-from common.audio import magnitude
+from speech.audio import magnitude
 from vocoder.model import LRELU_SLOPE, get_padding
 
 DISCRIMINATOR_NAMES = ("mpd", "fast_mpd", "mrd", "msd")

@@ -3,7 +3,7 @@ instead of mels computed from the audio, so the vocoder learns the mels it will 
 
 The folder holds one `<name>.npy` per audio file (float `[n_mels, frames]`; `<name>` is the audio
 file's path relative to its --input folder, without the extension) and `mel_settings.json`
-(`common.mel_files`). Checked before anything is written (`check_mel_dir`, one `MelDirError` line
+(`speech.mel_files`). Checked before anything is written (`check_mel_dir`, one `MelDirError` line
 naming the folder, what is wrong and the fix): the settings equal the config's, every audio file has
 a mel and every mel an audio file, and most mels have the audio's frame count. One file that does not
 fit is skipped with its reason by `load_gta_mel`, like any other bad file.
@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from common.audio import AudioSettings
-from common.mel_files import FRAME_TOLERANCE, MEL_SETTINGS_FILE, read_mel_settings, settings_mismatch
 from common.workers import RUN_ERRORS
+from speech.audio import AudioSettings
+from speech.mel_files import FRAME_TOLERANCE, MEL_SETTINGS_FILE, read_mel_settings, settings_mismatch
 
 WRITER_HINT = "write them with the acoustic model (e.g. tts/infer_clone.py --teacher_forced --output DIR)"
 

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.audio import MelSpectrogram, frame_log_power, magnitude
 from common.precision import no_autocast
+from speech.audio import MelSpectrogram, frame_log_power, magnitude
 
 Output = tuple[list[torch.Tensor], list[list[torch.Tensor]]]
 
@@ -73,7 +73,7 @@ def feature_matching_loss(real: dict[str, Output], fake: dict[str, Output]) -> t
 
 
 def frame_energy_loss(fake_log_mel: torch.Tensor, real_log_mel: torch.Tensor) -> torch.Tensor:
-    """L1 between the log power of each frame (`common.audio.frame_log_power`) of two natural-log mels.
+    """L1 between the log power of each frame (`speech.audio.frame_log_power`) of two natural-log mels.
 
     Why: while a young generator cannot yet place the harmonics, the log-mel L1 (the median of each
     bin) and the spectral convergence (shrinkage towards an uncertain shape) both reward an output

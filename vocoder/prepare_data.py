@@ -11,7 +11,7 @@ a single misfit file: skipped with its reason). Audio, f0 and voicing are made a
 
 Input: wav/flac/ogg/mp3 (whatever libsndfile reads), any sample rate (resampled with soxr to
 ``audio_sample_rate``) and channel count (averaged to mono). f0 is extracted from the
-*resampled* audio, on the mel frame grid (``common.audio.extract_f0``), with ``pe`` (alias
+*resampled* audio, on the mel frame grid (``speech.f0.extract_f0``), with ``pe`` (alias
 ``f0_extractor``: parselmouth, pyin, harvest, crepe, fcpe, or rmvpe with the weights file ``pe_ckpt``; a missing
 package or an unusable weights file is one line and exit 2 before any file). ``report.txt`` / ``report.json`` say what it found (voiced fraction, f0 percentiles, a warning
 with suggested values when f0_min / f0_max cut a voice off), ``f0_histogram.png`` shows it.
@@ -24,7 +24,7 @@ Output layout (``--output``)::
     items/<id>/voiced.npy  bool    [frames]
     items/<id>/meta.json   source path/size/mtime + the settings fingerprint (written last)
     manifest.json          settings, items, train / valid ids
-    report.json, report.txt  skipped files and reasons, the f0 report (common/f0_report.py)
+    report.json, report.txt  skipped files and reasons, the f0 report (speech/f0_report.py)
     f0_histogram.png       voiced f0 of every item, with f0_min / f0_max and the 1st / 99th percentiles
 
 Resumable: an item whose meta.json matches the source file and the settings, and whose arrays read
@@ -50,11 +50,11 @@ import numpy as np
 from common import exit_codes
 from common.atomic_write import atomic_output, remove_stale_temp_folders, write_text
 from common.config import ConfigError, add_config_args, load_config
-from common.f0_report import F0_PNG, f0_report_lines, f0_summary, save_f0_histogram, summary_json
 from common.prepared import npy_problem
 from common.run_dir import check_apart, check_output_dir, check_prepared_settings, outside
-from common.trim import report_lines
 from common.workers import RUN_ERRORS, process_pool
+from speech.f0_report import F0_PNG, f0_report_lines, f0_summary, save_f0_histogram, summary_json
+from speech.trim import report_lines
 from vocoder.config import VocoderConfig
 from vocoder.gta_mels import MelDirError, check_mel_dir, load_gta_mel
 
@@ -86,11 +86,11 @@ class Settings:
     silence_db: float
     max_clip_fraction: float
     mel_dir: str | None = None  # --mel_dir, resolved: GTA mels instead of computed ones
-    trim_silence: bool = False  # Silero VAD trim before mel and f0 (common/trim.py)
+    trim_silence: bool = False  # Silero VAD trim before mel and f0 (speech/trim.py)
     trim_margin: float = 0.25
     loudness_lufs: float | None = None
     pe_ckpt: str | None = None  # pe=rmvpe: the weights file it runs (not part of the fingerprint: a moved file)
-    pe_ckpt_sha256: str | None = None  # ... and what identifies them (common.audio.f0_extractor_id)
+    pe_ckpt_sha256: str | None = None  # ... and what identifies them (speech.f0.f0_extractor_id)
 
     @classmethod
     def from_config(cls, cfg: VocoderConfig, mel_dir: str | Path | None = None) -> Settings:
@@ -192,8 +192,9 @@ def process_file(path: Path, item_dir: Path, settings: Settings, gta_mel: Path |
     ``{"ok": True, "frames", "seconds"}`` or ``{"ok": False, "reason"}``; never raises for bad audio."""
     import torch
 
-    from common.audio import AudioError, MelSpectrogram, check_audio, extract_f0
-    from common.trim import trim_and_level
+    from speech.audio import AudioError, MelSpectrogram, check_audio
+    from speech.f0 import extract_f0
+    from speech.trim import trim_and_level
 
     torch.set_num_threads(1)  # parallelism comes from processes
     try:
@@ -206,7 +207,7 @@ def process_file(path: Path, item_dir: Path, settings: Settings, gta_mel: Path |
         return {"ok": False, "reason": reason}
     level = None
     if settings.trim_silence or settings.loudness_lufs is not None:
-        # before mel and f0 (common/trim.py), so a GTA mel of the trimmed audio and the f0 stay on its frames
+        # before mel and f0 (speech/trim.py), so a GTA mel of the trimmed audio and the f0 stay on its frames
         wav, level = trim_and_level(wav, sr, settings.trim_silence, settings.trim_margin, settings.loudness_lufs)
         if wav is None:
             return {"ok": False, "reason": level["reason"], "level": level}
@@ -256,7 +257,7 @@ def check_extractor(cfg: VocoderConfig) -> dict:
     """Before any file: an unknown `pe` or an unusable `pe_ckpt` is a PrepareError naming the key; a missing
     package raises its ModuleNotFoundError, which `exit_codes.run_main` reports in one line with its pip install
     (exit 2). Returns the Settings fields of rmvpe's weights (the file, and its digest: the folder's identity)."""
-    from common.audio import check_f0_keys, f0_extractor_id
+    from speech.f0 import check_f0_keys, f0_extractor_id
 
     try:
         check_f0_keys(cfg.pe, cfg.pe_ckpt, "pe (f0_extractor)", "pe_ckpt (f0_extractor_weights)")
@@ -281,9 +282,9 @@ def prepared_settings(out: Path) -> dict | None:
 
 def load_checked(path: Path, settings: Settings):
     """The file as mono float32 at the training rate: refused from its header when longer than
-    `max_seconds` (nothing decoded), else read and resampled (soxr) block by block (`common.audio.load_audio`),
+    `max_seconds` (nothing decoded), else read and resampled (soxr) block by block (`speech.audio.load_audio`),
     so a worker holds about the result alone: 4 bytes a sample at `sample_rate`."""
-    from common.audio import AudioError, load_audio
+    from speech.audio import AudioError, load_audio
 
     if path.stat().st_size == 0:
         raise AudioError("empty file (0 bytes)", path)

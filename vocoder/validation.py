@@ -1,6 +1,6 @@
 """Validation of a vocoder (rank 0): the held-out MR-STFT distance and mel L1 on whole files, the pitch
 errors of the copy-synthesis against the recording (F0 RMSE in cents, V/UV error, periodicity error:
-`common.pitch_metrics`), PESQ when asked (wide band, slow on a CPU), and the audio and mel plots of the first
+`speech.pitch_metrics`), PESQ when asked (wide band, slow on a CPU), and the audio and mel plots of the first
 few files for TensorBoard.
 
 Functions of explicit arguments (generator, files, precision, losses → metrics), so the trainer
@@ -17,10 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.audio import MelSpectrogram
-from common.log import RunLogger, plot_spectrogram
-from common.pitch_metrics import nanmean, pitch_errors
+from common.log import RunLogger
 from common.precision import Precision
+from speech.audio import MelSpectrogram
+from speech.pitch_metrics import nanmean, pitch_errors
+from speech.plots import plot_spectrogram
 from vocoder.losses import MultiResolutionSTFTLoss
 
 

@@ -32,9 +32,9 @@ def test_the_demo_command_runs_make_demos_jobs():
     section = windows_section()
     makefile = (REPO / "Makefile").read_text()
     slots = re.search(r"^DEMO_SLOTS \?= (\d+)", makefile, re.M).group(1)
-    assert "$(PY) -m common.jobs --slots $(DEMO_SLOTS) --log_dir runs/demo_logs $(DEMO_JOBS)" in makefile
-    block = re.search(r"```bat\n(\.venv\\Scripts\\python -m common\.jobs .*?)```", section, re.S).group(1)
-    assert block.startswith(rf".venv\Scripts\python -m common.jobs --slots {slots} --log_dir runs\demo_logs ^")
+    assert "$(PY) -m common.demo --slots $(DEMO_SLOTS) --log_dir runs/demo_logs $(DEMO_JOBS)" in makefile
+    block = re.search(r"```bat\n(\.venv\\Scripts\\python -m common\.demo .*?)```", section, re.S).group(1)
+    assert block.startswith(rf".venv\Scripts\python -m common.demo --slots {slots} --log_dir runs\demo_logs ^")
     assert re.findall(r'--job "([^"]+)"', block) == demo_jobs_from_makefile()
 
 

@@ -14,10 +14,10 @@ import soundfile as sf
 import torch
 
 from bench.tiny import CLONE_AUDIO
-from common.audio import save_wav
 from common.checkpoint import CheckpointManager, load_checkpoint
-from common.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, espeak_available, make_corpus
-from common.speaker_similarity import resemblyzer_weights
+from speech.audio import save_wav
+from speech.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, espeak_available, make_corpus
+from speech.speaker_similarity import resemblyzer_weights
 from tts.clone import infer as infer_clone
 from tts.clone.config import AudioConfig, DataConfig
 from tts.clone.data import DataError, build_features, load_reference
@@ -67,8 +67,8 @@ def corpus(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def vocoder_dir(tmp_path_factory) -> Path:
     """A freshly initialised tiny NSF-HiFiGAN exported with the vocoder package's own code."""
-    from common.audio import AudioSettings
     from common.checkpoint import save_atomic
+    from speech.audio import AudioSettings
     from vocoder.config import ModelArgs, VocoderConfig
     from vocoder.export import export_info, generator_args, to_legacy_names
     from vocoder.model import Generator
@@ -247,14 +247,14 @@ def test_data_check_skips_and_reports_bad_rows(corpus, tmp_path):
 
 
 def test_the_feature_cache_reports_its_f0_and_is_keyed_by_the_extractor_and_its_weights(corpus, tmp_path):
-    """build_features writes the f0 report (common/f0_report.py) into the cache folder and logs it, with the
+    """build_features writes the f0 report (speech/f0_report.py) into the cache folder and logs it, with the
     cloning keys in its warning; the extractor and rmvpe's weights (by content) are part of the cache's name,
     and a bad audio.f0_method / audio.f0_weights is one DataError before any file."""
     import dataclasses
     import hashlib
 
-    from common.audio import F0_METHODS
-    from tests.common.test_rmvpe import stand_in
+    from speech.f0 import F0_METHODS
+    from tests.speech.test_rmvpe import stand_in
     from tts.clone.data import features_tag
 
     rows = [json.loads(x) for x in (corpus / "train.jsonl").read_text(encoding="utf-8").splitlines()][:2]
@@ -357,7 +357,7 @@ def test_a_signal_on_another_rank_stops_this_one_at_the_same_step(corpus, tmp_pa
 def test_teacher_forced_mels_have_the_frames_the_vocoder_prepares(trained, corpus, tmp_path, capsys):
     """tts/infer_clone.py --teacher_forced writes one mel per utterance that vocoder/prepare_data.py --mel_dir
     takes as it is: every file usable, the same frame count as the prepared audio, the settings recorded."""
-    from common.mel_files import read_mel_settings
+    from speech.mel_files import read_mel_settings
     from tts.clone.data import read_manifest
     from vocoder.prepare_data import main as vocoder_prepare
 

@@ -1,7 +1,7 @@
 """The input formats of tts/prepare_data.py that Piper, coqui and Hugging Face users already have (issue 40):
 Piper's '|' layouts told apart over the whole file (never a silent guess), phoneme ids and IPA phonemes carried
 to a VITS training step unchanged, and `datasets` folders / parquet files written by `datasets` itself, read
-offline. The speech is real speech, made here with espeak-ng (common/demo_speech.py)."""
+offline. The speech is real speech, made here with espeak-ng (speech/demo_speech.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.tiny import VITS_FAST
-from common.demo_speech import speak
+from speech.demo_speech import speak
 from tts import metadata
 from tts.prepare_data import PrepareError, main, prepare
 from tts.text import intersperse, normalize, text_to_ids

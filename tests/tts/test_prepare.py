@@ -71,7 +71,7 @@ def test_prepare_robustness(corpus, capsys):
     before = {p.name: p.read_bytes() for p in audio.iterdir()}
     cfg = TrainConfig()
     cfg.data.eval_split_size = 2
-    cfg.data.trim_silence = False  # synthetic tones: no speech for the Silero VAD to keep (tests/common/test_trim.py)
+    cfg.data.trim_silence = False  # synthetic tones: no speech for the Silero VAD to keep (tests/speech/test_trim.py)
     report = prepare(meta, audio, out, cfg, num_workers=1)
     printed = capsys.readouterr().out
     dropped = {(d["line"], d["reason"].split(" (")[0].split(":")[0]) for d in report["dropped"]}

@@ -111,7 +111,7 @@ def test_bucket_shaped_padding_changes_no_valid_value(eval_set):
 
 def test_pitch_and_speaker_figures_beside_mcd(eval_set):
     """F0 RMSE / V/UV / periodicity along the MCD's DTW path; speaker_sim only with an encoder."""
-    from common.speaker_similarity import load_speaker_encoder, resemblyzer_weights
+    from speech.speaker_similarity import load_speaker_encoder, resemblyzer_weights
 
     if resemblyzer_weights() is None:
         pytest.skip("no speaker encoder (pip install --no-deps resemblyzer==0.1.4)")

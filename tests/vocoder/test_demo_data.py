@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from common.demo_recordings import (
+from speech.demo_recordings import (
     HELD_OUT_READERS,
     PEAK,
     TRAIN_READERS,

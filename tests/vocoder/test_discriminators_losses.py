@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from common.audio import MelSpectrogram
+from speech.audio import MelSpectrogram
 from vocoder.discriminators import (
     FastMultiPeriodDiscriminator,
     MultiPeriodDiscriminator,

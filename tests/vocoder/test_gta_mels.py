@@ -9,7 +9,7 @@ import pytest
 import soundfile as sf
 
 from common.config import load_config
-from common.mel_files import MEL_SETTINGS_FILE, write_mel_settings
+from speech.mel_files import MEL_SETTINGS_FILE, write_mel_settings
 from vocoder.config import VocoderConfig
 from vocoder.data import DatasetError, VocoderDataset, load_manifest
 from vocoder.prepare_data import main as prepare_main

@@ -12,8 +12,8 @@ import soundfile as sf
 import torch
 import yaml
 
-from common.audio import MelSpectrogram
 from common.checkpoint import load_checkpoint
+from speech.audio import MelSpectrogram
 from vocoder.export import export
 from vocoder.export import main as export_main
 from vocoder.infer import VocoderInference, load_vocoder
@@ -168,7 +168,7 @@ def test_oudep_full_disk_leaves_no_partial_package(trained, tmp_path, monkeypatc
 def test_an_rmvpe_model_whose_weights_are_elsewhere_is_one_line_before_any_file(trained, tmp_path, capsys):
     """An export records pe=rmvpe's weights by path; on another machine that path is gone: inference of audio says
     so once, before any file, and --pe_ckpt gives the weights (mel + f0 .npz inputs need none)."""
-    from tests.common.test_rmvpe import stand_in
+    from tests.speech.test_rmvpe import stand_in
 
     assert export_main(["--ckpt", str(trained), "--out", str(tmp_path / "exp")]) == 0
     info = json.loads((tmp_path / "exp" / "config.json").read_text())

@@ -179,8 +179,8 @@ def test_rmvpe_runs_the_given_weights_and_they_are_the_prepared_folders_identity
     """pe=rmvpe with pe_ckpt (alias f0_extractor_weights): the f0 is the stand-in model's, the manifest records the
     weights' digest (not their path), and training refuses other weights; a missing or needless pe_ckpt is one
     line naming the key, before any file."""
-    from common.rmvpe import weights_digest
-    from tests.common.test_rmvpe import stand_in
+    from speech.rmvpe import weights_digest
+    from tests.speech.test_rmvpe import stand_in
     from vocoder.data import DatasetError, load_manifest
 
     from .conftest import write_tones
@@ -222,7 +222,7 @@ def _five_tones(folder):
 def test_a_missing_module_stops_the_run_instead_of_calling_every_file_bad(tmp_path, monkeypatch, capsys):
     """parselmouth not installed: the f0 extractor's ImportError is no file's fault. The run stops at the
     first file with one line naming the module and what to install, not "no usable audio among 5 file(s)"."""
-    import common.audio
+    import speech.f0
 
     calls = []
 
@@ -230,7 +230,7 @@ def test_a_missing_module_stops_the_run_instead_of_calling_every_file_bad(tmp_pa
         calls.append(1)
         raise ModuleNotFoundError(MISSING_PARSELMOUTH)
 
-    monkeypatch.setattr(common.audio, "extract_f0", no_parselmouth)
+    monkeypatch.setattr(speech.f0, "extract_f0", no_parselmouth)
     d = _five_tones(tmp_path / "wavs")
     rc = prepare_main(["--config", str(DEMO_YAML), "--input", str(d), "--output", str(tmp_path / "o"),
                        "--num_workers", "0"])

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from common.audio import AudioSettings
 from common.best_by import check_best_by
 from common.log import tracker_names
 from common.loop import CadenceKeys
@@ -27,6 +26,7 @@ from common.ranges import (
     PositiveInt,
     Probability,
 )
+from speech.audio import AudioSettings
 
 # size -> (text dim, layers, heads), (audio/reference dim, layers, heads), (decoder dim, layers, heads)
 SIZES: dict[str, dict[str, tuple[int, int, int]]] = {
@@ -52,12 +52,12 @@ class ModelConfig:
 
 @dataclass
 class AudioConfig(AudioSettings):
-    """The shared mel block (`common.audio.AudioSettings`: the vocoder's 44.1 kHz values, which these
+    """The shared mel block (`speech.audio.AudioSettings`: the vocoder's 44.1 kHz values, which these
     must equal; checked when the vocoder is loaded) plus the f0 the decoder predicts."""
 
     f0_min: PositiveFloat = 60.0
     f0_max: PositiveFloat = 800.0
-    # f0 extractor: parselmouth | pyin | harvest | crepe | fcpe | rmvpe (common.audio.extract_f0); rmvpe runs the
+    # f0 extractor: parselmouth | pyin | harvest | crepe | fcpe | rmvpe (speech.f0.extract_f0); rmvpe runs the
     # weights file f0_weights (RVC's rmvpe.onnx). Both are part of the feature cache's identity (data.features_tag)
     f0_method: str = "parselmouth"
     f0_weights: str = ""
@@ -169,7 +169,7 @@ class ValConfig:
     # eval items spoken free-running and scored against their recordings (MCD, F0 RMSE, V/UV, periodicity,
     # speaker similarity: tts/clone/evaluation.py synthesis_metrics); 0 = off
     synth_items: NonNegativeInt = 8
-    # the speaker encoder of speaker_sim (common/speaker_similarity.py): "resemblyzer" = the weights in that
+    # the speaker encoder of speaker_sim (speech/speaker_similarity.py): "resemblyzer" = the weights in that
     # package (pip install --no-deps resemblyzer==0.1.4), a path = your TorchScript or state-dict file, "" = off
     speaker_encoder: str = "resemblyzer"
     plateau_patience: PositiveInt = 5  # validations without improvement before the plateau notice

@@ -36,19 +36,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from common.atomic_write import write_bytes
-from common.audio import (
-    AudioError,
-    MelSpectrogram,
-    check_audio,
-    check_f0_keys,
-    extract_f0,
-    f0_extractor_id,
-    load_audio,
-)
 from common.data import BucketBatchSampler, BucketShapes, make_loader, sample_rng
-from common.f0_report import f0_summary, save_f0_report
 from common.prepared import damaged, npz_problem, open_npz, require_finite
 from common.workers import process_pool
+from speech.audio import AudioError, MelSpectrogram, check_audio, load_audio
+from speech.f0 import check_f0_keys, extract_f0, f0_extractor_id
+from speech.f0_report import f0_summary, save_f0_report
 from tts.clone.config import AudioConfig, CloneConfig, DataConfig
 from tts.prepare_data import DataConfig as SharedCheckConfig  # the shared data check's limits
 from tts.prepare_data import check_item
@@ -128,7 +121,7 @@ def shared_check_config(data: DataConfig) -> SharedCheckConfig:
 
 def features_identity(audio: AudioConfig) -> dict:
     """Every setting the features depend on: the audio block, the f0 extractor among them, and for rmvpe its
-    weights by content (`common.audio.f0_extractor_id`), not by path: other weights are another cache."""
+    weights by content (`speech.f0.f0_extractor_id`), not by path: other weights are another cache."""
     d = asdict(audio)
     del d["f0_weights"]  # the path is not the identity (the digest is); without it older caches keep their tag
     if audio.f0_method == "rmvpe":
@@ -254,7 +247,7 @@ def build_features(manifest: Path, audio: AudioConfig, data: DataConfig, cache_r
 
 
 def f0_report(items: list[dict], audio: AudioConfig, cache_dir: Path, name: str) -> list[str]:
-    """The f0 the extractor found in the cached features (`common.f0_report`), as <name>_f0.txt / .json / .png
+    """The f0 the extractor found in the cached features (`speech.f0_report`), as <name>_f0.txt / .json / .png
     in the cache folder: voiced fraction, range, and a warning with suggested audio.f0_min / audio.f0_max when
     they cut a speaker off. The .json records the extractor (and rmvpe's weights digest) the cache holds."""
     def tracks():
@@ -388,7 +381,7 @@ def load_reference(path: str | os.PathLike, audio: AudioConfig, data: DataConfig
     """A user's reference voice clip → log-mel, or a DataError that says what is wrong and what to do.
 
     Unreadable, too short (< data.min_ref_seconds), silent and clipped clips are refused with
-    `common.audio.check_audio`, the same check the training data passes. Longer clips are cut to
+    `speech.audio.check_audio`, the same check the training data passes. Longer clips are cut to
     `max_seconds` (the embedding is a mean over time; more audio adds little).
     """
     try:

@@ -16,7 +16,7 @@
    reference-encoder cosine is printed beside it.
 5. Held-out check: every held-out sentence (eval.jsonl) is spoken with ANOTHER held-out clip of
    the same speaker as the reference; the output is compared with the recording of that sentence
-   (common.plausibility: level within 6 dB, mean MCD-DTW below ``MAX_MCD``) and drawn beside it: `samples/heldout_<id>.png`
+   (speech.mcd: level within 6 dB, mean MCD-DTW below ``MAX_MCD``) and drawn beside it: `samples/heldout_<id>.png`
    (reference | target | output).
 Exit status 1 when any check fails. Idempotent: a finished run is reported, not retrained
 (`--retrain` starts again).
@@ -36,18 +36,20 @@ import numpy as np
 import torch
 
 from common.atomic_write import write_text
-from common.audio import MelSpectrogram, save_wav
-from common.demo_speech import espeak_available, espeak_or_explain
-from common.jobs import (
+from common.demo import (
     add_demo_overrides,
     demo_overrides,
     demo_threads,
     prepared_with,
     record_demo_settings,
+    report,
     trained_with_other_settings,
 )
-from common.log import plot_spectrograms, save_figure
-from common.plausibility import compare_mels, compare_speech, report, speech_figures
+from common.log import save_figure
+from speech.audio import MelSpectrogram, save_wav
+from speech.demo_speech import espeak_available, espeak_or_explain
+from speech.mcd import compare_mels, compare_speech, speech_figures
+from speech.plots import plot_spectrograms
 from tts.clone.data import load_reference, read_manifest
 from tts.clone.infer import load_clone_model, load_matching_vocoder, synthesize
 from tts.clone.options import build_parser, resolve_config
@@ -144,7 +146,7 @@ def compare(outs: dict, kind: str, speakers: set[str], only: str | None = None) 
 def unseen_voice(prepared: Path, out_dir: Path, text: str) -> tuple[str, Path] | None:
     """A reference clip of an espeak-ng voice that is NOT among the training speakers (information
     only: three training voices are far too few to generalise to new voices)."""
-    from common.demo_speech import DEMO_SPEAKERS, speak
+    from speech.demo_speech import DEMO_SPEAKERS, speak
 
     trained = set(json.loads((prepared / "speakers.json").read_text(encoding="utf-8")))
     candidates = [s for s in DEMO_SPEAKERS if s["name"] not in trained]

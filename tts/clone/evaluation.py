@@ -6,8 +6,8 @@ vocoder or Griffin-Lim), and the plateau notice that reads the validation histor
 utterances spoken free-running (predicted durations and f0) in the voice of another clip of their
 speaker, through the vocoder (Griffin-Lim without one: then the figures judge the mel through a rough
 inversion), against the recording: `mcd` (dB, DTW-aligned), `f0_rmse` (cents), `vuv_error`,
-`periodicity` along the same DTW path (`common.plausibility`), and `speaker_sim` (cosine of speaker
-embeddings, `common.speaker_similarity`, the `val.speaker_encoder` key)."""
+`periodicity` along the same DTW path (`speech.mcd`), and `speaker_sim` (cosine of speaker
+embeddings, `speech.speaker_similarity`, the `val.speaker_encoder` key)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ import math
 import numpy as np
 import torch
 
-from common.audio import MelSpectrogram, load_audio
-from common.log import RunLogger, plot_alignment, plot_spectrogram
-from common.plausibility import aligned_pitch_errors, mcd_dtw_path
+from common.log import RunLogger
 from common.precision import Precision
+from speech.audio import MelSpectrogram, load_audio
+from speech.mcd import aligned_pitch_errors, mcd_dtw_path
+from speech.plots import plot_alignment, plot_spectrogram
 from tts.clone.config import CloneConfig
 from tts.clone.data import load_item, reference_frames
 from tts.clone.decoder import durations_to_path

@@ -10,7 +10,7 @@ held-out sentences.
    -> runs/gta_demo/vocoder;
 5. each held-out sentence spoken by the cloning model (predicted durations, as a user gets it) through the
    original and the fine-tuned vocoder, against its recording (`tts.clone.demo.held_out_check`: level
-   and MCD-DTW, `common.plausibility`) -> runs/gta_demo/{before,after}/ and summary.json.
+   and MCD-DTW, `speech.mcd`) -> runs/gta_demo/{before,after}/ and summary.json.
 
 Every stage is reused when its output exists (`--again` redoes 2-5). `--control` runs the same chain
 with mels computed from the same audio (-> runs/gta_demo_control): what the extra in-domain steps give
@@ -31,8 +31,8 @@ import torch
 
 from common.atomic_write import write_text
 from common.config import load_config
-from common.jobs import demo_threads
-from common.mel_files import MEL_SETTINGS_FILE
+from common.demo import demo_threads
+from speech.mel_files import MEL_SETTINGS_FILE
 from tts.clone.data import read_manifest
 from tts.clone.demo import PREPARED_DIR, held_out_check
 from tts.clone.demo import RUN_DIR as CLONE_RUN

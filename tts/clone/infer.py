@@ -26,10 +26,10 @@ import numpy as np
 import torch
 
 from common.atomic_write import DiskFullError
-from common.audio import save_wav
 from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind
-from common.mel_files import settings_mismatch
 from common.run_dir import OutputPathError, check_apart, check_output_file, refuse_to_replace
+from speech.audio import save_wav
+from speech.mel_files import settings_mismatch
 from tts.clone.config import AudioConfig, CloneConfig, config_from_dict
 from tts.clone.data import DataError, Reference, feature_cache_root, load_reference
 from tts.clone.model import VoiceCloneTTS

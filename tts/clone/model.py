@@ -138,7 +138,7 @@ class VoiceCloneTTS(nn.Module):
         """Predicted durations → mel (raw log-mel, the vocoder's units) [B, n_mels, T] and f0 in Hz [B, T].
 
         `zero_unvoiced` sets unvoiced frames to 0 Hz; by default the f0 track stays continuous,
-        the convention of `common.audio.extract_f0` that the NSF vocoder is trained on.
+        the convention of `speech.f0.extract_f0` that the NSF vocoder is trained on.
         """
         h = self.text_encoder(text, text_mask)
         spk = self.speaker_embedding(ref_mel, ref_mask)

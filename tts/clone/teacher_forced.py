@@ -1,5 +1,5 @@
 """The cloning model's teacher-forced ("GTA") mels of a prepared dataset, for fine-tuning the vocoder
-on the mels this model really makes (`vocoder/prepare_data.py --mel_dir`, `common.mel_files`).
+on the mels this model really makes (`vocoder/prepare_data.py --mel_dir`, `speech.mel_files`).
 
 Teacher forcing is the training forward in eval mode: the durations come from MAS on the ground-truth
 mel, so every output frame is the model's mel for the same instant of the recording, frame for frame
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from common.atomic_write import write_bytes
-from common.mel_files import MEL_SETTINGS_FILE, write_mel_settings
+from speech.mel_files import MEL_SETTINGS_FILE, write_mel_settings
 from tts.clone.config import CloneConfig
 from tts.clone.data import CloneDataset, DataError, build_features, reference_frames
 from tts.clone.model import VoiceCloneTTS

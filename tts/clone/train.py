@@ -48,9 +48,9 @@ from common.precision import Precision
 from common.presets import apply_preset
 from common.run_dir import prepare_run_dir, tensorboard_dir
 from common.schedulers import lr_curve
-from common.speaker_similarity import load_speaker_encoder
 from common.stopping import RunStop, exit_code
 from common.training import backward, count_parameters, step_optimizer, step_schedules
+from speech.speaker_similarity import load_speaker_encoder
 from tts.clone.build import build_clone_optimizer, build_clone_scheduler, pick_device, planned_steps
 from tts.clone.data import CloneData, DataError, feature_stats, load_reference
 from tts.clone.evaluation import PlateauDetector, evaluate, log_validation, synthesis_metrics, to_device

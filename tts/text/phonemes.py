@@ -24,7 +24,7 @@ from pathlib import Path
 
 from common.atomic_write import write_text
 from common.config import ConfigError
-from common.demo_speech import to_espeak_text
+from speech.demo_speech import to_espeak_text
 from tts.text.symbols import PAD, PUNCTUATION, SYMBOLS, describe_char, text_to_ids
 
 PHONEME_TYPES = ("text", "espeak")

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 
-from common.audio import MelSpectrogram
 from common.best_by import add_best_by_arg
 from common.checkpoint import load_checkpoint, load_matching, refuse_other_kind
 from common.config import ConfigError, add_config_args, load_config, note_prepare_keys
@@ -19,6 +18,7 @@ from common.log import add_logger_arg
 from common.presets import add_preset_arg, apply_preset
 from common.run_dir import add_run_args, prepare_run_dir
 from common.training import count_parameters
+from speech.audio import MelSpectrogram
 from tts.text.phonemes import Frontend
 from tts.vits.config import DataConfig, TrainConfig
 from tts.vits.data import DataError, VitsDataset, collate, read_speakers

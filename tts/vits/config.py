@@ -17,7 +17,6 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Literal
 
-from common.audio import AudioSettings
 from common.best_by import check_best_by
 from common.config import ConfigError, build_dataclass
 from common.log import tracker_names
@@ -36,6 +35,7 @@ from common.ranges import (
     PositiveInt,
     Probability,
 )
+from speech.audio import AudioSettings
 
 
 @dataclass
@@ -117,7 +117,7 @@ def model_args(preset: str, overrides: dict[str, Any] | None = None) -> VitsArgs
 
 @dataclass
 class AudioConfig(AudioSettings):
-    """The shared mel block (`common.audio.AudioSettings`, its aliases included) with jaywalnut310's
+    """The shared mel block (`speech.audio.AudioSettings`, its aliases included) with jaywalnut310's
     22.05 kHz ljs_base values as defaults."""
 
     sample_rate: PositiveInt = 22050
@@ -152,7 +152,7 @@ class DataConfig:
     eval_split_max_size: PositiveInt = 64
     split_seed: AnyInt = 1234
     # Silero VAD trims leading/trailing silence before the spec is made, keeping trim_margin s each side
-    # (Piper's 0.25 s; common/trim.py); prepare_data.py --no_trim turns it off
+    # (Piper's 0.25 s; speech/trim.py); prepare_data.py --no_trim turns it off
     trim_silence: bool = True
     trim_margin: NonNegativeFloat = 0.25
     loudness_lufs: LoudnessTarget | None = None  # a level (e.g. -23): every file scaled to it (ITU-R BS.1770); None = off
@@ -247,7 +247,7 @@ class TrainConfig(CadenceKeys):
     eval_at_start: bool = False  # evaluate the untrained model too (the demo's "step 0" figures)
     progress_bar: bool = True
     eval_max_items: PositiveInt = 32  # eval utterances used for MCD/alignment metrics
-    # the speaker encoder of evaluation's speaker_sim (common/speaker_similarity.py): "resemblyzer" = the weights
+    # the speaker encoder of evaluation's speaker_sim (speech/speaker_similarity.py): "resemblyzer" = the weights
     # in that package (pip install --no-deps resemblyzer==0.1.4), a path = your TorchScript or state-dict file,
     # "" = off; a missing one is one line and the metric is off
     speaker_encoder: str = "resemblyzer"

@@ -21,9 +21,9 @@ import soundfile as sf
 import torch
 from torch.utils.data import Dataset
 
-from common.audio import to_float32
 from common.data import BucketShapes, sample_rng
 from common.prepared import damaged, load_npy, read_json, require_finite
+from speech.audio import to_float32
 from tts.text import intersperse
 from tts.text.phonemes import Frontend, PhonemeCache
 from tts.vits.config import AudioConfig

@@ -1,7 +1,7 @@
 """The Uzbek VITS demo (``make tts-demo``): corpus → prepare → train (tiny, CPU) → synthesise → report.
 
 1. Sentences (some with digits, dates, percent and Cyrillic) go through our normaliser and are
-   spoken by espeak-ng voices (common.demo_speech.make_corpus) into ``data/demo/tts_raw/wavs``;
+   spoken by espeak-ng voices (speech.demo_speech.make_corpus) into ``data/demo/tts_raw/wavs``;
    ``data/demo/tts_raw/metadata.csv`` is an LJSpeech-style ``speaker/nnnn|raw text`` file.
 2. tts/prepare_data.py → ``data/demo/tts_prepared`` (the voice-cloning demo reuses it).
 3. tts/train.py with tts/vits/configs/demo.yaml → ``runs/tts_demo`` (a few minutes of CPU), which
@@ -10,7 +10,7 @@
    sentences (eval.jsonl, never trained on) in their speakers' voices beside their recordings:
    ``samples/heldout_<id>.wav`` + ``_gt.wav`` + ``.png`` (recording and synthesis mel side by side).
 5. Prints MCD / alignment sharpness / duration error at step 0 vs the end, and judges the held-out
-   syntheses with common.plausibility (level within 6 dB of the recording, mean MCD-DTW below
+   syntheses with speech.mcd (level within 6 dB of the recording, mean MCD-DTW below
    ``MAX_MCD``); exits 1 unless MCD fell, sharpness rose and the syntheses are plausible.
 Idempotent: the corpus and prepared data are reused; a finished run is reported, not redone
 (``--retrain`` trains again from scratch).
@@ -28,19 +28,21 @@ from pathlib import Path
 import torch
 
 from common.atomic_write import write_text
-from common.audio import load_audio, save_wav
 from common.config import load_config
-from common.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, espeak_or_explain, make_corpus
-from common.jobs import (
+from common.demo import (
     add_demo_overrides,
     demo_overrides,
     demo_threads,
     prepared_with,
     record_demo_settings,
+    report,
     trained_with_other_settings,
 )
-from common.log import plot_spectrograms, save_figure
-from common.plausibility import compare_speech, report, speech_figures
+from common.log import save_figure
+from speech.audio import load_audio, save_wav
+from speech.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, espeak_or_explain, make_corpus
+from speech.mcd import compare_speech, speech_figures
+from speech.plots import plot_spectrograms
 from tts import prepare_data
 from tts.text import normalize
 from tts.vits import synthesize
@@ -60,7 +62,7 @@ RAW_SENTENCES = [
     "Bu kitob 250 sahifadan iborat, men uni 3 kunda oʻqidim.",
     "Ertaga 10-sinf oʻquvchilari 2 soat matematika oʻqiydi.",
 ]
-N_PLAIN = 30  # sentences from common.demo_speech.UZBEK_SENTENCES
+N_PLAIN = 30  # sentences from speech.demo_speech.UZBEK_SENTENCES
 SPEAKERS = [DEMO_SPEAKERS[1], DEMO_SPEAKERS[4], DEMO_SPEAKERS[0]]  # uz_m_mid, uz_f_mid, uz_m_low
 
 RAW_DIR = Path("data/demo/tts_raw")

@@ -1,7 +1,7 @@
 """Evaluation that tells the truth about a GAN-trained TTS model, on held-out recordings:
 
 - **MCD** (dB): mel-cepstral distortion between the synthesised utterance (text only, predicted
-  durations) and the recording, time-aligned by DTW (``common.plausibility.mcd_dtw``, shared with the demos). Cepstra are
+  durations) and the recording, time-aligned by DTW (``speech.mcd.mcd_dtw``, shared with the demos). Cepstra are
   the cepstrum of the natural-log amplitude mel spectrum (the model's own mel filterbank):
   c_n = (1/N) Σ_k log m_k cos(π n (k + ½) / N), i.e. the orthonormal DCT-II divided by
   sqrt(2N), coefficients 1..24 (energy c0 excluded); MCD = 10/ln10 · sqrt(2) · mean over the
@@ -19,9 +19,9 @@
 - **f0_rmse** (cents, on frames voiced in both), **vuv_error** (fraction of frames whose voicing
   differs) and **periodicity** (RMSE of the voicing-confidence tracks) of the synthesised utterance
   against the recording, frame pairs taken along the MCD's DTW path
-  (``common.plausibility.aligned_pitch_errors``, from ``common.pitch_metrics``). Lower is better.
+  (``speech.mcd.aligned_pitch_errors``, from ``speech.pitch_metrics``). Lower is better.
 - **speaker_sim** (cosine, -1..1, higher is better): the speaker embeddings of the synthesised
-  utterance and of the recording (``common.speaker_similarity``; the ``speaker_encoder`` key), only
+  utterance and of the recording (``speech.speaker_similarity``; the ``speaker_encoder`` key), only
   when an encoder is given.
 
 ``best.pt`` is chosen by ``score = mcd + 10·(1 − align_sharpness) + 10·dur_err`` (lower is
@@ -38,10 +38,11 @@ import numpy as np
 import torch
 
 from common.atomic_write import append_text
-from common.audio import MelSpectrogram, save_wav
 from common.data import make_loader
-from common.log import RunLogger, plot_alignment, plot_spectrogram
-from common.plausibility import aligned_pitch_errors, mcd_dtw_path
+from common.log import RunLogger
+from speech.audio import MelSpectrogram, save_wav
+from speech.mcd import aligned_pitch_errors, mcd_dtw_path
+from speech.plots import plot_alignment, plot_spectrogram
 from tts.alignment import alignment_posterior
 from tts.text import normalize
 from tts.vits.config import TrainConfig
@@ -81,7 +82,7 @@ def evaluate(model, dataset, mel: MelSpectrogram, device: torch.device, max_item
              speaker_encoder=None) -> dict:
     """Mean metrics over the first ``max_items`` items of ``dataset`` (a VitsDataset split), run in
     padded batches of ``batch_size`` (``eval_batch_size``) loaded by ``num_workers``
-    (``num_eval_loader_workers``) processes. ``speaker_encoder`` (a ``common.speaker_similarity.SpeakerEncoder``)
+    (``num_eval_loader_workers``) processes. ``speaker_encoder`` (a ``speech.speaker_similarity.SpeakerEncoder``)
     adds ``speaker_sim``.
 
     Every item gets the same result in any batch (tests/tts/test_vits_eval.py): masks cover the

@@ -28,10 +28,10 @@ import soundfile as sf
 import torch
 
 from common.atomic_write import atomic_output
-from common.audio import to_int16
 from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind
 from common.config import ConfigError, load_config
 from common.run_dir import check_apart, check_output_dir, check_output_file, refuse_to_replace
+from speech.audio import to_int16
 from tts.text import intersperse, normalize, says_something
 from tts.text.phonemes import Frontend
 from tts.text.sentences import paragraphs, plan

@@ -31,15 +31,16 @@ from common.checkpoint import CheckpointError, RunCheckpoints, resolve_resume
 from common.config import ConfigError, format_config, save_config
 from common.distributed import DistInfo, cleanup, setup_distributed, wrap_ddp
 from common.guards import DivergenceGuard, NonFiniteGuard
-from common.log import Printer, Progress, RunLogger, plot_alignment, report_lr_plan
+from common.log import Printer, Progress, RunLogger, report_lr_plan
 from common.loop import Cadence, RunResult
 from common.muon import build_optimizer
 from common.precision import Precision, compile_unavailable
 from common.run_dir import tensorboard_dir
 from common.schedulers import build_scheduler, lr_curve
-from common.speaker_similarity import load_speaker_encoder
 from common.stopping import RunStop, exit_code
 from common.training import ClipStats, critic_outputs_for_generator, frozen, step_optimizer, step_schedules
+from speech.plots import plot_alignment
+from speech.speaker_similarity import load_speaker_encoder
 from tts.text.phonemes import Frontend
 from tts.vits.build import (  # noqa: F401 (parse_args, plan_source_start: imported from here by tests)
     build_data,

@@ -1,7 +1,7 @@
-"""common.speaker_similarity (Resemblyzer's encoder from its package's weights file, no download) and
-common.plausibility's DTW-aligned pitch figures: the two speech figures TTS validation adds beside MCD.
+"""speech.speaker_similarity (Resemblyzer's encoder from its package's weights file, no download) and
+speech.mcd's DTW-aligned pitch figures: the two speech figures TTS validation adds beside MCD.
 
-Measured with espeak-ng's demo voices (common.demo_speech.DEMO_SPEAKERS), two different sentences each,
+Measured with espeak-ng's demo voices (speech.demo_speech.DEMO_SPEAKERS), two different sentences each,
 2026-11-27: the same voice scores 0.90-0.95, another voice 0.53-0.88 (the closest pair: uz_f_low and
 uz_f_mid, 0.875); the three voices below are the farthest apart (same 0.904-0.929, other <= 0.722)."""
 
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from common import speaker_similarity as ss
-from common.audio import MelSpectrogram, load_audio
-from common.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, espeak_available, speak
-from common.plausibility import aligned_pitch_errors, mcd_dtw_path
+from speech import speaker_similarity as ss
+from speech.audio import MelSpectrogram, load_audio
+from speech.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, espeak_available, speak
+from speech.mcd import aligned_pitch_errors, mcd_dtw_path
 
 VOICES = ("uz_m_low", "uz_m_klatt", "uz_f_high")
 SR = 22050

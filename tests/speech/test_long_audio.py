@@ -12,8 +12,8 @@ import soundfile as sf
 import soxr
 import torch
 
-import common.audio as audio
-from common.audio import AudioError, MelSpectrogram, load_audio
+import speech.audio as audio
+from speech.audio import AudioError, MelSpectrogram, load_audio
 
 
 def _tone(seconds: float, sr: int, channels: int = 1, seed: int = 0) -> np.ndarray:

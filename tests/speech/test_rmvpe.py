@@ -10,8 +10,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from common.audio import check_f0_extractor, extract_f0, f0_extractor_id
-from common.rmvpe import CENTS_0, CENTS_STEP, N_BINS, F0WeightsError, decode, rmvpe_mel, weights_digest
+from speech.f0 import check_f0_extractor, extract_f0, f0_extractor_id
+from speech.rmvpe import CENTS_0, CENTS_STEP, N_BINS, F0WeightsError, decode, rmvpe_mel, weights_digest
 
 SR, HOP = 22050, 256
 

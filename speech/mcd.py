@@ -1,8 +1,6 @@
-"""Is a demo's output plausible, not merely better than step 0? One check every demo uses.
-
-A demo names figures (`Figure`: a measured value, its threshold and which side passes), prints
-them as one table with `report`, and exits non-zero when any fails. For speech, `speech_figures`
-compares each generated file with its ground truth on the two things a listener hears first:
+"""Is a speech demo's output plausible, not merely better than step 0? `speech_figures` compares each
+generated file with its ground truth on the two things a listener hears first, as `common.demo.Figure`s
+(a demo prints them with `common.demo.report` and exits non-zero when any fails):
 
 - **level**: RMS in dB of the generated file minus that of the ground truth; a plausible output
   is within ±6 dB (a quiet buzz at −16 dB fails however good its other numbers are);
@@ -25,53 +23,13 @@ import numpy as np
 import scipy.fft
 import torch
 
-from common import pitch_metrics as pm
-from common.audio import MelSpectrogram
+from common.demo import Figure
+from speech import pitch_metrics as pm
+from speech.audio import MelSpectrogram
 
 MCD_K = 10.0 / math.log(10.0) * math.sqrt(2.0)
 N_CEPS = 24
 LEVEL_TOLERANCE_DB = 6.0  # the issue's "within 6 dB of the ground truth"
-
-
-@dataclass
-class Figure:
-    """One measured figure against its threshold. `better`: "lower" passes when value <= limit,
-    "higher" when value >= limit, "within" when |value| <= limit."""
-
-    name: str
-    value: float
-    limit: float
-    better: str = "lower"
-    unit: str = ""
-
-    def __post_init__(self) -> None:
-        if self.better not in ("lower", "higher", "within"):
-            raise ValueError(f"Figure '{self.name}': better must be lower, higher or within, not {self.better!r}")
-
-    @property
-    def ok(self) -> bool:
-        if not math.isfinite(self.value):
-            return False
-        if self.better == "lower":
-            return self.value <= self.limit
-        if self.better == "higher":
-            return self.value >= self.limit
-        return abs(self.value) <= self.limit
-
-    def line(self) -> str:
-        rule = {"lower": "<=", "higher": ">=", "within": "within ±"}[self.better]
-        return f"{self.name:<36} {self.value:7.2f} {self.unit:<3} {rule} {self.limit:g} {self.unit:<3} {'ok' if self.ok else 'FAIL'}"
-
-
-def report(figures: list[Figure], title: str, log=print) -> bool:
-    """Print the figures as one table under `title`; True when every figure passes."""
-    log(f"{title}:")
-    for f in figures:
-        log("  " + f.line())
-    ok = all(f.ok for f in figures)
-    if not ok:
-        log(f"  NOT plausible: {sum(not f.ok for f in figures)} of {len(figures)} figures outside their threshold")
-    return ok
 
 
 def rms_db(wav: np.ndarray | torch.Tensor) -> float:
@@ -107,7 +65,7 @@ def mcd_dtw_path(ref_log_mel: np.ndarray, syn_log_mel: np.ndarray,
 
 def aligned_pitch_errors(syn_wav, ref_wav, sr: int, hop_length: int, path: np.ndarray,
                          f0_min: float | None = None, f0_max: float | None = None) -> dict[str, float]:
-    """`common.pitch_metrics`' three figures ({"f0_rmse" (cents), "vuv_error", "periodicity"}) of a
+    """`speech.pitch_metrics`' three figures ({"f0_rmse" (cents), "vuv_error", "periodicity"}) of a
     synthesised waveform against its recording, frame pairs taken along a DTW `path` of their mels
     (`mcd_dtw_path`; frame i of a waveform is its mel frame i, the grid `extract_f0` tracks on). A pair
     whose durations differ (free-running synthesis) is compared sound for sound, not second for second.

@@ -12,7 +12,7 @@ ones CARGAN (Morrison et al., ICLR 2022) and most papers on waveform generation 
   the f0: per frame the largest normalised autocorrelation peak among its voiced pitch candidates (0 where
   there is none), so no second tracker (and no network weights) is needed.
 
-The tracker is `common.audio.extract_f0` (Praat's autocorrelation through praat-parselmouth, the one the
+The tracker is `speech.f0.extract_f0` (Praat's autocorrelation through praat-parselmouth, the one the
 data preparation uses), on the mel-frame grid: frame i at (i + 0.5) * hop / sr. Functions take numpy
 arrays or torch tensors (mono waveforms [T] or f0 tracks [frames]) and return Python floats.
 """
@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from common.audio import extract_f0
+from speech.f0 import extract_f0
 
 F0_MIN = 40.0  # extract_f0's defaults: the whole range of speech and singing
 F0_MAX = 1100.0

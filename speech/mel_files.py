@@ -2,7 +2,7 @@
 settings file beside them, so a writer (an acoustic model's teacher-forced mels) and a reader (the
 data preparation of a model trained on them) agree on one format.
 
-The settings file records the mel contract (`common.audio.AudioSettings`, the seven `mel_kwargs`
+The settings file records the mel contract (`speech.audio.AudioSettings`, the seven `mel_kwargs`
 fields) the mels were made with: a model must only be trained on mels of its own settings, and a
 mel's frame grid (hop) cannot be checked from the array alone.
 """
@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 
 from common.atomic_write import write_text
-from common.audio import AudioSettings
+from speech.audio import AudioSettings
 
 MEL_SETTINGS_FILE = "mel_settings.json"
 FRAME_TOLERANCE = 1  # a mel may have this many frames more or fewer than the audio (trimmed to the shorter)

@@ -1,4 +1,4 @@
-"""common.audio and common.demo_speech: I/O edge cases, the shared data check, the mel against a
+"""speech.audio and speech.demo_speech: I/O edge cases, the shared data check, the mel against a
 librosa reference, f0 accuracy and alignment, and espeak-ng demo speech."""
 
 from __future__ import annotations
@@ -11,19 +11,17 @@ import pytest
 import soundfile as sf
 import torch
 
-from common.audio import (
+from speech.audio import (
     AudioError,
     MelSpectrogram,
     check_audio,
-    check_f0_extractor,
-    extract_f0,
     load_audio,
     resample,
     save_wav,
     to_float32,
     to_int16,
 )
-from common.demo_speech import (
+from speech.demo_speech import (
     DEMO_SPEAKERS,
     UZBEK_SENTENCES,
     espeak_available,
@@ -31,6 +29,7 @@ from common.demo_speech import (
     speak,
     to_espeak_text,
 )
+from speech.f0 import check_f0_extractor, extract_f0
 
 SR = 22050
 HOP = 256
@@ -244,7 +243,7 @@ def test_extract_f0_silence_pyin_and_bad_method():
 def test_every_f0_extractor_finds_a_220hz_tone_on_the_mel_grid(method):
     """0.5 s of a 220 Hz harmonic tone: each installed extractor gives ~220 Hz on its voiced frames, exactly the
     mel's frame count (FCPE's own 10 ms frames and crepe's centred ones resampled onto the mel grid)."""
-    from common.audio import F0_MODULES
+    from speech.f0 import F0_MODULES
 
     try:
         check_f0_extractor(method)
@@ -259,7 +258,7 @@ def test_every_f0_extractor_finds_a_220hz_tone_on_the_mel_grid(method):
 
 
 def test_the_f0_report_states_the_range_and_flags_a_bound_that_cuts_the_voice(tmp_path):
-    from common.f0_report import f0_report_lines, f0_summary, save_f0_histogram
+    from speech.f0_report import f0_report_lines, f0_summary, save_f0_histogram
 
     x = sine(220, 0.5, SR)
     n = len(x) // HOP
@@ -318,8 +317,8 @@ def test_every_f0_extractor_agrees_with_praat_on_speech(method, tmp_path):
     """espeak-ng's Uzbek voice (male, ~125 Hz): on the frames both call voiced each extractor is within a quarter
     tone of Praat on nearly all (measured: no gross error but harvest's 2%; median 2-8 cents) and the voicing
     differs on few frames (7-13%; bench/f0_extractors.py measures the same on human recordings)."""
-    from common.audio import F0_MODULES
-    from common.pitch_metrics import f0_agreement, vuv_error
+    from speech.f0 import F0_MODULES
+    from speech.pitch_metrics import f0_agreement, vuv_error
 
     try:
         check_f0_extractor(method)
@@ -353,7 +352,7 @@ def test_make_corpus_resumes(tmp_path):
 
 
 def test_missing_espeak_says_how_to_install(tmp_path, monkeypatch):
-    import common.demo_speech as demo
+    import speech.demo_speech as demo
 
     monkeypatch.setattr(demo.shutil, "which", lambda name: None)
     assert not demo.espeak_available()
@@ -364,7 +363,7 @@ def test_missing_espeak_says_how_to_install(tmp_path, monkeypatch):
 
 
 def test_truncated_wav_is_reported_as_truncated_not_too_short(tmp_path):
-    from common.audio import AudioError, load_audio
+    from speech.audio import AudioError, load_audio
 
     full = tmp_path / "full.wav"
     sf.write(full, (0.1 * np.sin(np.arange(22050) / 10)).astype(np.float32), 22050, subtype="PCM_16")
@@ -385,8 +384,8 @@ def test_a_header_that_declares_an_absurd_rate_or_length_is_refused_before_decod
 
     import soundfile as sf
 
-    from common import audio
-    from common.audio import AudioError, load_audio
+    from speech import audio
+    from speech.audio import AudioError, load_audio
 
     path = tmp_path / "one_hz.wav"
     sf.write(path, np.zeros(20_000, dtype=np.float32), 8000, subtype="PCM_16")

@@ -8,7 +8,7 @@ the Ogg files of the chosen readers are taken out of it and written as mono wavs
 sample rate; the .deb is deleted afterwards and nothing of it is committed.
 
 The demo trains on `TRAIN_READERS` and holds out `HELD_OUT_READERS`: voices it never heard.
-No package has Uzbek recordings, so the Uzbek text-to-speech demos keep espeak-ng (`common.demo_speech`).
+No package has Uzbek recordings, so the Uzbek text-to-speech demos keep espeak-ng (`speech.demo_speech`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 import soundfile as sf
 
 from common.atomic_write import write_bytes, write_text
-from common.audio import resample, save_wav
+from speech.audio import resample, save_wav
 
 PACKAGE = "tuxpaint-stamps-default"
 LICENCE = "GPL-2 (Debian package tuxpaint-stamps-default: © 2002-2022 Bill Kendrick and the Tux Paint contributors)"

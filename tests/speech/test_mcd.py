@@ -1,14 +1,12 @@
-"""common.plausibility judges what a listener hears first (level, spectral envelope), and
-common.log draws the side-by-side pictures the demos write."""
+"""speech.mcd judges what a listener hears first (level, spectral envelope) as common.demo figures."""
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
-from common.audio import MelSpectrogram
-from common.log import plot_spectrograms, save_figure
-from common.plausibility import Figure, compare_mels, compare_speech, mcd_dtw, report, rms_db, speech_figures
+from common.demo import report
+from speech.audio import MelSpectrogram
+from speech.mcd import compare_mels, compare_speech, mcd_dtw, rms_db, speech_figures
 
 SR = 16000
 MEL = MelSpectrogram(SR, 512, 512, 128, 40, 0.0, 8000.0)
@@ -57,25 +55,3 @@ def test_mcd_dtw_is_zero_for_identical_and_time_warp_tolerant():
     assert mcd_dtw(m, m) == pytest.approx(0.0, abs=1e-9)
     assert mcd_dtw(m, np.repeat(m, 2, axis=1)) == pytest.approx(0.0, abs=1e-9)
     assert np.isnan(mcd_dtw(m, m[:, :0]))
-
-
-def test_figure_sides_and_non_finite_values():
-    assert Figure("a", 2.0, 3.0, "lower").ok and not Figure("a", 4.0, 3.0, "lower").ok
-    assert Figure("b", 21.0, 20.8, "higher").ok and not Figure("b", 20.0, 20.8, "higher").ok
-    assert Figure("c", -5.9, 6.0, "within").ok and not Figure("c", -6.1, 6.0, "within").ok
-    assert not Figure("d", float("nan"), 3.0, "lower").ok
-    with pytest.raises(ValueError, match="better"):
-        Figure("e", 1.0, 1.0, "bigger")
-
-
-def test_side_by_side_picture_is_a_small_png(tmp_path):
-    a = np.random.default_rng(0).normal(size=(80, 120))
-    path = save_figure(plot_spectrograms([("ground truth", a), ("generated", torch.from_numpy(a * 0.5))],
-                                         title="t", hop_seconds=0.01), tmp_path / "sub" / "pair.png")
-    with Image.open(path) as im:
-        assert im.format == "PNG" and im.width > 2 * im.height  # two panels side by side
-    assert path.stat().st_size < 100_000
-    with pytest.raises(ValueError, match="panel 'x'"):
-        plot_spectrograms([("x", np.zeros(5))])
-    with pytest.raises(ValueError, match="at least one"):
-        plot_spectrograms([])

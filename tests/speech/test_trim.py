@@ -1,4 +1,4 @@
-"""common/trim.py through both prepares: Silero VAD trims 0.8 s of silence each side of espeak-ng speech to
+"""speech/trim.py through both prepares: Silero VAD trims 0.8 s of silence each side of espeak-ng speech to
 speech + margins, a silent file is skipped with its reason, --no_trim keeps the length, loudness to -23 LUFS."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from common.audio import load_audio, save_wav
-from common.demo_speech import espeak_available, speak
-from common.trim import DEFAULT_MARGIN, loudness, speech_span
+from speech.audio import load_audio, save_wav
+from speech.demo_speech import espeak_available, speak
+from speech.trim import DEFAULT_MARGIN, loudness, speech_span
 
 SR = 22050
 PAD = 0.8
@@ -42,7 +42,7 @@ def test_speech_span_keeps_speech_and_margins(padded):
 def test_loudness_is_bs1770_and_the_target_is_reached():
     """EBU Tech 3341's reference: a 997 Hz sine at -23 dBFS peak in both stereo channels reads -23.0 LUFS, so
     in one channel 3.01 dB less; scaled to -30 LUFS it reads -30."""
-    from common.trim import normalize_loudness
+    from speech.trim import normalize_loudness
 
     sr = 48000
     sine = (10 ** (-23 / 20) * np.sin(2 * np.pi * 997 * np.arange(5 * sr) / sr)).astype(np.float32)

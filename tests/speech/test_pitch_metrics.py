@@ -1,4 +1,4 @@
-"""common.pitch_metrics against known values: a pure tone against itself, a semitone up, and silence."""
+"""speech.pitch_metrics against known values: a pure tone against itself, a semitone up, and silence."""
 
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from common.pitch_metrics import (
+from speech.pitch_metrics import (
     f0_rmse_cents,
     f0_track,
     nanmean,

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from common.atomic_write import write_text
-from common.audio import load_audio, save_wav
+from speech.audio import load_audio, save_wav
 
 ESPEAK = "espeak-ng"
 INSTALL_HINT = "run `make setup` or `apt-get install espeak-ng`"

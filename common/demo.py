@@ -1,4 +1,12 @@
-"""Run several commands side by side on a few CPU cores, each after the jobs it needs, with each
+"""The demo harness every trainer's demo uses, in two parts.
+
+Plausibility figures: a demo names figures (`Figure`: a measured value, its threshold and which side
+passes), prints them as one table with `report`, and exits non-zero when any fails (is the output
+plausible, not merely better than step 0?). The speech figures (level, MCD-DTW) are `speech.mcd`'s.
+A demo's settings: `--set` / `--seed` (`add_demo_overrides`), the record of what a run was trained
+with (`trained_with_other_settings`), and its torch threads (`demo_threads`).
+
+Jobs: run several commands side by side on a few CPU cores, each after the jobs it needs, with each
 line of output prefixed by its job's name (``make demo`` runs the four trainer demos this way).
 
 Why not one after another: the demos train small models whose CPU ops scale poorly past one
@@ -7,7 +15,7 @@ single-threaded demos at once finish far sooner than two 2-thread demos in turn.
 ``make -j``: a job here waits for named jobs whether they passed or failed, its output stays
 readable while two jobs print, and the end repeats each job's verdict in one place.
 
-    python -m common.jobs --slots 2 --log_dir runs/demo_logs \\
+    python -m common.demo --slots 2 --log_dir runs/demo_logs \\
         --job 'a=make a-demo' --job 'c@a,b=make c-demo' ...
 
 A job is ``NAME[@NEEDS,...]=COMMAND`` (run by the shell). Each child gets
@@ -22,6 +30,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import re
 import subprocess
@@ -36,6 +45,53 @@ from common.atomic_write import write_text
 JOB_RE = re.compile(r"^(?P<name>[A-Za-z0-9_.-]+)(@(?P<needs>[A-Za-z0-9_.,-]+))?=(?P<cmd>.+)$", re.S)
 SUMMARY_LINES = 24  # a demo ends with its figures, its verdict and its pictures: about this many lines
 PROGRESS_RE = re.compile(r"\d+/\d+ \[\d")  # a tqdm redraw ("1250/2500 [01:45<..."): not part of a verdict
+
+
+# ----------------------------------------------------------------------------- plausibility figures
+
+
+@dataclass
+class Figure:
+    """One measured figure against its threshold. `better`: "lower" passes when value <= limit,
+    "higher" when value >= limit, "within" when |value| <= limit."""
+
+    name: str
+    value: float
+    limit: float
+    better: str = "lower"
+    unit: str = ""
+
+    def __post_init__(self) -> None:
+        if self.better not in ("lower", "higher", "within"):
+            raise ValueError(f"Figure '{self.name}': better must be lower, higher or within, not {self.better!r}")
+
+    @property
+    def ok(self) -> bool:
+        if not math.isfinite(self.value):
+            return False
+        if self.better == "lower":
+            return self.value <= self.limit
+        if self.better == "higher":
+            return self.value >= self.limit
+        return abs(self.value) <= self.limit
+
+    def line(self) -> str:
+        rule = {"lower": "<=", "higher": ">=", "within": "within ±"}[self.better]
+        return f"{self.name:<36} {self.value:7.2f} {self.unit:<3} {rule} {self.limit:g} {self.unit:<3} {'ok' if self.ok else 'FAIL'}"
+
+
+def report(figures: list[Figure], title: str, log=print) -> bool:
+    """Print the figures as one table under `title`; True when every figure passes."""
+    log(f"{title}:")
+    for f in figures:
+        log("  " + f.line())
+    ok = all(f.ok for f in figures)
+    if not ok:
+        log(f"  NOT plausible: {sum(not f.ok for f in figures)} of {len(figures)} figures outside their threshold")
+    return ok
+
+
+# ----------------------------------------------------------------------------- jobs
 
 
 @dataclass
@@ -213,7 +269,8 @@ def summarize(jobs: list[Job], wall_s: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description="Run several commands side by side on a few CPU cores, each after the "
+                                "jobs it needs, with each line of output prefixed by its job's name.")
     p.add_argument("--job", action="append", default=[], metavar="NAME[@NEEDS]=COMMAND", help="a job (repeat)")
     p.add_argument("--slots", type=int, default=2, help="jobs at once (default 2)")
     p.add_argument("--log_dir", default="runs/job_logs", help="one full log per job")

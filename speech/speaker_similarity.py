@@ -2,7 +2,7 @@
 
 The figure is the cosine between two speaker embeddings, one of the generated waveform and one of the
 recording it should match (1 = the same voice to the encoder; two different speakers of a corpus score
-lower; see tests/common/test_speaker_similarity.py for measured values). Embeddings come from a speaker
+lower; see tests/speech/test_speaker_similarity.py for measured values). Embeddings come from a speaker
 encoder whose weights are files on this machine, never a download:
 
 - **default: Resemblyzer's** (`pip install --no-deps resemblyzer==0.1.4`, in requirements-nodeps.txt): a
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.audio import resample
+from speech.audio import resample
 
 SAMPLE_RATE = 16000  # the encoder's input rate
 N_MELS, WINDOW, HOP = 40, 400, 160  # 25 ms windows, 10 ms hop (Resemblyzer's hparams)
