@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator
 
 from common import distributed
 from common.errors import missing_dependency_message
+from common.guards import NonFiniteError
 from common.hardware import OutOfMemory
 from common.run_lock import release_run_locks
-from common.training import NonFiniteError
 
 OK = 0  # training (or the script's job) completed
 BAD_INPUT = 2  # bad input, config, flag or output location: fix it and run again
@@ -92,7 +92,7 @@ def run_main(body: Callable[[], int], bad_input: tuple[type[BaseException], ...]
              cleanup: Callable[[], None] | None = None) -> int:
     """Run a trainer's `main` body and return its exit code. A failure the README documents prints one
     `error: <message>` to stderr and becomes its code: any of `bad_input` -> BAD_INPUT,
-    `common.training.NonFiniteError` -> NON_FINITE, `common.hardware.OutOfMemory` -> OUT_OF_MEMORY
+    `common.guards.NonFiniteError` -> NON_FINITE, `common.hardware.OutOfMemory` -> OUT_OF_MEMORY
     (the trainer raises these two with the whole advice in the message), Ctrl-C outside the training loop
     (whose own handler saves and exits 130) -> `interrupted()`, and SIGTERM there too; a third-party module
     that is missing -> `missing_dependency` (BAD_INPUT, the module and what to install). Anything else propagates

@@ -17,14 +17,7 @@ from torch.nn.utils import parametrize
 
 from common.config import explicit_keys
 from common.distributed import unwrap as _unwrap
-from common.guards import (  # noqa: F401  TEMPORARY re-export until the imports move
-    DivergenceGuard,
-    NonFiniteError,
-    NonFiniteGuard,
-    check_run_ended_good,
-    nonfinite_stop_message,
-    saving_blocked,
-)
+from common.guards import NonFiniteGuard
 
 
 class BufferSnapshot:

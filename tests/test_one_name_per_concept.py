@@ -17,32 +17,47 @@ from vae.config import VAEConfig
 from vocoder.config import VocoderConfig
 
 # schema -> {canonical key (= the field the code reads): [the other spellings it accepts]}
+CADENCE = ("log_every", "validate_every", "save_every", "max_minutes", "stop_at_step")  # common.loop.CadenceKeys
 TABLE = {
     VocoderConfig: {"num_workers": ["ds_workers"],
                     "save_n_checkpoints": ["num_ckpt_keep"],
-                    "val_check_interval": [],
-                    "clip_grad_norm": ["grad_clip", "gradient_clip_val"]},
+                    "clip_grad_norm": ["grad_clip", "gradient_clip_val"],
+                    "log_every": ["log_interval"], "validate_every": ["val_check_interval"],
+                    "save_every": [], "max_minutes": [], "stop_at_step": []},
     TrainConfig: {"num_workers": ["num_loader_workers", "ds_workers"],
                   "save_n_checkpoints": [],
-                  "val_check_interval": ["eval_interval"],
-                  "clip_grad_norm": ["grad_clip", "grad_clip_norm", "gradient_clip_val"]},
+                  "clip_grad_norm": ["grad_clip", "grad_clip_norm", "gradient_clip_val"],
+                  "log_every": ["print_step", "log_interval"], "validate_every": ["eval_interval", "val_check_interval"],
+                  "save_every": ["save_step", "checkpoint_interval"], "max_minutes": [], "stop_at_step": []},
     CloneConfig: {"train.num_workers": [],
                   "train.save_n_checkpoints": [],
-                  "train.val_check_interval": [],
-                  "optim.clip_grad_norm": []},
+                  "optim.clip_grad_norm": [],
+                  "train.log_every": ["train.log_interval"], "train.validate_every": ["train.val_check_interval"],
+                  "train.save_every": ["train.save_interval"], "train.max_minutes": [], "train.stop_at_step": []},
     VAEConfig: {"num_workers": [],
                 "save_n_checkpoints": ["keep_checkpoints"],
-                "val_check_interval": ["val_freq"],
-                "clip_grad_norm": ["gradient_clip"]},
+                "clip_grad_norm": ["gradient_clip"],
+                "log_every": ["log_freq"], "validate_every": ["val_freq", "val_check_interval"],
+                "save_every": ["save_every_steps"], "max_minutes": ["time_limit_minutes"], "stop_at_step": []},
 }
 # schema -> {the field name an older run stored in its checkpoint / config.yaml: today's field}
 RENAMED = {
-    VocoderConfig: {"ds_workers": "num_workers", "num_ckpt_keep": "save_n_checkpoints"},
-    TrainConfig: {"num_loader_workers": "num_workers", "eval_interval": "val_check_interval",
-                  "grad_clip": "clip_grad_norm"},
-    VAEConfig: {"keep_checkpoints": "save_n_checkpoints", "val_freq": "val_check_interval",
-                "gradient_clip": "clip_grad_norm"},
+    VocoderConfig: {"ds_workers": "num_workers", "num_ckpt_keep": "save_n_checkpoints",
+                    "log_interval": "log_every", "val_check_interval": "validate_every"},
+    TrainConfig: {"num_loader_workers": "num_workers", "eval_interval": "validate_every",
+                  "grad_clip": "clip_grad_norm", "print_step": "log_every", "save_step": "save_every"},
+    VAEConfig: {"keep_checkpoints": "save_n_checkpoints", "val_freq": "validate_every",
+                "gradient_clip": "clip_grad_norm", "log_freq": "log_every", "save_every_steps": "save_every",
+                "time_limit_minutes": "max_minutes"},
 }
+
+
+@pytest.mark.parametrize("schema", list(TABLE), ids=lambda s: s.__module__)
+def test_every_trainer_takes_the_five_cadence_keys(schema):
+    prefix = "train." if schema is CloneConfig else ""
+    assert {f"{prefix}{k}" for k in CADENCE} <= set(TABLE[schema])
+
+
 IDS = lambda s: s.__module__  # noqa: E731
 
 
@@ -97,9 +112,10 @@ def _old_style(schema, values: dict) -> dict:
 
 
 OLD_VALUES = {
-    VocoderConfig: {"ds_workers": 3, "num_ckpt_keep": 7},
-    TrainConfig: {"num_loader_workers": 3, "eval_interval": 250, "grad_clip": 0.5},
-    VAEConfig: {"keep_checkpoints": 7, "val_freq": 250, "gradient_clip": 0.5},
+    VocoderConfig: {"ds_workers": 3, "num_ckpt_keep": 7, "log_interval": 11, "val_check_interval": 300},
+    TrainConfig: {"num_loader_workers": 3, "eval_interval": 250, "grad_clip": 0.5, "print_step": 11, "save_step": 300},
+    VAEConfig: {"keep_checkpoints": 7, "val_freq": 250, "gradient_clip": 0.5, "log_freq": 11, "save_every_steps": 40,
+                "time_limit_minutes": 2.5},
 }
 
 
@@ -132,5 +148,5 @@ def test_an_older_vits_checkpoint_loads_for_synthesis():
     stored = {**_old_style(TrainConfig, OLD_VALUES[TrainConfig]), "model": "tiny"}
     ckpt = {"models": {"generator": vits.state_dict()}, "config": stored, "extra": {"speakers": {"anna": 0}}}
     model, cfg, speakers = load_generator("old.pt", ckpt=ckpt, remove_wn=False)
-    assert (cfg.num_workers, cfg.val_check_interval, cfg.clip_grad_norm) == (3, 250, 0.5)
+    assert (cfg.num_workers, cfg.validate_every, cfg.clip_grad_norm, cfg.log_every) == (3, 250, 0.5, 11)
     assert speakers == {"anna": 0} and isinstance(model, VITS)

@@ -77,46 +77,47 @@ def one_thread_fixed_seed():
 
 
 # ------------------------------------------------------------------------------------ trainers
-def run_vocoder(tmp: Path) -> Path:
+def run_vocoder(tmp: Path, *extra: str) -> Path:
     from tests.vocoder.conftest import TINY, tiny_config, write_tones
     from vocoder.prepare_data import prepare
     from vocoder.train import main
 
     write_tones(tmp / "wavs", 5, 22050)
     prepare(tiny_config(), [tmp / "wavs"], tmp / "bin", num_workers=0, log=lambda *a: None)
-    sets = [*TINY, "max_updates=4", "num_ckpt_keep=1"]
+    sets = [*TINY, "max_updates=4", "num_ckpt_keep=1", *extra]
     assert main(["--config", str(REPO / "vocoder" / "configs" / "demo.yaml"), "--data_dir", str(tmp / "bin"),
                  "--run_dir", str(tmp / "run"), "--device", "cpu", *sum((["--set", s] for s in sets), [])]) == 0
     return CheckpointManager(tmp / "run" / "checkpoints", prefix="model").latest()
 
 
-def run_vits(tmp: Path) -> Path:
+def run_vits(tmp: Path, *extra: str) -> Path:
     from tests.tts.test_vits_train import _args, _corpus
     from tts.vits.train import main
 
     data = _corpus(tmp / "corpus", ["anna"])
-    assert main(_args(data, tmp / "run", "save_step=100", steps=3)) == 0
+    assert main(_args(data, tmp / "run", "save_step=100", *extra, steps=3)) == 0
     return max((tmp / "run" / "checkpoints").glob("vits_*.pt"), key=lambda p: p.stat().st_mtime_ns)
 
 
-def run_clone(tmp: Path) -> Path:
+def run_clone(tmp: Path, *extra: str) -> Path:
     from tests.tts.test_clone_train import clone_argv
     from tests.tts.test_vits_train import _corpus
     from tts.clone.train import main
 
     data = _corpus(tmp / "corpus", ["anna", "bobur"])
     assert main(clone_argv(data, tmp / "run", "--set", "train.max_updates=3", "--set", "train.val_check_interval=100",
-                           "--set", "train.save_interval=100", "--set", "val.at_start=false")) == 0
+                           "--set", "train.save_interval=100", "--set", "val.at_start=false",
+                           *sum((["--set", f"train.{s}"] for s in extra), []))) == 0
     return CheckpointManager(tmp / "run", prefix="clone").latest()
 
 
-def run_vae(tmp: Path) -> Path:
+def run_vae(tmp: Path, *extra: str) -> Path:
     from tests.vae.helpers import TINY_CONFIG, write_images
     from vae.train_vae import main
 
     write_images(tmp / "images", 10, size=48)
     assert main(["--config", str(TINY_CONFIG), "--data_path", str(tmp / "images"), "--output_dir", str(tmp / "run"),
-                 "--num_epochs", "2", "--stop_at_step", "5"]) == 0
+                 "--num_epochs", "2", "--stop_at_step", "5", *sum((["--set", s] for s in extra), [])]) == 0
     return tmp / "run" / "checkpoint_last.pt"
 
 

@@ -17,10 +17,11 @@ from vocoder.train import VocoderTrainer
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINERS = [VocoderTrainer, VitsTrainer, CloneTrainer, VAETrainer]
-PUBLIC_METHODS = {"fit", "train_step", "validate", "save", "restore"}
-# the same things under the same names: TensorBoard writer, print function, counters, checkpoint manager
-SHARED_ATTRIBUTES = {"cfg", "info", "device", "precision", "log", "writer", "manager", "last_good", "step", "epoch",
-                     "batch_in_epoch"}
+# the trainer protocol (common.loop.Trainer): what `common.loop.fit` and `RunCheckpoints` call
+PUBLIC_METHODS = {"fit", "batches", "train_step", "validate", "log", "state", "load_state"}
+# the same things under the same names: the parts the loop and the checkpointer read, the writer, the printer
+SHARED_ATTRIBUTES = {"cfg", "info", "device", "precision", "printer", "writer", "checkpoints", "step", "epoch",
+                     "batch_in_epoch", "models", "optimizers", "schedulers", "guards", "divergence", "trackers"}
 
 
 def public_methods(cls: type) -> set[str]:
@@ -63,13 +64,15 @@ def test_the_same_things_have_the_same_names(cls):
     assigned = set().union(*assigned_attributes(cls).values())
     assert SHARED_ATTRIBUTES <= assigned, sorted(SHARED_ATTRIBUTES - assigned)
     # the old names of these things are gone
-    assert not assigned & {"logger", "say", "ckpt", "counters", "step_count", "g_train", "d_train", "net"}
+    assert not assigned & {"logger", "say", "ckpt", "counters", "step_count", "g_train", "d_train", "net", "manager",
+                           "last_good", "guard", "g_guard", "d_guard", "log"}
 
 
 @pytest.mark.parametrize("cls", TRAINERS, ids=lambda c: c.__name__)
 def test_every_attribute_is_first_set_in_init(cls):
     methods = assigned_attributes(cls)
-    in_init = set().union(*(methods.get(m, set()) for m in {"__init__"} | called_from_init(cls)))
+    # load_state runs inside __init__ too, through `self.checkpoints.resume`
+    in_init = set().union(*(methods.get(m, set()) for m in {"__init__", "load_state"} | called_from_init(cls)))
     late = {f"{m}: {a}" for m, attrs in methods.items() for a in attrs - in_init}
     assert not late, f"set outside __init__: {sorted(late)}"
 
@@ -134,47 +137,45 @@ def test_the_cycle_finder_finds_a_cycle():
 
 
 # ----------------------------------------------------------------------------------- the one loop
-LOOPED = TRAINERS  # every trainer runs through common.loop
-
-
 def calls_in(func) -> set[str]:
-    """The dotted names a function calls (`loop.run`, `stop.check`, `check_run_ended_good`, ...)."""
+    """The dotted names a function calls (`loop.fit`, `stop.check`, `check_run_ended_good`, ...)."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
     return {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
 
 
-@pytest.mark.parametrize("cls", LOOPED, ids=lambda c: c.__name__)
-def test_the_trainer_runs_through_the_one_loop(cls):
+@pytest.mark.parametrize("cls", TRAINERS, ids=lambda c: c.__name__)
+def test_the_trainer_runs_through_the_one_loop_and_checkpointer(cls):
     names = set().union(*(calls_in(f) for f in vars(cls).values() if inspect.isfunction(f)))
-    assert "loop.run" in names, f"{cls.__name__}.fit does not run common.loop"
-    # the loop's own work is not done again by hand
-    assert not names & {"stop.check", "check_run_ended_good", "self._run_epoch"}, sorted(names)
-    # every optimizer's guard reaches the loop, which refuses a missing one (next test)
+    assert "loop.fit" in names, f"{cls.__name__}.fit does not run common.loop.fit"
+    # the loop's and the checkpointer's own work is not done again by hand
+    assert not names & {"stop.check", "check_run_ended_good", "loop.run", "make_state", "restore_state",
+                        "RunStop", "Progress"}, sorted(names)
     call = next(n for n in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(cls.fit))))
-                if isinstance(n, ast.Call) and ast.unparse(n.func) == "loop.run")
-    passed = {k.arg: ast.unparse(k.value) for k in call.keywords}
-    assert passed["optimizers"] == "self.optimizers" and passed["guards"] == "self.guards", passed
+                if isinstance(n, ast.Call) and ast.unparse(n.func) == "loop.fit")
+    assert [ast.unparse(a) for a in call.args][0] == "self" and ast.unparse(call.args[3]) == "self.checkpoints"
 
 
-def test_the_loop_refuses_a_trainer_that_skips_a_guard():
+# ----------------------------------------------------------------------------------- behaviour
+@pytest.mark.parametrize("trainer", ["vocoder", "vits", "clone", "vae"])
+def test_each_trainer_stops_on_max_minutes_with_the_shared_shapes(trainer, tmp_path, monkeypatch):
+    """Through its command line, with `max_minutes` so small that the first step's check ends the run: the run
+    stops on its time limit (validated, saved, exit 0), `fit` returns a `RunResult`, `validate` a dict,
+    `state` a dict, and every optimizer object has a guard of its own."""
     from common import loop
-    from common.log import Progress
-    from common.stopping import RunStop
-    from common.training import DivergenceGuard, NonFiniteGuard
+    from tests import test_trainer_digest as runs
 
-    class Skipper:  # two optimizers, one guard: its critic's NaN streak would go unnoticed
-        step = epoch = batch_in_epoch = 0
-        optimizers = {"generator": object(), "discriminator": object()}
-        guards = {"generator": NonFiniteGuard(3)}
+    seen = {}
+    real_fit = loop.fit
 
-        def train_step(self, batch):
-            raise AssertionError("the loop must refuse before the first step")
+    def spy(t, *args, **kwargs):
+        seen["trainer"], seen["result"] = t, real_fit(t, *args, **kwargs)
+        return seen["result"]
 
-    t = Skipper()
-    common_args = dict(epoch_batches=lambda: [1, 2], optimizers=t.optimizers, log=lambda logs, bar: {})
-    with pytest.raises(ValueError, match="discriminator"):
-        loop.run(t, loop.Cadence(total_steps=2, log_every=1), RunStop(), Progress(2, enabled=False),
-                 guards=t.guards, divergence=DivergenceGuard([], 3), **common_args)
-    with pytest.raises(ValueError, match="divergence"):
-        loop.run(t, loop.Cadence(total_steps=2, log_every=1), RunStop(), Progress(2, enabled=False),
-                 guards={**t.guards, "discriminator": NonFiniteGuard(3)}, divergence=None, **common_args)
+    monkeypatch.setattr(loop, "fit", spy)
+    monkeypatch.chdir(tmp_path)
+    runs.RUNS[trainer](tmp_path, "max_minutes=1e-9")
+    t, result = seen["trainer"], seen["result"]
+    assert isinstance(result, loop.RunResult) and result.stopped == "time limit" and result.step == 1
+    assert isinstance(t.validate(), dict) and isinstance(t.state(), dict)
+    assert set(t.guards) == set(t.optimizers) and len({id(g) for g in t.guards.values()}) == len(t.optimizers)
+    assert len({id(o) for o in t.optimizers.values()}) == len(t.optimizers)

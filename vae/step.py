@@ -14,18 +14,11 @@ from torch import nn
 
 from common.config import config_to_dict
 from common.distributed import DistInfo, all_reduce_mean, no_sync, wrap_ddp
+from common.guards import DivergenceGuard, NonFiniteGuard
 from common.muon import build_optimizer
 from common.precision import Precision
 from common.schedulers import step_schedulers
-from common.training import (
-    EMA,
-    BufferSnapshot,
-    DivergenceGuard,
-    NonFiniteGuard,
-    backward,
-    frozen,
-    step_optimizer,
-)
+from common.training import EMA, BufferSnapshot, backward, frozen, step_optimizer
 from vae.config import VAEConfig
 from vae.losses import FrozenLPIPS, PatchDiscriminator, VAELoss
 from vae.model import AutoencoderKL, build_vae

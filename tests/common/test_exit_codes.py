@@ -7,8 +7,8 @@ import pytest
 
 from common import exit_codes
 from common.config import ConfigError
+from common.guards import NonFiniteError
 from common.hardware import OutOfMemory, explain_oom
-from common.training import NonFiniteError
 
 
 def _raises(exc: BaseException):

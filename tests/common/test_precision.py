@@ -10,8 +10,9 @@ import torch
 from torch import nn
 
 from common.config import ConfigError, explicit_keys, load_config
+from common.guards import NonFiniteGuard
 from common.precision import Precision, normalize_precision, precision_name
-from common.training import NonFiniteGuard, step_optimizer
+from common.training import step_optimizer
 from tts.clone.config import CloneConfig
 from tts.vits.config import TrainConfig
 from vae.config import VAEConfig

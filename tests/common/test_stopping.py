@@ -9,9 +9,9 @@ import pytest
 
 import common.stopping as stopping
 from common import exit_codes
+from common.guards import NonFiniteError
 from common.hardware import OutOfMemory
 from common.stopping import SIGNAL, STOP_AT_STEP, TIME_LIMIT, GracefulExit, RunStop, exit_code
-from common.training import NonFiniteError
 
 
 def test_graceful_exit_flags_sigterm():

@@ -5,18 +5,14 @@ import pytest
 import torch
 from torch import nn
 
-from common.training import (
-    EMA,
-    ClipStats,
+from common.guards import (
     DivergenceGuard,
     NonFiniteError,
     NonFiniteGuard,
     check_run_ended_good,
-    count_parameters,
-    critic_outputs_for_generator,
     saving_blocked,
-    step_optimizer,
 )
+from common.training import EMA, ClipStats, count_parameters, critic_outputs_for_generator, step_optimizer
 from tts.vits.discriminator import MultiPeriodDiscriminator
 from tts.vits.losses import feature_loss, generator_loss
 

@@ -14,9 +14,10 @@ from torch.utils.data import Dataset
 from common import distributed
 from common.checkpoint import CheckpointManager, load_checkpoint, make_state, resolve_resume, restore_state
 from common.data import ResumableSampler, make_loader, sample_rng
+from common.guards import NonFiniteGuard
 from common.muon import MuonAdamW
 from common.schedulers import build_scheduler
-from common.training import EMA, NonFiniteGuard, step_optimizer
+from common.training import EMA, step_optimizer
 
 
 class NoisyRegression(Dataset):

@@ -22,7 +22,7 @@ from common import exit_codes
 from common.checkpoint import CheckpointManager, load_checkpoint, save_atomic
 from common.config import load_config
 from common.distributed import setup_distributed
-from common.training import NonFiniteError
+from common.guards import NonFiniteError
 from tests.common.test_resume_ddp import run_torchrun
 from tts.prepare_data import prepare
 from tts.vits import export_onnx, synthesize
