@@ -138,10 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     result = trainer.fit()
     train_s = time.time() - t0
-    if result["stopped"] == "signal":
+    if result.stopped == "signal":
         print("stopped by a signal; run the demo again to continue where it stopped")
         return 130
-    valid = result["valid"]
+    valid = trainer.history.get("valid", [])  # the sanity validation at step 0 first
     if not valid:
         print("error: no validation results were recorded", file=sys.stderr)
         return 1
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print("[4/5] copy-synthesis of the held-out files")
     best = run / "checkpoints" / "best.pt"
-    ckpt = best if best.is_file() else Path(result["latest"])
+    ckpt = best if best.is_file() else Path(result.last_good)
     voc = load_vocoder(ckpt)
     out_dir = run / "copysyn"
     shutil.rmtree(out_dir, ignore_errors=True)

@@ -48,7 +48,7 @@ STEPS = 300  # a few CPU minutes; hifi-gan fine-tunes for 100k+ GPU steps
 LR = 2e-4  # hifi-gan's learning rate, fine-tuning included (the demo trains from scratch at 1e-3)
 FINE_TUNE = [f"max_updates={STEPS}", f"generator_optimizer_args.lr={LR}", f"discriminator_optimizer_args.lr={LR}",
              "discriminator_train_start_steps=0",  # the demo's critic is trained: use it from the first step
-             "test_prefixes=[]", "val_num=6", f"val_check_interval={STEPS}", "num_sanity_val_steps=6",
+             "test_prefixes=[]", "val_num=6", f"validate_every={STEPS}", "num_sanity_val_steps=6",
              "key_aug=false"]
 
 
@@ -84,9 +84,9 @@ def fine_tune(model, cfg, vocoder_ckpt: Path, out: Path, again: bool, gta: bool 
     resume = "auto" if (run / "checkpoints").is_dir() else None
     trainer = VocoderTrainer(vcfg, data, run, resume=resume, init_from=str(vocoder_ckpt), device="cpu")
     result = trainer.fit()
-    if result["stopped"] == "signal":
+    if result.stopped == "signal":
         raise SystemExit(130)
-    return Path(result["latest"])
+    return Path(result.last_good)
 
 
 def main(argv: list[str] | None = None) -> int:
