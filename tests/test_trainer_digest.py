@@ -6,8 +6,8 @@ EMA, optimizers, schedulers) must hash to the digest recorded below from the cod
 The digest is a hash over the multiset of tensor contents (each tensor's dtype, shape and bytes,
 hashed alone, then the sorted hashes hashed together), so renaming a checkpoint key or a
 counter does not change it, while any changed value does. Exact float bytes depend on the CPU's
-kernels: on a machine other than the one the digests were recorded on (see RECORDED_ON), the test
-checks only a coarse fingerprint (sum of |x| over all tensors, to 1e-4 relative).
+kernels: on a machine other than those the digests were recorded on (DIGESTS' keys), the test
+checks only a coarse fingerprint (sum of |x| over all tensors, to 1e-3 relative of a recorded machine's).
 """
 
 from __future__ import annotations
@@ -22,14 +22,30 @@ import torch
 from common.checkpoint import CheckpointManager, load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
-RECORDED_ON = "AMD EPYC | torch 2.14.1+cu130"  # the machine the digests below come from
-# Recorded from commit cbe2bca (before the refactor), twice, with the same result.
-DIGESTS: dict[str, tuple[str, float]] = {
-    "vocoder": ("1b12dd064669f5f98e6d5587818d5d301911ffb4edf0e9c1082b09b03d3c298c", 7061.264943742285),
-    "vits": ("ff7ae1e5eaa9ae9966ba6db5018069caf9b692e80085b79d9eb1e41fca63539b", 24049.321395295592),
-    "clone": ("e2744873ddec1102e9b50a08ec5af1146447c80cab7b3bad087016b2a1ec2fc7", 26574.90051602461),
-    "vae": ("6438775aac7c64c539e7b42addaa8b07860a0098aba55852434dbb0a86f29e97", 14056.168133782588),
+# machine -> trainer -> (hash over the multiset of tensors, sum of |x|). Re-recorded on purpose when the four
+# trainers moved onto common.loop.fit / RunCheckpoints and one build order (per-rank seed, models, channels_last,
+# DDP, compile, optimizers): on the Intel machine both 5caa793 (before) and that commit give these same values,
+# so what moved is nothing, per trainer:
+#   vocoder: the per-rank reseed after the optimizers is gone (rank 0 reseeded with the same seed): no change;
+#   vits: optimizers built after the compiled parts and DDP, one guard per optimizer: no change;
+#   clone: per-rank seed (rank 0's is the old seed), optimizer after the model's layout/DDP: no change;
+#   vae: none (its build order was already the shared one).
+# The AMD row is the record of cbe2bca, kept: exact bytes differ between CPUs (the vocoder's sum by 2e-4).
+DIGESTS: dict[str, dict[str, tuple[str, float]]] = {
+    "AMD EPYC | torch 2.14.1+cu130": {
+        "vocoder": ("1b12dd064669f5f98e6d5587818d5d301911ffb4edf0e9c1082b09b03d3c298c", 7061.264943742285),
+        "vits": ("ff7ae1e5eaa9ae9966ba6db5018069caf9b692e80085b79d9eb1e41fca63539b", 24049.321395295592),
+        "clone": ("e2744873ddec1102e9b50a08ec5af1146447c80cab7b3bad087016b2a1ec2fc7", 26574.90051602461),
+        "vae": ("6438775aac7c64c539e7b42addaa8b07860a0098aba55852434dbb0a86f29e97", 14056.168133782588),
+    },
+    "Intel(R) Xeon(R) Processor | torch 2.14.1+cu130": {
+        "vocoder": ("4ac41315dd7638da2c4420a2d9538438e237081818d5fbd5044c4b2ba7f4da6a", 7062.64748396148),
+        "vits": ("042c2ffb1f7dadd3cc48c267c30d66ddef389655f243de9ecb3a7032582848e3", 24049.321652307714),
+        "clone": ("2e012885ccb104dc4fdbf167155ef87d3cb1ae9f78401ccf83e65ceb4ec64433", 26574.90042164605),
+        "vae": ("dc9501220a744292dbe71971d6fc42bbf20a768f19be5145ce8c2c291fc3976e", 14056.168163095703),
+    },
 }
+CROSS_MACHINE_REL = 1e-3  # elsewhere: the sum within this of a recorded machine's (the two above differ by 2e-4)
 STATE_KEYS = ("models", "ema", "optimizers", "schedulers")
 
 
@@ -130,7 +146,11 @@ def test_a_few_steps_give_the_recorded_checkpoint(trainer, tmp_path, monkeypatch
     ckpt = RUNS[trainer](tmp_path)
     got = digest(ckpt)
     print(f"{trainer}: {got!r} on {machine()!r}")
-    want = DIGESTS[trainer]
-    if machine() == RECORDED_ON:
+    recorded = DIGESTS.get(machine())
+    if recorded is not None:
+        want = recorded[trainer]
         assert got[0] == want[0], f"{trainer}: training is no longer bitwise the same ({got} != {want})"
-    assert got[1] == pytest.approx(want[1], rel=1e-4)
+        assert got[1] == pytest.approx(want[1], rel=1e-9)
+    else:
+        sums = [d[trainer][1] for d in DIGESTS.values()]
+        assert any(got[1] == pytest.approx(w, rel=CROSS_MACHINE_REL) for w in sums), (trainer, got[1], sums)
