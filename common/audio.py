@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from common.atomic_write import atomic_output
+from common.errors import UserError
 from common.ranges import NonNegativeFloat, PositiveFloat, PositiveInt
 
 F0_METHODS = ("parselmouth", "pyin", "harvest", "crepe", "fcpe", "rmvpe")
@@ -44,7 +45,7 @@ F0_MODULES = {"parselmouth": "parselmouth", "pyin": "librosa", "harvest": "pywor
 _FULL_SCALE = 0.999
 
 
-class AudioError(ValueError):
+class AudioError(UserError, ValueError):
     """A file that cannot be used as audio. `.reason` is the short text a preprocessing report
     lists; `str(err)` names the file too."""
 

@@ -25,6 +25,7 @@ import soundfile as sf
 
 from common.atomic_write import write_bytes, write_text
 from common.audio import resample, save_wav
+from common.errors import UserError
 
 PACKAGE = "tuxpaint-stamps-default"
 LICENCE = "GPL-2 (Debian package tuxpaint-stamps-default: © 2002-2022 Bill Kendrick and the Tux Paint contributors)"
@@ -40,7 +41,7 @@ PEAK = 0.9  # every clip is peak-normalised: the readers recorded at very differ
 DONE = "corpus.json"
 
 
-class RecordingsUnavailable(RuntimeError):
+class RecordingsUnavailable(UserError, RuntimeError):
     """The package could not be fetched or read; the message says why."""
 
 

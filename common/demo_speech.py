@@ -23,6 +23,7 @@ from pathlib import Path
 
 from common.atomic_write import write_text
 from common.audio import load_audio, save_wav
+from common.errors import UserError
 
 ESPEAK = "espeak-ng"
 INSTALL_HINT = "run `make setup` or `apt-get install espeak-ng`"
@@ -147,7 +148,7 @@ UZBEK_SENTENCES: list[str] = [
 ]
 
 
-class EspeakNotFoundError(RuntimeError):
+class EspeakNotFoundError(UserError, RuntimeError):
     """espeak-ng is not installed (or not on PATH)."""
 
 

@@ -28,6 +28,7 @@ import torch
 from common import pitch_metrics as pm
 from common.audio import AudioError, MelSpectrogram, check_f0_extractor, load_audio, to_int16
 from common.checkpoint import CheckpointError, checkpoint_kind, describe_kind, load_checkpoint
+from common.errors import UserError
 from common.log import plot_spectrograms
 from common.plausibility import compare_speech
 from common.precision import Precision
@@ -35,7 +36,7 @@ from common.precision import Precision
 KINDS = ("vits", "clone", "vocoder", "vae")
 
 
-class BadRequest(ValueError):
+class BadRequest(UserError, ValueError):
     """What is wrong with a request, said to the user as it is (the API answers 4xx with it)."""
 
     def __init__(self, message: str, status: int = 400):

@@ -29,6 +29,7 @@ from torch.utils.data import Dataset
 
 from common.config import ConfigError
 from common.data import ResumableSampler, make_loader, sample_rng
+from common.errors import UserError
 from common.prepared import json_problem
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".jfif", ".png", ".webp", ".bmp", ".gif", "
 DEFAULT_MAX_PIXELS = 2**28  # ~268 Mpx (16384²): beyond that a file is a decompression bomb or a scan
 
 
-class BadImage(Exception):
+class BadImage(UserError):
     """An image that cannot be used; `reason` says why (shown in reports)."""
 
     def __init__(self, reason: str, kind: str = "corrupt") -> None:

@@ -17,13 +17,14 @@ import numpy as np
 import soundfile as sf
 
 from common.audio import AudioSettings
+from common.errors import UserError
 from common.mel_files import FRAME_TOLERANCE, MEL_SETTINGS_FILE, read_mel_settings, settings_mismatch
 from common.workers import RUN_ERRORS
 
 WRITER_HINT = "write them with the acoustic model (e.g. tts/infer_clone.py --teacher_forced --output DIR)"
 
 
-class MelDirError(ValueError):
+class MelDirError(UserError, ValueError):
     """The --mel_dir folder as a whole does not fit the audio or the config (exit 2, nothing written)."""
 
 

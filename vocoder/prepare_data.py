@@ -50,6 +50,7 @@ import numpy as np
 from common import exit_codes
 from common.atomic_write import atomic_output, remove_stale_temp_folders, write_text
 from common.config import ConfigError, add_config_args, load_config
+from common.errors import UserError
 from common.f0_report import F0_PNG, f0_report_lines, f0_summary, save_f0_histogram, summary_json
 from common.prepared import npy_problem
 from common.run_dir import check_apart, check_output_dir, check_prepared_settings, outside
@@ -63,7 +64,7 @@ MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 
 
-class PrepareError(RuntimeError):
+class PrepareError(UserError, RuntimeError):
     """Nothing usable (or the arguments are wrong): the message says what to do."""
 
 

@@ -46,6 +46,7 @@ from common.audio import (
     load_audio,
 )
 from common.data import BucketBatchSampler, BucketShapes, make_loader, sample_rng
+from common.errors import UserError
 from common.f0_report import f0_summary, save_f0_report
 from common.prepared import damaged, npz_problem, open_npz, require_finite
 from common.workers import process_pool
@@ -56,7 +57,7 @@ from tts.prepare_data import check_item
 LOG_FLOOR = math.log(1e-5)  # the log-mel value of silence (MelSpectrogram's clamp)
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A data input that cannot be used at all (missing manifest, nothing usable, bad reference clip)."""
 
 

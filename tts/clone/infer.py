@@ -28,6 +28,7 @@ import torch
 from common.atomic_write import DiskFullError
 from common.audio import save_wav
 from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind
+from common.errors import UserError
 from common.mel_files import settings_mismatch
 from common.run_dir import OutputPathError, check_apart, check_output_file, refuse_to_replace
 from tts.clone.config import AudioConfig, CloneConfig, config_from_dict
@@ -37,7 +38,7 @@ from tts.text import SYMBOLS, normalize, says_something, text_to_ids
 from tts.text.sentences import plan
 
 
-class VocoderMismatchError(ValueError):
+class VocoderMismatchError(UserError, ValueError):
     """The vocoder was trained on other mel settings than the acoustic model predicts."""
 
 

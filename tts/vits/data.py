@@ -23,13 +23,14 @@ from torch.utils.data import Dataset
 
 from common.audio import to_float32
 from common.data import BucketShapes, sample_rng
+from common.errors import UserError
 from common.prepared import damaged, load_npy, read_json, require_finite
 from tts.text import intersperse
 from tts.text.phonemes import Frontend, PhonemeCache
 from tts.vits.config import AudioConfig
 
 
-class DataError(RuntimeError):
+class DataError(UserError, RuntimeError):
     """The prepared folder is missing, incomplete, or was prepared with other audio settings."""
 
 
