@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from common.atomic_write import atomic_output
-from common.errors import UserError
+from common.errors import ConfigError, UserError
 from common.ranges import NonNegativeFloat, PositiveFloat, PositiveInt
 
 F0_METHODS = ("parselmouth", "pyin", "harvest", "crepe", "fcpe", "rmvpe")
@@ -47,11 +47,13 @@ _FULL_SCALE = 0.999
 
 class AudioError(UserError, ValueError):
     """A file that cannot be used as audio. `.reason` is the short text a preprocessing report
-    lists; `str(err)` names the file too."""
+    lists; `str(err)` names the file too; `.kind` is "not_audio" for a file no decoder reads (the
+    server answers an upload of it as "not audio"), else "unusable"."""
 
-    def __init__(self, reason: str, path: str | os.PathLike | None = None):
+    def __init__(self, reason: str, path: str | os.PathLike | None = None, kind: str = "unusable"):
         self.reason = reason
         self.path = None if path is None else str(path)
+        self.kind = kind
         super().__init__(reason if path is None else f"{path}: {reason}")
 
 
@@ -98,7 +100,7 @@ def load_audio(path: str | os.PathLike, sr: int | None = None, mono: bool = True
         raise
     except (sf.SoundFileError, RuntimeError, OSError, ValueError, TypeError) as e:
         detail = str(e).splitlines()[-1] if str(e) else type(e).__name__
-        raise AudioError(f"not readable as audio ({detail})", path) from e
+        raise AudioError(f"not readable as audio ({detail})", path, kind="not_audio") from e
     if mono:
         return data, int(sr if sr is not None else file_sr)
     cut = _wav_truncation(path)
@@ -537,11 +539,11 @@ def _f0_fcpe(wav: np.ndarray, sr: int, f0_min: float, f0_max: float):
 
 
 def check_f0_extractor(method: str, weights: str | os.PathLike | None = None) -> None:
-    """Before any file: ValueError for an unknown name, and the extractor's import (a ModuleNotFoundError that
+    """Before any file: ConfigError (a ValueError) for an unknown name, and the extractor's import (a ModuleNotFoundError that
     `common.errors.missing_dependency_message` turns into one line naming the package and its pip install).
     rmvpe: its weights file loads (`common.rmvpe.F0WeightsError`, a ValueError, naming the file otherwise)."""
     if method not in F0_METHODS:
-        raise ValueError(f"unknown f0 extractor {method!r}; valid: {', '.join(F0_METHODS)}")
+        raise ConfigError(f"unknown f0 extractor {method!r}; valid: {', '.join(F0_METHODS)}")
     if method == "harvest":
         _import_pyworld()
         return

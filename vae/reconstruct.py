@@ -171,9 +171,10 @@ def reconstruct_image(model: AutoencoderKL, x: torch.Tensor, prec: Precision, ti
         return reconstruct_full(model, x)
 
 
-def too_large(path: Path, max_pixels: int) -> str | None:
+def too_large(path: Path, max_pixels: int, flag: str = "--max_pixels") -> str | None:
     """Why `path` is too large to reconstruct, from its header alone (`Image.open` reads no pixel data), or
-    None; a file PIL cannot open is left to `open_image_rgb`, which says what is wrong with it."""
+    None; a file PIL cannot open is left to `open_image_rgb`, which says what is wrong with it. `flag`: the
+    setting the message names (the server's is "the server's --max_pixels")."""
     old = Image.MAX_IMAGE_PIXELS
     Image.MAX_IMAGE_PIXELS = None  # the size is judged here, against --max_pixels, not by PIL's own limit
     try:
@@ -185,9 +186,9 @@ def too_large(path: Path, max_pixels: int) -> str | None:
         Image.MAX_IMAGE_PIXELS = old
     if w * h <= max_pixels:
         return None
-    return (f"too large: {w}x{h} = {w * h} pixels (from its header) > --max_pixels {max_pixels}; tiles bound only "
+    return (f"too large: {w}x{h} = {w * h} pixels (from its header) > {flag} {max_pixels}; tiles bound only "
             f"the model's memory, the whole image would take about {w * h * BYTES_PER_PIXEL / 2**30:.1f} GiB: raise "
-            "--max_pixels if it is meant to be this large")
+            f"{flag} if it is meant to be this large")
 
 
 def image_format(path: str | Path) -> str | None:

@@ -106,14 +106,15 @@ def _read_export_folder(folder: Path) -> tuple[dict, dict]:
     return load_checkpoint(ckpt_file), json.loads(cfg_file.read_text())
 
 
-def load_vocoder(path: str | Path, device: str | torch.device = "cpu") -> VocoderInference:
+def load_vocoder(path: str | Path, device: str | torch.device = "cpu", ckpt: dict | None = None) -> VocoderInference:
     """Load a training checkpoint (.pt from vocoder/train.py), an exported folder (model.ckpt +
-    config.json) or an exported model.ckpt file (config.json beside it)."""
+    config.json) or an exported model.ckpt file (config.json beside it). ``ckpt``: the file at `path` already
+    loaded (a caller that first read which trainer wrote it loads it once)."""
     path = Path(path)
     if path.is_dir():
         obj, info = _read_export_folder(path)
     elif path.is_file():
-        obj = load_checkpoint(path)
+        obj = load_checkpoint(path) if ckpt is None else ckpt
         info = None
         if (path.parent / "config.json").is_file() and "models" not in obj:
             info = json.loads((path.parent / "config.json").read_text())
