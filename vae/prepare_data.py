@@ -135,10 +135,14 @@ def process_one(task: tuple[str, str, dict]) -> dict:
 
 
 def _run_parallel(fn, tasks: list, num_workers: int, desc: str) -> list:
+    """`fn` over `tasks` behind a progress bar that is closed (its line ended) before an error leaves, so the
+    `error:` line `run_main` prints on stderr starts a line of its own."""
     if num_workers <= 1 or len(tasks) < 2:
-        return [fn(t) for t in tqdm(tasks, desc=desc, disable=not tasks, mininterval=1.0)]
-    with process_pool(num_workers, label=lambda task: task[0], flag="--num_workers") as pool:
-        return list(tqdm(pool.map(fn, tasks, chunksize=4), total=len(tasks), desc=desc, mininterval=1.0))
+        with tqdm(tasks, desc=desc, disable=not tasks, mininterval=1.0) as bar:
+            return [fn(t) for t in bar]
+    with process_pool(num_workers, label=lambda task: task[0], flag="--num_workers") as pool, \
+            tqdm(pool.map(fn, tasks, chunksize=4), total=len(tasks), desc=desc, mininterval=1.0) as bar:
+        return list(bar)
 
 
 def _output_names(files: list[Path], root: Path, fmt: str) -> list[str]:
