@@ -344,8 +344,11 @@ def load_models(paths: list[str], device: torch.device, precision: str = "32-tru
     vocoders: Vocoders = {}
     for name in paths:
         path = Path(name)
-        ckpt = None if path.is_dir() else load_checkpoint(path)
-        kind = file_kind(path, ckpt)
+        if path.resolve() in vocoders:  # already read as a cloning model's own vocoder
+            kind, ckpt = "vocoder", None
+        else:
+            ckpt = None if path.is_dir() else load_checkpoint(path)
+            kind = file_kind(path, ckpt)
         counts[kind] += 1
         served = CLASSES[kind].load(path, ckpt, device, precision, f"{kind}-{counts[kind]}", vocoders)
         models[served.id] = served
