@@ -26,6 +26,11 @@ class ConfigError(UserError, ValueError):
     """A config problem a user can fix: the message names the key, the source and a suggestion."""
 
 
+class InputNotFoundError(UserError, FileNotFoundError):
+    """A file or folder the user named that is not there, or holds nothing this script reads (exit 2). A
+    FileNotFoundError too, so code that catches that still does."""
+
+
 class OutputPathError(ConfigError):
     """An output location that cannot be used, with the reason and what to do (exit 2)."""
 

@@ -49,7 +49,7 @@ import numpy as np
 
 from common import exit_codes
 from common.atomic_write import atomic_output, remove_stale_temp_folders, write_text
-from common.config import ConfigError, add_config_args, load_config
+from common.config import add_config_args, load_config
 from common.errors import UserError
 from common.f0_report import F0_PNG, f0_report_lines, f0_summary, save_f0_histogram, summary_json
 from common.prepared import npy_problem
@@ -57,7 +57,7 @@ from common.run_dir import check_apart, check_output_dir, check_prepared_setting
 from common.trim import report_lines
 from common.workers import RUN_ERRORS, process_pool
 from vocoder.config import VocoderConfig
-from vocoder.gta_mels import MelDirError, check_mel_dir, load_gta_mel
+from vocoder.gta_mels import check_mel_dir, load_gta_mel
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".mp3", ".aif", ".aiff", ".opus")
 MANIFEST = "manifest.json"
@@ -488,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
         check_output_dir(output, "--output")
         prepare(cfg, inputs, output, args.num_workers, overwrite=args.overwrite, mel_dir=args.mel_dir, mels=mels)
         return exit_codes.OK
-    return exit_codes.run_main(body, (PrepareError, ConfigError, MelDirError))
+    return exit_codes.run_main(body)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ def _user_error_classes():
     from common.atomic_write import DiskFullError
     from common.audio import AudioError
     from common.checkpoint import CheckpointError
+    from common.errors import InputNotFoundError
     from tts.clone.data import DataError as CloneDataError
     from tts.clone.infer import VocoderMismatchError
     from tts.metadata import PrepareError as TtsPrepareError
@@ -43,7 +44,7 @@ def _user_error_classes():
     from vocoder.data import DatasetError
     from vocoder.prepare_data import PrepareError
 
-    return [ConfigError, DiskFullError, AudioError, CheckpointError, CloneDataError, VocoderMismatchError,
+    return [ConfigError, DiskFullError, InputNotFoundError, AudioError, CheckpointError, CloneDataError, VocoderMismatchError,
             TtsPrepareError, VitsDataError, BadImage, DatasetError, PrepareError]
 
 
