@@ -9,8 +9,9 @@
 `--teacher_forced` writes the model's teacher-forced mels of a prepared dataset (one `<wav name>.npy`
 per utterance + mel_settings.json) for `vocoder/prepare_data.py --mel_dir` (`tts.clone.teacher_forced`).
 
-The text may be in any script (Cyrillic or Latin, digits, …): it goes through the same Uzbek
-normaliser as the training data. Prints the real-time factor of the whole path (text processing,
+The text may be in any script (Cyrillic or Latin, digits, …) and of any length: it is cut into sentences as
+VITS cuts it (`tts.text.sentences.plan`), each goes through the same Uzbek normaliser as the training data and is
+spoken on its own by `stream` (the server's Speak uses the same function), 0.3 s of silence between them. Prints the real-time factor of the whole path (text processing,
 acoustic model, vocoder) = compute seconds / audio seconds.
 """
 
