@@ -33,12 +33,13 @@ from common import distributed
 from common.atomic_write import FileInUseError, atomic_output, remove, replace, write_text
 from common.config import config_to_dict
 from common.distributed import unwrap as _unwrap
+from common.errors import UserError
 from common.guards import saving_blocked
 from common.log import resumed_trackers
 from common.training import apply_optimizer_overrides, optimizer_overrides
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint that cannot be used, with the reason and what to do."""
 
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.atomic_write import write_text
+from common.errors import ConfigError
 
 JOB_RE = re.compile(r"^(?P<name>[A-Za-z0-9_.-]+)(@(?P<needs>[A-Za-z0-9_.,-]+))?=(?P<cmd>.+)$", re.S)
 SUMMARY_LINES = 24  # a demo ends with its figures, its verdict and its pictures: about this many lines
@@ -107,7 +108,7 @@ class Job:
 def parse_job(text: str) -> Job:
     m = JOB_RE.match(text.strip())
     if not m:
-        raise ValueError(f"--job {text!r}: write NAME=COMMAND or NAME@NEED1,NEED2=COMMAND")
+        raise ConfigError(f"--job {text!r}: write NAME=COMMAND or NAME@NEED1,NEED2=COMMAND")
     needs = [n for n in (m.group("needs") or "").split(",") if n]
     return Job(m.group("name"), m.group("cmd"), needs)
 
@@ -116,17 +117,17 @@ def check_jobs(jobs: list[Job]) -> None:
     names = [j.name for j in jobs]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise ValueError(f"job names must be unique: {', '.join(dupes)}")
+        raise ConfigError(f"job names must be unique: {', '.join(dupes)}")
     for j in jobs:
         unknown = [n for n in j.needs if n not in names]
         if unknown:
-            raise ValueError(f"job '{j.name}' needs unknown job(s) {', '.join(unknown)}; known: {', '.join(names)}")
+            raise ConfigError(f"job '{j.name}' needs unknown job(s) {', '.join(unknown)}; known: {', '.join(names)}")
     # A cycle would wait forever: every job must become ready once the jobs before it are done.
     done: set[str] = set()
     while len(done) < len(jobs):
         ready = [j.name for j in jobs if j.name not in done and set(j.needs) <= done]
         if not ready:
-            raise ValueError(f"the jobs' needs form a cycle among: {', '.join(sorted(set(names) - done))}")
+            raise ConfigError(f"the jobs' needs form a cycle among: {', '.join(sorted(set(names) - done))}")
         done.update(ready)
 
 
@@ -277,17 +278,19 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.slots < 1:
         p.error(f"--slots must be at least 1, not {args.slots}")
-    try:
+
+    def body() -> int:
         jobs = [parse_job(j) for j in args.job]
         if not jobs:
             p.error("no --job given")
         check_jobs(jobs)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    t0 = time.time()
-    run_jobs(jobs, args.slots, args.log_dir)
-    return summarize(jobs, time.time() - t0)
+        t0 = time.time()
+        run_jobs(jobs, args.slots, args.log_dir)
+        return summarize(jobs, time.time() - t0)
+
+    from common import exit_codes  # here: exit_codes imports torch, which the job runner itself never needs
+
+    return exit_codes.run_main(body)
 
 
 if __name__ == "__main__":

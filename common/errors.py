@@ -1,5 +1,10 @@
 """The error kinds a user can fix, which every entry point turns into exit 2 (`common.exit_codes`).
 
+`UserError` is their one base: every error class of the repo that describes something the user gave (a config
+key, a file, a flag, a dataset, a checkpoint) derives from it, and `common.exit_codes.run_main` turns exactly
+these into one `error:` line and exit 2; any other exception is a bug and keeps its traceback. Each class also
+keeps the built-in base it had (ValueError, RuntimeError), so `except ValueError` elsewhere still catches it.
+
 A leaf module: the low-level writers (`common.atomic_write`, `common.run_lock`) raise them without
 importing the config machinery, which itself writes through `common.atomic_write`.
 Also the one message for a missing third-party module (`missing_dependency_message`)."""
@@ -10,8 +15,20 @@ import re
 from pathlib import Path
 
 
-class ConfigError(ValueError):
+class UserError(Exception):
+    """Something the user can fix, said in one line that names it and what to do: exit 2, no traceback.
+
+    The message is the whole text the user sees (the CLI prints `error: <message>`, serve answers it as
+    the 4xx body), so it is worded once, where the problem is found, and never rewritten by a caller."""
+
+
+class ConfigError(UserError, ValueError):
     """A config problem a user can fix: the message names the key, the source and a suggestion."""
+
+
+class InputNotFoundError(UserError, FileNotFoundError):
+    """A file or folder the user named that is not there, or holds nothing this script reads (exit 2). A
+    FileNotFoundError too, so code that catches that still does."""
 
 
 class OutputPathError(ConfigError):

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Iterator
 
 from common import distributed
-from common.errors import missing_dependency_message
+from common.errors import UserError, missing_dependency_message
 from common.guards import NonFiniteError
 from common.hardware import OutOfMemory
 from common.run_lock import release_run_locks
@@ -88,10 +88,17 @@ def stop_loader_workers() -> None:
             signal.signal(sigchld, old)
 
 
-def run_main(body: Callable[[], int], bad_input: tuple[type[BaseException], ...],
+def user_errors(extra: tuple[type[BaseException], ...] = ()) -> tuple[type[BaseException], ...]:
+    """The exception classes that are the user's to fix (exit BAD_INPUT): `common.errors.UserError`, plus
+    `extra` (classes of third-party code a script names as bad input)."""
+    return (UserError, *extra)
+
+
+def run_main(body: Callable[[], int], bad_input: tuple[type[BaseException], ...] = (),
              cleanup: Callable[[], None] | None = None) -> int:
-    """Run a trainer's `main` body and return its exit code. A failure the README documents prints one
-    `error: <message>` to stderr and becomes its code: any of `bad_input` -> BAD_INPUT,
+    """Run a script's `main` body and return its exit code; every script's `main` ends here. A failure the
+    README documents prints one `error: <message>` to stderr and becomes its code: a `common.errors.UserError`
+    (or one of `bad_input`, kept for older callers) -> BAD_INPUT,
     `common.guards.NonFiniteError` -> NON_FINITE, `common.hardware.OutOfMemory` -> OUT_OF_MEMORY
     (the trainer raises these two with the whole advice in the message), Ctrl-C outside the training loop
     (whose own handler saves and exits 130) -> `interrupted()`, and SIGTERM there too; a third-party module
@@ -99,6 +106,7 @@ def run_main(body: Callable[[], int], bad_input: tuple[type[BaseException], ...]
     with its traceback: it is a bug, not a user error. `cleanup` runs in every case, then the run
     folder's lock (`common.run_lock`) is released and DataLoader workers still alive are stopped
     (`stop_loader_workers`: else the exit after an error in the loop waits for them forever)."""
+    bad_input = user_errors(bad_input)
     try:
         with sigterm_interrupts():
             return body()

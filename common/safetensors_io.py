@@ -28,9 +28,10 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as _serialize
 
 from common.atomic_write import write_bytes
+from common.errors import UserError
 
 
-class SafetensorsError(ValueError):
+class SafetensorsError(UserError, ValueError):
     """A file that is not a well-formed safetensors file; the message names the file and the problem."""
 
 

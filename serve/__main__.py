@@ -13,9 +13,8 @@ from pathlib import Path
 
 import torch
 
-from common.checkpoint import CheckpointError
-from common.config import ConfigError
-from common.errors import missing_dependency_message
+from common import exit_codes
+from common.errors import ConfigError
 
 # What `make demo` leaves (tts/targets.mk, tts/clone_targets.mk, vocoder/targets.mk, vae/targets.mk).
 DEMO_OUTPUTS = ("runs/tts_demo/checkpoints/best.pt", "runs/tts_clone_demo/best.pt", "runs/vocoder_demo/export",
@@ -42,38 +41,42 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    paths = args.checkpoints or [p for p in DEMO_OUTPUTS if Path(p).exists()]
-    if not paths:
-        print("error: no checkpoints given and no demo outputs under runs/: run `make demo` first, or give "
-              "checkpoints: python -m serve runs/uzbek_vits/checkpoints/best.pt ...", file=sys.stderr)
-        return 2
-    if args.max_upload_mb <= 0 or args.max_audio_seconds <= 0 or args.max_pixels <= 0 or args.max_text_chars <= 0:
-        print("error: --max_upload_mb, --max_audio_seconds, --max_pixels and --max_text_chars must be > 0",
-              file=sys.stderr)
-        return 2
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    import uvicorn  # after the checks: a mistyped flag answers at once
 
-    from serve.app import create_app
-    from serve.models import Limits, load_models
+    def body() -> int:
+        paths = args.checkpoints or [p for p in DEMO_OUTPUTS if Path(p).exists()]
+        if not paths:
+            raise ConfigError("no checkpoints given and no demo outputs under runs/: run `make demo` first, or give "
+                              "checkpoints: python -m serve runs/uzbek_vits/checkpoints/best.pt ...")
+        if min(args.max_upload_mb, args.max_audio_seconds, args.max_pixels, args.max_text_chars) <= 0:
+            raise ConfigError("--max_upload_mb, --max_audio_seconds, --max_pixels and --max_text_chars must be > 0")
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        import uvicorn  # after the checks: a mistyped flag answers at once
 
+        from serve.app import create_app
+        from serve.models import Limits, load_models
+
+        device = parse_device(args.device)
+        models = load_models(paths, device, args.precision)  # a missing f0 extractor package: run_main says which
+        for m in models.values():
+            print(f"  {m.id:<10} {m.label}")
+        limits = Limits(int(args.max_upload_mb * 2**20), args.max_audio_seconds, args.max_pixels, args.max_text_chars)
+        print(f"serving {len(models)} model(s) on {device}: open http://{args.host}:{args.port}/", flush=True)
+        uvicorn.run(create_app(models, limits), host=args.host, port=args.port, log_level="warning")
+        return 0
+
+    return exit_codes.run_main(body)
+
+
+def parse_device(name: str) -> torch.device:
+    """--device → a torch device (default: cuda if available); a name torch does not know is the user's to fix."""
     try:
-        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        models = load_models(paths, device, args.precision)
-    except (CheckpointError, ConfigError, ValueError, OSError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except ImportError as e:  # a vocoder's f0 extractor whose package is not installed (crepe, fcpe, ...)
-        print(f"error: {missing_dependency_message(e) or e}", file=sys.stderr)
-        return 2
-    for m in models.values():
-        print(f"  {m.id:<10} {m.label}")
-    limits = Limits(int(args.max_upload_mb * 2**20), args.max_audio_seconds, args.max_pixels, args.max_text_chars)
-    print(f"serving {len(models)} model(s) on {device}: open http://{args.host}:{args.port}/", flush=True)
-    uvicorn.run(create_app(models, limits), host=args.host, port=args.port, log_level="warning")
-    return 0
-
+        device = torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError as e:
+        raise ConfigError(f"--device {name!r}: {e}; give cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {name}: this torch sees no CUDA GPU; give --device cpu")
+    return device
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -10,7 +10,8 @@
     POST /cancel/{id}      cancels the request sent with form field request_id=<id>
 
 Timings come back in headers (X-Real-Time-Factor, X-Audio-Seconds, X-Elapsed-Seconds) or JSON fields. A bad
-request is a 4xx with {"error": one line}; nothing the user sends is ever shown back as a traceback. Inference
+request is a 4xx with {"error": one line}: the message of the `common.errors.UserError` that refused it, as the
+code that found the problem worded it; nothing the user sends is ever shown back as a traceback. Inference
 runs in the thread pool, one request at a time per model (`serve.models.locked`), so the server keeps answering
 while a model works, and a request is cancelled by /cancel or by the client going away.
 """
@@ -32,7 +33,8 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from serve.models import BadRequest, Cancelled, Job, Limits, Served, reconstruct, speak, vocode
+from common.errors import UserError
+from serve.models import BadRequest, Cancelled, Job, Limits, Served
 
 STATIC = Path(__file__).resolve().parent / "static"
 REQUEST_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -115,8 +117,8 @@ def create_app(models: dict[str, Served], limits: Limits | None = None) -> Starl
         async def endpoint(request: Request) -> Response:
             try:
                 return await handler(request)
-            except BadRequest as e:
-                return JSONResponse({"error": str(e)}, status_code=e.status)
+            except UserError as e:  # what the user sent, in the words the code that found it raised
+                return JSONResponse({"error": str(e)}, status_code=getattr(e, "status", 400))
             except Cancelled:
                 return JSONResponse({"error": "cancelled"}, status_code=409)
             except Exception as e:  # noqa: BLE001 - the server keeps serving; the log has the traceback
@@ -143,8 +145,8 @@ def create_app(models: dict[str, Served], limits: Limits | None = None) -> Starl
             raise BadRequest(f"vocoder={vocoder.id} is a {vocoder.kind} model, not a vocoder")
         scales = {k: number(form, k) for k in ("noise_scale", "length_scale", "noise_scale_w")}
         seed = number(form, "seed", int) or 0
-        res = await run(request, form, lambda job: speak(served, str(form.get("text") or ""), job, limits,
-                                                         form.get("speaker"), scales, seed, reference, vocoder))
+        res = await run(request, form, lambda job: served.speak(str(form.get("text") or ""), job, limits,
+                                                                form.get("speaker"), scales, seed, reference, vocoder))
         return Response(res["wav"], media_type="audio/wav", headers={
             "X-Real-Time-Factor": f"{res['rtf']:.4f}", "X-Audio-Seconds": f"{res['seconds']:.3f}",
             "X-Elapsed-Seconds": f"{res['elapsed']:.3f}", "X-Sentences": str(res["sentences"]),
@@ -154,7 +156,7 @@ def create_app(models: dict[str, Served], limits: Limits | None = None) -> Starl
         form = await read_form(request)
         served = pick(form, ("vocoder",))
         data = await file_bytes(form, "audio")
-        res = await run(request, form, lambda job: vocode(served, data, job, limits))
+        res = await run(request, form, lambda job: served.vocode(data, job, limits))
         b64 = {k: base64.b64encode(res[k]).decode("ascii") for k in ("wav", "original", "png")}
         return JSONResponse({"model": served.id, "wav": b64["wav"], "original": b64["original"],
                              "spectrograms_png": b64["png"], "metrics": res["metrics"], "rtf": res["rtf"],
@@ -168,7 +170,7 @@ def create_app(models: dict[str, Served], limits: Limits | None = None) -> Starl
         tile = 512 if tile is None else tile
         if tile != 0 and not 64 <= tile <= 4096:
             raise BadRequest(f"tile_size must be 0 (never tile) or 64..4096 px, not {tile}")
-        res = await run(request, form, lambda job: reconstruct(served, data, job, limits, tile))
+        res = await run(request, form, lambda job: served.reconstruct(data, job, limits, tile))
         return Response(res["png"], media_type="image/png", headers={
             "X-PSNR-dB": f"{res['psnr']:.3f}", "X-Tiled": "yes" if res["tiled"] else "no",
             "X-Image-Size": f"{res['width']}x{res['height']}", "X-Elapsed-Seconds": f"{res['elapsed']:.3f}"})

@@ -1,11 +1,14 @@
-"""The checkpoints a server was started with, loaded once, and the four things a request asks of them.
+"""The checkpoints a server was started with, each read from disk once, and what a request asks of them.
 
-Every model is loaded by its trainer's own inference code (tts/vits/synthesize.py, tts/clone/infer.py,
-vocoder/infer.py, vae/weights.py + vae/reconstruct.py); this file only picks which one from the file (the
-trainer a checkpoint records, `common.checkpoint.checkpoint_kind`), holds one lock per model (one request
-at a time on it: a model's buffers and the RNG are not shared between two syntheses) and stops a synthesis
-between sentences when its request is cancelled. Requests never name a file: they name a model by the id
-given here at start (`vits-1`, `vocoder-1`, ...).
+One class per model kind (`VitsModel`, `CloneModel`, `VocoderModel`, `VaeModel`, all `Served`): each is built
+by its trainer's own inference code (tts/vits/synthesize.py, tts/clone/infer.py, vocoder/infer.py, vae/weights.py
++ vae/reconstruct.py) from the checkpoint `load_models` read once to learn which trainer wrote it
+(`common.checkpoint.checkpoint_kind`); a vocoder export that is served and is also a cloning model's own vocoder
+is loaded once and shared, with its lock. Each model has one lock (one request at a time on it: a model's buffers
+and the RNG are not shared between two syntheses); Speak runs the models' `stream` functions, which stop between
+sentences when the request is cancelled. Requests never name a file: they name a model by the id given here at
+start (`vits-1`, `vocoder-1`, ...). A message the user sees is the one the code raised (a `common.errors.
+UserError`: serve/app.py answers it as a 4xx), never rewritten here.
 """
 
 from __future__ import annotations
@@ -17,15 +20,16 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import soundfile as sf
 import torch
 
 from common.checkpoint import CheckpointError, checkpoint_kind, describe_kind, load_checkpoint
+from common.errors import UserError
 from common.precision import Precision
 from speech import pitch_metrics as pm
 from speech.audio import AudioError, MelSpectrogram, load_audio, to_int16
@@ -36,7 +40,7 @@ from speech.plots import plot_spectrograms
 KINDS = ("vits", "clone", "vocoder", "vae")
 
 
-class BadRequest(ValueError):
+class BadRequest(UserError, ValueError):
     """What is wrong with a request, said to the user as it is (the API answers 4xx with it)."""
 
     def __init__(self, message: str, status: int = 400):
@@ -58,24 +62,265 @@ class Limits:
     max_text_chars: int = 5000
 
 
-@dataclass
 class Served:
-    """One loaded model. `kind`: vits | clone | vocoder | vae; `info`: what the page shows and offers."""
+    """One loaded model. `kind`: vits | clone | vocoder | vae; `info`: what the page shows and offers. The three
+    requests a model does not take answer with what it is and which kind takes them."""
 
-    id: str
-    kind: str
-    label: str
-    model: Any
-    info: dict = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    extra: dict = field(default_factory=dict)
+    kind: ClassVar[str] = ""
+
+    def __init__(self, id: str, label: str, model: Any, info: dict | None = None,
+                 lock: threading.Lock | None = None) -> None:
+        self.id, self.label, self.model = id, label, model
+        self.info = info or {}
+        self.lock = lock or threading.Lock()
 
     def public(self) -> dict:
         return {"id": self.id, "kind": self.kind, "label": self.label, **self.info}
 
+    def speak(self, text: str, job: Job, limits: Limits, speaker: str | None = None,
+              scales: dict[str, float | None] | None = None, seed: int = 0, reference: bytes | None = None,
+              vocoder: Served | None = None) -> dict:
+        """Text → {"wav": bytes, "sample_rate", "seconds", "elapsed", "rtf", "sentences"} (VITS and cloning)."""
+        raise BadRequest(f"{self.id} is a {self.kind} model; Speak takes a VITS or cloning model")
 
-def file_kind(path: Path) -> str:
-    """The trainer of a checkpoint file or exported folder, from the file itself (never from its name)."""
+    def vocode(self, data: bytes, job: Job, limits: Limits) -> dict:
+        raise BadRequest(f"{self.id} is a {self.kind} model; Vocode takes a vocoder")
+
+    def reconstruct(self, data: bytes, job: Job, limits: Limits, tile_size: int = 512, tile_overlap: int = 64) -> dict:
+        raise BadRequest(f"{self.id} is a {self.kind} model; Reconstruct takes a VAE")
+
+
+# A vocoder read once per file, whoever needs it (a served vocoder, a cloning model's own): {resolved path: (the
+# loaded vocoder, its lock)}.
+Vocoders = dict[Path, tuple[Any, threading.Lock]]
+
+
+def shared_vocoder(path: Path, ckpt: dict | None, device: torch.device, vocoders: Vocoders) -> tuple[Any, threading.Lock]:
+    """The vocoder at `path`, loaded (by `vocoder.infer.load_vocoder`) only the first time it is asked for."""
+    from vocoder.infer import load_vocoder
+
+    key = path.resolve()
+    if key not in vocoders:
+        vocoders[key] = (load_vocoder(path, device, ckpt=ckpt), threading.Lock())
+    return vocoders[key]
+
+
+class VitsModel(Served):
+    """A VITS checkpoint (tts/train.py): text → speech, in one of its speakers' voices."""
+
+    kind = "vits"
+
+    @classmethod
+    def load(cls, path: Path, ckpt: dict | None, device: torch.device, precision: str, id: str,
+             vocoders: Vocoders) -> VitsModel:
+        from tts.vits.synthesize import load_generator
+
+        model, cfg, speakers = load_generator(path, device, ckpt=ckpt)
+        info = {"sample_rate": cfg.audio.sample_rate, "speakers": list(speakers),
+                "scales": {k: getattr(cfg, k) for k in ("noise_scale", "length_scale", "noise_scale_w")}}
+        return cls(id, str(path), model, info, cfg=cfg, speakers=speakers, device=device)
+
+    def __init__(self, id: str, label: str, model: Any, info: dict, *, cfg: Any, speakers: dict[str, int],
+                 device: torch.device) -> None:
+        super().__init__(id, label, model, info)
+        self.cfg, self.speakers, self.device = cfg, speakers, device
+
+    def speak(self, text: str, job: Job, limits: Limits, speaker: str | None = None,
+              scales: dict[str, float | None] | None = None, seed: int = 0, reference: bytes | None = None,
+              vocoder: Served | None = None) -> dict:
+        from tts.text.sentences import plan
+        from tts.vits.synthesize import resolve_speaker, stream
+
+        text = check_text(text, limits)
+        sid = resolve_speaker(speaker or None, self.speakers, "speaker")
+        scales = scales or {}
+        s = {k: float(getattr(self.cfg, k) if scales.get(k) is None else scales[k])
+             for k in ("noise_scale", "length_scale", "noise_scale_w")}
+        if s["noise_scale"] < 0 or s["noise_scale_w"] < 0 or not 0 < s["length_scale"] <= 10:
+            raise BadRequest(f"noise_scale and noise_scale_w must be >= 0 and length_scale in (0, 10], got {s}")
+        with locked(self.lock, job):
+            torch.manual_seed(seed)
+            t0 = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # unknown characters are dropped; the page shows the result
+                chunks = list(stream(self.model, self.cfg, plan(text), sid, s["noise_scale"], s["length_scale"],
+                                     s["noise_scale_w"], device=self.device, cancelled=job.is_cancelled))
+            job.check()  # a cancel between sentences ended the stream early
+            elapsed = time.perf_counter() - t0
+        return speech_answer(chunks, self.cfg.audio.sample_rate, elapsed)
+
+
+class CloneModel(Served):
+    """A voice-cloning checkpoint (tts/train_main.py): text + a reference clip → speech, through a vocoder (its
+    own, the one it was trained with, when that is still there, or a served one the request names)."""
+
+    kind = "clone"
+
+    @classmethod
+    def load(cls, path: Path, ckpt: dict | None, device: torch.device, precision: str, id: str,
+             vocoders: Vocoders) -> CloneModel:
+        from tts.clone.infer import check_vocoder_settings, load_clone_model
+
+        model, cfg = load_clone_model(path, device, ckpt=ckpt)
+        info: dict = {"sample_rate": cfg.audio.sample_rate, "own_vocoder": None}
+        own = None
+        if cfg.vocoder.path and Path(cfg.vocoder.path).exists():  # the one it was trained with, when still there
+            try:
+                own = shared_vocoder(Path(cfg.vocoder.path), None, device, vocoders)
+                check_vocoder_settings(own[0], cfg.audio, f" at {cfg.vocoder.path}")
+                info["own_vocoder"] = cfg.vocoder.path
+            except (CheckpointError, UserError) as e:
+                own = None
+                info["own_vocoder_problem"] = str(e)
+        return cls(id, str(path), model, info, cfg=cfg, own_vocoder=own)
+
+    def __init__(self, id: str, label: str, model: Any, info: dict, *, cfg: Any,
+                 own_vocoder: tuple[Any, threading.Lock] | None) -> None:
+        super().__init__(id, label, model, info)
+        self.cfg, self.own_vocoder = cfg, own_vocoder  # (vocoder, its lock): shared when it is served too
+
+    def speak(self, text: str, job: Job, limits: Limits, speaker: str | None = None,
+              scales: dict[str, float | None] | None = None, seed: int = 0, reference: bytes | None = None,
+              vocoder: Served | None = None) -> dict:
+        from tts.clone.data import load_reference
+        from tts.clone.infer import check_vocoder_settings, stream
+        from tts.text.sentences import plan
+
+        text = check_text(text, limits)
+        if reference is None:
+            raise BadRequest("the cloning model speaks in the voice of a reference clip: upload one (a few seconds)")
+        if vocoder is not None:
+            voc, voc_lock = vocoder.model, vocoder.lock
+            check_vocoder_settings(voc, self.cfg.audio, f" {vocoder.id}")
+        elif self.own_vocoder is not None:
+            voc, voc_lock = self.own_vocoder
+        else:
+            raise BadRequest("this cloning model's own vocoder is not here: start the server with a vocoder "
+                             "export too and choose it")
+        length_scale = (scales or {}).get("length_scale")
+        length_scale = 1.0 if length_scale is None else float(length_scale)
+        if not 0 < length_scale <= 10:
+            raise BadRequest(f"length_scale must be in (0, 10], got {length_scale}")
+        read_upload_audio(reference, self.cfg.audio.sample_rate, limits, "the reference clip")  # not audio / too long
+        with tempfile.TemporaryDirectory() as tmp:
+            ref_path = Path(tmp) / "reference"
+            ref_path.write_bytes(reference)
+            ref = load_reference(ref_path, self.cfg.audio, self.cfg.data, name="the reference clip")
+        with locked(self.lock, job), locked(voc_lock, job):  # always model before vocoder: no deadlock
+            torch.manual_seed(seed)
+            t0 = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                chunks = list(stream(self.model, plan(text), ref, voc, length_scale, cancelled=job.is_cancelled))
+            job.check()
+            elapsed = time.perf_counter() - t0
+        return speech_answer(chunks, voc.sample_rate, elapsed)
+
+
+class VocoderModel(Served):
+    """A vocoder checkpoint or export (vocoder/train.py, vocoder/export.py): a recording → its copy-synthesis."""
+
+    kind = "vocoder"
+
+    @classmethod
+    def load(cls, path: Path, ckpt: dict | None, device: torch.device, precision: str, id: str,
+             vocoders: Vocoders) -> VocoderModel:
+        voc, lock = shared_vocoder(path, ckpt, device, vocoders)
+        check_f0_extractor(voc.pe, voc.pe_ckpt)  # Vocode extracts f0 with it: a missing package or rmvpe file at start
+        return cls(id, str(path), voc, {"sample_rate": voc.sample_rate}, lock)
+
+    def __init__(self, id: str, label: str, model: Any, info: dict, lock: threading.Lock | None = None) -> None:
+        super().__init__(id, label, model, info, lock)
+        self.mel = MelSpectrogram(**model.mel_kwargs).to(model.device)  # the metrics' mel, on the vocoder's device
+
+    def vocode(self, data: bytes, job: Job, limits: Limits) -> dict:
+        """An uploaded recording → its copy-synthesis, side-by-side spectrograms (PNG) and the vocoder's held-out
+        figures against the recording: level and MCD-DTW (`speech.mcd`), F0 RMSE, V/UV error and
+        periodicity (`speech.pitch_metrics`)."""
+        voc = self.model
+        wav = read_upload_audio(data, voc.sample_rate, limits)
+        if len(wav) < 4 * voc.hop_length:
+            raise BadRequest(f"the recording is too short ({len(wav) / voc.sample_rate:.3f} s): give at least a second")
+        with locked(self.lock, job):
+            t0 = time.perf_counter()
+            out = voc.copy_synthesize(wav)
+            if voc.device.type == "cuda":
+                torch.cuda.synchronize()
+            elapsed = time.perf_counter() - t0
+        ref = wav[: len(out)]
+        pair = compare_speech("upload", out, ref, self.mel)
+        pitch = pm.pitch_errors(out, ref, voc.sample_rate, voc.hop_length, voc.f0_min, voc.f0_max)
+        seconds = len(out) / voc.sample_rate
+        fig = plot_spectrograms([("recording", pair.ref_mel), (f"copy-synthesis ({self.id})", pair.gen_mel)],
+                                hop_seconds=voc.hop_length / voc.sample_rate)
+        png = io.BytesIO()
+        fig.savefig(png, format="png")
+        metrics = {"mcd_dtw_db": pair.mcd, "level_db": pair.level_db, **{f"{k}": v for k, v in pitch.items()}}
+        return {"wav": wav_bytes(out, voc.sample_rate), "original": wav_bytes(ref, voc.sample_rate),
+                "png": png.getvalue(), "metrics": metrics, "seconds": seconds, "elapsed": elapsed,
+                "rtf": elapsed / max(seconds, 1e-9), "sample_rate": voc.sample_rate}
+
+
+class VaeModel(Served):
+    """A VAE checkpoint, final weights or diffusers folder (vae/train_vae.py): an image → its reconstruction."""
+
+    kind = "vae"
+
+    @classmethod
+    def load(cls, path: Path, ckpt: dict | None, device: torch.device, precision: str, id: str,
+             vocoders: Vocoders) -> VaeModel:
+        from vae.weights import load_vae_weights
+
+        model, meta = load_vae_weights(path, ckpt=ckpt)
+        return cls(id, str(path), model.to(device).eval(), {"source": meta.get("source")},
+                   precision=Precision(precision, device), device=device)
+
+    def __init__(self, id: str, label: str, model: Any, info: dict, *, precision: Precision,
+                 device: torch.device) -> None:
+        super().__init__(id, label, model, info)
+        self.precision, self.device = precision, device
+
+    def reconstruct(self, data: bytes, job: Job, limits: Limits, tile_size: int = 512, tile_overlap: int = 64) -> dict:
+        """An uploaded image → {"png": its reconstruction, "psnr", "width", "height", "tiled", "elapsed"}; the size
+        is judged from the header before decoding (`vae.reconstruct.too_large`), as vae/reconstruct.py does."""
+        from PIL import Image
+
+        from vae.data import BadImage, image_to_tensor, open_image_rgb, tensor_to_uint8
+        from vae.metrics import psnr
+        from vae.reconstruct import reconstruct_image, too_large
+
+        if not data:
+            raise BadRequest("the upload is empty (0 bytes): choose an image (png, jpg, webp)")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "upload"
+            path.write_bytes(data)
+            try:
+                problem = too_large(path, limits.max_pixels, "the server's --max_pixels")
+                if problem:
+                    raise BadImage(problem, "too_large")
+                im, _ = open_image_rgb(path, max_pixels=limits.max_pixels, min_size=1, allow_blank=True)
+            except BadImage as e:
+                reason = "not an image" if e.kind == "not_image" else e.reason
+                raise BadRequest(f"the upload is {reason}; give a png, jpg or webp image") from None
+        x = image_to_tensor(im)[None].to(self.device)
+        tiled = bool(tile_size) and max(x.shape[-2:]) > tile_size
+        with locked(self.lock, job):
+            t0 = time.perf_counter()
+            rec = reconstruct_image(self.model, x, self.precision, tile_size, tile_overlap)
+            elapsed = time.perf_counter() - t0
+        png = io.BytesIO()
+        Image.fromarray(tensor_to_uint8(rec[0])).save(png, format="PNG")
+        return {"png": png.getvalue(), "psnr": float(psnr(x, rec.float())[0]), "width": im.width,
+                "height": im.height, "tiled": tiled, "elapsed": elapsed}
+
+
+CLASSES: dict[str, type] = {cls.kind: cls for cls in (VitsModel, CloneModel, VocoderModel, VaeModel)}
+KINDS = tuple(CLASSES)
+
+
+def file_kind(path: Path, ckpt: dict | None = None) -> str:
+    """The trainer of a checkpoint file or exported folder, from the file itself (never from its name); `ckpt`:
+    the file already loaded."""
     if path.is_dir():
         if (path / "model.ckpt").is_file() and (path / "config.json").is_file():
             return "vocoder"
@@ -83,7 +328,7 @@ def file_kind(path: Path) -> str:
             return "vae"
         raise CheckpointError(f"{path}: a folder that is neither an exported vocoder (model.ckpt + config.json) "
                               "nor a diffusers VAE (config.json + diffusion_pytorch_model.safetensors)")
-    kind = checkpoint_kind(load_checkpoint(path))
+    kind = checkpoint_kind(load_checkpoint(path) if ckpt is None else ckpt)
     if kind == "vocoder_export":
         return "vocoder"
     if kind not in KINDS:
@@ -92,53 +337,21 @@ def file_kind(path: Path) -> str:
     return kind
 
 
-def load_model(path: str | Path, device: torch.device, precision: str, index: int) -> Served:
-    """`path` → a Served model on `device`, loaded by its trainer's inference code."""
-    path = Path(path)
-    kind = file_kind(path)
-    label = str(path)
-    if kind == "vits":
-        from tts.vits.synthesize import load_generator
-
-        model, cfg, speakers = load_generator(path, device)
-        info = {"sample_rate": cfg.audio.sample_rate, "speakers": list(speakers),
-                "scales": {k: getattr(cfg, k) for k in ("noise_scale", "length_scale", "noise_scale_w")}}
-        return Served(f"vits-{index}", kind, label, model, info, extra={"cfg": cfg, "speakers": speakers})
-    if kind == "clone":
-        from tts.clone.infer import load_clone_model, load_matching_vocoder
-
-        model, cfg = load_clone_model(path, device)
-        info = {"sample_rate": cfg.audio.sample_rate, "own_vocoder": None}
-        extra: dict = {"cfg": cfg, "vocoder": None}
-        if cfg.vocoder.path and Path(cfg.vocoder.path).exists():  # the one it was trained with, when still there
-            try:
-                extra["vocoder"] = load_matching_vocoder(cfg.vocoder.path, cfg.audio, device)
-                info["own_vocoder"] = cfg.vocoder.path
-            except (CheckpointError, ValueError) as e:
-                info["own_vocoder_problem"] = str(e)
-        return Served(f"clone-{index}", kind, label, model, info, extra=extra)
-    if kind == "vocoder":
-        from vocoder.infer import load_vocoder
-
-        voc = load_vocoder(path, device)
-        check_f0_extractor(voc.pe, voc.pe_ckpt)  # Vocode extracts f0 with it: a missing package or rmvpe file at start
-        return Served(f"vocoder-{index}", kind, label, voc, {"sample_rate": voc.sample_rate},
-                      extra={"mel": MelSpectrogram(**voc.mel_kwargs).to(device)})
-    from vae.weights import load_vae_weights
-
-    model, meta = load_vae_weights(path)
-    return Served(f"vae-{index}", kind, label, model.to(device).eval(), {"source": meta.get("source")},
-                  extra={"precision": Precision(precision, device)})
-
-
 def load_models(paths: list[str], device: torch.device, precision: str = "32-true") -> dict[str, Served]:
-    """Every path, in order, as {id: Served}; ids count per kind from 1."""
+    """Every path, in order, as {id: Served}; ids count per kind from 1. Each file is read from disk once: the
+    checkpoint that says which trainer wrote it is the one its model is built from."""
     models: dict[str, Served] = {}
     counts = dict.fromkeys(KINDS, 0)
-    for path in paths:
-        kind = file_kind(Path(path))
+    vocoders: Vocoders = {}
+    for name in paths:
+        path = Path(name)
+        if path.resolve() in vocoders:  # already read as a cloning model's own vocoder
+            kind, ckpt = "vocoder", None
+        else:
+            ckpt = None if path.is_dir() else load_checkpoint(path)
+            kind = file_kind(path, ckpt)
         counts[kind] += 1
-        served = load_model(path, device, precision, counts[kind])
+        served = CLASSES[kind].load(path, ckpt, device, precision, f"{kind}-{counts[kind]}", vocoders)
         models[served.id] = served
     return models
 
@@ -152,20 +365,34 @@ class Job:
     def __init__(self) -> None:
         self.cancelled = threading.Event()
 
+    def is_cancelled(self) -> bool:
+        """Whether the request was cancelled: what a model's `stream` asks between sentences."""
+        return self.cancelled.is_set()
+
     def check(self) -> None:
-        if self.cancelled.is_set():
+        if self.is_cancelled():
             raise Cancelled("cancelled")
 
 
 @contextlib.contextmanager
-def locked(served: Served, job: Job) -> Iterator[None]:
-    """Hold the model's lock; a request cancelled while it waits for it ends at once."""
-    while not served.lock.acquire(timeout=0.1):
+def locked(lock: threading.Lock, job: Job) -> Iterator[None]:
+    """Hold a model's lock; a request cancelled while it waits for it ends at once, and so does one cancelled
+    just as it gets it."""
+    while not lock.acquire(timeout=0.1):
         job.check()
     try:
+        job.check()
         yield
     finally:
-        served.lock.release()
+        lock.release()
+
+
+def speech_answer(chunks: list, sample_rate: int, elapsed: float) -> dict:
+    """A stream's chunks joined into Speak's answer: the wav and its timings."""
+    wav = np.concatenate([c.audio for c in chunks])
+    seconds = len(wav) / sample_rate
+    return {"wav": wav_bytes(wav, sample_rate), "sample_rate": sample_rate, "seconds": seconds, "elapsed": elapsed,
+            "rtf": elapsed / max(seconds, 1e-9), "sentences": len(chunks)}
 
 
 def wav_bytes(wav: np.ndarray, sr: int) -> bytes:
@@ -195,168 +422,7 @@ def read_upload_audio(data: bytes, sr: int, limits: Limits, what: str = "the upl
         try:
             wav, _ = load_audio(path, sr=sr, max_seconds=limits.max_audio_seconds)
         except AudioError as e:
-            raise BadRequest(f"{what} is {_audio_reason(e.reason)}; give a wav, flac, ogg or mp3 file of at most "
+            reason = "not audio" if e.kind == "not_audio" else e.reason
+            raise BadRequest(f"{what} is {reason}; give a wav, flac, ogg or mp3 file of at most "
                              f"{limits.max_audio_seconds:g} s") from None
     return wav
-
-
-def _audio_reason(reason: str) -> str:
-    return "not audio" if reason.startswith("not readable as audio") else reason
-
-
-def speak(served: Served, text: str, job: Job, limits: Limits, speaker: str | None = None,
-          scales: dict[str, float] | None = None, seed: int = 0, reference: bytes | None = None,
-          vocoder: Served | None = None) -> dict:
-    """Text → {"wav": bytes, "sample_rate", "seconds", "elapsed", "rtf", "sentences"} with a VITS or cloning model."""
-    text = check_text(text, limits)
-    if served.kind == "vits":
-        return _speak_vits(served, text, job, speaker, scales or {}, seed)
-    if served.kind == "clone":
-        if reference is None:
-            raise BadRequest("the cloning model speaks in the voice of a reference clip: upload one (a few seconds)")
-        return _speak_clone(served, text, job, limits, reference, vocoder, (scales or {}).get("length_scale"), seed)
-    raise BadRequest(f"{served.id} is a {served.kind} model; Speak takes a VITS or cloning model")
-
-
-def _speak_vits(served: Served, text: str, job: Job, speaker: str | None, scales: dict, seed: int) -> dict:
-    from common.config import ConfigError
-    from tts.vits.synthesize import resolve_speaker, synthesize_long
-
-    cfg, device = served.extra["cfg"], next(served.model.parameters()).device
-    try:
-        sid = resolve_speaker(speaker or None, served.extra["speakers"])
-    except ConfigError as e:
-        raise BadRequest(str(e).replace("--speaker", "speaker")) from None
-    s = {k: float(getattr(cfg, k) if scales.get(k) is None else scales[k])
-         for k in ("noise_scale", "length_scale", "noise_scale_w")}
-    if s["noise_scale"] < 0 or s["noise_scale_w"] < 0 or not 0 < s["length_scale"] <= 10:
-        raise BadRequest(f"noise_scale and noise_scale_w must be >= 0 and length_scale in (0, 10], got {s}")
-
-    def between(*_) -> None:
-        job.check()
-
-    with locked(served, job), tempfile.TemporaryDirectory() as tmp:
-        job.check()
-        torch.manual_seed(seed)
-        out = Path(tmp) / "speech.wav"
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # unknown characters are dropped; the page shows the result
-                stats = synthesize_long(served.model, cfg, text, out, sid, s["noise_scale"], s["length_scale"],
-                                        s["noise_scale_w"], device=device, on_sentence=between)
-        except ValueError as e:  # nothing speakable after normalisation
-            raise BadRequest(str(e)) from None
-        data = out.read_bytes()
-    return {"wav": data, "sample_rate": cfg.audio.sample_rate, "seconds": stats["seconds"],
-            "elapsed": stats["elapsed"], "rtf": stats["elapsed"] / max(stats["seconds"], 1e-9),
-            "sentences": stats["sentences"]}
-
-
-def _speak_clone(served: Served, text: str, job: Job, limits: Limits, reference: bytes, vocoder: Served | None,
-                 length_scale: float | None, seed: int) -> dict:
-    from tts.clone.data import DataError, load_reference
-    from tts.clone.infer import VocoderMismatchError, check_vocoder_settings, synthesize_long
-
-    cfg = served.extra["cfg"]
-    voc = vocoder.model if vocoder is not None else served.extra["vocoder"]
-    if voc is None:
-        raise BadRequest("this cloning model's own vocoder is not here: start the server with a vocoder "
-                         "export too and choose it")
-    if vocoder is not None:
-        try:
-            check_vocoder_settings(voc, cfg.audio, f" {vocoder.id}")
-        except VocoderMismatchError as e:
-            raise BadRequest(str(e)) from None
-    length_scale = 1.0 if length_scale is None else float(length_scale)
-    if not 0 < length_scale <= 10:
-        raise BadRequest(f"length_scale must be in (0, 10], got {length_scale}")
-    read_upload_audio(reference, cfg.audio.sample_rate, limits, "the reference clip")  # not audio / too long: 4xx
-    with tempfile.TemporaryDirectory() as tmp:
-        ref_path = Path(tmp) / "reference"
-        ref_path.write_bytes(reference)
-        try:
-            ref = load_reference(ref_path, cfg.audio, cfg.data)
-        except DataError as e:
-            raise BadRequest(str(e).replace(f"reference clip {ref_path}", "the reference clip")) from None
-    locks = [served] + ([vocoder] if vocoder is not None else [])  # always model before vocoder: no deadlock
-    with locked(locks[0], job), (locked(locks[1], job) if len(locks) > 1 else contextlib.nullcontext()):
-        torch.manual_seed(seed)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                res = synthesize_long(served.model, text, ref, voc, length_scale, between=job.check)
-        except DataError as e:  # nothing speakable after normalisation
-            raise BadRequest(str(e)) from None
-    seconds = len(res["wav"]) / voc.sample_rate
-    return {"wav": wav_bytes(res["wav"], voc.sample_rate), "sample_rate": voc.sample_rate, "seconds": seconds,
-            "elapsed": res["compute_s"], "rtf": res["compute_s"] / max(seconds, 1e-9), "sentences": res["sentences"]}
-
-
-def vocode(served: Served, data: bytes, job: Job, limits: Limits) -> dict:
-    """An uploaded recording → its copy-synthesis, side-by-side spectrograms (PNG) and the vocoder's held-out
-    figures against the recording: level and MCD-DTW (`speech.mcd`), F0 RMSE, V/UV error and
-    periodicity (`speech.pitch_metrics`)."""
-    if served.kind != "vocoder":
-        raise BadRequest(f"{served.id} is a {served.kind} model; Vocode takes a vocoder")
-    voc = served.model
-    wav = read_upload_audio(data, voc.sample_rate, limits)
-    if len(wav) < 4 * voc.hop_length:
-        raise BadRequest(f"the recording is too short ({len(wav) / voc.sample_rate:.3f} s): give at least a second")
-    with locked(served, job):
-        job.check()
-        t0 = time.perf_counter()
-        out = voc.copy_synthesize(wav)
-        if voc.device.type == "cuda":
-            torch.cuda.synchronize()
-        elapsed = time.perf_counter() - t0
-    ref = wav[: len(out)]
-    pair = compare_speech("upload", out, ref, served.extra["mel"])
-    pitch = pm.pitch_errors(out, ref, voc.sample_rate, voc.hop_length, voc.f0_min, voc.f0_max)
-    seconds = len(out) / voc.sample_rate
-    fig = plot_spectrograms([("recording", pair.ref_mel), (f"copy-synthesis ({served.id})", pair.gen_mel)],
-                            hop_seconds=voc.hop_length / voc.sample_rate)
-    png = io.BytesIO()
-    fig.savefig(png, format="png")
-    metrics = {"mcd_dtw_db": pair.mcd, "level_db": pair.level_db, **{f"{k}": v for k, v in pitch.items()}}
-    return {"wav": wav_bytes(out, voc.sample_rate), "original": wav_bytes(ref, voc.sample_rate), "png": png.getvalue(),
-            "metrics": metrics, "seconds": seconds, "elapsed": elapsed, "rtf": elapsed / max(seconds, 1e-9),
-            "sample_rate": voc.sample_rate}
-
-
-def reconstruct(served: Served, data: bytes, job: Job, limits: Limits, tile_size: int = 512,
-                tile_overlap: int = 64) -> dict:
-    """An uploaded image → {"png": its reconstruction, "psnr", "width", "height", "tiled", "elapsed"}; the size
-    is judged from the header before decoding (`vae.reconstruct.too_large`), as vae/reconstruct.py does."""
-    from vae.data import BadImage, image_to_tensor, open_image_rgb, tensor_to_uint8
-    from vae.metrics import psnr
-    from vae.reconstruct import reconstruct_image, too_large
-
-    if served.kind != "vae":
-        raise BadRequest(f"{served.id} is a {served.kind} model; Reconstruct takes a VAE")
-    if not data:
-        raise BadRequest("the upload is empty (0 bytes): choose an image (png, jpg, webp)")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "upload"
-        path.write_bytes(data)
-        try:
-            problem = too_large(path, limits.max_pixels)
-            if problem:
-                raise BadImage(problem.replace("--max_pixels", "the server's --max_pixels"), "too_large")
-            im, _ = open_image_rgb(path, max_pixels=limits.max_pixels, min_size=1, allow_blank=True)
-        except BadImage as e:
-            reason = "not an image" if e.kind == "not_image" else e.reason
-            raise BadRequest(f"the upload is {reason}; give a png, jpg or webp image") from None
-    device = next(served.model.parameters()).device
-    x = image_to_tensor(im)[None].to(device)
-    tiled = bool(tile_size) and max(x.shape[-2:]) > tile_size
-    with locked(served, job):
-        job.check()
-        t0 = time.perf_counter()
-        rec = reconstruct_image(served.model, x, served.extra["precision"], tile_size, tile_overlap)
-        elapsed = time.perf_counter() - t0
-    png = io.BytesIO()
-    from PIL import Image
-
-    Image.fromarray(tensor_to_uint8(rec[0])).save(png, format="PNG")
-    return {"png": png.getvalue(), "psnr": float(psnr(x, rec.float())[0]), "width": im.width, "height": im.height,
-            "tiled": tiled, "elapsed": elapsed}

@@ -29,19 +29,22 @@ import torch
 from torch import nn
 
 from common.atomic_write import atomic_output
+from common.errors import UserError
 from common.ranges import NonNegativeFloat, PositiveFloat, PositiveInt
 
 # |x| at or above this counts as "at full scale" (int16 full scale is 32767/32768 = 0.99997).
 _FULL_SCALE = 0.999
 
 
-class AudioError(ValueError):
+class AudioError(UserError, ValueError):
     """A file that cannot be used as audio. `.reason` is the short text a preprocessing report
-    lists; `str(err)` names the file too."""
+    lists; `str(err)` names the file too; `.kind` is "not_audio" for a file no decoder reads (the
+    server answers an upload of it as "not audio"), else "unusable"."""
 
-    def __init__(self, reason: str, path: str | os.PathLike | None = None):
+    def __init__(self, reason: str, path: str | os.PathLike | None = None, kind: str = "unusable"):
         self.reason = reason
         self.path = None if path is None else str(path)
+        self.kind = kind
         super().__init__(reason if path is None else f"{path}: {reason}")
 
 
@@ -88,7 +91,7 @@ def load_audio(path: str | os.PathLike, sr: int | None = None, mono: bool = True
         raise
     except (sf.SoundFileError, RuntimeError, OSError, ValueError, TypeError) as e:
         detail = str(e).splitlines()[-1] if str(e) else type(e).__name__
-        raise AudioError(f"not readable as audio ({detail})", path) from e
+        raise AudioError(f"not readable as audio ({detail})", path, kind="not_audio") from e
     if mono:
         return data, int(sr if sr is not None else file_sr)
     cut = _wav_truncation(path)

@@ -24,6 +24,7 @@ import numpy as np
 import soundfile as sf
 
 from common.atomic_write import write_bytes, write_text
+from common.errors import UserError
 from speech.audio import resample, save_wav
 
 PACKAGE = "tuxpaint-stamps-default"
@@ -40,7 +41,7 @@ PEAK = 0.9  # every clip is peak-normalised: the readers recorded at very differ
 DONE = "corpus.json"
 
 
-class RecordingsUnavailable(RuntimeError):
+class RecordingsUnavailable(UserError, RuntimeError):
     """The package could not be fetched or read; the message says why."""
 
 

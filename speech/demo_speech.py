@@ -16,12 +16,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from common.atomic_write import write_text
+from common.errors import UserError
 from speech.audio import load_audio, save_wav
 
 ESPEAK = "espeak-ng"
@@ -147,7 +147,7 @@ UZBEK_SENTENCES: list[str] = [
 ]
 
 
-class EspeakNotFoundError(RuntimeError):
+class EspeakNotFoundError(UserError, RuntimeError):
     """espeak-ng is not installed (or not on PATH)."""
 
 
@@ -155,12 +155,11 @@ def espeak_available() -> bool:
     return shutil.which(ESPEAK) is not None
 
 
-def espeak_or_explain() -> bool:
-    """A demo's first check: True when espeak-ng runs, else one line on stderr saying how to get it."""
-    if espeak_available():
-        return True
-    print(f"error: espeak-ng is needed for the demo corpus: {INSTALL_HINT}", file=sys.stderr)
-    return False
+def require_espeak() -> None:
+    """A demo's first check: EspeakNotFoundError (a UserError: one line, exit 2) saying how to get espeak-ng
+    unless it runs."""
+    if not espeak_available():
+        raise EspeakNotFoundError(f"espeak-ng is needed for the demo corpus: {INSTALL_HINT}")
 
 
 def _require_espeak() -> str:

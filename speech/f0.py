@@ -17,6 +17,7 @@ import librosa
 import numpy as np
 import torch
 
+from common.errors import ConfigError
 from speech.audio import _to_numpy, resample
 
 F0_METHODS = ("parselmouth", "pyin", "harvest", "crepe", "fcpe", "rmvpe")
@@ -100,11 +101,11 @@ def _f0_fcpe(wav: np.ndarray, sr: int, f0_min: float, f0_max: float):
 
 
 def check_f0_extractor(method: str, weights: str | os.PathLike | None = None) -> None:
-    """Before any file: ValueError for an unknown name, and the extractor's import (a ModuleNotFoundError that
+    """Before any file: ConfigError (a ValueError) for an unknown name, and the extractor's import (a ModuleNotFoundError that
     `common.errors.missing_dependency_message` turns into one line naming the package and its pip install).
     rmvpe: its weights file loads (`speech.rmvpe.F0WeightsError`, a ValueError, naming the file otherwise)."""
     if method not in F0_METHODS:
-        raise ValueError(f"unknown f0 extractor {method!r}; valid: {', '.join(F0_METHODS)}")
+        raise ConfigError(f"unknown f0 extractor {method!r}; valid: {', '.join(F0_METHODS)}")
     if method == "harvest":
         _import_pyworld()
         return

@@ -26,13 +26,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.errors import UserError
+
 SAMPLE_RATE, N_FFT, HOP, N_MELS, FMIN, FMAX = 16000, 1024, 160, 128, 30.0, 8000.0
 N_BINS, CENTS_0, CENTS_STEP = 360, 1997.3794084376191, 20.0
 THRESHOLD = 0.03
 CENTS = CENTS_0 + CENTS_STEP * np.arange(N_BINS)
 
 
-class F0WeightsError(ValueError):
+class F0WeightsError(UserError, ValueError):
     """The rmvpe weights file is missing, unreadable or not RVC's graph: the caller names its config key."""
 
 

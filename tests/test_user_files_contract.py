@@ -111,7 +111,7 @@ def test_vae_prepare_around_its_input_is_refused_and_nothing_moves(tmp_path, ove
         code = prepare_data.main(["--mode", "preprocess", "--input_dir", str(tmp_path / "project" / "photos"),
                                   "--output_dir", str(out), "--num_workers", "1", "--target_size", "32",
                                   "--min_size", "8", *overwrite])
-        lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("error:")]
+        lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
         assert code == 2 and len(lines) == 1 and "--input_dir" in lines[0] and str(out) in lines[0], lines
         assert _snapshot(tmp_path / "project") == before
 

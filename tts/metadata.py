@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.atomic_write import write_bytes
+from common.errors import UserError
 from common.run_dir import outside
 from tts.text.symbols import PAD_ID, describe_char
 
@@ -47,7 +48,7 @@ TABLE_AUDIO = ".table_audio"  # the output's hidden folder of audio taken out of
 _IDS = re.compile(r"\s*\d+(\s+\d+)*\s*")
 
 
-class PrepareError(RuntimeError):
+class PrepareError(UserError, RuntimeError):
     """Nothing usable, or the inputs cannot be read at all; the message says what to do."""
 
 

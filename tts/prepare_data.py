@@ -46,7 +46,7 @@ import torch
 
 from common import exit_codes
 from common.atomic_write import atomic_output, write_text
-from common.config import ConfigError, load_config
+from common.config import load_config
 from common.prepared import array_problem, open_npy
 from common.run_dir import check_apart, check_output_dir, check_prepared_settings
 from common.workers import RUN_ERRORS, process_pool
@@ -505,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
                 speaker_from_path=args.speaker_from_path, overwrite=args.overwrite, text_kind=args.text_kind,
                 columns=(args.audio_column, args.text_column, args.speaker_column))
         return exit_codes.OK
-    return exit_codes.run_main(body, (PrepareError, ConfigError))
+    return exit_codes.run_main(body)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from torch.utils.data import Dataset
 
 from common.config import ConfigError
 from common.data import ResumableSampler, make_loader, sample_rng
+from common.errors import InputNotFoundError, UserError
 from common.prepared import json_problem
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".jfif", ".png", ".webp", ".bmp", ".gif", "
 DEFAULT_MAX_PIXELS = 2**28  # ~268 Mpx (16384²): beyond that a file is a decompression bomb or a scan
 
 
-class BadImage(Exception):
+class BadImage(UserError):
     """An image that cannot be used; `reason` says why (shown in reports)."""
 
     def __init__(self, reason: str, kind: str = "corrupt") -> None:
@@ -317,13 +318,13 @@ class PreparedWatch:
 def find_training_images(data_path: str | Path) -> list[Path]:
     root = Path(data_path)
     if not root.is_dir():
-        raise FileNotFoundError(f"--data_path {data_path}: no such folder. Point it at images, or at the "
-                                "output of `python vae/prepare_data.py --mode preprocess`")
+        raise InputNotFoundError(f"--data_path {data_path}: no such folder. Point it at images, or at the "
+                                 "output of `python vae/prepare_data.py --mode preprocess`")
     files = read_manifest(root)
     if files is None:
         files = list_images(root)
     if not files:
-        raise FileNotFoundError(f"--data_path {data_path}: no images found ({', '.join(sorted(IMAGE_EXTENSIONS))})")
+        raise InputNotFoundError(f"--data_path {data_path}: no images found ({', '.join(sorted(IMAGE_EXTENSIONS))})")
     return files
 
 

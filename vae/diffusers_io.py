@@ -22,6 +22,7 @@ import torch
 from common.atomic_write import write_text
 from common.checkpoint import TRAINER_FIELD, CheckpointError, load_checkpoint, save_atomic
 from common.config import config_to_dict
+from common.errors import InputNotFoundError
 from common.log import RunLogger
 from common.precision import Precision
 from common.safetensors_io import load_safetensors, save_safetensors
@@ -184,7 +185,7 @@ def weights_file(folder: Path) -> Path:
                  "diffusion_pytorch_model.fp16.bin"):
         if (folder / name).is_file():
             return folder / name
-    raise FileNotFoundError(f"{folder}: neither {WEIGHTS_SAFETENSORS} nor {WEIGHTS_BIN} found")
+    raise InputNotFoundError(f"{folder}: neither {WEIGHTS_SAFETENSORS} nor {WEIGHTS_BIN} found")
 
 
 def read_diffusers_folder(folder: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
@@ -193,7 +194,7 @@ def read_diffusers_folder(folder: str | Path) -> tuple[dict[str, torch.Tensor], 
     folder = Path(folder)
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
-        raise FileNotFoundError(f"{folder}: no config.json; expected a diffusers AutoencoderKL folder")
+        raise InputNotFoundError(f"{folder}: no config.json; expected a diffusers AutoencoderKL folder")
     again = f"download {folder} again (its config.json and weights), or give another folder"
     cfg = read_json(cfg_path, again, CheckpointError)
     if cfg.get("_class_name", "AutoencoderKL") != "AutoencoderKL":

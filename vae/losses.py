@@ -24,13 +24,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.checkpoint import CheckpointError, load_checkpoint
+from common.errors import UserError
 from vae.model import DiagonalGaussian
 
 # torchvision's cache names for the LPIPS backbones (ImageNet weights).
 BACKBONE_FILES = {"vgg": "vgg16-397923af.pth", "alex": "alexnet-owt-7be5be79.pth"}
 
 
-class PerceptualWeightsError(RuntimeError):
+class PerceptualWeightsError(UserError, RuntimeError):
     """LPIPS backbone weights are not available offline; the message says how to provide them."""
 
 

@@ -30,15 +30,15 @@ from tqdm import tqdm
 
 from common import exit_codes
 from common.atomic_write import atomic_output, write_text
+from common.errors import ConfigError
 from common.run_dir import (
-    OutputPathError,
     check_apart,
     check_output_dir,
     check_output_file,
     check_prepared_settings,
     outside,
 )
-from common.workers import RUN_ERRORS, WorkerKilled, process_pool
+from common.workers import RUN_ERRORS, process_pool
 from vae.data import (
     DEFAULT_MAX_PIXELS,
     SETTINGS_FILE,
@@ -135,10 +135,14 @@ def process_one(task: tuple[str, str, dict]) -> dict:
 
 
 def _run_parallel(fn, tasks: list, num_workers: int, desc: str) -> list:
+    """`fn` over `tasks` behind a progress bar that is closed (its line ended) before an error leaves, so the
+    `error:` line `run_main` prints on stderr starts a line of its own."""
     if num_workers <= 1 or len(tasks) < 2:
-        return [fn(t) for t in tqdm(tasks, desc=desc, disable=not tasks, mininterval=1.0)]
-    with process_pool(num_workers, label=lambda task: task[0], flag="--num_workers") as pool:
-        return list(tqdm(pool.map(fn, tasks, chunksize=4), total=len(tasks), desc=desc, mininterval=1.0))
+        with tqdm(tasks, desc=desc, disable=not tasks, mininterval=1.0) as bar:
+            return [fn(t) for t in bar]
+    with process_pool(num_workers, label=lambda task: task[0], flag="--num_workers") as pool, \
+            tqdm(pool.map(fn, tasks, chunksize=4), total=len(tasks), desc=desc, mininterval=1.0) as bar:
+        return list(bar)
 
 
 def _output_names(files: list[Path], root: Path, fmt: str) -> list[str]:
@@ -348,42 +352,33 @@ MODE_FLAGS = {"preprocess": ("--output_dir", "--resize_mode", "--format", "--bac
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
-    given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
-    other = [f for mode, flags in MODE_FLAGS.items() if mode != args.mode for f in flags if f in given]
-    if other:
-        print(f"error: {', '.join(other)} {'go' if len(other) > 1 else 'goes'} with the other --mode, not "
-              f"--mode {args.mode} (it would change nothing)")
-        return 2
-    if not Path(args.input_dir).is_dir():
-        print(f"error: --input_dir {args.input_dir}: no such folder")
-        return 2
-    if args.min_size is None:
-        args.min_size = default_min_size(args.target_size)
-    if args.target_size < 0 or args.min_size < 1:
-        print("error: --target_size must be >= 0 and --min_size >= 1")
-        return 2
-    if args.target_size and args.target_size % 8:
-        print(f"warning: --target_size {args.target_size} is not a multiple of 8; the VAE needs crops that are")
-    try:
+
+    def body() -> int:
+        given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+        other = [f for mode, flags in MODE_FLAGS.items() if mode != args.mode for f in flags if f in given]
+        if other:
+            raise ConfigError(f"{', '.join(other)} {'go' if len(other) > 1 else 'goes'} with the other --mode, not "
+                              f"--mode {args.mode} (it would change nothing)")
+        if not Path(args.input_dir).is_dir():
+            raise ConfigError(f"--input_dir {args.input_dir}: no such folder")
+        if args.min_size is None:
+            args.min_size = default_min_size(args.target_size)
+        if args.target_size < 0 or args.min_size < 1:
+            raise ConfigError("--target_size must be >= 0 and --min_size >= 1")
+        if args.target_size and args.target_size % 8:
+            print(f"warning: --target_size {args.target_size} is not a multiple of 8; the VAE needs crops that are")
         if args.mode == "preprocess":
             if not args.output_dir:
-                print("error: --mode preprocess needs --output_dir")
-                return 2
+                raise ConfigError("--mode preprocess needs --output_dir")
             check_apart(args.output_dir, "--output_dir", {"--input_dir": args.input_dir})  # before it is made
             check_output_dir(args.output_dir, "--output_dir")
         else:
             check_output_file(args.output_file, "--output_file")
-        with exit_codes.sigterm_interrupts():
-            return preprocess(args) if args.mode == "preprocess" else validate(args)
-    # also a full disk while writing (common.atomic_write.DiskFullError), and a worker the OS killed (one line)
-    except (OutputPathError, WorkerKilled) as exc:
-        print(f"error: {exc}")
-        return 2
-    except ImportError as exc:  # a module that is not installed: one line, not a file's problem
-        return exit_codes.missing_dependency(exc)
-    except KeyboardInterrupt:
-        return exit_codes.interrupted()
+        # a full disk while writing (common.atomic_write.DiskFullError) and a worker the OS killed are UserErrors:
+        # one line; a module that is not installed is one line naming it; Ctrl-C / SIGTERM say "run again"
+        return preprocess(args) if args.mode == "preprocess" else validate(args)
 
+    return exit_codes.run_main(body)
 
 if __name__ == "__main__":
     sys.exit(main())

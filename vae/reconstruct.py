@@ -25,8 +25,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from common.atomic_write import DiskFullError, atomic_output
-from common.checkpoint import CheckpointError
+from common import exit_codes
+from common.atomic_write import atomic_output
+from common.errors import ConfigError
 from common.precision import Precision
 from common.run_dir import (
     OutputPathError,
@@ -171,9 +172,10 @@ def reconstruct_image(model: AutoencoderKL, x: torch.Tensor, prec: Precision, ti
         return reconstruct_full(model, x)
 
 
-def too_large(path: Path, max_pixels: int) -> str | None:
+def too_large(path: Path, max_pixels: int, flag: str = "--max_pixels") -> str | None:
     """Why `path` is too large to reconstruct, from its header alone (`Image.open` reads no pixel data), or
-    None; a file PIL cannot open is left to `open_image_rgb`, which says what is wrong with it."""
+    None; a file PIL cannot open is left to `open_image_rgb`, which says what is wrong with it. `flag`: the
+    setting the message names (the server's is "the server's --max_pixels")."""
     old = Image.MAX_IMAGE_PIXELS
     Image.MAX_IMAGE_PIXELS = None  # the size is judged here, against --max_pixels, not by PIL's own limit
     try:
@@ -185,9 +187,9 @@ def too_large(path: Path, max_pixels: int) -> str | None:
         Image.MAX_IMAGE_PIXELS = old
     if w * h <= max_pixels:
         return None
-    return (f"too large: {w}x{h} = {w * h} pixels (from its header) > --max_pixels {max_pixels}; tiles bound only "
+    return (f"too large: {w}x{h} = {w * h} pixels (from its header) > {flag} {max_pixels}; tiles bound only "
             f"the model's memory, the whole image would take about {w * h * BYTES_PER_PIXEL / 2**30:.1f} GiB: raise "
-            "--max_pixels if it is meant to be this large")
+            f"{flag} if it is meant to be this large")
 
 
 def image_format(path: str | Path) -> str | None:
@@ -219,32 +221,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    return exit_codes.run_main(lambda: run(args))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Reconstruct `--input` (an image or a folder of them). What the user gave that cannot be used is a
+    UserError (one line, exit 2 through `run_main`); any other exception, while loading the weights too, is a bug."""
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     src = Path(args.input)
     if not src.exists():
-        print(f"error: --input {src}: no such file or folder", file=sys.stderr)
-        return 2
-    try:
-        check_apart(args.output, "--output", {"--input": src, "--checkpoint": args.checkpoint}, "_reconstructed")
-        (check_output_dir if src.is_dir() else check_output_file)(args.output, "--output")
-        if not src.is_dir() and image_format(args.output) is None:  # before minutes of reconstruction
-            raise OutputPathError(f"--output {args.output}: not an image file name; end it in .png (lossless), "
-                                  ".webp, .jpg or .tif")
-        for dst in [Path(args.output)] if not src.is_dir() else [
-                Path(args.output) / f.relative_to(src).with_suffix(".png") for f in list_images(src)]:
-            refuse_to_replace(dst, args.overwrite, "--output")  # a second run must not silently replace the first's
-    except OutputPathError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        model, meta = load_vae_weights(args.checkpoint, use_ema=args.ema)
-    except CheckpointError as exc:  # names the file itself (and, for another trainer's, what it is)
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # noqa: BLE001 - shown to the user as one line (a missing weights file, ...)
-        print(f"error: --checkpoint {args.checkpoint}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
-              file=sys.stderr)
-        return 2
+        raise ConfigError(f"--input {src}: no such file or folder")
+    check_apart(args.output, "--output", {"--input": src, "--checkpoint": args.checkpoint}, "_reconstructed")
+    (check_output_dir if src.is_dir() else check_output_file)(args.output, "--output")
+    if not src.is_dir() and image_format(args.output) is None:  # before minutes of reconstruction
+        raise OutputPathError(f"--output {args.output}: not an image file name; end it in .png (lossless), "
+                              ".webp, .jpg or .tif")
+    for dst in [Path(args.output)] if not src.is_dir() else [
+            Path(args.output) / f.relative_to(src).with_suffix(".png") for f in list_images(src)]:
+        refuse_to_replace(dst, args.overwrite, "--output")  # a second run must not silently replace the first's
+    model, meta = load_vae_weights(args.checkpoint, use_ema=args.ema)  # a CheckpointError names the file
     model = model.to(device).eval()
     prec = Precision(args.precision, device)
     print(f"loaded {args.checkpoint} ({meta.get('source')}), {device}, {prec.precision}")
@@ -259,27 +254,21 @@ def main(argv: list[str] | None = None) -> int:
             im, _ = open_image_rgb(path, max_pixels=args.max_pixels, min_size=1, allow_blank=True)
         except BadImage as exc:  # too large (from the header), not an image, damaged: one line naming it
             if not src.is_dir():
-                print(f"error: --input {path}: {exc.reason}", file=sys.stderr)
-                return 2
+                raise ConfigError(f"--input {path}: {exc.reason}") from None
             print(f"  skipped {path}: {exc.reason}")
             failures += 1
             continue
         x = image_to_tensor(im)[None].to(device)
         rec = reconstruct_image(model, x, prec, args.tile_size, args.tile_overlap, args.tiling)
         dst = out if not src.is_dir() else out / path.relative_to(src).with_suffix(".png")
-        try:
-            with atomic_output(dst) as tmp:
-                Image.fromarray(tensor_to_uint8(rec[0])).save(tmp, format=image_format(dst))
-        except DiskFullError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+        with atomic_output(dst) as tmp:  # a full disk: DiskFullError, one line
+            Image.fromarray(tensor_to_uint8(rec[0])).save(tmp, format=image_format(dst))
         print(f"  {path} -> {dst}  {im.width}x{im.height}  PSNR {float(psnr(x, rec)[0]):.2f} dB")
     if failures:
         print(f"error: {failures} of the {len(inputs)} images in {src} skipped (listed above); the others are "
               f"in {out}", file=sys.stderr)
-        return 2
-    return 0
-
+        return exit_codes.BAD_INPUT
+    return exit_codes.OK
 
 if __name__ == "__main__":
     sys.exit(main())

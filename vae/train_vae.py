@@ -30,7 +30,7 @@ import torch
 from common import distributed, exit_codes, loop
 from common.atomic_write import append_text, save_png
 from common.best_by import BestCheckpoints, best_value
-from common.checkpoint import CheckpointError, RunCheckpoints, load_checkpoint, resolve_resume, save_atomic
+from common.checkpoint import RunCheckpoints, load_checkpoint, resolve_resume, save_atomic
 from common.config import ConfigError
 from common.distributed import DistInfo
 from common.guards import saving_blocked
@@ -45,7 +45,7 @@ from vae.config import VAEConfig
 from vae.data import PreparedWatch, TrainData, build_train_data, training_images
 from vae.diffusers_io import export_final
 from vae.flags import build_parser, resolve_config
-from vae.losses import FrozenLPIPS, PerceptualWeightsError
+from vae.losses import FrozenLPIPS
 from vae.memory import choose_batch_size, profile_grid, profile_memory
 from vae.metrics import evaluate
 from vae.presets import CARD_PRESETS
@@ -314,10 +314,7 @@ def train(cfg: VAEConfig, overwrite: bool = False, init_from: str | None = None,
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser(__doc__).parse_args(argv)
-    # Bad input arrives as the project's error classes (exit 2); a bare ValueError is a bug in our code
-    # and keeps its traceback (exit 1), it is not reported as bad input.
-    return exit_codes.run_main(lambda: run(args), (ConfigError, CheckpointError, PerceptualWeightsError,
-                                                   FileNotFoundError))
+    return exit_codes.run_main(lambda: run(args))  # a common.errors.UserError: one line, exit 2; a bug: traceback
 
 
 def run(args: argparse.Namespace) -> int:

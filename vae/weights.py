@@ -58,20 +58,21 @@ def _fitting(source: Path, arch: dict, state: dict, what: str = "its arch") -> A
     return model
 
 
-def load_vae_weights(path: str | Path, use_ema: bool = True) -> tuple[AutoencoderKL, dict]:
+def load_vae_weights(path: str | Path, use_ema: bool = True, ckpt: dict | None = None) -> tuple[AutoencoderKL, dict]:
     """(model, what was loaded). A checkpoint gives its EMA weights when it has them and `use_ema`. A file
     that cannot be used (damaged, another trainer's, a model its tensors do not hold, malformed content) is
-    one CheckpointError naming it."""
+    one CheckpointError naming it. ``ckpt``: the file at `path` already loaded (a caller that first read which
+    trainer wrote it loads it once)."""
     path = Path(path)
     with malformed_is_one_line(str(path), f"give {INFERENCE_FILES}"):
-        return _load(path, use_ema)
+        return _load(path, use_ema, ckpt)
 
 
-def _load(path: Path, use_ema: bool) -> tuple[AutoencoderKL, dict]:
+def _load(path: Path, use_ema: bool, ckpt: dict | None = None) -> tuple[AutoencoderKL, dict]:
     if path.is_dir():
         model, cfg = load_diffusers(path, f"give {INFERENCE_FILES}")
         return model, {"source": "diffusers", "scaling_factor": cfg.get("scaling_factor")}
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(path) if ckpt is None else ckpt
     refuse_other_kind(path, ckpt, "vae")
     if "state_dict" in ckpt and "arch" in ckpt:  # vae_final.pt
         model = _fitting(path, ckpt["arch"], ckpt["state_dict"])

@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import Dataset
 
 from common.data import sample_rng
+from common.errors import UserError
 from common.prepared import damaged, load_npy, read_json, require_finite
 from vocoder.config import VocoderConfig
 from vocoder.prepare_data import AUDIO_EXTENSIONS, FORMAT_VERSION, MANIFEST
@@ -30,7 +31,7 @@ from vocoder.prepare_data import AUDIO_EXTENSIONS, FORMAT_VERSION, MANIFEST
 LOG_FLOOR = math.log(1e-5)  # speech.audio.MelSpectrogram's log clamp
 
 
-class DatasetError(RuntimeError):
+class DatasetError(UserError, RuntimeError):
     """The prepared folder is missing, stale or made with other audio or f0 settings."""
 
 

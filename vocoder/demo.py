@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common import exit_codes
 from common.atomic_write import write_text
 from common.config import load_config
 from common.demo import (
@@ -110,6 +111,11 @@ def demo_dataset(cfg: VocoderConfig, espeak: bool, recordings: str | Path, wavs:
 
 
 def main(argv: list[str] | None = None) -> int:
+    return exit_codes.run_main(lambda: demo(argv))
+
+
+def demo(argv: list[str] | None) -> int:
+    """The demo's steps; `main` runs them through `common.exit_codes.run_main` (what the user can fix: one line, 2)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--espeak", action="store_true", help="train on espeak-ng speech, not the real readers")
     p.add_argument("--sentences", type=int, default=24, help="espeak-ng sentences per voice (6 voices), beside the "

@@ -31,9 +31,10 @@ from pathlib import Path
 
 import torch
 
+from common import exit_codes
 from common.atomic_write import atomic_output, write_text
 from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind, save_atomic
-from common.run_dir import OutputPathError, check_apart, check_output_dir
+from common.run_dir import check_apart, check_output_dir
 from vocoder.model import Generator, GeneratorArgs, remove_all_weight_norm
 
 _NEW = ("parametrizations.weight.original0", "parametrizations.weight.original1")
@@ -263,21 +264,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--oudep", action="store_true",
                    help="also write <out>.oudep beside the folder: the OpenUtau dependency package (implies --onnx)")
     args = p.parse_args(argv)
-    try:
-        made = not Path(args.out).exists()
+    made = not Path(args.out).exists()
+
+    def body() -> int:
         check_apart(args.out, "--out", {"--ckpt": args.ckpt}, "_export")  # beside the checkpoint's folder: fine
         check_output_dir(args.out, "--out")  # first: a bad --out is told before the checkpoint is read
         out = export(args.ckpt, args.out, args.onnx, args.oudep)
-    except (CheckpointError, OutputPathError) as e:
-        if made and Path(args.out).is_dir() and not any(Path(args.out).iterdir()):
-            Path(args.out).rmdir()  # the folder the probe made: a refused export leaves nothing behind
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"exported generator -> {out / 'model.ckpt'} + {out / 'config.json'}"
-          + (f" + {out / 'model.onnx'}" if args.onnx or args.oudep else "")
-          + (f"; OpenUtau package {oudep_path(out)}" if args.oudep else ""))
-    return 0
+        print(f"exported generator -> {out / 'model.ckpt'} + {out / 'config.json'}"
+              + (f" + {out / 'model.onnx'}" if args.onnx or args.oudep else "")
+              + (f"; OpenUtau package {oudep_path(out)}" if args.oudep else ""))
+        return 0
 
+    def remove_probe() -> None:
+        """The folder the output check made, still empty: a refused export leaves nothing behind."""
+        if made and Path(args.out).is_dir() and not any(Path(args.out).iterdir()):
+            Path(args.out).rmdir()
+
+    return exit_codes.run_main(body, cleanup=remove_probe)
 
 if __name__ == "__main__":
     sys.exit(main())

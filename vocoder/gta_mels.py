@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
+from common.errors import UserError
 from common.workers import RUN_ERRORS
 from speech.audio import AudioSettings
 from speech.mel_files import FRAME_TOLERANCE, MEL_SETTINGS_FILE, read_mel_settings, settings_mismatch
@@ -23,7 +24,7 @@ from speech.mel_files import FRAME_TOLERANCE, MEL_SETTINGS_FILE, read_mel_settin
 WRITER_HINT = "write them with the acoustic model (e.g. tts/infer_clone.py --teacher_forced --output DIR)"
 
 
-class MelDirError(ValueError):
+class MelDirError(UserError, ValueError):
     """The --mel_dir folder as a whole does not fit the audio or the config (exit 2, nothing written)."""
 
 

@@ -30,11 +30,12 @@ import numpy as np
 import torch
 
 from common import exit_codes
-from common.atomic_write import DiskFullError
 from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind
-from common.run_dir import OutputPathError, check_apart, check_output_dir, refuse_to_replace
+from common.errors import ConfigError
+from common.run_dir import check_apart, check_output_dir, refuse_to_replace
 from speech.audio import MelSpectrogram, load_audio, save_wav
 from speech.f0 import check_f0_extractor, extract_f0
+from speech.rmvpe import F0WeightsError
 from vocoder.export import generator_args, split_checkpoint
 from vocoder.model import Generator, remove_all_weight_norm
 
@@ -107,14 +108,15 @@ def _read_export_folder(folder: Path) -> tuple[dict, dict]:
     return load_checkpoint(ckpt_file), json.loads(cfg_file.read_text())
 
 
-def load_vocoder(path: str | Path, device: str | torch.device = "cpu") -> VocoderInference:
+def load_vocoder(path: str | Path, device: str | torch.device = "cpu", ckpt: dict | None = None) -> VocoderInference:
     """Load a training checkpoint (.pt from vocoder/train.py), an exported folder (model.ckpt +
-    config.json) or an exported model.ckpt file (config.json beside it)."""
+    config.json) or an exported model.ckpt file (config.json beside it). ``ckpt``: the file at `path` already
+    loaded (a caller that first read which trainer wrote it loads it once)."""
     path = Path(path)
     if path.is_dir():
         obj, info = _read_export_folder(path)
     elif path.is_file():
-        obj = load_checkpoint(path)
+        obj = load_checkpoint(path) if ckpt is None else ckpt
         info = None
         if (path.parent / "config.json").is_file() and "models" not in obj:
             info = json.loads((path.parent / "config.json").read_text())
@@ -141,7 +143,7 @@ def _collect_inputs(inputs: list[str]) -> list[Path]:
         elif p.is_file():
             files.append(p)
         else:
-            raise FileNotFoundError(f"input not found: {p}")
+            raise ConfigError(f"input not found: {p}")
     return files
 
 
@@ -215,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pe_ckpt", default=None, help="rmvpe's weights for the f0 of audio inputs, where the model's "
                    "pe is rmvpe (default: the file its export or checkpoint recorded)")
     args = p.parse_args(argv)
-    try:
+
+    def body() -> int:
         check_apart(args.output, "--output", {"--input": args.input, "--model": args.model}, "_vocoded")  # first
         check_output_dir(args.output, "--output")
         files = _collect_inputs(args.input)
@@ -224,30 +227,23 @@ def main(argv: list[str] | None = None) -> int:
         voc = load_vocoder(args.model, args.device)
         voc.pe_ckpt = args.pe_ckpt or voc.pe_ckpt
         if any(f.suffix.lower() != ".npz" for f in files):  # audio needs the model's f0 extractor: once, not per file
-            check_f0_extractor(voc.pe, voc.pe_ckpt)
-    except (CheckpointError, FileNotFoundError, OutputPathError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return exit_codes.BAD_INPUT
-    except ValueError as e:  # the model's f0 extractor cannot run here (rmvpe's weights recorded elsewhere)
-        print(f"error: {e}; this model extracts f0 with pe={voc.pe}: give its weights with --pe_ckpt", file=sys.stderr)
-        return exit_codes.BAD_INPUT
-    if not files:
-        print("error: no audio or .npz files in the given inputs", file=sys.stderr)
-        return exit_codes.BAD_INPUT
-    try:
+            try:
+                check_f0_extractor(voc.pe, voc.pe_ckpt)
+            except F0WeightsError as e:  # rmvpe's weights recorded elsewhere: say which flag gives them
+                raise ConfigError(f"{e}; this model extracts f0 with pe={voc.pe}: give its weights with --pe_ckpt") from None
+        if not files:
+            raise ConfigError("no audio or .npz files in the given inputs")
         done = synthesize_files(voc, files, Path(args.output))
-    except DiskFullError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return exit_codes.BAD_INPUT
-    if done["files"] == 0:
-        print(f"error: none of the {len(files)} input file(s) could be vocoded (reasons above)", file=sys.stderr)
-        return exit_codes.BAD_INPUT
-    if done["skipped"]:
-        print(f"error: {done['skipped']} of {len(files)} input file(s) could not be vocoded (reasons above); "
-              f"the other {done['files']} are in {args.output}", file=sys.stderr)
-        return exit_codes.BAD_INPUT
-    return exit_codes.OK
+        if done["files"] == 0:
+            print(f"error: none of the {len(files)} input file(s) could be vocoded (reasons above)", file=sys.stderr)
+            return exit_codes.BAD_INPUT
+        if done["skipped"]:
+            print(f"error: {done['skipped']} of {len(files)} input file(s) could not be vocoded (reasons above); "
+                  f"the other {done['files']} are in {args.output}", file=sys.stderr)
+            return exit_codes.BAD_INPUT
+        return exit_codes.OK
 
+    return exit_codes.run_main(body)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -49,21 +49,22 @@ import numpy as np
 
 from common import exit_codes
 from common.atomic_write import atomic_output, remove_stale_temp_folders, write_text
-from common.config import ConfigError, add_config_args, load_config
+from common.config import add_config_args, load_config
+from common.errors import UserError
 from common.prepared import npy_problem
 from common.run_dir import check_apart, check_output_dir, check_prepared_settings, outside
 from common.workers import RUN_ERRORS, process_pool
 from speech.f0_report import F0_PNG, f0_report_lines, f0_summary, save_f0_histogram, summary_json
 from speech.trim import report_lines
 from vocoder.config import VocoderConfig
-from vocoder.gta_mels import MelDirError, check_mel_dir, load_gta_mel
+from vocoder.gta_mels import check_mel_dir, load_gta_mel
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".mp3", ".aif", ".aiff", ".opus")
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 
 
-class PrepareError(RuntimeError):
+class PrepareError(UserError, RuntimeError):
     """Nothing usable (or the arguments are wrong): the message says what to do."""
 
 
@@ -488,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
         check_output_dir(output, "--output")
         prepare(cfg, inputs, output, args.num_workers, overwrite=args.overwrite, mel_dir=args.mel_dir, mels=mels)
         return exit_codes.OK
-    return exit_codes.run_main(body, (PrepareError, ConfigError, MelDirError))
+    return exit_codes.run_main(body)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import torch
 from common import distributed, exit_codes, loop
 from common.atomic_write import write_text
 from common.best_by import BestCheckpoints
-from common.checkpoint import CheckpointError, RunCheckpoints, resolve_resume
+from common.checkpoint import RunCheckpoints, resolve_resume
 from common.config import ConfigError, save_config
 from common.guards import DivergenceGuard, NonFiniteGuard
 from common.log import Printer, Progress, RunLogger, report_lr_plan
@@ -52,7 +52,6 @@ from vocoder.build import (  # noqa: F401 (the builders are imported from here b
     startup_lines,
 )
 from vocoder.config import VocoderConfig
-from vocoder.data import DatasetError
 from vocoder.discriminators import head_outputs, split_outputs
 from vocoder.export import export_info
 from vocoder.losses import discriminator_loss, feature_matching_loss, generator_adv_loss
@@ -248,7 +247,7 @@ class VocoderTrainer:
 # --------------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return exit_codes.run_main(lambda: run(args), (ConfigError, DatasetError, CheckpointError), distributed.cleanup)
+    return exit_codes.run_main(lambda: run(args), cleanup=distributed.cleanup)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -30,6 +30,45 @@ def test_run_main_prints_one_error_and_returns_the_documented_code(exc, code, ca
     assert capsys.readouterr().err == f"error: {exc}\n"
 
 
+def _user_error_classes():
+    """Every user-facing error class of the repo (one per module that defines one)."""
+    from common.atomic_write import DiskFullError
+    from common.checkpoint import CheckpointError
+    from common.errors import InputNotFoundError
+    from speech.audio import AudioError
+    from tts.clone.data import DataError as CloneDataError
+    from tts.clone.infer import VocoderMismatchError
+    from tts.metadata import PrepareError as TtsPrepareError
+    from tts.vits.data import DataError as VitsDataError
+    from vae.data import BadImage
+    from vocoder.data import DatasetError
+    from vocoder.prepare_data import PrepareError
+
+    return [ConfigError, DiskFullError, InputNotFoundError, AudioError, CheckpointError, CloneDataError, VocoderMismatchError,
+            TtsPrepareError, VitsDataError, BadImage, DatasetError, PrepareError]
+
+
+def test_a_user_error_is_exit_2_without_naming_its_class(capsys):
+    """`run_main(body)` needs no tuple of error classes: every user-facing one derives from UserError (the
+    checkpoint one is still named by `user_errors` until common/checkpoint.py derives it)."""
+    from common.errors import UserError
+
+    for cls in _user_error_classes():
+        exc = cls("the input named here is wrong")
+        assert exit_codes.run_main(_raises(exc)) == exit_codes.BAD_INPUT, cls
+        assert capsys.readouterr().err == "error: the input named here is wrong\n", cls
+        assert cls.__name__ == "CheckpointError" or isinstance(exc, UserError), cls
+
+
+@pytest.mark.parametrize("bug", [ValueError("a bug"), RuntimeError("a bug"), OSError("a bug"), TypeError("a bug")])
+def test_a_plain_exception_is_a_bug_not_exit_2(bug, capsys):
+    """ValueError, RuntimeError, OSError raised by our own code are bugs: their traceback reaches the user."""
+    cleaned = []
+    with pytest.raises(type(bug)):
+        exit_codes.run_main(_raises(bug), cleanup=lambda: cleaned.append(1))
+    assert cleaned == [1] and capsys.readouterr().err == ""
+
+
 def test_under_torchrun_only_rank_0_gives_the_non_finite_advice(capsys, monkeypatch):
     """Every rank raises NonFiniteError at the same step; the others do not know the checkpoint rank 0
     saved ("nothing good to resume" beside rank 0's path), so they exit 3 without a line of their own."""

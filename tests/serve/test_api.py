@@ -17,9 +17,9 @@ from starlette.testclient import TestClient
 from common.checkpoint import CheckpointError
 from serve.__main__ import main as serve_main
 from serve.app import create_app
-from serve.models import Cancelled, Job, Limits, file_kind, speak
+from serve.models import Cancelled, Job, Limits, file_kind, load_models
 
-from .tiny import png_bytes, wav_file_bytes
+from .tiny import SERVED_ORDER, png_bytes, wav_file_bytes
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +125,7 @@ def test_cancel_ends_a_request_waiting_for_its_model(served):
 
     def run() -> None:
         try:
-            speak(model, "salom", job, Limits())
+            model.speak("salom", job, Limits())
         except Cancelled as e:
             result["error"] = e
 
@@ -176,18 +176,39 @@ def test_start_refuses_a_vocoder_whose_f0_extractor_cannot_run_here(tiny_checkpo
     assert err.startswith("error: ") and "/gone/rmvpe.onnx" in err and len(err.splitlines()) == 1, err
 
 
-def test_cancel_stops_a_long_text_between_sentences(served):
+def test_cancel_stops_a_long_text_between_sentences(served, monkeypatch):
     """A cancel that arrives while a text is spoken ends it after the sentence in progress, not at the end."""
-    spoken = []
+    from tts.vits import synthesize
 
-    class CancelAfterFirst(Job):
-        def check(self) -> None:
-            spoken.append(1)
-            if len(spoken) > 2:  # the check before synthesis, then after the first sentence
-                self.cancelled.set()
-            super().check()
+    job, spoken, real = Job(), [], synthesize.synthesize
 
+    def one_sentence(*args, **kwargs):
+        spoken.append(args[2])
+        job.cancelled.set()  # the cancel arrives while the first sentence is spoken
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(synthesize, "synthesize", one_sentence)
     text = " ".join(f"Bu {i}-gap." for i in range(1, 30))
     with pytest.raises(Cancelled):
-        speak(served["vits-1"], text, CancelAfterFirst(), Limits())
-    assert len(spoken) == 3
+        served["vits-1"].speak(text, job, Limits())
+    assert spoken == ["Bu 1-gap."]
+
+
+def test_each_checkpoint_is_read_from_disk_once(tiny_checkpoints, monkeypatch):
+    """Finding which trainer wrote a file and building its model read the same loaded checkpoint; the cloning
+    model's own vocoder, served too, is one load shared by both."""
+    real = torch.load
+    loads: list[str] = []
+
+    def counting(f, *args, **kwargs):
+        loads.append(str(f))
+        return real(f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", counting)
+    models = load_models([str(tiny_checkpoints[k]) for k in SERVED_ORDER], torch.device("cpu"))
+    assert sorted(models) == ["clone-1", "vae-1", "vits-1", "vocoder-1", "vocoder-2"]
+    files = [str(tiny_checkpoints[k]) for k in ("vits", "clone", "vocoder_ckpt", "vae")]
+    files.append(str(tiny_checkpoints["vocoder"] / "model.ckpt"))
+    assert sorted(loads) == sorted(files)
+    assert models["clone-1"].own_vocoder[0] is models["vocoder-1"].model  # one vocoder, one lock
+    assert models["clone-1"].own_vocoder[1] is models["vocoder-1"].lock

@@ -19,7 +19,7 @@ from tests.tts.test_vits_train import SR, _args, _corpus
 from tts.prepare_data import prepare
 from tts.text import normalize
 from tts.text.phonemes import ESPEAK_SYMBOLS, Frontend, clauses, phonemize
-from tts.text.sentences import paragraphs, split_sentences
+from tts.text.sentences import paragraphs, plan, split_sentences
 from tts.vits import export_onnx, synthesize
 from tts.vits import train as train_mod
 from tts.vits.config import TrainConfig
@@ -117,21 +117,21 @@ def test_long_text_streams_sentence_by_sentence(espeak_run, tmp_path, capsys):
     text = "Salom, dunyo! Bugun 5-sentabr.\n\nЭртага ёмғир ёғади. Prof. Karimov va h.k. keladi."
     out, sizes, lengths = tmp_path / "long.wav", [], []
 
-    def on_sentence(i, norm, seconds):
+    def on_sentence(i, chunk):
         # streamed: the temp file beside `out` grows while later sentences are still to come; `out`
         # itself appears only when the text is done (never a truncated wav)
         (tmp,) = tmp_path.glob(".long.wav.*.tmp")
         assert not out.exists()
         sizes.append(tmp.stat().st_size)
-        lengths.append(round(seconds * SR))
+        lengths.append(round(chunk.seconds * SR))
 
     torch.manual_seed(0)
-    stats = synthesize.synthesize_long(model, cfg, text, out, 1, sentence_pause=0.25, paragraph_pause=0.5,
-                                       on_sentence=on_sentence)
+    chunks = synthesize.stream(model, cfg, plan(text), 1, sentence_pause=0.25, paragraph_pause=0.5)
+    stats = synthesize.write_stream(chunks, out, SR, on_sentence)
     assert stats["sentences"] == 4
     assert sizes == sorted(sizes) and sizes[0] >= 44 + 2 * lengths[0] and sizes[1] > sizes[0]
     wav, sr = sf.read(out, dtype="int16")
-    pauses = [round(0.25 * SR), round(0.5 * SR), round(0.25 * SR), 0]
+    pauses = [round(0.25 * SR), round(0.5 * SR), round(0.25 * SR)]  # between the sentences, none after the last
     assert sr == SR and len(wav) == sum(lengths) + sum(pauses)
     start = lengths[0] + lengths[1] + round(0.25 * SR)  # the paragraph pause is silence
     assert not wav[start:start + pauses[1]].any()

@@ -105,3 +105,23 @@ def test_an_unusable_config_is_one_line_exit_2(case, image_dir, tmp_path, capsys
                     "--max_steps", "1", "--num_workers", "0", "--perceptual_weight", "0"])
     assert code == 2
     assert expect in _one_error_line(capsys)
+
+
+def test_reconstruct_turns_only_user_errors_into_exit_2(tmp_path, monkeypatch, capsys):
+    """vae/reconstruct.py once made ANY exception while loading the weights exit 2; a bug there now keeps its
+    traceback, and an unusable checkpoint (a UserError) is still one line and exit 2."""
+    import vae.reconstruct as rec
+
+    image = write_images(tmp_path / "in", 1, size=32)[0]
+    argv = ["--checkpoint", str(tmp_path / "missing.pt"), "--input", str(image), "--output", str(tmp_path / "o.png"),
+            "--device", "cpu"]
+    assert rec.main(argv) == 2
+    assert _one_error_line(capsys).startswith(f"error: checkpoint not found: {tmp_path / 'missing.pt'}")
+
+    def bug(*args, **kwargs):
+        raise ValueError("bug")
+
+    monkeypatch.setattr(rec, "load_vae_weights", bug)
+    with pytest.raises(ValueError, match="^bug$"):
+        rec.main(argv)
+    assert "error:" not in capsys.readouterr().err

@@ -159,10 +159,10 @@ def test_a_flag_of_the_other_mode_is_refused(tmp_path, capsys):
     src.mkdir()
     assert prepare_main(["--mode", "validate", "--input_dir", str(src), "--format", "webp",
                          "--output_dir", str(tmp_path / "o")]) == 2
-    assert "error: --output_dir, --format go with the other --mode, not --mode validate" in capsys.readouterr().out
+    assert "error: --output_dir, --format go with the other --mode, not --mode validate" in capsys.readouterr().err
     assert prepare_main(["--mode", "preprocess", "--input_dir", str(src), "--output_dir", str(tmp_path / "o"),
                          "--output_file=r.json"]) == 2
-    assert "error: --output_file goes with the other --mode, not --mode preprocess" in capsys.readouterr().out
+    assert "error: --output_file goes with the other --mode, not --mode preprocess" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 

@@ -37,6 +37,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from common.atomic_write import write_bytes
 from common.data import BucketBatchSampler, BucketShapes, make_loader, sample_rng
+from common.errors import UserError
 from common.prepared import damaged, npz_problem, open_npz, require_finite
 from common.workers import process_pool
 from speech.audio import AudioError, MelSpectrogram, check_audio, load_audio
@@ -49,7 +50,7 @@ from tts.prepare_data import check_item
 LOG_FLOOR = math.log(1e-5)  # the log-mel value of silence (MelSpectrogram's clamp)
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A data input that cannot be used at all (missing manifest, nothing usable, bad reference clip)."""
 
 
@@ -377,22 +378,25 @@ class Reference:
 
 
 def load_reference(path: str | os.PathLike, audio: AudioConfig, data: DataConfig,
-                   max_seconds: float = 30.0) -> Reference:
-    """A user's reference voice clip → log-mel, or a DataError that says what is wrong and what to do.
+                   max_seconds: float = 30.0, name: str | None = None) -> Reference:
+    """A user's reference voice clip → log-mel, or a DataError that says what is wrong and what to do. `name`:
+    how its messages call the clip (default "reference clip PATH"; the server, whose file is a temp, "the
+    reference clip").
 
     Unreadable, too short (< data.min_ref_seconds), silent and clipped clips are refused with
     `speech.audio.check_audio`, the same check the training data passes. Longer clips are cut to
     `max_seconds` (the embedding is a mean over time; more audio adds little).
     """
+    name = name or f"reference clip {path}"
     try:
         wav, sr = load_audio(path, sr=audio.sample_rate)
     except AudioError as e:
-        raise DataError(f"reference clip {path}: {e.reason}; give a wav/flac/ogg/mp3 file with a few seconds "
+        raise DataError(f"{name}: {e.reason}; give a wav/flac/ogg/mp3 file with a few seconds "
                         "of the target voice") from None
     reason = check_audio(wav, sr, min_seconds=data.min_ref_seconds, max_seconds=None,
                          silence_db=data.silence_db, max_clip_fraction=data.max_clip_fraction)
     if reason:
-        raise DataError(f"reference clip {path}: {reason}; give at least {data.min_ref_seconds:g} s of clean, "
+        raise DataError(f"{name}: {reason}; give at least {data.min_ref_seconds:g} s of clean, "
                         "audible speech of the target voice")
     wav = wav[: int(max_seconds * sr)]
     with torch.no_grad():

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common import exit_codes
 from common.atomic_write import write_text
 from common.demo import (
     add_demo_overrides,
@@ -47,7 +48,7 @@ from common.demo import (
 )
 from common.log import save_figure
 from speech.audio import MelSpectrogram, save_wav
-from speech.demo_speech import espeak_available, espeak_or_explain
+from speech.demo_speech import espeak_available, require_espeak
 from speech.mcd import compare_mels, compare_speech, speech_figures
 from speech.plots import plot_spectrograms
 from tts.clone.data import load_reference, read_manifest
@@ -192,13 +193,18 @@ def held_out_check(model, cfg, prepared: Path, vocoder, out_dir: Path) -> tuple[
 
 
 def main(argv: list[str] | None = None) -> int:
+    return exit_codes.run_main(lambda: demo(argv))
+
+
+def demo(argv: list[str] | None) -> int:
+    """The demo's steps; `main` runs them through `common.exit_codes.run_main` (a missing espeak-ng: one line, 2)."""
     p = argparse.ArgumentParser(description="Voice-cloning TTS CPU demo")
     p.add_argument("--retrain", action="store_true", help=f"delete {RUN_DIR} and train again")
     add_demo_overrides(p, "clone_demo.yaml", "train.seed")
     args = p.parse_args(argv)
     torch.set_num_threads(demo_threads())
-    if not (PREPARED_DIR / "train.jsonl").is_file() and not espeak_or_explain():
-        return 2
+    if not (PREPARED_DIR / "train.jsonl").is_file():  # the corpus is still to be spoken
+        require_espeak()
     t0 = time.time()
     print("== 1/3 corpus ==")
     prepared = ensure_corpus()

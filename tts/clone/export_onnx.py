@@ -27,11 +27,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.atomic_write import DiskFullError, atomic_output, write_text
-from common.checkpoint import CheckpointError
-from common.run_dir import OutputPathError, check_apart, check_output_file, refuse_to_replace
+from common import exit_codes
+from common.atomic_write import atomic_output, write_text
+from common.run_dir import check_apart, check_output_file, refuse_to_replace
 from tts.clone.config import CloneConfig
-from tts.clone.data import DataError, load_reference
+from tts.clone.data import load_reference
 from tts.clone.infer import load_clone_model, text_ids
 from tts.clone.model import VoiceCloneTTS
 from tts.text import SYMBOLS
@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_check and unused:  # they only shape the check
         p.error(f"{', '.join(unused)} with --no_check: the check they set is skipped; drop one")
     args.tolerance = 1e-3 if args.tolerance is None else args.tolerance
-    try:
+
+    def body() -> int:
         for written in (args.out, args.out + ".json"):
             check_apart(written, "--out", {"--checkpoint": args.checkpoint, "--reference": args.reference}, "_onnx")
         check_output_file(args.out, "--out")
@@ -135,32 +136,27 @@ def main(argv: list[str] | None = None) -> int:
         ref_mel = (load_reference(args.reference, cfg.audio, cfg.data).mel if args.reference else
                    model.mel_mean.view(1, -1, 1) + model.mel_std.view(1, -1, 1) * torch.randn(
                        1, cfg.audio.n_mels, 100, generator=torch.Generator().manual_seed(0)))
-    except (CheckpointError, DataError, OutputPathError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    t0 = time.time()
-    try:
+        t0 = time.time()
         out = export(model, args.out, args.opset)
         write_text(str(out) + ".json", json.dumps(metadata(cfg), ensure_ascii=False, indent=1))
-    except DiskFullError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) and {out}.json in {time.time() - t0:.1f} s")
-    if args.no_check:
+        print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) and {out}.json in {time.time() - t0:.1f} s")
+        if args.no_check:
+            return 0
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError:
+            print("check skipped: onnxruntime is not installed (pip install onnxruntime)", file=sys.stderr)
+            return 0
+        try:
+            worst = check(model, out, ref_mel, tolerance=args.tolerance)
+        except RuntimeError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        print(f"onnxruntime matches PyTorch on {len(CHECK_SENTENCES)} sentences x 2 length scales: "
+              f"mel max |difference| {worst['mel']:.2e}, f0 {worst['f0_rel']:.2e} relative")
         return 0
-    try:
-        import onnxruntime  # noqa: F401
-    except ImportError:
-        print("check skipped: onnxruntime is not installed (pip install onnxruntime)", file=sys.stderr)
-        return 0
-    try:
-        worst = check(model, out, ref_mel, tolerance=args.tolerance)
-    except RuntimeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print(f"onnxruntime matches PyTorch on {len(CHECK_SENTENCES)} sentences x 2 length scales: "
-          f"mel max |difference| {worst['mel']:.2e}, f0 {worst['f0_rel']:.2e} relative")
-    return 0
+
+    return exit_codes.run_main(body)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common import exit_codes
 from common.atomic_write import write_text
 from common.config import load_config
 from common.demo import demo_threads
@@ -90,6 +91,11 @@ def fine_tune(model, cfg, vocoder_ckpt: Path, out: Path, again: bool, gta: bool 
 
 
 def main(argv: list[str] | None = None) -> int:
+    return exit_codes.run_main(lambda: demo(argv))
+
+
+def demo(argv: list[str] | None) -> int:
+    """The demo's steps; `main` runs them through `common.exit_codes.run_main` (what the user can fix: one line, 2)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--again", action="store_true", help=f"delete {OUT} and fine-tune again")
     p.add_argument("--control", action="store_true", help=f"computed mels instead of GTA ones, into {OUT}_control")

@@ -9,8 +9,9 @@
 `--teacher_forced` writes the model's teacher-forced mels of a prepared dataset (one `<wav name>.npy`
 per utterance + mel_settings.json) for `vocoder/prepare_data.py --mel_dir` (`tts.clone.teacher_forced`).
 
-The text may be in any script (Cyrillic or Latin, digits, …): it goes through the same Uzbek
-normaliser as the training data. Prints the real-time factor of the whole path (text processing,
+The text may be in any script (Cyrillic or Latin, digits, …) and of any length: it is cut into sentences as
+VITS cuts it (`tts.text.sentences.plan`), each goes through the same Uzbek normaliser as the training data and is
+spoken on its own by `stream` (the server's Speak uses the same function), 0.3 s of silence between them. Prints the real-time factor of the whole path (text processing,
 acoustic model, vocoder) = compute seconds / audio seconds.
 """
 
@@ -20,30 +21,38 @@ import argparse
 import sys
 import time
 import warnings
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from common.atomic_write import DiskFullError
+from common import exit_codes
 from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind
-from common.run_dir import OutputPathError, check_apart, check_output_file, refuse_to_replace
+from common.errors import UserError
+from common.run_dir import check_apart, check_output_file, refuse_to_replace
 from speech.audio import save_wav
 from speech.mel_files import settings_mismatch
 from tts.clone.config import AudioConfig, CloneConfig, config_from_dict
 from tts.clone.data import DataError, Reference, feature_cache_root, load_reference
 from tts.clone.model import VoiceCloneTTS
 from tts.text import SYMBOLS, normalize, says_something, text_to_ids
-from tts.text.sentences import plan
+from tts.text.sentences import NothingToSay, SpokenSentence, plan, speak_sentences
 
 
-class VocoderMismatchError(ValueError):
+class VocoderMismatchError(UserError, ValueError):
     """The vocoder was trained on other mel settings than the acoustic model predicts."""
 
 
-def load_clone_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[VoiceCloneTTS, CloneConfig]:
-    """A training checkpoint of tts/train_main.py → (model in eval mode, its config)."""
-    ckpt = load_checkpoint(path, map_location="cpu")
+class NothingSpeakable(DataError, NothingToSay):
+    """A text with nothing to say after normalisation: a DataError (as before) and the shared NothingToSay."""
+
+
+def load_clone_model(path: str | Path, device: str | torch.device = "cpu",
+                     ckpt: dict | None = None) -> tuple[VoiceCloneTTS, CloneConfig]:
+    """A training checkpoint of tts/train_main.py → (model in eval mode, its config); ``ckpt``: the file
+    already loaded (a caller that first read which trainer wrote it loads it once)."""
+    ckpt = load_checkpoint(path, map_location="cpu") if ckpt is None else ckpt
     refuse_other_kind(path, ckpt, "clone")
     if "models" not in ckpt or "model" not in ckpt["models"] or not ckpt.get("config"):
         raise CheckpointError(f"{path}: not a voice-cloning checkpoint of tts/train_main.py "
@@ -78,7 +87,7 @@ def text_ids(text: str) -> torch.Tensor:
     """Raw text (any script) → [1, T] symbol ids; unknown characters are dropped with a warning."""
     ids = text_to_ids(normalize(text), on_unknown="warn")
     if not says_something(ids):  # empty, or only pauses and punctuation (emoji-only text)
-        raise DataError(f"nothing speakable in the text {text!r} after normalisation")
+        raise NothingSpeakable(f"nothing speakable in the text {text!r} after normalisation")
     return torch.tensor([ids], dtype=torch.long)
 
 
@@ -100,25 +109,20 @@ def synthesize(model: VoiceCloneTTS, text: str, reference: Reference, vocoder=No
             "spk": out["spk"][0], "compute_s": time.perf_counter() - t0}
 
 
-def synthesize_long(model: VoiceCloneTTS, text: str, reference: Reference, vocoder, length_scale: float = 1.0,
-                    pause: float = 0.3, between=None) -> dict:
-    """Text of any length, sentence by sentence as VITS reads it (`tts.text.sentences.plan`), `pause` s of silence
-    between them: {"wav", "compute_s", "sentences"}. `between()` runs before each sentence (a server's cancel check
-    raises there); a sentence with nothing to say is skipped, none at all is a DataError."""
-    silence = np.zeros(round(pause * vocoder.sample_rate), dtype=np.float32)
-    pieces, compute = [], 0.0
-    for sentence, _ in plan(text):
-        if between is not None:
-            between()
+def stream(model: VoiceCloneTTS, sentences: Sequence[tuple[str, str]], reference: Reference, vocoder,
+           length_scale: float = 1.0, sentence_pause: float = 0.3, paragraph_pause: float = 0.3,
+           cancelled: Callable[[], bool] | None = None) -> Iterator[SpokenSentence]:
+    """Sentences (`tts.text.sentences.plan(text)`) → one audio chunk per spoken sentence, as it is ready, with
+    the pause before it (`tts.text.sentences.speak_sentences`: the same loop as VITS's `stream`). A sentence with
+    nothing to say (only symbols) is skipped; `cancelled()` is asked between sentences. The script joins the
+    chunks into its file, the server into its answer."""
+    def speak(sentence: str) -> np.ndarray | None:
         try:
-            res = synthesize(model, sentence, reference, vocoder, length_scale)
-        except DataError:  # only symbols
-            continue
-        pieces += [res["wav"], silence]
-        compute += res["compute_s"]
-    if not pieces:
-        raise DataError(f"nothing to say in {text[:80]!r} after normalisation")
-    return {"wav": np.concatenate(pieces[:-1]), "compute_s": compute, "sentences": len(pieces) // 2}
+            return synthesize(model, sentence, reference, vocoder, length_scale)["wav"]
+        except NothingToSay:  # only symbols
+            return None
+
+    return speak_sentences(sentences, speak, vocoder.sample_rate, sentence_pause, paragraph_pause, cancelled)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.reference is None or args.text is None:  # an empty --text is refused below, with its reason
         p.error("--reference and --text are required (or --teacher_forced with --data and --output)")
     args.output = args.output or "clone.wav"
-    try:
+
+    def body() -> int:
         check_apart(args.output, "--output", {"--checkpoint": args.checkpoint, "--reference": args.reference,
                                               "--vocoder": args.vocoder}, "_clone")
         check_output_file(args.output, "--output")
@@ -166,24 +171,20 @@ def main(argv: list[str] | None = None) -> int:
         reference = load_reference(args.reference, cfg.audio, cfg.data)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            res = synthesize(model, args.text, reference, vocoder, args.length_scale)
+            chunks = list(stream(model, plan(args.text), reference, vocoder, args.length_scale))
         for w in caught:
             print(f"warning: {w.message}", file=sys.stderr)
-    except (CheckpointError, DataError, VocoderMismatchError, OutputPathError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    wav = np.asarray(res["wav"])
-    try:
+        wav = np.concatenate([c.audio for c in chunks])
+        compute_s = sum(c.compute_s for c in chunks)
         save_wav(args.output, wav, vocoder.sample_rate)
-    except DiskFullError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    seconds = len(wav) / vocoder.sample_rate
-    rtf = res["compute_s"] / seconds if seconds else float("nan")
-    print(f"wrote {args.output}: {seconds:.2f} s of audio in {res['compute_s']:.3f} s on {args.device} "
-          f"(RTF {rtf:.3f}, {1 / rtf:.1f}x real time; text processing + model + vocoder; "
-          f"reference {reference.seconds:.1f} s)")
-    return 0
+        seconds = len(wav) / vocoder.sample_rate
+        rtf = compute_s / seconds if seconds else float("nan")
+        print(f"wrote {args.output}: {len(chunks)} sentence(s), {seconds:.2f} s of audio in {compute_s:.3f} s on "
+              f"{args.device} (RTF {rtf:.3f}, {1 / rtf:.1f}x real time; text processing + model + vocoder; "
+              f"reference {reference.seconds:.1f} s)")
+        return 0
+
+    return exit_codes.run_main(body)
 
 
 def main_teacher_forced(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -193,16 +194,16 @@ def main_teacher_forced(p: argparse.ArgumentParser, args: argparse.Namespace) ->
 
     if not args.data or not args.output:
         p.error("--teacher_forced needs --data (a prepared folder or .jsonl) and --output (a folder for the mels)")
-    try:
+
+    def body() -> int:
         check_apart(args.output, "--output", {"--checkpoint": args.checkpoint, "--data": args.data}, "_gta_mels")
         model, cfg = load_clone_model(args.checkpoint, args.device)
         check_output_dir(args.output, "--output")
         write_teacher_forced_mels(model, cfg, args.data, args.output,
                                   feature_cache_root(cfg, Path(args.checkpoint).parent), args.overwrite)
-    except (CheckpointError, DataError, OutputPathError, DiskFullError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+        return 0
+
+    return exit_codes.run_main(body)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import torch
 
 from common.best_by import BEST_BY_HELP
 from common.config import add_config_args, config_sources, explicit_keys, load_config, mark_explicit
+from common.errors import UserError
 from common.log import LOGGER_HELP
 from common.precision import PRECISIONS as PRECISION_NAMES
 from common.precision import Precision
@@ -72,7 +73,7 @@ KEY_FLAGS = {key: flag for flag, (key, _) in FLAGS.items()} | {"train.checkpoint
 FLAG_KEYS = {flag[2:].replace("-", "_"): key for key, flag in KEY_FLAGS.items()}  # argparse dest → key
 
 
-class UsageError(ValueError):
+class UsageError(UserError, ValueError):
     """A combination of options that cannot be honoured as given."""
 
 

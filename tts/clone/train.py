@@ -39,7 +39,7 @@ from common.checkpoint import (
     refuse_other_kind,
     resolve_resume,
 )
-from common.config import ConfigError, save_config
+from common.config import save_config
 from common.distributed import all_reduce_mean, cleanup, no_sync, setup_distributed
 from common.guards import DivergenceGuard, NonFiniteError, NonFiniteGuard
 from common.log import Printer, Progress, RunLogger, report_lr_plan
@@ -52,13 +52,12 @@ from common.stopping import RunStop, exit_code
 from common.training import backward, count_parameters, step_optimizer, step_schedules
 from speech.speaker_similarity import load_speaker_encoder
 from tts.clone.build import build_clone_optimizer, build_clone_scheduler, pick_device, planned_steps
-from tts.clone.data import CloneData, DataError, feature_stats, load_reference
+from tts.clone.data import CloneData, feature_stats, load_reference
 from tts.clone.evaluation import PlateauDetector, evaluate, log_validation, synthesis_metrics, to_device
-from tts.clone.infer import VocoderMismatchError, load_matching_vocoder
+from tts.clone.infer import load_matching_vocoder
 from tts.clone.model import VoiceCloneTTS
 from tts.clone.options import (
     Resolved,
-    UsageError,
     build_parser,
     device_notices,
     effective_block,
@@ -291,8 +290,7 @@ def train(res: Resolved, resume: str | None = None, log: Callable[..., None] = p
 # --------------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return exit_codes.run_main(lambda: run(args), (UsageError, ConfigError, DataError, CheckpointError,
-                                                   VocoderMismatchError), cleanup)
+    return exit_codes.run_main(lambda: run(args), cleanup=cleanup)
 
 
 def run(args: argparse.Namespace) -> int:

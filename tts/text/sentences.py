@@ -15,12 +15,23 @@ normalisation), where case and quotes still tell a sentence end from an abbrevia
 - digits and dates (``5.09.2024``, ``3.5``) never split (no space after the dot);
 - a paragraph is text between blank lines; single line breaks are spaces;
 - a sentence longer than ``max_chars`` is cut further at ``; : ,`` (then at spaces).
+
+`speak_sentences` is the one loop both models' `stream` functions (tts/vits/synthesize.py, tts/clone/infer.py)
+run over that plan: one sentence at a time, a pause between spoken sentences, a cancel check between them, so
+the CLI scripts (which write or concatenate the chunks) and the server (which can stop a request between
+sentences) read long text the same way.
 """
 
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
+import numpy as np
+
+from common.errors import UserError
 from tts.text.cyrillic import cyrillic_to_latin
 from tts.text.normalizer import _APOS_CLASS, ABBREVIATIONS, TITLES
 from tts.text.symbols import OKINA
@@ -99,3 +110,50 @@ def plan(text: str, max_chars: int = 300) -> list[tuple[str, str]]:
             last = s == len(sentences) - 1
             items.append((sentence, "end" if last and p == len(paras) - 1 else "paragraph" if last else "sentence"))
     return items
+
+
+class NothingToSay(UserError, ValueError):
+    """A text (or one sentence of it) with nothing speakable after normalisation: empty, only symbols or emoji.
+    A ValueError too, as the VITS front-end raised it before."""
+
+
+@dataclass
+class SpokenSentence:
+    """One chunk of a stream: `audio` (float32 mono) is the pause that follows the previous spoken sentence
+    (none before the first) and then this sentence, so concatenating the chunks gives the whole speech with no
+    silence after its end. `index` is the sentence's place in the plan (skipped ones leave gaps)."""
+
+    audio: np.ndarray
+    text: str
+    index: int
+    seconds: float  # this sentence's own audio, the pause before it not included
+    compute_s: float  # the time its synthesis took (text processing, model, vocoder)
+
+
+def speak_sentences(sentences: Sequence[tuple[str, str]], speak: Callable[[str], np.ndarray | None],
+                    sample_rate: int, sentence_pause: float, paragraph_pause: float,
+                    cancelled: Callable[[], bool] | None = None) -> Iterator[SpokenSentence]:
+    """`plan(text)` items → one SpokenSentence per sentence `speak` says (it returns None for a sentence with
+    nothing to say: skipped). Before each sentence `cancelled()` is asked: once it is true the stream ends, after
+    the sentence already spoken (the caller knows it cancelled). The pause before a sentence is the one the plan
+    puts after the previous spoken sentence (`sentence_pause` within a paragraph, `paragraph_pause` after one).
+    Raises NothingToSay for an empty plan, or when no sentence had anything to say."""
+    if not sentences:
+        raise NothingToSay("nothing to say: the text is empty")
+    pauses = {"sentence": sentence_pause, "paragraph": paragraph_pause, "end": 0.0}
+    pending = None  # the pause after the last spoken sentence, written before the next one
+    for index, (sentence, after) in enumerate(sentences):
+        if cancelled is not None and cancelled():
+            return
+        t0 = time.perf_counter()
+        wav = speak(sentence)
+        compute_s = time.perf_counter() - t0
+        if wav is None:
+            continue
+        wav = np.asarray(wav, dtype=np.float32)
+        audio = wav if pending is None else np.concatenate([np.zeros(round(pending * sample_rate), np.float32), wav])
+        pending = pauses[after]
+        yield SpokenSentence(audio, sentence, index, len(wav) / sample_rate, compute_s)
+    if pending is None:
+        text = " ".join(sentence for sentence, _ in sentences)
+        raise NothingToSay(f"nothing to say in {text[:80]!r} after normalisation")

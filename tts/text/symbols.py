@@ -13,6 +13,8 @@ from __future__ import annotations
 import unicodedata
 import warnings
 
+from common.errors import UserError
+
 PAD = "_"
 PAD_ID = 0
 PUNCTUATION = [".", ",", "!", "?", ";", ":", "-"]
@@ -36,7 +38,7 @@ def says_something(ids: list[int], symbols: list[str] = SYMBOLS) -> bool:
     return any(symbols[i] not in SILENT for i in ids)
 
 
-class UnknownCharacterError(ValueError):
+class UnknownCharacterError(UserError, ValueError):
     """A character that is not in ``SYMBOLS`` (after normalisation). Names it and where."""
 
     def __init__(self, char: str, position: int, text: str):

@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import Dataset
 
 from common.data import BucketShapes, sample_rng
+from common.errors import UserError
 from common.prepared import damaged, load_npy, read_json, require_finite
 from speech.audio import to_float32
 from tts.text import intersperse
@@ -29,7 +30,7 @@ from tts.text.phonemes import Frontend, PhonemeCache
 from tts.vits.config import AudioConfig
 
 
-class DataError(RuntimeError):
+class DataError(UserError, RuntimeError):
     """The prepared folder is missing, incomplete, or was prepared with other audio settings."""
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from common import exit_codes
 from common.atomic_write import write_text
 from common.config import load_config
 from common.demo import (
@@ -40,7 +41,7 @@ from common.demo import (
 )
 from common.log import save_figure
 from speech.audio import load_audio, save_wav
-from speech.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, espeak_or_explain, make_corpus
+from speech.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, make_corpus, require_espeak
 from speech.mcd import compare_speech, speech_figures
 from speech.plots import plot_spectrograms
 from tts import prepare_data
@@ -114,6 +115,11 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    return exit_codes.run_main(lambda: demo(argv))
+
+
+def demo(argv: list[str] | None) -> int:
+    """The demo's steps; `main` runs them through `common.exit_codes.run_main` (a missing espeak-ng: one line, 2)."""
     p = argparse.ArgumentParser(description="Uzbek VITS CPU demo")
     p.add_argument("--retrain", action="store_true", help="delete runs/tts_demo and train again")
     p.add_argument("--data_only", action="store_true",
@@ -121,8 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     add_demo_overrides(p, "demo.yaml", "seed")
     args = p.parse_args(argv)
     torch.set_num_threads(demo_threads())
-    if not espeak_or_explain():
-        return 2
+    require_espeak()
 
     t0 = time.time()
     print("== 1/4 corpus (espeak-ng, normalised text) ==")

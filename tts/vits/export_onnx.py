@@ -35,8 +35,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.atomic_write import DiskFullError, atomic_output, write_text
-from common.checkpoint import CheckpointError, load_checkpoint
+from common import exit_codes
+from common.atomic_write import atomic_output, write_text
+from common.checkpoint import load_checkpoint
 from common.run_dir import check_apart, check_output_file, refuse_to_replace
 from tts.text.phonemes import Frontend
 from tts.text.symbols import PAD
@@ -145,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_check and args.tolerance is not None:  # it only shapes the check
         p.error("--tolerance with --no_check: the check it sets is skipped; drop one")
     args.tolerance = 1e-3 if args.tolerance is None else args.tolerance
-    try:
+
+    def body() -> int:
         for written in (args.out, args.out + ".json"):
             check_apart(written, "--out", {"--checkpoint": args.checkpoint}, "_onnx")
         check_output_file(args.out, "--out")
@@ -153,37 +155,32 @@ def main(argv: list[str] | None = None) -> int:
             refuse_to_replace(existing, args.overwrite, "--out")
         ckpt = load_checkpoint(args.checkpoint)
         model, cfg, speakers = load_generator(args.checkpoint, "cpu", remove_wn=True, ckpt=ckpt)
-    except (CheckpointError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    t0 = time.time()
-    licence = ckpt.get("extra", {}).get("licence")
-    meta = piper_config(cfg, speakers, licence)
-    try:
+        t0 = time.time()
+        licence = ckpt.get("extra", {}).get("licence")
+        meta = piper_config(cfg, speakers, licence)
         out = export(model, args.out, args.opset)
         write_text(str(out) + ".json", json.dumps(meta, ensure_ascii=False, indent=1))
-    except DiskFullError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) and {out}.json (Piper voice config, phoneme_type "
-          f"{meta['phoneme_type']}) in {time.time() - t0:.1f} s")
-    if licence:
-        print(f"licence of the weights: {licence} (written into {out}.json)")
-    if meta["phoneme_type"] == "text":
-        print("note: Piper reads a phoneme_type text voice codepoint by codepoint, so it says sh, ch, oʻ, gʻ as two "
-              "letters and does not normalise numbers: for Piper, train with phoneme_type: espeak and feed it "
-              "normalised text")
-    if not args.no_check:
-        sentences = ["Salom, dunyo!", "Toshkentda 2024-yil 5-sentabrda havo 25 daraja boʻldi.",
-                     *cfg.test_sentences[:2]]
-        try:
-            worst = check(model, out, sentences, cfg.data.add_blank, len(speakers), args.tolerance,
-                          Frontend.of(cfg))
-        except RuntimeError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
-        print(f"onnxruntime matches PyTorch on {len(sentences)} sentences: max |difference| {worst:.2e}")
-    return 0
+        print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) and {out}.json (Piper voice config, phoneme_type "
+              f"{meta['phoneme_type']}) in {time.time() - t0:.1f} s")
+        if licence:
+            print(f"licence of the weights: {licence} (written into {out}.json)")
+        if meta["phoneme_type"] == "text":
+            print("note: Piper reads a phoneme_type text voice codepoint by codepoint, so it says sh, ch, oʻ, gʻ as two "
+                  "letters and does not normalise numbers: for Piper, train with phoneme_type: espeak and feed it "
+                  "normalised text")
+        if not args.no_check:
+            sentences = ["Salom, dunyo!", "Toshkentda 2024-yil 5-sentabrda havo 25 daraja boʻldi.",
+                         *cfg.test_sentences[:2]]
+            try:
+                worst = check(model, out, sentences, cfg.data.add_blank, len(speakers), args.tolerance,
+                              Frontend.of(cfg))
+            except RuntimeError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 1
+            print(f"onnxruntime matches PyTorch on {len(sentences)} sentences: max |difference| {worst:.2e}")
+        return 0
+
+    return exit_codes.run_main(body)
 
 
 if __name__ == "__main__":

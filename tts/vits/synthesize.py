@@ -21,12 +21,14 @@ import argparse
 import sys
 import time
 import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
 import torch
 
+from common import exit_codes
 from common.atomic_write import atomic_output
 from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind
 from common.config import ConfigError, load_config
@@ -34,7 +36,7 @@ from common.run_dir import check_apart, check_output_dir, check_output_file, ref
 from speech.audio import to_int16
 from tts.text import intersperse, normalize, says_something
 from tts.text.phonemes import Frontend
-from tts.text.sentences import paragraphs, plan
+from tts.text.sentences import NothingToSay, SpokenSentence, paragraphs, plan, speak_sentences
 from tts.vits.config import TrainConfig
 from tts.vits.model import VITS
 
@@ -64,14 +66,16 @@ def load_generator(path: str | Path, device: str | torch.device = "cpu", remove_
     return model.to(device), cfg, speakers
 
 
-def resolve_speaker(speaker: str | None, speakers: dict[str, int]) -> int:
+def resolve_speaker(speaker: str | None, speakers: dict[str, int], flag: str = "--speaker") -> int:
+    """A speaker name or id → its id (the first speaker when none is given); `flag`: what the message calls the
+    choice (the script's --speaker, the server's form field speaker)."""
     if speaker is None:
         return 0
     if speaker in speakers:
         return speakers[speaker]
     if speaker.isdigit() and int(speaker) < max(1, len(speakers)):
         return int(speaker)
-    raise ConfigError(f"--speaker {speaker!r} is not in this model's speakers: {', '.join(speakers) or '(one)'}")
+    raise ConfigError(f"{flag} {speaker!r} is not in this model's speakers: {', '.join(speakers) or '(one)'}")
 
 
 def text_to_input(text: str, add_blank: bool, frontend: Frontend | None = None) -> torch.Tensor:
@@ -79,7 +83,7 @@ def text_to_input(text: str, add_blank: bool, frontend: Frontend | None = None) 
     frontend = frontend or Frontend()
     ids = frontend.ids(normalize(text), on_unknown="warn")
     if not says_something(ids, frontend.symbols):  # empty, or only pauses and punctuation (emoji-only text)
-        raise ValueError(f"nothing to say in {text!r} after normalisation")
+        raise NothingToSay(f"nothing to say in {text!r} after normalisation")
     return torch.tensor([intersperse(ids) if add_blank else ids], dtype=torch.long)
 
 
@@ -94,44 +98,51 @@ def synthesize(model: VITS, cfg: TrainConfig, text: str, sid: int = 0, noise_sca
     return wav[0, 0].float().cpu()
 
 
+def stream(model: VITS, cfg: TrainConfig, sentences: Sequence[tuple[str, str]], sid: int = 0,
+           noise_scale: float = 0.667, length_scale: float = 1.0, noise_scale_w: float = 0.8,
+           sentence_pause: float = 0.3, paragraph_pause: float = 0.8, device: str | torch.device = "cpu",
+           cancelled: Callable[[], bool] | None = None) -> Iterator[SpokenSentence]:
+    """Sentences (`tts.text.sentences.plan(text)`) → one audio chunk per spoken sentence, as it is ready, with
+    the pause before it (`tts.text.sentences.speak_sentences`: the same loop as the cloning model's `stream`).
+    A sentence with nothing to say (only symbols) is skipped; `cancelled()` is asked between sentences. The
+    script writes the chunks to a file as they come (`write_stream`), the server joins them."""
+    def speak(sentence: str) -> np.ndarray | None:
+        try:
+            return synthesize(model, cfg, sentence, sid, noise_scale, length_scale, noise_scale_w, device).numpy()
+        except NothingToSay:  # nothing speakable after normalisation ("***", a lone quote)
+            return None
 
-def synthesize_long(model: VITS, cfg: TrainConfig, text: str, out: str | Path, sid: int = 0,
-                    noise_scale: float = 0.667, length_scale: float = 1.0, noise_scale_w: float = 0.8,
-                    sentence_pause: float = 0.3, paragraph_pause: float = 0.8, device: str | torch.device = "cpu",
-                    on_sentence=None) -> dict:
-    """Any amount of text → one 16-bit wav, streamed: each sentence is appended (and flushed) as soon
-    as it is synthesised, followed by its pause, into a temp file beside `out` that becomes `out` when
-    the text is done (`common.atomic_write`: a stop or a full disk never leaves a truncated wav).
-    ``on_sentence(i, normalised, seconds)`` is called after each write. Sentences with nothing to say
-    (only symbols) are skipped with a note. Returns {"seconds", "sentences", "skipped", "elapsed"}."""
-    sr = cfg.audio.sample_rate
-    pauses = {"sentence": sentence_pause, "paragraph": paragraph_pause, "end": 0.0}
-    items = plan(text)
-    if not items:
-        raise ValueError("nothing to say: the text is empty")
-    done, skipped, samples, t0 = 0, [], 0, time.perf_counter()
-    with atomic_output(out) as tmp, sf.SoundFile(str(tmp), "w", samplerate=sr, channels=1, subtype="PCM_16",
-                                                 format="WAV") as f:
-        for sentence, after in items:
-            try:
-                wav = synthesize(model, cfg, sentence, sid, noise_scale, length_scale, noise_scale_w, device)
-            except ValueError:  # nothing speakable after normalisation ("***", a lone quote)
-                skipped.append(sentence)
-                continue
-            block = to_int16(wav)
-            if after != "end":
-                block = np.concatenate([block, np.zeros(round(pauses[after] * sr), dtype=np.int16)])
-            f.write(block)
+    return speak_sentences(sentences, speak, cfg.audio.sample_rate, sentence_pause, paragraph_pause, cancelled)
+
+
+def write_stream(chunks: Iterable[SpokenSentence], out: str | Path, sample_rate: int,
+                 on_sentence: Callable[[int, SpokenSentence], None] | None = None) -> dict:
+    """A stream's chunks → one 16-bit wav, each appended (and flushed) as soon as it comes, into a temp file
+    beside `out` that becomes `out` when the stream ends (`common.atomic_write`: a stop or a full disk never
+    leaves a truncated wav, and a stream that raises leaves no file). ``on_sentence(i, chunk)`` is called after
+    each write (`i` counts the chunks from 0). Returns {"seconds", "sentences", "indices", "elapsed"} (`indices`: the plan places spoken)."""
+    samples, indices, t0 = 0, [], time.perf_counter()
+    with atomic_output(out) as tmp, sf.SoundFile(str(tmp), "w", samplerate=sample_rate, channels=1,
+                                                 subtype="PCM_16", format="WAV") as f:
+        for chunk in chunks:
+            f.write(to_int16(chunk.audio))
             f.flush()
-            samples += len(block)
-            done += 1
+            samples += len(chunk.audio)
+            indices.append(chunk.index)
             if on_sentence is not None:
-                on_sentence(done - 1, normalize(sentence), wav.numel() / sr)
-        if not done:  # inside the block: no file is left
-            raise ValueError(f"nothing to say in {text[:80]!r} after normalisation")
-    if skipped:
-        print(f"note: skipped {len(skipped)} sentence(s) with nothing to say: {skipped[:3]}")
-    return {"seconds": samples / sr, "sentences": done, "skipped": len(skipped), "elapsed": time.perf_counter() - t0}
+                on_sentence(len(indices) - 1, chunk)
+    return {"seconds": samples / sample_rate, "sentences": len(indices), "indices": indices,
+            "elapsed": time.perf_counter() - t0}
+
+
+def read_text_file(path: str | Path) -> str:
+    """--text_file's content; a missing or unreadable file is the user's to fix (one line, exit 2)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"--text_file {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ConfigError(f"--text_file {path}: {e.strerror or e}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,12 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    try:
+    def body() -> int:
         for flag in ("sentence_pause", "paragraph_pause"):
             if getattr(args, flag) < 0:
-                raise ValueError(f"--{flag} must be >= 0 seconds, not {getattr(args, flag)}")
+                raise ConfigError(f"--{flag} must be >= 0 seconds, not {getattr(args, flag)}")
         if args.out_dir is not None and args.text_file is None:
-            raise ValueError("--out_dir goes with --text_file (one wav per paragraph); with --text use --out")
+            raise ConfigError("--out_dir goes with --text_file (one wav per paragraph); with --text use --out")
         if not args.list_speakers:
             check_apart(args.out_dir or args.out, "--out_dir" if args.out_dir else "--out",
                         {"--checkpoint": args.checkpoint, "--text_file": args.text_file}, "_speech")
@@ -179,11 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         scales = {k: getattr(cfg, k) if getattr(args, k) is None else getattr(args, k)  # as the export and the samples
                   for k in ("noise_scale", "length_scale", "noise_scale_w")}
         if scales["noise_scale"] < 0 or scales["noise_scale_w"] < 0 or scales["length_scale"] <= 0:
-            raise ValueError(f"--noise_scale and --noise_scale_w must be >= 0 and --length_scale > 0, got {scales}")
+            raise ConfigError(f"--noise_scale and --noise_scale_w must be >= 0 and --length_scale > 0, got {scales}")
         if args.text is not None:
             jobs = [(args.text, Path(args.out))]
         else:
-            text = Path(args.text_file).read_text(encoding="utf-8")
+            text = read_text_file(args.text_file)
             if args.out_dir is None:
                 jobs = [(text, Path(args.out))]
             else:
@@ -193,18 +204,21 @@ def main(argv: list[str] | None = None) -> int:
         synthesize(model, cfg, "salom", sid, device=args.device)  # warm-up (lazy inits), not timed
         torch.manual_seed(args.seed)
         for text, out in jobs:
+            sentences = plan(text)
             with warnings.catch_warnings():
                 warnings.simplefilter("always")
-                stats = synthesize_long(
-                    model, cfg, text, out, sid, scales["noise_scale"], scales["length_scale"], scales["noise_scale_w"],
-                    args.sentence_pause, args.paragraph_pause, args.device,
-                    on_sentence=lambda i, norm, sec: print(f"  [{i + 1}] {sec:.2f} s | {norm}", flush=True))
+                chunks = stream(model, cfg, sentences, sid, scales["noise_scale"], scales["length_scale"],
+                                scales["noise_scale_w"], args.sentence_pause, args.paragraph_pause, args.device)
+                stats = write_stream(chunks, out, cfg.audio.sample_rate, lambda i, c: print(
+                    f"  [{i + 1}] {c.seconds:.2f} s | {normalize(c.text)}", flush=True))
+            skipped = [s for i, (s, _) in enumerate(sentences) if i not in stats["indices"]]
+            if skipped:
+                print(f"note: skipped {len(skipped)} sentence(s) with nothing to say: {skipped[:3]}")
             print(f"{out}: {stats['sentences']} sentence(s), {stats['seconds']:.2f} s of audio in {stats['elapsed']:.3f} s, "
                   f"RTF {stats['elapsed'] / max(stats['seconds'], 1e-9):.3f} (text processing included)")
-    except (CheckpointError, ConfigError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+        return 0
+
+    return exit_codes.run_main(body)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 
 from common import exit_codes, loop
 from common.best_by import BestCheckpoints
-from common.checkpoint import CheckpointError, RunCheckpoints, resolve_resume
+from common.checkpoint import RunCheckpoints, resolve_resume
 from common.config import ConfigError, format_config, save_config
 from common.distributed import DistInfo, cleanup, setup_distributed, wrap_ddp
 from common.guards import DivergenceGuard, NonFiniteGuard
@@ -56,7 +56,6 @@ from tts.vits.build import (  # noqa: F401 (parse_args, plan_source_start: impor
     startup_lines,
 )
 from tts.vits.config import TrainConfig
-from tts.vits.data import DataError
 from tts.vits.evaluation import evaluate, record_metrics, speak_test_sentences
 from tts.vits.losses import discriminator_loss, feature_loss, generator_loss, kl_loss
 from tts.vits.model import apply_layout_and_compile, slice_segments
@@ -284,7 +283,7 @@ class VitsTrainer:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    return exit_codes.run_main(lambda: run(args), (ConfigError, DataError, CheckpointError), cleanup)
+    return exit_codes.run_main(lambda: run(args), cleanup=cleanup)
 
 
 def run(args: argparse.Namespace) -> int:
