@@ -9,6 +9,7 @@ never. Nothing in the logs would show that until the run is over, so the trainer
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from torch import nn
@@ -16,7 +17,8 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from common import distributed
 from common.atomic_write import replace
-from common.checkpoint import restore_state
+from common.best_by import BestCheckpoints
+from common.checkpoint import restore_state, save_atomic
 from common.config import format_config, save_config
 from common.log import RunLogger, report_lr_plan
 from common.schedulers import build_scheduler, lr_curve
@@ -153,3 +155,20 @@ def build_lr_schedules(cfg: VAEConfig, optimizers: dict, total_steps: int) -> di
     if cfg.lr_scheduler == "cosine_with_warmup":
         kw.update(total_steps=total_steps, min_ratio=cfg.min_lr_ratio)
     return {name: build_scheduler(opt, cfg.lr_scheduler, **kw) for name, opt in optimizers.items()}
+
+
+class LastCheckpoint:
+    """Where `RunCheckpoints` saves the VAE's run: `checkpoint_last.pt`, refreshed in place (the guide's
+    layout); the rotated, ranked files are the per-epoch ones (`epochs`, whose best.pt this ranks by)."""
+
+    def __init__(self, out_dir: Path, epochs: BestCheckpoints, printer: Callable[[str], None]) -> None:
+        self.dir, self.epochs, self.printer = out_dir, epochs, printer
+
+    @property
+    def best_metric(self) -> float | None:
+        return self.epochs.best_metric
+
+    def save(self, state: dict, step: int, metric: float | None = None) -> Path:
+        path = save_atomic(state, self.dir / "checkpoint_last.pt")
+        self.printer(f"saved {path} at step {step}")
+        return path

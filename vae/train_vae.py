@@ -22,7 +22,7 @@ import argparse
 import functools
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -30,7 +30,7 @@ import torch
 from common import distributed, exit_codes, loop
 from common.atomic_write import append_text, save_png
 from common.best_by import BestCheckpoints, best_value
-from common.checkpoint import RunCheckpoints, load_checkpoint, resolve_resume, save_atomic
+from common.checkpoint import RunCheckpoints, load_checkpoint, resolve_resume
 from common.config import ConfigError
 from common.distributed import DistInfo
 from common.guards import saving_blocked
@@ -51,25 +51,8 @@ from vae.metrics import evaluate
 from vae.presets import CARD_PRESETS
 from vae.pretrained import forget_stale_record, init_weights
 from vae.rfid import load_inception
-from vae.startup import build_lr_schedules, report_plan, start_stage  # noqa: F401 (tests import it here)
+from vae.startup import LastCheckpoint, build_lr_schedules, report_plan, start_stage  # noqa: F401 (tests import it)
 from vae.step import VAEStep, new_step  # noqa: F401 (re-exported: tests and benches import new_step from here)
-
-
-class LastCheckpoint:
-    """Where `RunCheckpoints` saves the VAE's run: `checkpoint_last.pt`, refreshed in place (the guide's
-    layout); the rotated, ranked files are the per-epoch ones (`epochs`, whose best.pt this ranks by)."""
-
-    def __init__(self, out_dir: Path, epochs: BestCheckpoints, printer: Callable[[str], None]) -> None:
-        self.dir, self.epochs, self.printer = out_dir, epochs, printer
-
-    @property
-    def best_metric(self) -> float | None:
-        return self.epochs.best_metric
-
-    def save(self, state: dict, step: int, metric: float | None = None) -> Path:
-        path = save_atomic(state, self.dir / "checkpoint_last.pt")
-        self.printer(f"saved {path} at step {step}")
-        return path
 
 
 # ----------------------------------------------------------------------------- the trainer
