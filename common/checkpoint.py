@@ -512,8 +512,8 @@ GUARDS_FIELD = "guards"  # the one place of every guard's state: {optimizer name
 
 
 def upgrade_layout(ckpt: dict, optimizer_names: list[str]) -> dict:
-    """`ckpt` in the one layout: schedulers keyed by their optimizer's name (the cloning model wrote its one
-    schedule as "scheduler" before), the data position as `batch_in_epoch` (the VAE wrote `micro_in_epoch`).
+    """`ckpt` in the one layout: schedulers keyed by their optimizer's name (a one-optimizer run wrote its one
+    schedule as "scheduler" before), the data position as `batch_in_epoch` (`micro_in_epoch` was one spelling).
     Guards are read by `read_guards`. Returns a shallow copy; `ckpt` is left as it was."""
     out = dict(ckpt)
     schedulers = dict(out.get("schedulers", {}))
@@ -529,10 +529,9 @@ def upgrade_layout(ckpt: dict, optimizer_names: list[str]) -> dict:
 def read_guards(ckpt: dict, optimizer_names: list[str]) -> dict[str, dict | None]:
     """Every guard's state in `ckpt`, by optimizer name plus "divergence": from the one layout (`guards`), or
     from the four written before it (tested with files the trainers wrote then), where the first optimizer
-    is the generator / the model and the second its critic:
-    the vocoder's `counters.g_guard` / `counters.d_guard`; VITS's one `counters.guard` for both networks;
-    the cloning model's `extra.guard`; the VAE's `extra.guard` / `extra.d_guard`; the divergence guard in
-    `counters` or `extra` (absent before it existed: its window fills again)."""
+    is the generator / the model and the second its critic: `counters.g_guard` / `counters.d_guard`; one
+    `counters.guard` for both networks; `extra.guard` alone; `extra.guard` / `extra.d_guard`; the divergence
+    guard in `counters` or `extra` (absent before it existed: its window fills again)."""
     if GUARDS_FIELD in ckpt:
         return dict(ckpt[GUARDS_FIELD])
     counters, extra = ckpt.get("counters", {}), ckpt.get("extra", {})
@@ -559,7 +558,7 @@ class RunCheckpoints:
                  optimizer_spec: dict | None = None, map_location: str | torch.device = "cpu",
                  counters: Callable[[], dict] | None = None) -> None:
         self.trainer, self.store, self.kind = trainer, store, kind
-        self.counters = counters  # a trainer's own counters beside its position (the VAE's resolution stage)
+        self.counters = counters  # a trainer's own counters beside its position (e.g. a resolution stage)
         self.emas = ema or (lambda: None)  # {name: EMA} as it is now (a trainer may replace its EMA object)
         self.optimizer_spec, self.map_location = optimizer_spec, map_location
         self.last_good: Path | None = None  # the newest checkpoint known to hold a good state

@@ -134,8 +134,8 @@ class RunStop:
 
 
 def config_value(cfg: Any, key: str) -> Any:
-    """The value of dotted config key `key` (`train.batch_size`); None where a free mapping (VITS's
-    `model_args`) does not hold it (the model's preset gives it then)."""
+    """The value of dotted config key `key` (`train.batch_size`); None where a free mapping (a `model_args`
+    dict) does not hold it (a model preset gives it then)."""
     for part in key.split("."):
         cfg = cfg.get(part) if isinstance(cfg, dict) else getattr(cfg, part)
     return cfg

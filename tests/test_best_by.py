@@ -28,7 +28,7 @@ data = contract.data  # the four trainers' tiny data (a module fixture)
 def _validations(name: str, run: Path) -> list[dict]:
     """Every validation's metrics, as the trainer records them."""
     if name == "vocoder":
-        return json.loads((run / "summary.json").read_text())["valid"]
+        return json.loads((run / "summary.json").read_text())["validations"]
     if name == "clone":
         from common.checkpoint import load_checkpoint
         newest = max(run.glob("clone_*.pt"), key=TRAINERS["clone"].steps_of)
@@ -161,7 +161,7 @@ def test_vocoder_validation_reports_the_pitch_errors_and_pesq(data, tmp_path):
     trainer = TRAINERS["vocoder"]
     run = tmp_path / "run"
     assert trainer.main([*trainer.argv(data, run, 1), "--set", "valid_pesq=true"]) == 0
-    valid = json.loads((run / "summary.json").read_text())["valid"][-1]
+    valid = json.loads((run / "summary.json").read_text())["validations"][-1]
     assert {"mrstft", "mel_l1", "f0_rmse", "vuv_error", "periodicity", "pesq"} <= set(valid), valid
     assert 0.0 <= valid["vuv_error"] <= 1.0 and valid["periodicity"] >= 0.0
 

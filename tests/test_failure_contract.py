@@ -134,7 +134,7 @@ class Vits:
 class Clone:
     name = "train_main"
     changed = ("optimizer",)
-    schedulers = {"optimizer": "scheduler"}  # checkpoint names: optimizer name -> its scheduler's
+    schedulers = {"optimizer": "optimizer"}  # checkpoint names: optimizer name -> its scheduler's
 
     def __init__(self, data: Path, run: Path) -> None:
         self.run = run

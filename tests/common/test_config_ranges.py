@@ -146,7 +146,7 @@ def _vae(tmp: Path, setting: str) -> list[str]:
 
 CLI_CASES = [  # the values that crashed mid-run or were silently changed, and where they are caught
     ("vits", "lr=-1", "lr"), ("vits", "save_n_checkpoints=0", "save_n_checkpoints"),
-    ("vits", "save_step=0", "save_step"), ("vits", "print_step=0", "print_step"),
+    ("vits", "save_step=-1", "save_step"), ("vits", "print_step=0", "print_step"),
     ("vits", "max_steps=-5", "max_steps"), ("vits", "model_args.segment_frames=0", "model_args.segment_frames"),
     ("vits", "betas=[0.8]", "betas"), ("vits", "batch_size=0", "batch_size"),
     ("vocoder", "generator_optimizer_args.lr=-1", "generator_optimizer_args.lr"),
@@ -185,4 +185,4 @@ def test_a_real_process_gets_one_line_and_no_traceback(tmp_path: Path) -> None:
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
-    assert "print_step (--set print_step=0): 0 is out of range; it must be >= 1" in proc.stderr
+    assert "log_every (--set print_step=0): 0 is out of range; it must be >= 1" in proc.stderr

@@ -21,7 +21,7 @@ def test_base_hifi_gpu_table_values():
     assert c.binarization_args.num_workers == 8
     assert c.model_args.discriminator_periods == [3, 5, 7, 11, 17, 23, 37]
     assert c.discriminator_names == ["mpd", "msd"]
-    assert c.val_check_interval == 2000
+    assert c.validate_every == 2000
     assert c.max_updates == 150000
     assert c.clip_grad_norm is None
     raw = yaml.safe_load(GPU_YAML.read_text())
@@ -49,7 +49,7 @@ def test_base_hifi_rtx5090_table_values():
     assert c.model_args.discriminator_periods == [2, 3, 5, 7, 11, 17, 23]
     assert c.model_args.fast_mpd_strides == [4, 4, 4] and c.model_args.fast_mpd_kernel_size == 11
     assert c.discriminator_names == ["fast_mpd", "mrd"]
-    assert c.val_check_interval == 1000
+    assert c.validate_every == 1000
     assert c.max_updates == 300000
     assert c.clip_grad_norm == 1.0
     assert c.model_args.noise_sigma == 0.0 and raw["model_args"]["noise_sigma"] == 0.0
