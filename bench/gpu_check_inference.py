@@ -43,8 +43,9 @@ def _inference_row(chk: Check, sec: Section, what: str, audio_s: float, eager: C
 
 
 def vocoder_inference(chk: Check, sec: Section, repeats: int) -> dict:
-    from vocoder.export import export_info, export_onnx
+    from vocoder.export import export_onnx
     from vocoder.infer import VocoderInference
+    from vocoder.layouts import export_info
     from vocoder.train import build_generator
 
     spec = TRAINERS["vocoder"]

@@ -34,7 +34,7 @@ from common.atomic_write import DiskFullError
 from common.audio import MelSpectrogram, check_f0_extractor, extract_f0, load_audio, save_wav
 from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind
 from common.run_dir import OutputPathError, check_apart, check_output_dir, refuse_to_replace
-from vocoder.export import generator_args, split_checkpoint
+from vocoder.layouts import generator_args, split_checkpoint
 from vocoder.model import Generator, remove_all_weight_norm
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3", ".aif", ".aiff", ".opus")

@@ -43,7 +43,8 @@ def png_bytes(width: int = 40, height: int = 24) -> bytes:
 def _vocoder(root: Path):
     from vocoder.build import build_generator
     from vocoder.config import VocoderConfig
-    from vocoder.export import export, export_info
+    from vocoder.export import export
+    from vocoder.layouts import export_info
 
     cfg = load_config(REPO / "vocoder" / "configs" / "demo.yaml", VocoderConfig, VOCODER_TINY)
     ckpt = root / "vocoder.pt"

@@ -70,7 +70,7 @@ def vocoder_dir(tmp_path_factory) -> Path:
     from common.audio import AudioSettings
     from common.checkpoint import save_atomic
     from vocoder.config import ModelArgs, VocoderConfig
-    from vocoder.export import export_info, generator_args, to_legacy_names
+    from vocoder.layouts import export_info, generator_args, to_legacy_names
     from vocoder.model import Generator
 
     out = tmp_path_factory.mktemp("vocoder_export")

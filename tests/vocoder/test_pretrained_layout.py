@@ -19,8 +19,8 @@ from torch.nn.utils.parametrizations import _SpectralNorm
 from common.checkpoint import load_checkpoint
 from common.config import load_config
 from vocoder.config import VocoderConfig
-from vocoder.export import export_info, from_legacy_names
 from vocoder.infer import load_vocoder
+from vocoder.layouts import export_info, from_legacy_names
 from vocoder.prepare_data import prepare
 from vocoder.pretrained import load_pretrained
 from vocoder.train import build_discriminator, build_generator, build_lr_scheduler

@@ -17,7 +17,7 @@ from common.config import ConfigError
 from vocoder.config import OptimizerArgs
 from vocoder.data import VocoderDataset
 from vocoder.discriminators import head_outputs, split_outputs
-from vocoder.export import to_legacy_names
+from vocoder.layouts import to_legacy_names
 from vocoder.losses import feature_matching_loss, generator_adv_loss
 from vocoder.train import VocoderTrainer, build_generator, build_optimizer_from_args
 from vocoder.train import main as train_main
