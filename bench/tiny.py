@@ -1,5 +1,5 @@
 """The smallest settings each trainer runs with: the CPU tests train with them, and `make gpu-check`'s dry run
-(bench/gpu_trainers.py) uses the same, so a harness change and a test change cannot drift apart. Here, not in
+(bench/gpu/trainers.py) uses the same, so a harness change and a test change cannot drift apart. Here, not in
 tests/, because bench/ code must not import the test suite."""
 
 # The vocoder: a model small enough for CPU unit tests; the audio front end is demo.yaml's (22.05 kHz, hop 256).

@@ -23,7 +23,7 @@ import yaml
 
 from bench.tiny import CLONE_AUDIO, VITS_FAST, VOCODER_TINY
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
