@@ -55,7 +55,7 @@ bench: setup
 
 # Everything about CUDA in one run on a GPU (8 min by default): README "Validating on a GPU", bench/README.md.
 # Uses a CUDA torch (>= 2.11) already installed, else makes .venv; installs only what that one lacks
-# (from .whl/ with no network when `make gpu-wheels` put the wheels there). ARGS go to bench.gpu_check.
+# (from .whl/ with no network when `make gpu-wheels` put the wheels there). ARGS go to `python -m bench.gpu`.
 gpu-check:
 	bash shell/gpu_check.sh $(ARGS)
 

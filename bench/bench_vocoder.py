@@ -151,7 +151,7 @@ def measure_training(row: Row, data: Path, tmp: Path, steps: int, warmup: int, c
 def measure_inference(cfg_path: Path, cuda: bool, seconds: float = 2.0, repeats: int = 2) -> dict:
     """RTF (compute time / audio time) of the full-size generator, weight norm folded."""
     cfg = load_config(cfg_path, VocoderConfig)
-    from vocoder.export import export_info
+    from vocoder.layouts import export_info
 
     device = torch.device("cuda" if cuda else "cpu")
     voc = VocoderInference(build_generator(cfg), export_info(cfg), device)

@@ -131,7 +131,7 @@ def vits_checks(args) -> None:
     from tts.vits.discriminator import MultiPeriodDiscriminator
     from tts.vits.model import VITS
     from tts.vits.train import frozen
-    from vocoder.export import from_legacy_names
+    from vocoder.layouts import from_legacy_names
 
     ref = import_vits(Path(args.reference_dir).expanduser().resolve())
     c = ref.config

@@ -284,7 +284,7 @@ def copy_initial_weights(theirs: ReferenceTrainer, gen: torch.nn.Module, disc: t
     (old weight-norm names mapped to our parametrization's; their relative-position embeddings
     [1, 2w+1, d] to ours [2w+1, d]) and shape; says how many of each side's tensors found a partner."""
     from common.checkpoint import load_matching
-    from vocoder.export import from_legacy_names
+    from vocoder.layouts import from_legacy_names
 
     lines, total = [], 0
     for label, mine, their, rename in (("generator", gen, theirs.net_g, their_names),

@@ -153,7 +153,7 @@ def copy_initial_weights(theirs: ReferenceTrainer, ours) -> str:
     """``--same_init``: our generator and critics start from the reference's initial tensors (via the
     checkpoint importer's name mapping), so the two runs differ only in the training code."""
     from common.checkpoint import load_matching
-    from vocoder.export import from_legacy_names
+    from vocoder.layouts import from_legacy_names
 
     reports = [load_matching(mine, from_legacy_names({k: v.clone() for k, v in their.state_dict().items()}))
                for mine, their in ((ours.generator, theirs.generator), (ours.discriminator, theirs.discriminator))]

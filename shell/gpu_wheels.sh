@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Downloads the wheels of bench/gpu_wheels.txt for a machine with no network into .whl/ (ignored by git),
+# Downloads the wheels of bench/gpu/wheels.txt for a machine with no network into .whl/ (ignored by git),
 # for the given CPython version (default 3.12, the lent GPU machine's), Linux x86-64.
 #   shell/gpu_wheels.sh [3.12]      then carry .whl/ to that machine: shell/gpu_check.sh installs from it
 set -euo pipefail
@@ -12,6 +12,6 @@ plat=()
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64; do
   plat+=(--platform "$p")
 done
-grep -v '^\s*#' bench/gpu_wheels.txt | grep -v '^\s*$' | python3 -m pip download -q --no-deps --only-binary=:all: \
+grep -v '^\s*#' bench/gpu/wheels.txt | grep -v '^\s*$' | python3 -m pip download -q --no-deps --only-binary=:all: \
   --python-version "$PYVER" --implementation cp "${plat[@]}" -d .whl -r /dev/stdin
 echo "gpu_wheels: $(ls .whl/*.whl | wc -l) wheels for CPython $PYVER in .whl/ ($(du -sh .whl | cut -f1))"

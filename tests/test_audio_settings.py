@@ -26,13 +26,14 @@ FOLDERS = ("vocoder/configs", "tts/vits/configs", "tts/clone/configs")
 SHIPPED = sorted(str(p.relative_to(REPO)) for d in FOLDERS for p in (REPO / d).glob("*.yaml"))
 # each cloning recipe and the vocoder recipe whose mels it predicts (named in the recipe's comments)
 VOCODED_BY = {"tts/clone/configs/clone_base.yaml": "vocoder/configs/base_hifi_gpu.yaml",
-              "tts/clone/configs/clone_demo.yaml": "vocoder/configs/demo.yaml"}
+              "tts/clone/configs/clone_demo.yaml": "vocoder/configs/demo.yaml",
+              "tts/clone/configs/tiny.yaml": "vocoder/configs/tiny.yaml"}
 
 
 def _schema(path: str) -> type:
     if path.startswith("vocoder/"):
         return VocoderConfig
-    return CloneConfig if Path(path).name.startswith("clone") else TrainConfig
+    return CloneConfig if path.startswith("tts/clone/") else TrainConfig
 
 
 def _values(cfg) -> tuple:

@@ -28,11 +28,13 @@ import torch
 
 from common.checkpoint import MAX_WEIGHT, diverged, load_checkpoint, save_atomic
 from common.training import apply_optimizer_overrides
-from tests.tts.test_clone_train import AUDIO, corpus  # noqa: F401 - module fixture (espeak-ng corpus)
-from tests.tts.test_vits_train import FAST, data_one  # noqa: F401 - module fixture (VITS corpus)
+from tests.tts.test_clone_train import TINY_YAML as CLONE_TINY
+from tests.tts.test_clone_train import corpus  # noqa: F401 - module fixture (espeak-ng corpus)
+from tests.tts.test_vits_train import TINY_YAML as VITS_TINY
+from tests.tts.test_vits_train import data_one  # noqa: F401 - module fixture (VITS corpus)
 from tests.vae.conftest import _one_thread, image_dir  # noqa: F401 - fixtures: one torch thread (autouse), 10 PNGs
 from tests.vae.helpers import TINY_CONFIG
-from tests.vocoder.conftest import DEMO_YAML, TINY, tiny_data  # noqa: F401 - session fixture
+from tests.vocoder.conftest import TINY_YAML, tiny_data  # noqa: F401 - session fixture
 
 LOW_LR = 1e-5
 
@@ -53,8 +55,8 @@ class Vocoder:
 
     def __init__(self, data: Path, run: Path) -> None:
         self.run = run
-        self.args = ["--config", str(DEMO_YAML), "--data_dir", str(data), "--run_dir", str(run), "--device", "cpu",
-                     *_sets(*TINY, "val_check_interval=1", "max_nonfinite_steps=2")]
+        self.args = ["--config", str(TINY_YAML), "--data_dir", str(data), "--run_dir", str(run), "--device", "cpu",
+                     *_sets("val_check_interval=1", "max_nonfinite_steps=2")]
 
     def poison(self, monkeypatch) -> None:
         from vocoder.data import VocoderDataset
@@ -99,8 +101,8 @@ class Vits:
 
     def __init__(self, data: Path, run: Path) -> None:
         self.run = run
-        self.args = ["--data_dir", str(data), "--run_dir", str(run), "--device", "cpu",
-                     *_sets(*FAST, "save_step=1", "max_nonfinite_steps=2")]
+        self.args = ["--config", str(VITS_TINY), "--data_dir", str(data), "--run_dir", str(run), "--device", "cpu",
+                     *_sets("save_step=1", "max_nonfinite_steps=2")]
 
     def poison(self, monkeypatch) -> None:
         from tts.vits import train as train_mod
@@ -138,10 +140,10 @@ class Clone:
 
     def __init__(self, data: Path, run: Path) -> None:
         self.run = run
-        self.args = ["--train-data", str(data), "--checkpoint-dir", str(run), "--model-size", "tiny",
-                     "--batch-size", "4", "--num-workers", "0", "--precision", "32-true", "--lr", "3e-3",
-                     "--warmup-steps", "2", *AUDIO,
-                     *_sets("model.dropout=0.0", "data.num_buckets=2", "data.ref_seconds=1.5", "val.batch_size=4",
+        self.args = ["--config", str(CLONE_TINY), "--train-data", str(data), "--checkpoint-dir", str(run),
+                     "--model-size", "tiny", "--batch-size", "4", "--num-workers", "0", "--precision", "32-true",
+                     "--lr", "3e-3", "--warmup-steps", "2",
+                     *_sets("val.batch_size=4",
                             f"data.cache_dir={data.parent / 'cache'}", "val.sentences=[]", "val.at_start=false",
                             "train.save_interval=1", "train.val_check_interval=100", "train.max_nonfinite=2")]
 

@@ -21,7 +21,7 @@ S = lambda sets: sum((["--set", s] for s in sets), [])  # noqa: E731
 
 
 def resume_vocoder(tmp: Path, fixture: Path) -> int:
-    from tests.vocoder.conftest import DEMO_YAML, TINY, tiny_config, write_tones
+    from tests.vocoder.conftest import TINY_YAML, tiny_config, write_tones
     from vocoder.prepare_data import prepare
     from vocoder.train import main
 
@@ -29,8 +29,8 @@ def resume_vocoder(tmp: Path, fixture: Path) -> int:
     prepare(tiny_config(), [tmp / "wavs"], tmp / "bin", num_workers=0, log=lambda *a: None)
     small = ["model_args.upsample_initial_channel=16", "model_args.discriminator_periods=[2,3]",
              "model_args.fast_mpd_init_channel=1", "model_args.fast_mpd_strides=[2,2]", "model_args.fast_mpd_kernel_size=3"]
-    return main(["--config", str(DEMO_YAML), "--data_dir", str(tmp / "bin"), "--run_dir", str(tmp / "run"),
-                 "--device", "cpu", *S([*TINY, *small, "max_updates=6", "val_check_interval=3", "num_ckpt_keep=2"]),
+    return main(["--config", str(TINY_YAML), "--data_dir", str(tmp / "bin"), "--run_dir", str(tmp / "run"),
+                 "--device", "cpu", *S([*small, "max_updates=6", "val_check_interval=3", "num_ckpt_keep=2"]),
                  "--resume", str(fixture)])
 
 

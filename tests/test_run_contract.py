@@ -31,11 +31,11 @@ from common import exit_codes
 from common.atomic_write import DiskFullError
 from common.checkpoint import CheckpointManager, load_checkpoint, save_atomic
 from tests.child_env import child_env
-from tests.tts.test_vits_train import FAST as VITS_FAST
+from tests.tts.test_vits_train import TINY_YAML as VITS_TINY
 from tests.tts.test_vits_train import _corpus
 from tests.vae.helpers import TINY_CONFIG as VAE_TINY
 from tests.vae.helpers import write_images
-from tests.vocoder.conftest import DEMO_YAML, TINY, tiny_config, write_tones
+from tests.vocoder.conftest import DEMO_YAML, TINY_YAML, tiny_config, write_tones
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -81,13 +81,13 @@ def _vae_main(argv):
 TRAINERS = {
     "vocoder": Trainer(
         "vocoder", "vocoder/train.py", _vocoder_main,
-        lambda d, r, n: ["--config", str(DEMO_YAML), "--data_dir", str(d["vocoder"]), "--run_dir", str(r),
-                         "--device", "cpu", *_sets([*TINY, f"max_updates={n}", "val_check_interval=100000"])],
+        lambda d, r, n: ["--config", str(TINY_YAML), "--data_dir", str(d["vocoder"]), "--run_dir", str(r),
+                         "--device", "cpu", *_sets([f"max_updates={n}", "val_check_interval=100000"])],
         lambda r: r / "checkpoints", "model_09999999.pt"),
     "vits": Trainer(
         "vits", "tts/train.py", _vits_main,
-        lambda d, r, n: ["--data_dir", str(d["tts"]), "--run_dir", str(r), "--device", "cpu",
-                         *_sets([*VITS_FAST, f"max_steps={n}", "save_step=100000"])],
+        lambda d, r, n: ["--config", str(VITS_TINY), "--data_dir", str(d["tts"]), "--run_dir", str(r), "--device", "cpu",
+                         *_sets([f"max_steps={n}", "save_step=100000"])],
         lambda r: r / "checkpoints", "vits_09999999.pt"),
     "clone": Trainer(
         "clone", "tts/train_main.py", _clone_main,

@@ -22,7 +22,7 @@ from PIL import Image
 from common.atomic_write import DiskFullError, atomic_output, remove_stale_temp_folders, write_text
 from common.checkpoint import save_atomic
 from common.config import config_to_dict, load_config
-from tests.tts.test_vits_train import FAST as VITS_FAST
+from tests.tts.test_vits_train import TINY_YAML as VITS_TINY
 from tests.tts.test_vits_train import _corpus
 from tests.vae.helpers import write_images
 from tests.vocoder.conftest import tiny_config, write_tones
@@ -120,7 +120,7 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     write_images(root / "images", 3, size=48)
     _corpus(root / "tts", ["anna"])
     torch.manual_seed(0)
-    cfg = load_config(None, TrainConfig, VITS_FAST)
+    cfg = load_config(VITS_TINY, TrainConfig)
     vits = VITS(len(Frontend.of(cfg).symbols), cfg.audio.n_fft // 2 + 1, 1, cfg.args(), cfg.audio.hop_length)
     save_atomic({"models": {"generator": vits.state_dict()}, "config": config_to_dict(cfg),
                  "extra": {"speakers": {"anna": 0}}}, root / "vits.pt")
@@ -292,15 +292,15 @@ def test_vocoding_or_reconstructing_again_into_a_used_folder_needs_overwrite(inp
 
 
 def test_preparing_again_with_other_settings_is_refused_without_overwrite(inputs, tmp_path, capsys):
-    from tests.vocoder.conftest import DEMO_YAML, TINY
+    from tests.vocoder.conftest import TINY_YAML
     from tts import prepare_data as tts_prepare
     from vae import prepare_data as vae_prepare
     from vocoder import prepare_data as voc_prepare
 
     corpus = inputs["tts"].parent
     runs = {
-        "vocoder": (voc_prepare.main, ["--config", str(DEMO_YAML), "--input", str(inputs["wavs"]), "--num_workers",
-                                       "0", *sum((["--set", s] for s in TINY), []), "--output"],
+        "vocoder": (voc_prepare.main, ["--config", str(TINY_YAML), "--input", str(inputs["wavs"]), "--num_workers",
+                                       "0", "--output"],
                     ["--set", "fmax=7000"], "manifest.json", "--output"),
         "tts": (tts_prepare.main, ["--metadata", str(corpus / "metadata.csv"), "--audio_dir", str(corpus / "audio"),
                                    "--num_workers", "1", "--output_dir"], ["--set", "audio.fmax=7000"],

@@ -1,7 +1,7 @@
 """Windows has no fork: DataLoader workers and preparation workers are spawned, so whatever a worker needs
 must pickle and every entry point must guard `__main__`. Here, on Linux, one child interpreter switches the
 default start method to `spawn` and runs every preparation with two workers and every trainer's CLI with one
-loader worker (tiny sizes, `bench.gpu_trainers`), as a Windows machine would."""
+loader worker (tiny sizes, `bench.gpu.trainers`), as a Windows machine would."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def main(root):
     mp.set_start_method("spawn", force=True)
     import numpy as np, soundfile as sf, torch
     torch.set_num_threads(1)
-    from bench.gpu_trainers import TRAINERS, cli
+    from bench.gpu.trainers import TRAINERS, cli
     from tts.prepare_data import prepare as prepare_tts
     from tts.vits.config import TrainConfig
     from vae.prepare_data import main as prepare_vae

@@ -94,14 +94,14 @@ def one_thread_fixed_seed():
 
 # ------------------------------------------------------------------------------------ trainers
 def run_vocoder(tmp: Path, *extra: str) -> Path:
-    from tests.vocoder.conftest import TINY, tiny_config, write_tones
+    from tests.vocoder.conftest import TINY_YAML, tiny_config, write_tones
     from vocoder.prepare_data import prepare
     from vocoder.train import main
 
     write_tones(tmp / "wavs", 5, 22050)
     prepare(tiny_config(), [tmp / "wavs"], tmp / "bin", num_workers=0, log=lambda *a: None)
-    sets = [*TINY, "max_updates=4", "num_ckpt_keep=1", *extra]
-    assert main(["--config", str(REPO / "vocoder" / "configs" / "demo.yaml"), "--data_dir", str(tmp / "bin"),
+    sets = ["max_updates=4", "num_ckpt_keep=1", *extra]
+    assert main(["--config", str(TINY_YAML), "--data_dir", str(tmp / "bin"),
                  "--run_dir", str(tmp / "run"), "--device", "cpu", *sum((["--set", s] for s in sets), [])]) == 0
     return CheckpointManager(tmp / "run" / "checkpoints", prefix="model").latest()
 

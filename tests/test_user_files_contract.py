@@ -238,7 +238,7 @@ def test_a_run_folder_that_is_the_dataset_is_refused_even_with_overwrite(trainer
     with "manifest.json not found": every trainer refuses before it touches anything."""
     import torch
 
-    from bench.gpu_trainers import TRAINERS, cli
+    from bench.gpu.trainers import TRAINERS, cli
 
     spec = TRAINERS[trainer]
     data = spec.make_data(tmp_path / "data", dry=True)
@@ -253,7 +253,7 @@ def test_a_vae_run_folder_inside_its_image_folder_is_refused(tmp_path, capsys):
     """Its lr_schedule.png and samples would join the training set on the next run (round 3, item 12)."""
     import torch
 
-    from bench.gpu_trainers import TRAINERS, cli
+    from bench.gpu.trainers import TRAINERS, cli
 
     spec = TRAINERS["vae"]
     images = spec.make_data(tmp_path / "images", dry=True)
@@ -304,7 +304,7 @@ def test_vocoder_and_vae_preparations_skip_links_that_leave_their_input(tmp_path
     assert "skipped 1 file(s) that lead outside --input" in capsys.readouterr().out
     assert len(list((tmp_path / "bin" / "items").iterdir())) == 2
 
-    from bench.gpu_trainers import TRAINERS
+    from bench.gpu.trainers import TRAINERS
     from vae import prepare_data as vae_prepare
 
     images = TRAINERS["vae"].make_data(tmp_path / "images", dry=True)

@@ -23,7 +23,7 @@ from speech.audio import MelSpectrogram
 from vocoder.config import OptimizerArgs, VocoderConfig
 from vocoder.data import VocoderDataset, collate, load_manifest
 from vocoder.discriminators import Discriminators, build_discriminators
-from vocoder.export import export_info, generator_args
+from vocoder.layouts import export_info, generator_args
 from vocoder.losses import MelLoss, MultiResolutionSTFTLoss
 from vocoder.model import Generator
 from vocoder.presets import CARD_PRESETS

@@ -36,7 +36,7 @@ from common.run_dir import check_apart, check_output_dir, refuse_to_replace
 from speech.audio import MelSpectrogram, load_audio, save_wav
 from speech.f0 import check_f0_extractor, extract_f0
 from speech.rmvpe import F0WeightsError
-from vocoder.export import generator_args, split_checkpoint
+from vocoder.layouts import generator_args, split_checkpoint
 from vocoder.model import Generator, remove_all_weight_norm
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3", ".aif", ".aiff", ".opus")

@@ -1,5 +1,5 @@
 """Starting from weights trained elsewhere: fine-tuning / ``--init_from`` (weights only, from any
-checkpoint layout ``vocoder.export.split_checkpoint`` reads) and ``frozen_params``.
+checkpoint layout ``vocoder.layouts.split_checkpoint`` reads) and ``frozen_params``.
 
 Kept out of ``train.py`` so the trainer reads as builders -> one step -> the loop; the trainer
 calls these once, before it builds the optimizers (frozen parameters stay out of them).
@@ -15,7 +15,7 @@ import torch
 from common.checkpoint import load_checkpoint, load_matching, refuse_other_kind
 from common.config import ConfigError
 from vocoder.config import VocoderConfig
-from vocoder.export import split_checkpoint
+from vocoder.layouts import split_checkpoint
 
 
 def apply_freezing(cfg: VocoderConfig, generator: torch.nn.Module, discriminator: torch.nn.Module) -> list[str]:

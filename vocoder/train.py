@@ -53,7 +53,7 @@ from vocoder.build import (  # noqa: F401 (the builders are imported from here b
 )
 from vocoder.config import VocoderConfig
 from vocoder.discriminators import head_outputs, split_outputs
-from vocoder.export import export_info
+from vocoder.layouts import export_info
 from vocoder.losses import discriminator_loss, feature_matching_loss, generator_adv_loss
 from vocoder.pretrained import apply_freezing, load_start_weights
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import gpu_check
-from bench.gpu_trainers import TRAINERS
-from bench.peak_flops import peak_tflops
+from bench.gpu import check as gpu_check
+from bench.gpu.peak_flops import peak_tflops
+from bench.gpu.trainers import TRAINERS
 
 REPO = Path(__file__).resolve().parents[2]
 # the fp16 rows' first step: GradScaler skips the optimizer step (inf check at the initial scale), as in training
@@ -204,7 +204,7 @@ def test_default_fits_one_command_on_the_lent_machine_most_valuable_first(dry_ru
 def test_a_compile_starts_only_when_its_time_is_left(tmp_path):
     import time
 
-    from bench.gpu_check_base import Check, Section
+    from bench.gpu.base import Check, Section
 
     chk = Check(tmp_path, True, torch.device("cpu"), tmp_path, compile_left_s=150.0)
     sec = Section("step_tables", "t", 100.0, deadline=time.monotonic() + 30)
@@ -226,7 +226,7 @@ def test_a_run_stopped_by_a_signal_keeps_its_report(tmp_path):
     from tests.child_env import child_env
 
     out = tmp_path / "stopped"
-    proc = subprocess.Popen([sys.executable, "-m", "bench.gpu_check", "--dry-run", "--out", str(out)], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "bench.gpu", "--dry-run", "--out", str(out)], cwd=REPO,
                             env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         t_end = time.monotonic() + 120
@@ -262,7 +262,7 @@ def test_the_vae_cli_trains_with_a_random_backbone_when_none_is_cached(tmp_path,
     exit 4, not stop at exit 2 for the missing VGG16."""
     from unittest import mock
 
-    from bench import gpu_trainers
+    from bench.gpu import trainers as gpu_trainers
     from vae.train_vae import VAETrainer
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "empty_torch_home"))
@@ -318,7 +318,7 @@ def test_without_a_checkout_section_7_is_skipped_and_says_how_to_get_one(tmp_pat
 
 
 def test_passes_run_key_by_key_across_the_trainers_with_plain_beside_them():
-    from bench.gpu_check_training import autotunes, run_order, step_rows
+    from bench.gpu.training import autotunes, run_order, step_rows
 
     plan = {name: step_rows(spec, cuda=True) for name, spec in TRAINERS.items()}
     label = {(n, i): plan[n][i][0] for n in plan for i in range(len(plan[n]))}
@@ -330,7 +330,7 @@ def test_passes_run_key_by_key_across_the_trainers_with_plain_beside_them():
     everything = [label[o] for o in run_order(plan, (0, 1, 2))]
     assert len(everything) == sum(len(r) for r in plan.values())
     assert all("compile" in x for x in everything[-n:])
-    # rows where cuDNN autotunes run in a process of their own on a GPU (bench/gpu_check_row.py)
+    # rows where cuDNN autotunes run in a process of their own on a GPU (bench/gpu/row.py)
     assert autotunes("base config (as shipped)") and autotunes("plain + cudnn benchmark")
     assert not autotunes("plain: base with every speed key off") and not autotunes("plain + TF32")
 
@@ -338,7 +338,7 @@ def test_passes_run_key_by_key_across_the_trainers_with_plain_beside_them():
 def test_a_row_measured_in_its_own_process_is_the_same_row(tmp_path):
     """The GPU path for autotuning rows, on the CPU: the child builds the trainer from the parent's
     synthetic data and hands its row back."""
-    from bench.gpu_check_row import measure_in_child
+    from bench.gpu.row import measure_in_child
 
     spec = TRAINERS["vocoder"]
     data = spec.make_data(tmp_path / "data", dry=True)

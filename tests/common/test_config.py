@@ -4,7 +4,16 @@ from typing import ClassVar, Literal
 
 import pytest
 
-from common.config import ConfigError, import_from_string, load_config, save_config
+from common.config import (
+    ConfigError,
+    config_to_dict,
+    file_overrides,
+    import_from_string,
+    load_config,
+    override_value,
+    parse_override,
+    save_config,
+)
 
 
 @dataclass
@@ -39,6 +48,21 @@ def test_inheritance_list_and_relative_paths(tmp_path):
     cfg = load_config(child, Schema)
     assert cfg.max_updates == 10 and cfg.crop_mel_frames == 48
     assert cfg.optim.lr == 3e-4 and cfg.optim.betas == [0.9, 0.99]  # deep merge kept betas
+
+
+def test_a_files_own_keys_as_overrides_give_the_file_over_its_base(tmp_path):
+    """file_overrides: a child's own keys as --set, laid over its base, give the child; the base's keys stay out."""
+    base = write(tmp_path / "base.yaml", "max_updates: 10\noptim:\n  lr: 0.001\n  betas: [0.9, 0.99]\n")
+    child = write(tmp_path / "child.yaml", "base_config: base.yaml\nprecision: 16-mixed\noptim:\n  lr: 1.0e-6\n"
+                                           "clip_grad_norm: null\nuse_stftloss: true\n"
+                                           "extra: {name: 'yes', note: 'a, b: #c', empty: {}, n: [1, 2.5]}\n")
+    sets = file_overrides(child)
+    assert sets[:2] == ["precision=16-mixed", "optim.lr=1.0e-06"] and not any(s.startswith("max_updates") for s in sets)
+    assert config_to_dict(load_config(base, Schema, sets)) == config_to_dict(load_config(child, Schema))
+    assert file_overrides(child, only=("optim",)) == ["optim.lr=1.0e-06"]
+    assert file_overrides(child, skip=("extra", "optim")) == ["precision=16-mixed", "clip_grad_norm=null", "use_stftloss=true"]
+    for value in (None, True, 0, -3, 0.5, 1e-6, float("inf"), "32-true", "yes", "a, b", "[x", "", [["a", 1]], {"k": "v w"}):
+        assert parse_override(f"k={override_value(value)}") == ("k", value)
 
 
 def test_overrides_convert_types_and_extra(tmp_path):

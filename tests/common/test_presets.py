@@ -104,7 +104,7 @@ def test_every_trainer_script_takes_the_preset_and_applies_it(tmp_path, capsys):
         "tts": ["--config", str(REPO / "tts/vits/configs/demo.yaml"), "--preset", "cpu", "--data_dir", missing,
                 "--run_dir", str(tmp_path / "vits")],
         "tts_clone": ["--preset", "cpu", "--train-data", missing, "--checkpoint-dir", str(tmp_path / "clone")],
-        "vae": ["--config", str(REPO / "vae/configs/test_tiny.yaml"), "--preset", "cpu", "--data_path", missing,
+        "vae": ["--config", str(REPO / "vae/configs/tiny.yaml"), "--preset", "cpu", "--data_path", missing,
                 "--output_dir", str(tmp_path / "vae")],
     }
     mains = _mains()

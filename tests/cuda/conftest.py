@@ -1,6 +1,6 @@
 """The CUDA-only tests (marker `cuda`, all in this folder): skipped without a CUDA GPU, run by `make
 gpu-check` (`pytest -m cuda tests/cuda`) on one. They build tiny trainings the way the dry run of
-bench/gpu_check.py does (bench/gpu_trainers.py: the tests' tiny sizes over each trainer's base config)."""
+bench/gpu/check.py does (bench/gpu/trainers.py: the tests' tiny sizes over each trainer's base config)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ CUDA_ONLY = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):
     """tiny_data(trainer) -> that trainer's synthetic data at the dry run's size, made once per session."""
-    from bench.gpu_trainers import TRAINERS
+    from bench.gpu.trainers import TRAINERS
 
     made: dict = {}
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.gpu_trainers import TRAINERS, build, cli
+from bench.gpu.trainers import TRAINERS, build, cli
 from common.checkpoint import load_checkpoint
 from tests.cuda.conftest import CUDA_ONLY
 

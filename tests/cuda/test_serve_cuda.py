@@ -9,7 +9,7 @@ import pytest
 import soundfile as sf
 import torch
 
-# a GPU image without the page's packages (shell/gpu_check.sh installs them from bench/gpu_wheels.txt) skips this
+# a GPU image without the page's packages (shell/gpu_check.sh installs them from bench/gpu/wheels.txt) skips this
 # module with the reason instead of stopping the collection of every CUDA test
 TestClient = pytest.importorskip("starlette.testclient", reason="starlette/httpx not installed").TestClient
 

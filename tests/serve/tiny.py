@@ -12,7 +12,6 @@ import soundfile as sf
 import torch
 from PIL import Image
 
-from bench.tiny import VOCODER_TINY
 from common.config import config_to_dict, load_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,9 +42,10 @@ def png_bytes(width: int = 40, height: int = 24) -> bytes:
 def _vocoder(root: Path):
     from vocoder.build import build_generator
     from vocoder.config import VocoderConfig
-    from vocoder.export import export, export_info
+    from vocoder.export import export
+    from vocoder.layouts import export_info
 
-    cfg = load_config(REPO / "vocoder" / "configs" / "demo.yaml", VocoderConfig, VOCODER_TINY)
+    cfg = load_config(REPO / "vocoder" / "configs" / "tiny.yaml", VocoderConfig)
     ckpt = root / "vocoder.pt"
     torch.save({"trainer": "vocoder", "models": {"generator": build_generator(cfg).state_dict()},
                 "extra": {"export": export_info(cfg)}}, ckpt)

@@ -13,7 +13,6 @@ import pytest
 import soundfile as sf
 import torch
 
-from bench.tiny import CLONE_AUDIO
 from common.checkpoint import CheckpointManager, load_checkpoint
 from speech.audio import save_wav
 from speech.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, espeak_available, make_corpus
@@ -27,7 +26,8 @@ from tts.text import SYMBOLS
 
 pytestmark = pytest.mark.skipif(not espeak_available(), reason="espeak-ng is needed for the test corpus")
 
-AUDIO = CLONE_AUDIO  # the synthetic corpus's 22.05 kHz settings (bench/tiny.py)
+# the tiny model on the synthetic corpus's 22.05 kHz audio (tts.clone's default is 24 kHz / 100 mels)
+TINY_YAML = Path(__file__).resolve().parents[2] / "tts" / "clone" / "configs" / "tiny.yaml"
 SENTENCES = [UZBEK_SENTENCES[i] for i in (3, 14, 17, 8, 0)]
 SPEAKERS = [DEMO_SPEAKERS[0], DEMO_SPEAKERS[5], DEMO_SPEAKERS[1]]
 
@@ -70,7 +70,7 @@ def vocoder_dir(tmp_path_factory) -> Path:
     from common.checkpoint import save_atomic
     from speech.audio import AudioSettings
     from vocoder.config import ModelArgs, VocoderConfig
-    from vocoder.export import export_info, generator_args, to_legacy_names
+    from vocoder.layouts import export_info, generator_args, to_legacy_names
     from vocoder.model import Generator
 
     out = tmp_path_factory.mktemp("vocoder_export")
@@ -91,10 +91,9 @@ def resolved(corpus: Path, run: Path, *extra: str):
 
 
 def clone_argv(corpus: Path, run: Path, *extra: str) -> list[str]:
-    return ["--train-data", str(corpus), "--checkpoint-dir", str(run), "--model-size", "tiny", "--batch-size", "4",
-            "--num-workers", "0", "--precision", "32-true", "--lr", "3e-3", "--warmup-steps", "2", *AUDIO,
-            "--set", "model.dropout=0.0", "--set", "data.num_buckets=2", "--set", "data.ref_seconds=1.5",
-            "--set", "val.batch_size=4", "--set", "train.log_interval=1", "--set", f"data.cache_dir={corpus.parent / 'cache'}",
+    return ["--config", str(TINY_YAML), "--train-data", str(corpus), "--checkpoint-dir", str(run), "--model-size",
+            "tiny", "--batch-size", "4", "--num-workers", "0", "--precision", "32-true", "--lr", "3e-3", "--warmup-steps",
+            "2", "--set", "val.batch_size=4", "--set", "train.log_interval=1", "--set", f"data.cache_dir={corpus.parent / 'cache'}",
             "--set", "val.sentences=[\"Salom dunyo.\"]", *extra]
 
 

@@ -17,10 +17,9 @@ import pytest
 import soundfile as sf
 import torch
 
-from bench.tiny import VITS_FAST
 from common import exit_codes
 from common.checkpoint import CheckpointManager, load_checkpoint, save_atomic
-from common.config import load_config
+from common.config import file_overrides, load_config
 from common.distributed import setup_distributed
 from common.guards import NonFiniteError
 from tests.common.test_resume_ddp import run_torchrun
@@ -33,8 +32,11 @@ ROOT = Path(__file__).resolve().parents[2]
 SR = 22050
 TEXTS = ["salom dunyo", "bugun havo yaxshi", "kitob oʻqiymiz", "choy ichamiz", "men uyga boraman",
          "bu yaxshi kun"]
-# tiny preset, made smaller still; no eval, no test sentences: only the training machinery is tested
-FAST = VITS_FAST  # the tiny preset, batch 2, no evaluation (bench/tiny.py, shared with gpu-check)
+# the tiny preset, made smaller still, batch 2; no eval, no test sentences: only the training machinery is tested
+TINY_YAML = ROOT / "tts" / "vits" / "configs" / "tiny.yaml"
+# its sizes as --set, for a script that names its own config (tts/train_rtx5090.sh); its lr_gamma and cudnn_benchmark
+# only give the tests the schema's defaults, and such a run keeps its config's (as make gpu-check's dry run does)
+TINY_SETS = file_overrides(TINY_YAML, skip=("lr_gamma", "cudnn_benchmark"))
 
 
 def _corpus(root: Path, speakers: list[str]) -> Path:
@@ -71,8 +73,8 @@ def data_two(tmp_path_factory) -> Path:
 
 
 def _args(data: Path, run: Path, *extra: str, steps: int) -> list[str]:
-    sets = [*FAST, f"max_steps={steps}", *extra]
-    return ["--data_dir", str(data), "--run_dir", str(run), "--device", "cpu",
+    sets = [f"max_steps={steps}", *extra]
+    return ["--config", str(TINY_YAML), "--data_dir", str(data), "--run_dir", str(run), "--device", "cpu",
             *sum((["--set", s] for s in sets), [])]
 
 
@@ -146,7 +148,7 @@ def test_nonfinite_steps_skip_then_stop(data_one, tmp_path, monkeypatch, capsys)
 
     monkeypatch.setattr(train_mod.VitsTrainer, "_generator_losses", poisoned)
     good = None
-    cfg = load_config(None, TrainConfig, [*FAST, "max_steps=20", "max_nonfinite_steps=3"],
+    cfg = load_config(TINY_YAML, TrainConfig, ["max_steps=20", "max_nonfinite_steps=3"],
                       extra={"data_dir": str(data_one), "run_dir": str(run)})
     trainer = train_mod.VitsTrainer(cfg, setup_distributed("cpu"))
     with pytest.raises(NonFiniteError, match="3 consecutive"):
@@ -172,7 +174,7 @@ def test_init_from_other_vocabulary_and_speakers(straight_run, data_two, tmp_pat
     emb = src["models"]["generator"]["enc_p.emb.weight"]
     src["models"]["generator"]["enc_p.emb.weight"] = torch.cat([emb, torch.randn(5, emb.size(1))])  # bigger vocab
     ckpt = save_atomic(src, tmp_path / "other_vocab.pt")
-    cfg = load_config(None, TrainConfig, [*FAST, "max_steps=1"],
+    cfg = load_config(TINY_YAML, TrainConfig, ["max_steps=1"],
                       extra={"data_dir": str(data_two), "run_dir": str(tmp_path / "ft")})
     trainer = train_mod.VitsTrainer(cfg, setup_distributed("cpu"), init_from=str(ckpt))
     out = capsys.readouterr().out
@@ -226,7 +228,7 @@ def test_synthesize_cli_and_onnx_export(straight_run, tmp_path, capsys):
 
 def test_train_rtx5090_sh_tiny_run(data_one, tmp_path):
     run = tmp_path / "sh"
-    sets = sum((["--set", s] for s in [*FAST, "max_steps=1"]), [])
+    sets = sum((["--set", s] for s in [*TINY_SETS, "max_steps=1"]), [])
     env = {**os.environ, "PYTHON": sys.executable}
     proc = subprocess.run(["bash", str(ROOT / "tts" / "train_rtx5090.sh"), "--data_dir", str(data_one),
                            "--run_dir", str(run), "--device", "cpu", *sets],
@@ -238,7 +240,7 @@ def test_train_rtx5090_sh_tiny_run(data_one, tmp_path):
 
 @pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
 def test_gradient_clipping_really_clips_and_bf16_losses_are_fp32(data_one, tmp_path):
-    cfg = load_config(None, TrainConfig, [*FAST, "max_steps=1", "clip_grad_norm=0.01",
+    cfg = load_config(TINY_YAML, TrainConfig, ["max_steps=1", "clip_grad_norm=0.01",
                                           "precision=bf16-mixed"],
                       extra={"data_dir": str(data_one), "run_dir": str(tmp_path / "clip")})
     trainer = train_mod.VitsTrainer(cfg, setup_distributed("cpu"))
@@ -263,7 +265,7 @@ def test_c_stft_adds_the_multi_resolution_stft_loss_to_the_generator(data_one, t
     """c_stft = 0 is the paper's objective (no term); > 0 adds the MR-STFT distance of the decoded
     segment, weighted, to the generator's total."""
     def first_step(c_stft: float) -> dict:
-        cfg = load_config(None, TrainConfig, [*FAST, "max_steps=1", f"c_stft={c_stft}"],
+        cfg = load_config(TINY_YAML, TrainConfig, ["max_steps=1", f"c_stft={c_stft}"],
                           extra={"data_dir": str(data_one), "run_dir": str(tmp_path / f"stft{c_stft}")})
         torch.manual_seed(0)
         trainer = train_mod.VitsTrainer(cfg, setup_distributed("cpu"))
@@ -277,7 +279,7 @@ def test_c_stft_adds_the_multi_resolution_stft_loss_to_the_generator(data_one, t
 
 
 def _trainer(data: Path, run: Path, *sets: str) -> train_mod.VitsTrainer:
-    cfg = load_config(None, TrainConfig, [*FAST, "max_steps=4", *sets],
+    cfg = load_config(TINY_YAML, TrainConfig, ["max_steps=4", *sets],
                       extra={"data_dir": str(data), "run_dir": str(run)})
     torch.manual_seed(0)
     return train_mod.VitsTrainer(cfg, setup_distributed("cpu"))
@@ -351,9 +353,9 @@ def eager_compile(monkeypatch):
 
 
 def test_compile_channels_last_deterministic_one_run(data_one, tmp_path, eager_compile, capsys):
-    sets = [*FAST, "max_steps=1", "compile=true", "channels_last=true", "deterministic=true",
+    sets = ["max_steps=1", "compile=true", "channels_last=true", "deterministic=true",
             "data.num_buckets=2", "batch_size=1"]
-    cfg = load_config(None, TrainConfig, sets, extra={"data_dir": str(data_one), "run_dir": str(tmp_path / "run")})
+    cfg = load_config(TINY_YAML, TrainConfig, sets, extra={"data_dir": str(data_one), "run_dir": str(tmp_path / "run")})
     try:
         trainer = train_mod.VitsTrainer(cfg, setup_distributed("cpu"))
         out = capsys.readouterr().out
@@ -385,7 +387,7 @@ def test_compile_channels_last_deterministic_one_run(data_one, tmp_path, eager_c
 
 
 def test_without_compile_or_cuda_benchmark_batches_pad_to_the_longest(data_one, tmp_path):
-    cfg = load_config(None, TrainConfig, [*FAST, "cudnn_benchmark=true"],
+    cfg = load_config(TINY_YAML, TrainConfig, ["cudnn_benchmark=true"],
                       extra={"data_dir": str(data_one), "run_dir": str(tmp_path / "run")})
     trainer = train_mod.VitsTrainer(cfg, setup_distributed("cpu"))
     assert trainer.shapes is None  # cudnn.benchmark is a CUDA setting: on the CPU nothing to tune
@@ -398,8 +400,8 @@ def test_two_processes_end_a_run_together_when_the_last_step_was_saved_but_not_e
     decision: it was rank 0's evaluation result, so rank 0 saved alone (a collective the others never
     joined) and the run failed at its last checkpoint."""
     run = tmp_path / "ddp"
-    sets = [*FAST, "max_steps=2", "run_eval=true", "save_step=2", "val_check_interval=0"]
-    run_torchrun(["--master_port", "29533", "-m", "tts.vits.train", "--data_dir", str(data_one), "--run_dir", str(run),
+    sets = ["max_steps=2", "run_eval=true", "save_step=2", "val_check_interval=0"]
+    run_torchrun(["--master_port", "29533", "-m", "tts.vits.train", "--config", str(TINY_YAML), "--data_dir", str(data_one), "--run_dir", str(run),
                   "--device", "cpu", *sum((["--set", s] for s in sets), [])])
     ckpt = load_checkpoint(CheckpointManager(run / "checkpoints", prefix="vits").latest())
     assert ckpt["counters"]["step"] == 2

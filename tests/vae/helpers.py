@@ -10,7 +10,7 @@ import numpy as np
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[2]
-TINY_CONFIG = REPO / "vae" / "configs" / "test_tiny.yaml"
+TINY_CONFIG = REPO / "vae" / "configs" / "tiny.yaml"
 
 
 def textured(size: int, seed: int) -> np.ndarray:

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from bench.tiny import VOCODER_TINY
 from common.config import load_config
 from vocoder.config import VocoderConfig
 from vocoder.prepare_data import prepare
@@ -19,11 +18,11 @@ DEMO_YAML = REPO / "vocoder" / "configs" / "demo.yaml"
 GPU_YAML = REPO / "vocoder" / "configs" / "base_hifi_gpu.yaml"
 RTX_YAML = REPO / "vocoder" / "configs" / "base_hifi_rtx5090_optimized.yaml"
 
-TINY = VOCODER_TINY  # a model small enough for CPU unit tests (bench/tiny.py, shared with gpu-check)
+TINY_YAML = REPO / "vocoder" / "configs" / "tiny.yaml"  # demo.yaml's audio, a model small enough for CPU unit tests
 
 
 def tiny_config(*overrides: str) -> VocoderConfig:
-    return load_config(DEMO_YAML, VocoderConfig, [*TINY, *overrides])
+    return load_config(TINY_YAML, VocoderConfig, overrides)
 
 
 def voiced_tone(seconds: float, sr: int, f0: float = 180.0, seed: int = 0, amp: float = 0.3) -> np.ndarray:

@@ -15,12 +15,12 @@ from tests.damage import damage
 from vocoder.prepare_data import main as prepare_main
 from vocoder.train import main as train_main
 
-from .conftest import DEMO_YAML, TINY
+from .conftest import TINY_YAML
 
 
 def _args(data, run, *extra: str) -> list[str]:
-    return ["--config", str(DEMO_YAML), "--data_dir", str(data), "--run_dir", str(run), "--device", "cpu",
-            *[a for o in TINY for a in ("--set", o)], "--set", "max_updates=2", *extra]
+    return ["--config", str(TINY_YAML), "--data_dir", str(data), "--run_dir", str(run), "--device", "cpu",
+            "--set", "max_updates=2", *extra]
 
 
 def _one_line(err: str, path) -> None:
@@ -68,7 +68,7 @@ def test_a_damaged_manifest_stops_the_first_run_and_a_resume_with_one_line(data,
 def test_prepare_again_makes_the_damaged_items_and_manifest_again(tiny_data, tmp_path, capsys):
     wavs = tiny_data.parent / "wavs"
     out = tmp_path / "bin"
-    prepare = ["--config", str(DEMO_YAML), *[a for o in TINY for a in ("--set", o)], "--input", str(wavs),
+    prepare = ["--config", str(TINY_YAML), "--input", str(wavs),
                "--output", str(out)]
     assert prepare_main(prepare) == 0
     manifest = json.loads((out / "manifest.json").read_text())

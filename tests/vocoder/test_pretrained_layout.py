@@ -17,16 +17,16 @@ from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import _SpectralNorm
 
 from common.checkpoint import load_checkpoint
-from common.config import load_config
+from common.config import file_overrides, load_config
 from vocoder.config import VocoderConfig
-from vocoder.export import export_info, from_legacy_names
 from vocoder.infer import load_vocoder
+from vocoder.layouts import export_info, from_legacy_names
 from vocoder.prepare_data import prepare
 from vocoder.pretrained import load_pretrained
 from vocoder.train import build_discriminator, build_generator, build_lr_scheduler
 from vocoder.train import main as train_main
 
-from .conftest import REPO, TINY, tiny_config, write_tones
+from .conftest import REPO, TINY_YAML, tiny_config, write_tones
 
 
 def _to_hook_api(module: torch.nn.Module) -> torch.nn.Module:
@@ -134,8 +134,8 @@ def test_finetune_openvpi_recipe_keeps_the_release_contract():
 
 def test_finetune_openvpi_recipe_trains_from_a_release(tmp_path, capsys):
     """train.py --config finetune_openvpi.yaml --init_from <release>/model.ckpt: the whole generator
-    loads and a step runs (the model shrunk with the tiny --set overrides, the release built to fit)."""
-    overrides = [*TINY, "max_updates=1"]
+    loads and a step runs (the model shrunk with tiny.yaml's keys as --set overrides, the release built to fit)."""
+    overrides = [*file_overrides(TINY_YAML), "max_updates=1"]
     cfg = load_config(RECIPE, VocoderConfig, overrides)
     src = _write_release(tmp_path / "release", cfg, seed=1)
     write_tones(tmp_path / "wavs", 3, 44100)

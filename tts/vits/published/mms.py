@@ -41,7 +41,7 @@ from tts.vits.config import model_args
 from tts.vits.discriminator import MultiPeriodDiscriminator
 from tts.vits.model import VITS
 from tts.vits.published.source import SourceError, SourceVoice
-from vocoder.export import from_legacy_names
+from vocoder.layouts import from_legacy_names
 
 # config.json keys whose value is built into our VITS (jaywalnut310's), with that value. MMS has them all.
 _BUILT_IN: dict[str, Any] = {

@@ -29,7 +29,7 @@ import torch
 
 from common.checkpoint import load_checkpoint, refuse_other_kind
 from tts.vits.published.source import SourceError, SourceVoice
-from vocoder.export import from_legacy_names
+from vocoder.layouts import from_legacy_names
 
 # Sizes that piper's SynthesizerTrn / attentions.Encoder fix in code (not hyper-parameters): posterior
 # encoder WN(kernel 5, 16 layers), flow 4 × WN(kernel 5, 4 layers), deterministic duration predictor

@@ -1,8 +1,8 @@
 """`make gpu-check`: everything this repository claims about CUDA, checked in one run on one GPU.
 
     shell/gpu_check.sh [args]                     # = make gpu-check: finds a CUDA torch, installs what is missing
-    python -m bench.gpu_check [--out DIR] [--budget-minutes 8] [--compile-minutes 2.5] [--sections a,b]
-    python -m bench.gpu_check --out /tmp/gc --dry-run        # the same run on the CPU, tiny sizes
+    python -m bench.gpu [--out DIR] [--budget-minutes 8] [--compile-minutes 2.5] [--sections a,b]
+    python -m bench.gpu --out /tmp/gc --dry-run        # the same run on the CPU, tiny sizes
 
 Seven sections, most valuable first, each with its share of what is left of the budget when it starts:
 1 environment, 2 step tables per trainer (`--passes`: 0 shipped and plain configs, 1 each speed key alone,
@@ -22,10 +22,11 @@ own steps, loaders, finder, exit path), marks what a CPU cannot measure as "n/a 
 and simulates the OOM by raising torch.cuda.OutOfMemoryError from the trainer's step.
 tests/bench/test_gpu_check.py runs it in `make test`, so the harness cannot rot while no GPU is lent.
 
-Files: this one (the run, the report, sections 1, 5, 7), gpu_check_training.py (2, 3), gpu_check_row.py
-(one row in its own process), gpu_check_inference.py (4), gpu_check_reference.py (6), gpu_check_base.py (budgets, the run's state), gpu_trainers.py (the four
-trainers: configs, tiny sizes, synthetic data, their real step and loader), peak_flops.py; shell/gpu_check.sh
-(the interpreter and the offline wheels), bench/gpu_wheels.txt.
+Files, all in bench/gpu/: this one (the run, the report, sections 1, 5, 7), training.py (2, 3), row.py (one row in
+its own process), inference.py (4), reference.py (6), base.py (budgets, the run's state), trainers.py (the four
+trainers: configs, tiny sizes, synthetic data, their real step and loader), peak_flops.py, wheels.txt (what a CUDA
+image lacks); __main__.py makes `python -m bench.gpu` this module's `main`; shell/gpu_check.sh (the interpreter and
+the offline wheels).
 """
 
 from __future__ import annotations
@@ -50,14 +51,14 @@ from pathlib import Path
 
 import torch
 
-from bench.gpu_check_base import Check, OverBudget, Section, Stopped
-from bench.gpu_check_inference import section_inference
-from bench.gpu_check_reference import section_reference
-from bench.gpu_check_training import section_batch_size, section_step_tables
-from bench.gpu_trainers import TRAINERS
+from bench.gpu.base import Check, OverBudget, Section, Stopped
+from bench.gpu.inference import section_inference
+from bench.gpu.reference import section_reference
+from bench.gpu.trainers import TRAINERS
+from bench.gpu.training import section_batch_size, section_step_tables
 from common.atomic_write import write_text
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # The default fits one command on the lent GPU machine (10 min a command, 15 min a session, its start
 # included): 8 min of checks, of which at most 2.5 compiling. A section's budget is its share below of what
 # is left of the run when it starts.
@@ -298,7 +299,7 @@ def render_markdown(report: dict, sections: list[Section]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=default_out(), help="folder for report.md, report.json and the logs (at most 8 "
                    "files); default $OUT/gpu_check where OUT is set (the lent GPU machine), else runs/gpu_check")
     p.add_argument("--dry-run", action="store_true", help="every section on the CPU at tiny sizes")
@@ -320,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--sections: unknown {', '.join(unknown)}; choose from {','.join(SECTIONS)}")
     if not args.dry_run and not torch.cuda.is_available():
         why = ("no CUDA GPU here (torch " + torch.__version__ + ", CUDA build " + str(torch.version.cuda) + "): "
-               "`python -m bench.gpu_check --dry-run` runs the same sections on the CPU")
+               "`python -m bench.gpu --dry-run` runs the same sections on the CPU")
         run(Path(args.out), False, args.budget_minutes, ["environment"], 0.0)  # the report says what it found
         report_md = Path(args.out) / "report.md"
         report_md.write_text(f"# gpu_check: NOT RUN\n\n{why}\n\n" + report_md.read_text(encoding="utf-8"), encoding="utf-8")

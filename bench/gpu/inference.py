@@ -1,5 +1,5 @@
 """`make gpu-check` section 5: inference speed of the vocoder and VITS (eager, compiled, ONNX Runtime)
-and the VAE's tiled reconstruction of a 2048² image. bench/gpu_check.py runs it."""
+and the VAE's tiled reconstruction of a 2048² image. bench/gpu/check.py runs it."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from bench.gpu_check_base import NA_CPU, Check, OverBudget, Section, fmt
-from bench.gpu_trainers import TRAINERS
+from bench.gpu.base import NA_CPU, Check, OverBudget, Section, fmt
+from bench.gpu.trainers import TRAINERS
 from bench.timing import seconds_per_step
 
 
@@ -43,8 +43,9 @@ def _inference_row(chk: Check, sec: Section, what: str, audio_s: float, eager: C
 
 
 def vocoder_inference(chk: Check, sec: Section, repeats: int) -> dict:
-    from vocoder.export import export_info, export_onnx
+    from vocoder.export import export_onnx
     from vocoder.infer import VocoderInference
+    from vocoder.layouts import export_info
     from vocoder.train import build_generator
 
     spec = TRAINERS["vocoder"]

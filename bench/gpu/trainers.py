@@ -4,8 +4,8 @@ builds the real trainer and hands back its real training step and its real data 
 
 Nothing here trains differently from the trainers: a `Stepper` is the trainer's own object, its
 `step` is the trainer's `train_step`, its `batches` the trainer's own DataLoader (so the data-wait
-fraction is the real one). Tiny sizes come from the tests (tests/*/conftest.py, test_tiny.yaml), so
-the dry run exercises what the fast test suite already keeps working.
+fraction is the real one). Tiny sizes come from each trainer's configs/tiny.yaml, the file the tests train
+with, so the dry run exercises what the fast test suite already keeps working.
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from pathlib import Path
 from unittest import mock
 
 import torch
-import yaml
 
-from bench.tiny import CLONE_AUDIO, VITS_FAST, VOCODER_TINY
+from common.config import file_overrides
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -107,7 +106,7 @@ class Vocoder(TrainerSpec):
             plain=["precision=32-true", "tf32=false", "compile=false", "cudnn_benchmark=false"], full_items=256)
 
     def tiny(self) -> list[str]:
-        return list(VOCODER_TINY)
+        return file_overrides(REPO / "vocoder" / "configs" / "tiny.yaml")
 
     def make_data(self, root: Path, dry: bool) -> Path:
         from bench.bench_vocoder import make_dataset
@@ -153,7 +152,9 @@ class Vits(TrainerSpec):
             full_items=1024)
 
     def tiny(self) -> list[str]:
-        return list(VITS_FAST)
+        # lr_gamma and cudnn_benchmark are in tiny.yaml only to give the tests the schema's defaults: the
+        # dry run keeps the measured config's
+        return file_overrides(REPO / "tts" / "vits" / "configs" / "tiny.yaml", skip=("lr_gamma", "cudnn_benchmark"))
 
     def make_data(self, root: Path, dry: bool) -> Path:
         from bench.bench_tts import synthetic_corpus
@@ -204,9 +205,15 @@ class Clone(TrainerSpec):
             plain=["train.precision=32-true", "train.tf32=false", "train.compile=false", "train.cudnn_benchmark=false"],
             rtx_preset="rtx5090", full_items=512)
 
+    TINY = REPO / "tts" / "clone" / "configs" / "tiny.yaml"
+
     def tiny(self) -> list[str]:
-        return ["model.size=tiny", "train.batch_size=4", "train.num_workers=0", "model.dropout=0.0",
-                "data.num_buckets=2", "data.ref_seconds=1.5"]
+        return file_overrides(self.TINY, skip=("audio",))
+
+    def audio(self) -> list[str]:
+        """The synthetic corpus's 22.05 kHz settings (tiny.yaml's audio block): every run, dry or not, trains
+        on that corpus (`tts.clone`'s default is 24 kHz / 100 mels)."""
+        return file_overrides(self.TINY, only=("audio",))
 
     def make_data(self, root: Path, dry: bool) -> Path:
         from bench.bench_tts import synthetic_corpus
@@ -216,8 +223,8 @@ class Clone(TrainerSpec):
     def _argv(self, config: Path, overrides: list[str], data: Path, run: Path, device: torch.device) -> list[str]:
         # Every synthetic utterance lasts 2 s, so length buckets add nothing; and each bucket must hold a whole
         # batch (drop_last): 2 buckets. The feature cache is keyed by the audio settings: one per corpus.
-        return ["--config", str(config), "--train-data", str(data), "--checkpoint-dir", str(run), *CLONE_AUDIO,
-                *_sets([f"data.cache_dir={Path(data).parent / 'features'}", "data.num_buckets=2", "val.sentences=[]",
+        return ["--config", str(config), "--train-data", str(data), "--checkpoint-dir", str(run),
+                *_sets([*self.audio(), f"data.cache_dir={Path(data).parent / 'features'}", "data.num_buckets=2", "val.sentences=[]",
                         "val.at_start=false", f"train.device={device.type}", *overrides])]
 
     def build(self, config, overrides, data, run, device, preset) -> Stepper:
@@ -252,7 +259,7 @@ class Clone(TrainerSpec):
 
 
 # ------------------------------------------------------------------------------------------ VAE
-# The keys of vae/configs/test_tiny.yaml that set the model's and the step's size (the dry run's VAE).
+# The keys of vae/configs/tiny.yaml that set the model's and the step's size (the dry run's VAE).
 VAE_TINY_KEYS = ("channels", "z_channels", "layers_per_block", "norm_num_groups", "image_size", "batch_size",
                  "disc_channels", "disc_layers", "perceptual_weight", "num_workers", "persistent_workers", "pin_memory")
 
@@ -284,9 +291,7 @@ class Vae(TrainerSpec):
                    "cudnn_benchmark=false"], full_items=64)
 
     def tiny(self) -> list[str]:
-        tiny = yaml.safe_load((REPO / "vae" / "configs" / "test_tiny.yaml").read_text())
-        return [f"{k}={tiny[k]}".replace(" ", "").replace("False", "false").replace("True", "true")
-                for k in VAE_TINY_KEYS]
+        return file_overrides(REPO / "vae" / "configs" / "tiny.yaml", only=VAE_TINY_KEYS)
 
     def make_data(self, root: Path, dry: bool) -> Path:
         from bench.bench_vae import write_noise_pngs

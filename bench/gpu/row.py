@@ -1,5 +1,5 @@
 """One step-table row: `measure_steps`, in this process or in a process of its own (`measure_in_child`;
-bench/gpu_check_training.py starts it).
+bench/gpu/training.py starts it).
 
 Why: cuDNN keeps the plans it chose per process, keyed by shape and math mode but not by
 `cudnn.benchmark`. A row that autotunes after another row ran the same shapes reuses that row's
@@ -8,7 +8,7 @@ first lent H200 the vocoder's "plain" row ran after its autotuned base row and m
 against 0.502 s); run first, plain takes 0.626 s. So the rows where cuDNN autotunes (the configs as
 shipped and "plain + cudnn benchmark") each start from an empty plan cache here.
 
-    python -m bench.gpu_check_row '<json: trainer, which, overrides, data, tmp, device, dry, steps, warmup, count>'
+    python -m bench.gpu.row '<json: trainer, which, overrides, data, tmp, device, dry, steps, warmup, count>'
 
 The row's dict is the last stdout line, after MARK."""
 
@@ -22,12 +22,12 @@ from pathlib import Path
 
 import torch
 
-from bench.gpu_check_base import Check
-from bench.gpu_trainers import TRAINERS, TrainerSpec, build
-from bench.peak_flops import count_flops, math_mode
+from bench.gpu.base import Check
+from bench.gpu.peak_flops import count_flops, math_mode
+from bench.gpu.trainers import TRAINERS, TrainerSpec, build
 
 MARK = "[gpu_check_row] "
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def measure_steps(chk: Check, spec: TrainerSpec, which: str, overrides: list[str], steps: int, warmup: int,
@@ -75,7 +75,7 @@ def measure_in_child(job: dict, timeout_s: float) -> tuple[dict, str]:
     """Runs `job` (see the module docstring) in a fresh interpreter; returns (row, what it printed).
     Raises TimeoutError when it runs past `timeout_s`, RuntimeError naming its last line when it fails."""
     try:
-        proc = subprocess.run([sys.executable, "-m", "bench.gpu_check_row", json.dumps(job)], cwd=REPO,
+        proc = subprocess.run([sys.executable, "-m", "bench.gpu.row", json.dumps(job)], cwd=REPO,
                               capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as e:
         raise TimeoutError(f"the row's process ran past {timeout_s:.0f} s") from e

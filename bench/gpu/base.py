@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from bench.gpu_trainers import TrainerSpec
+from bench.gpu.trainers import TrainerSpec
 
 NA_CPU = {
     "TF32": "n/a on CPU: TF32 is a CUDA tensor-core math mode",

@@ -13,8 +13,8 @@ import time
 
 import torch
 
-from bench.gpu_check_base import Check, Section, fmt
-from bench.gpu_trainers import TRAINERS, build
+from bench.gpu.base import Check, Section, fmt
+from bench.gpu.trainers import TRAINERS, build
 
 
 def _timed(chk: Check, step, batch: dict) -> tuple[float, float | None]:

@@ -1,6 +1,6 @@
 """`make gpu-check` sections 3 and 4: each trainer's step table (base and RTX 5090 configs, each speed
 key alone, fraction of the card's peak FLOP/s) and its batch size (the finder, steps at its pick, a
-forced out-of-memory through the trainer's own exit path). bench/gpu_check.py runs them."""
+forced out-of-memory through the trainer's own exit path). bench/gpu/check.py runs them."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from unittest import mock
 
 import torch
 
-from bench import gpu_trainers
-from bench.gpu_check_base import NA_CPU, Check, OverBudget, Section, fmt
-from bench.gpu_check_row import measure_in_child, measure_steps
-from bench.gpu_trainers import RANDOM_BACKBONE_NOTE, TRAINERS, TrainerSpec, build, tile_batch
-from bench.peak_flops import peak_tflops
+from bench.gpu import trainers
+from bench.gpu.base import NA_CPU, Check, OverBudget, Section, fmt
+from bench.gpu.peak_flops import peak_tflops
+from bench.gpu.row import measure_in_child, measure_steps
+from bench.gpu.trainers import RANDOM_BACKBONE_NOTE, TRAINERS, TrainerSpec, build, tile_batch
 from bench.timing import seconds_per_step
 
 
@@ -49,7 +49,7 @@ def step_rows(spec: TrainerSpec, cuda: bool) -> list[tuple[str, str, list[str] |
 
 def autotunes(label: str) -> bool:
     """Rows where cuDNN autotunes (the configs as shipped turn cudnn_benchmark on); on a GPU each runs in a
-    process of its own, from an empty plan cache (why: bench/gpu_check_row.py)."""
+    process of its own, from an empty plan cache (why: bench/gpu/row.py)."""
     return not label.startswith("plain") or label == "plain + cudnn benchmark"
 
 
@@ -108,7 +108,7 @@ def _measure_row(chk: Check, sec: Section, spec: TrainerSpec, label: str, which:
             return {"skipped": why}
         key = (spec.name, which)  # precision and layout do not change the math: one count per config file
         t0 = time.monotonic()
-        if chk.device.type == "cuda" and autotunes(label):  # an empty cuDNN plan cache (bench/gpu_check_row.py)
+        if chk.device.type == "cuda" and autotunes(label):  # an empty cuDNN plan cache (bench/gpu/row.py)
             job = {"trainer": spec.name, "which": which, "overrides": change, "data": str(chk.data(spec)),
                    "tmp": str(chk.tmp), "device": chk.device.type, "dry": chk.dry, "steps": steps, "warmup": warmup,
                    "count": key not in flops}
@@ -161,7 +161,7 @@ def _table_markdown(name: str, table: dict[str, dict]) -> list[str]:
 OOM_ADVICE = "Try, in this order"
 
 
-def _choose_vae_batch(spec: gpu_trainers.Vae, chk: Check) -> int:
+def _choose_vae_batch(spec: trainers.Vae, chk: Check) -> int:
     """The VAE's own finder (`--batch_size auto`: vae.memory.choose_batch_size) on its 5090 profile."""
     from vae.memory import choose_batch_size
     from vae.train_vae import new_step
@@ -180,7 +180,7 @@ def forced_oom(chk: Check, spec: TrainerSpec) -> dict:
     memory is capped just above what the models and optimizers already hold, so no batch fits (what a
     far-too-large batch does, without synthesising a dataset that large). CPU (dry run):
     torch.cuda.OutOfMemoryError raised from the trainer's train_step instead."""
-    main, argv = gpu_trainers.cli(spec, "rtx5090", [], chk.data(spec), chk.run_dir(f"{spec.name}_oom"),
+    main, argv = trainers.cli(spec, "rtx5090", [], chk.data(spec), chk.run_dir(f"{spec.name}_oom"),
                                   chk.device, chk.dry)
     real_step = spec.step_class().train_step
     if chk.device.type == "cuda":
@@ -223,7 +223,7 @@ def finder_and_steps(chk: Check, sec: Section, spec: TrainerSpec, steps: int) ->
     from common.hardware import find_batch_size
 
     log = io.StringIO()
-    if isinstance(spec, gpu_trainers.Vae):  # its finder builds a fresh model per trial: nothing else in memory
+    if isinstance(spec, trainers.Vae):  # its finder builds a fresh model per trial: nothing else in memory
         with contextlib.redirect_stdout(log):
             picked = _choose_vae_batch(spec, chk)
         chk.reset_memory()
@@ -235,7 +235,7 @@ def finder_and_steps(chk: Check, sec: Section, spec: TrainerSpec, steps: int) ->
         st.step(tile_batch(one, b))
         chk.sync()
 
-    if not isinstance(spec, gpu_trainers.Vae):  # the trainer's models and optimizer states stay in memory
+    if not isinstance(spec, trainers.Vae):  # the trainer's models and optimizer states stay in memory
         with contextlib.redirect_stdout(log):
             picked = find_batch_size(try_batch, start=1, limit=4096)
     print(log.getvalue(), flush=True)
