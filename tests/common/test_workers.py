@@ -87,7 +87,7 @@ def test_vae_prepare_with_a_killed_worker_says_so(tmp_path, monkeypatch, capsys)
             "--target_size", "32", "--min_size", "16", "--num_workers", "2"]
     monkeypatch.setattr(workers, "_Tracked", KillOnMarkedFile)
     assert main(argv) == 2
-    out = capsys.readouterr().out.strip().splitlines()[-1]
+    out = capsys.readouterr().err.strip().splitlines()[-1]  # the error line goes to stderr
     assert out.startswith("error: a worker process was killed (SIGKILL) while preparing ")
     assert f"{MARK}.png" in out and "--num_workers 1 (now 2)" in out
     monkeypatch.undo()

@@ -9,8 +9,16 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from common.config import load_config
+from vae.config import VAEConfig
+
 REPO = Path(__file__).resolve().parents[2]
 TINY_CONFIG = REPO / "vae" / "configs" / "tiny.yaml"
+
+
+def tiny_cfg(**kw) -> VAEConfig:
+    """vae/configs/tiny.yaml as the trainer resolves it (over its base_config), with `kw` on top."""
+    return load_config(TINY_CONFIG, VAEConfig, extra=kw)
 
 
 def textured(size: int, seed: int) -> np.ndarray:

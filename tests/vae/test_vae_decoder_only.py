@@ -9,8 +9,7 @@ import json
 
 import pytest
 import torch
-import yaml
-from helpers import REPO, TINY_CONFIG
+from helpers import REPO, TINY_CONFIG, tiny_cfg
 
 import vae.train_vae as tv
 from common.checkpoint import load_checkpoint
@@ -24,10 +23,6 @@ from vae.pretrained import init_from_diffusers
 
 TINY_ARCH = {"channels": [16, 32], "z_channels": 4, "layers_per_block": 1, "norm_num_groups": 8}
 FLAG = "--train_decoder_only"
-
-
-def tiny_cfg(**kw) -> VAEConfig:
-    return VAEConfig(**{**yaml.safe_load(TINY_CONFIG.read_text()), **kw})
 
 
 def source_vae(seed: int = 3) -> AutoencoderKL:

@@ -8,22 +8,16 @@ import json
 
 import pytest
 import torch
-import yaml
-from helpers import TINY_CONFIG
+from helpers import TINY_CONFIG, tiny_cfg
 
 import vae.train_vae as tv
 from common.checkpoint import CheckpointError, load_checkpoint
 from common.safetensors_io import SafetensorsError, load_safetensors, save_safetensors
-from vae.config import VAEConfig
 from vae.diffusers_io import diffusers_config, load_diffusers, save_diffusers, to_diffusers
 from vae.model import build_vae
 from vae.pretrained import init_from_diffusers
 
 TINY_ARCH = {"channels": [16, 32], "z_channels": 4, "layers_per_block": 1, "norm_num_groups": 8}
-
-
-def tiny_cfg(**kw) -> VAEConfig:
-    return VAEConfig(**{**yaml.safe_load(TINY_CONFIG.read_text()), **kw})
 
 
 def model(seed: int = 3, **arch):

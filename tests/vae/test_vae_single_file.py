@@ -14,9 +14,10 @@ import types
 import numpy as np
 import pytest
 import torch
-from helpers import TINY_CONFIG
+from helpers import TINY_CONFIG, tiny_cfg
 
 import vae.train_vae as tv
+from common.checkpoint import CheckpointError
 from common.safetensors_io import save_safetensors
 from vae.pretrained import init_weights
 from vae.single_file import ldm_to_ours_key
@@ -116,10 +117,7 @@ def write_file(layout: str, folder) -> tuple:
 
 
 def run_cfg(z: int, quant: bool) -> tv.VAEConfig:
-    import yaml
-    tiny = yaml.safe_load(TINY_CONFIG.read_text())
-    return tv.VAEConfig(**{**tiny, "channels": CHANNELS, "z_channels": z, "layers_per_block": BLOCKS,
-                           "norm_num_groups": 32, "use_quant_conv": quant})
+    return tiny_cfg(channels=CHANNELS, z_channels=z, layers_per_block=BLOCKS, norm_num_groups=32, use_quant_conv=quant)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -236,7 +234,7 @@ def test_an_sd_lightning_ckpt_loads_and_other_pickled_objects_stay_refused(tmp_p
     line = init_weights(t.models, t.cfg, good, tmp_path / "run")[0]
     assert "the Stable Diffusion 1.x/2.x VAE (180 tensors under 'first_stage_model.')" in line
     assert torch.equal(t.vae.decoder.mid.attn.proj.weight, vae["first_stage_model.decoder.mid.attn_1.proj_out.weight"][:, :, 0, 0])
-    with pytest.raises(tv.CheckpointError, match="bad.ckpt: refused to load: the file contains pickled code"):
+    with pytest.raises(CheckpointError, match="bad.ckpt: refused to load: the file contains pickled code"):
         init_weights(t.models, t.cfg, bad, tmp_path / "run")
 
 

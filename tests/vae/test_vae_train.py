@@ -14,7 +14,7 @@ import warnings
 import pytest
 import torch
 import yaml
-from helpers import REPO, TINY_CONFIG
+from helpers import REPO, TINY_CONFIG, tiny_cfg
 
 import vae.memory as memory
 import vae.train_vae as tv
@@ -47,12 +47,6 @@ def same_state(a: dict, b: dict) -> bool:
     if isinstance(a, torch.Tensor):
         return torch.equal(a, b)
     return a == b
-
-
-def tiny_cfg(**kw) -> VAEConfig:
-    base = yaml.safe_load(TINY_CONFIG.read_text())
-    base.update(kw)
-    return VAEConfig(**base)
 
 
 # ----------------------------------------------------------------------------- config paths
@@ -219,9 +213,7 @@ def test_gradient_clip_really_clips(monkeypatch):
 def test_fp16_step_on_cpu_really_scales_the_loss():
     """--mixed_precision alone: fp16 autocast + GradScaler("cpu"): backward sees gradients x scale,
     the optimizer sees them unscaled, and a non-finite step is skipped with the scale halved."""
-    base = yaml.safe_load(TINY_CONFIG.read_text())
-    cfg = VAEConfig(**{**base, "precision": "16-mixed", "disc_weight": 0.0, "clip_grad_norm": 0.0,
-                        "warmup_steps": 0, "lr_scheduler": "constant"})
+    cfg = tiny_cfg(precision="16-mixed", disc_weight=0.0, clip_grad_norm=0.0, warmup_steps=0, lr_scheduler="constant")
     t = tv.VAEStep(cfg, torch.device("cpu"), total_steps=4)
     assert t.precision.amp_dtype == torch.float16 and t.precision.scaler.is_enabled()
     w = t.vae.decoder.conv_out.bias
