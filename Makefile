@@ -36,8 +36,9 @@ $(TESTDEPS): requirements-test.txt $(STAMP) shell/install_test_sysdeps.sh
 	@bash shell/install_test_sysdeps.sh
 	@touch $@
 
+# The suite on every core (pytest-xdist; each worker computes with one torch thread: tests/conftest.py).
 test: setup $(TESTDEPS)
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests -n auto
 
 lint: setup
 	$(PY) -m ruff check common speech vocoder tts vae bench serve tests

@@ -71,9 +71,16 @@ def resume_vae(tmp: Path, fixture: Path) -> int:
                  "--num_epochs", "2", "--stop_at_step", "6", *S(small), "--resume_from", str(fixture)])
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("trainer", ["vocoder", "vits", "clone", "vae"])
 def test_a_checkpoint_of_before_the_one_layout_resumes_whole(trainer, tmp_path, monkeypatch):
-    torch.set_num_threads(1)
     monkeypatch.chdir(tmp_path)
     fixture = tmp_path / "fixture.pt"
     shutil.copy(FIXTURES / f"{trainer}.pt", fixture)

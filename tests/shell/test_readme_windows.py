@@ -41,7 +41,7 @@ def test_the_demo_command_runs_make_demos_jobs():
 def test_the_test_commands_are_make_tests():
     makefile = (REPO / "Makefile").read_text()
     assert "$(PY) -m pip install -q --no-compile -r requirements-test.txt" in makefile
-    assert re.search(r"^test: setup \$\(TESTDEPS\)\n\t\$\(PY\) -m pytest tests$", makefile, re.M)
+    assert re.search(r"^test: setup \$\(TESTDEPS\)\n\t\$\(PY\) -m pytest tests -n auto$", makefile, re.M)
     section = windows_section()
     assert ".venv\\Scripts\\python -m pip install -r requirements-test.txt\n.venv\\Scripts\\python -m pytest tests" in section
 
