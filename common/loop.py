@@ -244,7 +244,7 @@ def _run(trainer: Trainer, c: Cadence, stop: RunStop, checkpoints: Any, progress
                 if validating:
                     metrics = trainer.validate()
                     if metrics:
-                        validations.append({"step": step, **{k: _number(v) for k, v in metrics.items()}})
+                        validations.append({"step": step, **_numbers(metrics)})
                     checkpoints.save(best_value(metrics, best_by) if best_by else None)
                 elif ending or (c.save_every and step % c.save_every == 0):
                     checkpoints.save()
@@ -253,8 +253,16 @@ def _run(trainer: Trainer, c: Cadence, stop: RunStop, checkpoints: Any, progress
     return stop.reason
 
 
-def _number(v: Any) -> Any:
-    return float(v) if isinstance(v, torch.Tensor) else v
+def _numbers(metrics: Mapping) -> dict[str, float]:
+    """The metrics that are numbers (a 0-d tensor read once), as floats: what a RunResult keeps and summary.json
+    writes (a trainer's validation may carry pictures' tensors beside them)."""
+    out = {}
+    for k, v in metrics.items():
+        if isinstance(v, torch.Tensor) and v.numel() == 1:
+            v = v.item()
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            out[k] = float(v)
+    return out
 
 
 _END = object()  # what `next` returns when an epoch's batches run out

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("MKL_NUM_THREADS", "1")
@@ -35,3 +37,14 @@ def pytest_collection_modifyitems(config, items) -> None:
         return next((i for i, prefix in enumerate(SLOW_FIRST) if item.nodeid.startswith(prefix)), len(SLOW_FIRST))
 
     items.sort(key=rank)  # stable: the rest keep their order
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for the test, the count before restored after it (exact float bytes: one thread)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -71,12 +71,7 @@ def resume_vae(tmp: Path, fixture: Path) -> int:
                  "--num_epochs", "2", "--stop_at_step", "6", *S(small), "--resume_from", str(fixture)])
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 @pytest.mark.parametrize("trainer", ["vocoder", "vits", "clone", "vae"])

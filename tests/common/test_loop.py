@@ -4,6 +4,7 @@ and the guards `fit` refuses to run without."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -59,7 +60,7 @@ class Recorder:
 
     def validate(self) -> dict:
         self.events.append(("validate", self.step))
-        return {"loss": 0.5}
+        return {"loss": 0.5, "mcd": torch.tensor(2.0), "_picture": {"mel": torch.zeros(2, 3)}}
 
     def log(self, logs: dict, progress) -> dict:
         self.events.append(("log", self.step))
@@ -85,6 +86,8 @@ def test_the_plan_logs_validates_and_saves_on_its_cadence_and_at_its_end():
                      ("validate", 5), ("save", 5, 0.5)]  # the end validates once and saves once
     assert (t.step, t.epoch, t.batch_in_epoch) == (5, 1, 2)
     assert [v["step"] for v in result.validations] == [2, 4, 5] and result.last_good == str(Path("ckpts/5.pt"))
+    assert result.validations[0] == {"step": 2, "loss": 0.5, "mcd": 2.0}  # numbers only: summary.json takes it
+    json.dumps(result.to_dict())
     assert t.events[-1] == ("line", f"done at step 5 of 5; checkpoints in {Path('ckpts')}")  # the closing line
 
 

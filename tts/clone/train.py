@@ -219,7 +219,7 @@ class CloneTrainer:
             self.printer(note)
             self.writer.text("plateau", note, step)
         recent.clear()
-        return metrics
+        return {k: v for k, v in metrics.items() if not k.startswith("_")}  # "_first": the pictures' tensors
 
     @functools.cached_property
     def _speaker_encoder(self):
