@@ -117,7 +117,6 @@ class VAETrainer:
         """Steps over all resolution stages (what `disc_start`, the logs and the samples count)."""
         return self.steps_before_stage + self.step
 
-    # ------------------------------------------------------------------ checkpoints: this trainer's part
     def _counters(self) -> dict:
         return {"stage": self.stage, "steps_before_stage": self.steps_before_stage, "global_step": self.global_step,
                 "image_size": self.cfg.image_size, "samples_per_step": self.data.samples_per_step,
@@ -139,9 +138,8 @@ class VAETrainer:
             self.batch_in_epoch = 0
 
     def _resume(self, path: Path) -> None:
-        """Continue the run saved in `path`: exactly at the same `image_size` (`RunCheckpoints.resume`); at
-        another one a new resolution stage (weights and EMA carry over; the optimizer and LR schedule are this
-        run's, planned afresh; the counters continue: `vae.startup.start_stage`)."""
+        """Continue the run in `path`: exactly at the same `image_size` (`RunCheckpoints.resume`), else a new
+        resolution stage (weights and EMA carry over, optimizer and LR plan afresh: `vae.startup.start_stage`)."""
         cfg, info = self.cfg, self.info
         ckpt = load_checkpoint(path, map_location="cpu")  # a checkpoint that does not fit -> exit 2
         decoder_only.check_resume(ckpt, path, cfg)
@@ -156,7 +154,6 @@ class VAETrainer:
         self.trackers = resumed_trackers(ckpt.get("counters"))  # a new resolution stage continues them too
         self.checkpoints.last_good = path
 
-    # ------------------------------------------------------------------ validation
     @functools.cached_property
     def _rfid_net(self):
         """rFID's Inception, loaded at the first validation; None: rFID off (said in one line)."""
@@ -186,7 +183,6 @@ class VAETrainer:
         save_png(grid, self.out_dir / "samples" / f"step_{self.global_step:07d}.png")
         self.writer.image("samples/reconstruction (top: input)", grid, self.global_step)
 
-    # ------------------------------------------------------------------ the loop
     def fit(self) -> RunResult:
         """Say the plan, run the epochs (`common.loop.fit`); a finished (or time-boxed) run is exported. A
         non-finite stop raises `NonFiniteError` naming the last good checkpoint (`main` prints it)."""
@@ -240,8 +236,7 @@ class VAETrainer:
             self._save_samples()
 
     def _epoch_checkpoint(self, epochs_done: int) -> None:
-        """Hook (the VAE alone keeps per-epoch files): the rotated `checkpoint_epoch_N.pt` every
-        `checkpoint_freq` epochs, ranked by the latest `best_by` metric."""
+        """Hook: the rotated `checkpoint_epoch_N.pt` every `checkpoint_freq` epochs, ranked by the latest `best_by`."""
         if epochs_done % self.cfg.checkpoint_freq or saving_blocked(*self.guards.values(), self.divergence):
             return
         s = self.checkpoints.state()
@@ -260,8 +255,7 @@ class VAETrainer:
         return {"loss": float(logs["total"]), "rec": float(logs[f"rec_{self.cfg.rec_loss}"])}
 
     def _export(self, reason: str | None) -> None:
-        """Hook at the run's end: the final samples; a finished (or time-boxed) run is exported (the loop saved
-        and validated)."""
+        """Hook at the run's end: the final samples, and the export of a finished (or time-boxed) run."""
         if self.info.is_main:
             m = self.last_val[1] if self.last_val[0] == self.global_step else {}
             self._save_samples()
