@@ -2,10 +2,10 @@
 
 A run stops at the end of its plan, or early: on SIGINT/SIGTERM, at a time limit, at `stop_at_step`
 (tests, benchmarks), after too many non-finite or diverging steps in a row, or when CUDA runs out of
-memory. Every trainer wraps its loop in one `RunStop` and asks `stop.check(step)` after each optimizer step:
+memory. `common.loop.fit` wraps the loop in one `RunStop` and asks `stop.check(step)` after each optimizer step:
 
-    with RunStop(time_limit_minutes, stop_at_step, last_good=lambda: self.last_good, lr_hint=...,
-                 oom=("the training step", batch_size, hints)) as stop:
+    with RunStop(time_limit_minutes, stop_at_step, last_good=lambda: checkpoints.last_good, lr_hint=...,
+                 oom=("the training step", batch_size, hints)) as stop:   # or RunStop.of(cfg, cfg, "...")
         while ...:
             ...train one step, log, validate, checkpoint...
             if stop.check(self.step):
@@ -32,6 +32,7 @@ from common import exit_codes
 from common.distributed import any_rank
 from common.guards import NonFiniteError, nonfinite_stop_message
 from common.hardware import OutOfMemory, is_oom, oom_message
+from common.presets import get_key
 
 SIGNAL, TIME_LIMIT, STOP_AT_STEP = "signal", "time limit", "stop_at_step"
 
@@ -97,7 +98,7 @@ class RunStop:
         (0: off), with the out-of-memory advice for `what` derived from `cfg`'s schema (`oom_hints`)."""
         batch_key, hints = oom_hints(cfg)
         return cls(keys.max_minutes or None, keys.stop_at_step or None,
-                   oom=(what, int(config_value(cfg, batch_key)), hints), **kw)
+                   oom=(what, int(get_key(cfg, batch_key)), hints), **kw)
 
     def __enter__(self) -> RunStop:
         self.signals.__enter__()
@@ -133,14 +134,6 @@ class RunStop:
                 f"(continue with {self.resume_hint})")
 
 
-def config_value(cfg: Any, key: str) -> Any:
-    """The value of dotted config key `key` (`train.batch_size`); None where a free mapping (a `model_args`
-    dict) does not hold it (a model preset gives it then)."""
-    for part in key.split("."):
-        cfg = cfg.get(part) if isinstance(cfg, dict) else getattr(cfg, part)
-    return cfg
-
-
 def oom_hints(cfg: Any) -> tuple[str, dict]:
     """(batch-size key, `oom_message`'s hints) from the keys a trainer's schema names: `PRESET_KEYS` (what a
     card preset sets: batch size, precision, crop) and `OOM_KEYS` (what else relieves memory: `accumulation`,
@@ -151,13 +144,14 @@ def oom_hints(cfg: Any) -> tuple[str, dict]:
     hints: dict[str, Any] = {"batch_key": keys.get("batch_size", "batch_size"), "accum_key": keys.get("accumulation"),
                              "precision_key": keys.get("precision", "precision"), "resume": "--resume auto"}
     if "precision" in keys:
-        hints["precision"] = config_value(cfg, keys["precision"])
+        hints["precision"] = get_key(cfg, keys["precision"])
     if "accumulation" in keys:
-        hints["accumulation"] = config_value(cfg, keys["accumulation"])
+        hints["accumulation"] = get_key(cfg, keys["accumulation"])
     if "checkpointing" in keys:
         hints["checkpointing_key"] = keys["checkpointing"]
-    if "crop" in keys and config_value(cfg, keys["crop"]) is not None:
-        hints["crop_key"], hints["crop"] = keys["crop"], config_value(cfg, keys["crop"])
+    crop = get_key(cfg, keys["crop"]) if "crop" in keys else None  # None: a free model_args mapping lacks it
+    if crop is not None:
+        hints["crop_key"], hints["crop"] = keys["crop"], crop
     return hints["batch_key"], hints
 
 
