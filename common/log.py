@@ -15,15 +15,17 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from tqdm import tqdm
 
 from common.atomic_write import atomic_output, save_png
 from common.schedulers import sample_curve, schedule_preview
+
+if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn: it costs every start-up ~0.5 s
+    from matplotlib.figure import Figure
 
 ArrayLike = torch.Tensor | np.ndarray
 
@@ -288,10 +290,7 @@ class RunLogger:
     def figure(self, tag: str, fig: Figure, step: int) -> None:
         """Render a matplotlib figure as an image and close it (always, so figures never pile up)."""
         if self.writer is not None:
-            canvas = FigureCanvasAgg(fig)
-            canvas.draw()
-            rgb = np.asarray(canvas.buffer_rgba())[..., :3]
-            self.writer.add_image(tag, rgb, step, dataformats="HWC")
+            self.writer.add_image(tag, _rgb(fig), step, dataformats="HWC")
         _close(fig)
 
     def text(self, tag: str, text: str, step: int = 0) -> None:
@@ -322,6 +321,25 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
 
 
+def new_figure(**kwargs) -> Figure:
+    """A matplotlib `Figure(**kwargs)` on its own Agg canvas: no pyplot, no display, no global figure list."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(**kwargs)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _rgb(fig: Figure) -> np.ndarray:
+    """The figure drawn on an Agg canvas, as HWC uint8 RGB."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3]
+
+
 def _close(fig: Figure) -> None:
     """Close a figure pyplot knows about; figures made with `Figure()` need nothing."""
     if getattr(fig.canvas, "manager", None) is not None and "matplotlib.pyplot" in sys.modules:
@@ -335,8 +353,7 @@ def _close(fig: Figure) -> None:
 def plot_lr_schedule(curves: dict[str, Callable[[int], float]], total_steps: int, title: str = "") -> Figure:
     """Each named `step -> lr` curve over the whole plan of `total_steps` updates (a log y axis when
     the curves span more than two decades and never touch 0, so such a decay stays readable)."""
-    fig = Figure(figsize=(6, 3), dpi=100)
-    FigureCanvasAgg(fig)
+    fig = new_figure(figsize=(6, 3), dpi=100)
     ax = fig.add_subplot()
     lo, hi = float("inf"), 0.0
     for name, fn in curves.items():
@@ -389,10 +406,7 @@ def save_figure(fig: Figure, path: str | Path, colors: int = 64) -> Path:
     small enough to commit under docs/, with no visible loss at 64 colours."""
     from PIL import Image  # import only where it is used
 
-    canvas = FigureCanvasAgg(fig)
-    canvas.draw()
-    rgb = np.asarray(canvas.buffer_rgba())[..., :3]
-    save_png(Image.fromarray(rgb).quantize(colors=colors), path, optimize=True)
+    save_png(Image.fromarray(_rgb(fig)).quantize(colors=colors), path, optimize=True)
     _close(fig)
     return Path(path)
 

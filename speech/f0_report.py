@@ -83,11 +83,9 @@ def save_f0_report(s: dict, folder: str | Path, name: str, key_prefix: str = "",
 
 def save_f0_histogram(s: dict, path: str | Path) -> Path:
     """The voiced f0 histogram (log-spaced bins) with the bounds and percentiles marked, as a PNG."""
-    from matplotlib.figure import Figure
+    from common.log import new_figure, save_figure
 
-    from common.log import save_figure
-
-    fig = Figure(figsize=(6, 3), dpi=100)
+    fig = new_figure(figsize=(6, 3), dpi=100)
     ax = fig.add_subplot(1, 1, 1)
     v = s["voiced"]
     lo, hi = s["f0_min"] / 1.2, s["f0_max"] * 1.2

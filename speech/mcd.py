@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import librosa
 import numpy as np
-import scipy.fft
 import torch
 
 from common.demo import Figure
@@ -40,6 +39,8 @@ def rms_db(wav: np.ndarray | torch.Tensor) -> float:
 
 def mel_cepstrum(log_mel: np.ndarray, n_ceps: int = N_CEPS) -> np.ndarray:
     """[n_mels, T] natural-log mel → [T, n_ceps] cepstra c1..c_n."""
+    import scipy.fft  # here, not at import: scipy.fft costs every speech trainer's start-up ~0.5 s
+
     log_mel = np.asarray(log_mel, dtype=np.float64)
     ceps = scipy.fft.dct(log_mel, type=2, norm="ortho", axis=0) / math.sqrt(2 * log_mel.shape[0])
     return ceps[1 : n_ceps + 1].T

@@ -1,25 +1,28 @@
 """Speech pictures: a spectrogram, an alignment, and spectrograms side by side on one colour scale.
 
 Moved out of `common/log.py`, which keeps what any trainer logs (images, figures, the LR plan, a
-figure saved as a PNG). Built with `Figure` + the Agg canvas directly, never pyplot: no display, no
+figure saved as a PNG). Built on `common.log.new_figure` (the Agg canvas directly, never pyplot): no display, no
 global figure list; `common.log.RunLogger.figure` logs them and `common.log.save_figure` writes them.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
+from common.log import new_figure
 from speech.audio import _to_numpy
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 ArrayLike = torch.Tensor | np.ndarray
 
 
 def _heatmap(x: np.ndarray, figsize: tuple[float, float], xlabel: str, ylabel: str, title: str) -> Figure:
-    fig = Figure(figsize=figsize, dpi=100)
-    FigureCanvasAgg(fig)
+    fig = new_figure(figsize=figsize, dpi=100)
     ax = fig.add_subplot()
     im = ax.imshow(x, aspect="auto", origin="lower", interpolation="none")
     fig.colorbar(im, ax=ax)
@@ -61,8 +64,7 @@ def plot_spectrograms(panels: list[tuple[str, ArrayLike]], vmin: float | None = 
             raise ValueError(f"plot_spectrograms: panel '{name}' must be [F, T], got shape {x.shape}")
     lo = float(arrays[0].min()) if vmin is None else vmin
     hi = float(arrays[0].max()) if vmax is None else vmax
-    fig = Figure(figsize=(3.2 * len(panels) + 0.6, 2.6), dpi=80, layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = new_figure(figsize=(3.2 * len(panels) + 0.6, 2.6), dpi=80, layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (name, _), x in zip(axes, panels, arrays):
         t_max = x.shape[1] * hop_seconds if hop_seconds else x.shape[1]

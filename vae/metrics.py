@@ -11,8 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from skimage.metrics import structural_similarity
-from torchvision.utils import make_grid
 
 from common.atomic_write import save_png
 from vae.data import tensor_to_uint8
@@ -29,6 +27,8 @@ def psnr(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def ssim(x: torch.Tensor, y: torch.Tensor) -> list[float]:
     """Per-image SSIM (scikit-image, Gaussian window as in Wang et al.) of [-1, 1] images."""
+    from skimage.metrics import structural_similarity  # here: scikit-image costs every VAE start-up ~0.5 s
+
     out = []
     for a, b in zip(x, y):
         ia, ib = tensor_to_uint8(a), tensor_to_uint8(b)
@@ -74,6 +74,8 @@ def evaluate(model: torch.nn.Module, batches: Iterable[torch.Tensor], device: to
 
 def grid_image(inputs: torch.Tensor, recons: torch.Tensor) -> np.ndarray:
     """Inputs on the top row, reconstructions below: HWC uint8."""
+    from torchvision.utils import make_grid  # here, not at import: torchvision costs every VAE start-up ~1.5 s
+
     both = torch.cat([inputs.float().cpu(), recons.float().cpu()]).clamp(-1, 1)
     grid = make_grid((both + 1) / 2, nrow=inputs.shape[0], padding=2, pad_value=1.0)
     return (grid.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)

@@ -50,23 +50,19 @@ def test_exact_resume_is_bitwise_with_loader_workers(tmp_path):
     assert straight[7:] == resumed  # the resumed half saw exactly the same batches
 
 
-def test_two_process_gloo_ddp_keeps_replicas_equal(tmp_path):
-    run_torchrun(["--master_port", "29517", SCRIPT, "--run_dir", str(tmp_path), "--steps", "6", "--workers", "0"])
-    out = load_checkpoint(tmp_path / "final.pt")
-    rank0, rank1 = out["all_ranks"]
+def test_two_process_gloo_ddp_keeps_replicas_equal_and_resumes_exactly(tmp_path):
+    """A straight 2-process run keeps both replicas equal (and trains); then a stop at step 3 and
+    `--resume auto` under torchrun (rank 0 picks the checkpoint, every rank takes its answer): both
+    replicas end equal and equal to the straight run of the same steps."""
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    run_torchrun(["--master_port", "29519", SCRIPT, "--run_dir", str(straight), "--steps", "6", "--workers", "0"])
+    rank0, rank1 = load_checkpoint(straight / "final.pt")["all_ranks"]
     assert len(rank0) == len(rank1) > 0
-    for a, b in zip(rank0, rank1):
-        assert torch.equal(a, b)
+    assert all(torch.equal(a, b) for a, b in zip(rank0, rank1))
     torch.manual_seed(0)
     initial = torch.nn.Linear(16, 32)  # toy_train.build_model's first layer at its seed
     assert not torch.equal(initial.weight, rank0[0])  # it really trained
 
-
-def test_two_process_resume_takes_rank_0s_checkpoint_and_continues_exactly(tmp_path):
-    """Stop at step 3 and `--resume auto` under torchrun (rank 0 picks the checkpoint, every rank takes
-    its answer): both replicas end equal and equal to a straight 2-process run of the same steps."""
-    straight, split = tmp_path / "straight", tmp_path / "split"
-    run_torchrun(["--master_port", "29519", SCRIPT, "--run_dir", str(straight), "--steps", "6", "--workers", "0"])
     run_torchrun(["--master_port", "29519", SCRIPT, "--run_dir", str(split), "--steps", "6", "--stop_after", "3",
                   "--workers", "0"])
     run_torchrun(["--master_port", "29519", SCRIPT, "--run_dir", str(split), "--steps", "6", "--resume", "auto",
