@@ -14,6 +14,10 @@ Here so that every input layout is read in one place and then goes through the s
   alone, offline: ``datasets`` itself is not needed and never decodes audio here. Embedded audio bytes are
   written once into a hidden folder of the output (:class:`TableAudio`) and read from there like any file.
 
+Text files are UTF-8 unless ``encoding`` (``--encoding``) says otherwise; a file that is mostly undecodable is
+refused naming its first bad byte. Ids are compared as written, and :func:`file_names` gives each its own file
+name, valid on every filesystem (Unicode kept, length cut, a hash where the id had to change).
+
 The text column may also hold what the model reads directly (``text_kind``): espeak-ng IPA
 (``phonemes``, needs ``phoneme_type: espeak``) or phoneme ids (``phoneme_ids``), checked against the
 config's symbol list and carried to training as ids (a line with an unknown symbol or id is dropped with it).

@@ -4,6 +4,7 @@ cached linear spectrograms, speaker ids, train/eval split, and a report of what 
     python tts/prepare_data.py --metadata metadata.csv --audio_dir wavs --output_dir data/prep
         [--config tts/vits/configs/uzbek_vits.yaml] [--num_workers 4] [--format auto] [--speaker NAME]
         [--text_kind auto|text|phonemes|phoneme_ids] [--audio_column A --text_column T --speaker_column S]
+        [--encoding utf-8|cp1251|latin-1|utf-16|...]
 
 Metadata forms (``--format auto`` detects them; one line says which was read; tts/metadata.py reads them):
 - LJSpeech: ``id|text`` or ``id|text|normalized_text`` (no header; audio ``<audio_dir>/<id>.wav``,
@@ -17,11 +18,17 @@ Metadata forms (``--format auto`` detects them; one line says which was read; tt
 - Hugging Face ``datasets``: a ``save_to_disk`` folder or a ``.parquet`` file with an audio column and a text
   column (no --audio_dir when the audio is in the table); read offline with pyarrow.
 
-Output (``OUT``): ``wavs/<id>.wav`` (mono 16-bit at the config's rate), ``spec/<id>.npy``
+A text file is read as UTF-8 (a UTF-16 BOM is honoured); one in another encoding is refused naming its first bad
+byte, and ``--encoding cp1251`` (or latin-1, ...) reads it. Ids are compared as written (any script).
+
+Output (``OUT``): ``wavs/<name>.wav`` (mono 16-bit at the config's rate), ``spec/<name>.npy``
 (float16 linear magnitude [n_fft/2+1, frames], speech.audio.MelSpectrogram.linear of that wav),
-``train.jsonl`` / ``eval.jsonl`` (id, wav, spec, text, raw_text, speaker, speaker_id, duration,
-num_samples, source, line), ``speakers.json`` (name → id), ``report.json``; with ``phoneme_type: espeak``
-also ``phonemes_<espeak_voice>.json`` (normalised text → espeak-ng phonemes, tts/text/phonemes.py).
+``train.jsonl`` / ``eval.jsonl`` (id: the file name, metadata_id: the id as written, wav, spec, text, raw_text,
+speaker, speaker_id, duration, num_samples, num_tokens, line), ``speakers.json`` (name → id), ``report.json``;
+with ``phoneme_type: espeak`` also ``phonemes_<espeak_voice>.json`` (normalised text → espeak-ng phonemes,
+tts/text/phonemes.py).
+``<name>`` is the id itself when it is a safe file name everywhere, else its safe form and a hash of the id
+(tts.metadata.file_stem): one distinct, valid name per id on every filesystem.
 
 Nothing in the input is modified. A bad line or file is dropped and reported with its file and
 line; the rest is prepared (exit 0). Nothing usable → a clear error (exit 1). A second run
