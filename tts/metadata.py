@@ -346,7 +346,7 @@ def _read_lines(path: Path, lines: list[tuple[int, str]], fmt: str, speaker: str
                 ids, why = parse_ids(parts[-1]) if fmt.endswith("_ids") else (None, None)
                 if why:  # checked against the symbols later (_to_ids), with the text column's ids
                     problems.append(Problem(src, n, parts[0].strip() or None,
-                                            f"field {len(fields)} (phoneme_ids): {why}"))
+                                            f"phoneme_ids field {len(fields)} not read: {why}"))
                     continue
                 text = parts[-2] if ids is not None else parts[-1]
                 rows.append(Row(n, parts[0].strip(), parts[0].strip(), text, spk or speaker, ids=ids))
@@ -425,7 +425,7 @@ def _to_ids(rows: list[Row], text_kind: str, symbols: list[str] | None, problems
         else:
             ids, why = parse_ids(row.text if from_text else " ".join(map(str, row.ids or [])), len(symbols))
             if ids is None:
-                problems.append(Problem(src, row.line, row.id, f"text field (read as phoneme ids): {why}"
+                problems.append(Problem(src, row.line, row.id, f"text field not read as phoneme ids: {why}"
                                         if from_text else str(why)))
                 continue
             if PAD_ID in ids:

@@ -68,6 +68,7 @@ from tts.metadata import (  # noqa: F401  (Row, resolve_audio: importable from h
     Problem,
     Row,
     TableAudio,
+    check_encoding,
     describe,
     file_names,
     find_audio,
@@ -526,6 +527,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, TrainConfig, args.overrides)
         if args.no_trim:
             cfg.data.trim_silence = False
+        check_encoding(args.encoding)  # before the output folder is made
         check_apart(args.output_dir, "--output_dir", {"--audio_dir": args.audio_dir, "--metadata": args.metadata})
         check_output_dir(args.output_dir, "--output_dir")
         prepare(args.metadata, args.audio_dir, args.output_dir, cfg, args.num_workers, args.format, args.speaker,

@@ -119,14 +119,14 @@ def test_a_bad_phoneme_id_field_is_one_line(tmp_path):
     rows, problems, fmt = parse_metadata(meta, symbols=SYMBOLS, text_kind="auto")
     assert fmt == "piper_ids" and [r.id for r in rows] == ["a", "e"]
     assert [(p.file, p.line) for p in problems] == [(str(meta), 2), (str(meta), 3), (str(meta), 4)]
-    assert all(p.reason.startswith("field 3 (phoneme_ids): ") for p in problems)
+    assert all(p.reason.startswith("phoneme_ids field 3 not read: ") for p in problems)
     assert "'²' not a phoneme id" in problems[0].reason and "(5000 characters)" in problems[1].reason
 
     text_ids = tmp_path / "text_ids.csv"  # --text_kind phoneme_ids on an id|text file: the text field holds them
     text_ids.write_text("a|12 20 3\nb|12 \u00b2 3\n", encoding="utf-8")
     rows, problems, _ = parse_metadata(text_ids, symbols=SYMBOLS, text_kind="phoneme_ids")
     assert [r.ids for r in rows] == [[12, 20, 3]]
-    assert problems[0].line == 2 and problems[0].reason.startswith("text field (read as phoneme ids): '²' not")
+    assert problems[0].line == 2 and problems[0].reason.startswith("text field not read as phoneme ids: '²' not")
 
 
 # --------------------------------------------------------------------------------------- encodings
@@ -143,6 +143,7 @@ def test_a_cp1251_file_is_named_and_prepares_with_encoding(tmp_path, capsys):
     args = ["--metadata", str(meta), "--audio_dir", str(tmp_path / "wavs"), "--num_workers", "1", "--no_trim"]
     assert main(args + ["--output_dir", str(tmp_path / "bad"), "--encoding", "no-such-codec"]) == 2
     assert "--encoding no-such-codec: not a text encoding" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()  # refused before anything is made
     assert main(args + ["--output_dir", str(tmp_path / "out"), "--encoding", "cp1251"]) == 0
     assert {r["metadata_id"] for r in _records(tmp_path / "out")} == set(ids)
     assert meta.read_bytes() == before  # read, never rewritten
