@@ -14,6 +14,10 @@ Here so that every input layout is read in one place and then goes through the s
   alone, offline: ``datasets`` itself is not needed and never decodes audio here. Embedded audio bytes are
   written once into a hidden folder of the output (:class:`TableAudio`) and read from there like any file.
 
+Text files are UTF-8 unless ``encoding`` (``--encoding``) says otherwise; a file that is mostly undecodable is
+refused naming its first bad byte. Ids are compared as written, and :func:`file_names` gives each its own file
+name, valid on every filesystem (Unicode kept, length cut, a hash where the id had to change).
+
 The text column may also hold what the model reads directly (``text_kind``): espeak-ng IPA
 (``phonemes``, needs ``phoneme_type: espeak``) or phoneme ids (``phoneme_ids``), checked against the
 config's symbol list and carried to training as ids (a line with an unknown symbol or id is dropped with it).
@@ -21,11 +25,14 @@ config's symbol list and carried to training as ids (a line with an unknown symb
 
 from __future__ import annotations
 
+import codecs
 import csv
+import hashlib
 import json
 import re
 import unicodedata
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +52,8 @@ LAYOUTS = {"ljspeech": "LJSpeech id|text[|normalized_text]", "piper": "Piper id|
            "csv": "CSV with a header", "hf": "Hugging Face datasets table"}
 PYARROW = "pyarrow==26.0.1"  # what the message of a missing pyarrow asks for (requirements-test.txt's)
 TABLE_AUDIO = ".table_audio"  # the output's hidden folder of audio taken out of a table (removed after)
-_IDS = re.compile(r"\s*\d+(\s+\d+)*\s*")
+_IDS = re.compile(r"\s*\d+(\s+\d+)*\s*", re.ASCII)  # phoneme ids as written: ASCII digits only (int() takes no '²')
+_ID_TOKEN = re.compile(r"[0-9]{1,9}")  # one phoneme id: no symbol list has a billion entries, and int() stays cheap
 
 
 class PrepareError(UserError, RuntimeError):
@@ -73,31 +81,103 @@ class Problem:
 
 
 # ---------------------------------------------------------------------------------------------
+# Ids → file names
+# ---------------------------------------------------------------------------------------------
+NAME_BYTES = 100  # UTF-8 bytes kept of an id in its file name: with the mark, '.wav' and common.atomic_write's temp
+# name (".<name>.<random>.tmp") far below the 255 bytes (ext4, APFS) / 255 UTF-16 units (NTFS) of one name
+HASH_MARK = "~"  # never kept from an id, so only a changed name holds it, followed by its id's hash
+_RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"{d}{n}" for d in ("COM", "LPT") for n in "0123456789\u00b9\u00b2\u00b3")}
+
+
+def _kept(char: str) -> bool:
+    """A character a file name keeps as it is on every system: a letter, digit or mark of any script, _ - ."""
+    return unicodedata.category(char)[0] in "LNM" or char in "_-."
+
+
+def file_stem(id_: str, mark: bool = False) -> str:
+    """The file name (without extension) of the prepared files of metadata id ``id_``: the id itself when it is a
+    safe name everywhere, else its safe form (NFC; other characters → '_'; cut to NAME_BYTES; no leading '.';
+    never a Windows device name such as CON or NUL) followed by ``~`` and 8 hex digits of its SHA-256. Only changed
+    names hold ``~``, so two ids never share a name (up to the hash). ``mark``: add the hash to a safe name too
+    (file_names does, for names that differ only in case)."""
+    name = "".join(c if _kept(c) else "_" for c in unicodedata.normalize("NFC", id_))
+    cut = name.encode("utf-8")[:NAME_BYTES].decode("utf-8", "ignore")
+    name = cut if cut == name else unicodedata.normalize("NFC", cut)
+    if name.startswith("."):  # never a hidden file
+        name = "_" + name[1:]
+    if not name or name.split(".")[0].upper() in _RESERVED:
+        name = "_" + name
+    if mark or name != id_:
+        digest = hashlib.sha256(id_.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+        return f"{name}{HASH_MARK}{digest}"
+    return name
+
+
+def file_names(ids: Iterable[str]) -> dict[str, str]:
+    """Each distinct id → its file stem (:func:`file_stem`), so that no two share a file on any filesystem:
+    ids are compared as written (Unicode kept, 'кулок' and 'дарах' are two ids), and names that a case-insensitive
+    filesystem (Windows, macOS) would take for one ('Ab', 'ab') all get their id's hash."""
+    names = {i: file_stem(i) for i in dict.fromkeys(ids)}
+    same: dict[str, list[str]] = defaultdict(list)
+    for id_, name in names.items():
+        same[unicodedata.normalize("NFC", name.casefold())].append(id_)
+    for group in same.values():
+        if len(group) > 1:
+            names.update({id_: file_stem(id_, mark=True) for id_ in group})
+    return names
+
+
+# ---------------------------------------------------------------------------------------------
 # Text files
 # ---------------------------------------------------------------------------------------------
-def _decode_lines(path: Path, problems: list[Problem]) -> list[tuple[int, str]]:
-    """(line number, text) for every line that decodes; undecodable lines are reported."""
+def check_encoding(encoding: str) -> str:
+    """``encoding`` (``--encoding``) if Python can decode text with it; else one line saying what to give."""
+    try:
+        b"a".decode(encoding)  # LookupError for an unknown name and for bytes-to-bytes codecs (base64, zlib)
+    except UnicodeDecodeError:  # a two-byte encoding cannot decode one byte: a text encoding all the same
+        pass
+    except LookupError:
+        raise PrepareError(f"--encoding {encoding}: not a text encoding Python knows; give the metadata file's "
+                           "encoding, e.g. utf-8, cp1251, latin-1, utf-16") from None
+    return encoding
+
+
+def _decode_lines(path: Path, problems: list[Problem], encoding: str = "utf-8") -> list[tuple[int, str]]:
+    """(line number, text) for every line that decodes in ``encoding``; an undecodable line is reported and skipped.
+    A file where most lines do not decode is in another encoding: refused in one line naming the first bad byte
+    (line and byte offset) and ``--encoding``, rather than read as a few lines (or none) of a format nobody wrote."""
     data = path.read_bytes()
-    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
-        text = data.decode("utf-16")
+    name = codecs.lookup(encoding).name
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")) or name.startswith(("utf-16", "utf-32")):
+        try:  # a BOM says UTF-16 whatever --encoding says; two-byte text is decoded whole, not split on b"\n"
+            text = data.decode("utf-16" if data.startswith((b"\xff\xfe", b"\xfe\xff")) else encoding)
+        except UnicodeDecodeError as e:
+            raise PrepareError(f"{path}: not {encoding} (byte offset {e.start}: {e.reason}); pass --encoding with "
+                               "the file's encoding, or re-save it as UTF-8") from None
         return [(i + 1, ln.rstrip("\r")) for i, ln in enumerate(text.split("\n"))]
-    if data.startswith(b"\xef\xbb\xbf"):
+    if data.startswith(b"\xef\xbb\xbf") and name == "utf-8":
         data = data[3:]
-    out, bad = [], 0
+    out: list[tuple[int, str]] = []
+    bad: list[tuple[int, int, int]] = []  # (line, byte offset in the file, byte) of each line that does not decode
+    offset = 0
     raw_lines = data.split(b"\n")
+    what = "UTF-8" if name == "utf-8" else encoding
     for i, raw in enumerate(raw_lines):
         try:
-            out.append((i + 1, raw.decode("utf-8").rstrip("\r")))
+            out.append((i + 1, raw.decode(encoding).rstrip("\r")))
         except UnicodeDecodeError as e:
-            bad += 1
+            bad.append((i + 1, offset + e.start, raw[e.start]))
             problems.append(Problem(str(path), i + 1, None,
-                                    f"line is not valid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
-                                    "re-save the metadata file as UTF-8"))
+                                    f"line is not valid {what} (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                                    f"re-save the metadata file as UTF-8, or pass --encoding with its encoding"))
+        offset += len(raw) + 1
     nonempty = sum(1 for raw in raw_lines if raw.strip())
-    if bad and bad >= max(1, nonempty // 2):
-        problems.append(Problem(str(path), None, None,
-                                f"{bad} of {nonempty} lines are not UTF-8: the file is probably in another "
-                                "encoding (e.g. cp1251/latin-1); convert it with `iconv -f CP1251 -t UTF-8`"))
+    if bad and len(bad) >= max(1, nonempty // 2):
+        line, at, byte = bad[0]
+        hint = "e.g. --encoding cp1251 or --encoding latin-1" if name == "utf-8" else "--encoding with the right one"
+        raise PrepareError(f"{path}: not {what}: {len(bad)} of {nonempty} lines do not decode (the first at line "
+                           f"{line}, byte offset {at}: 0x{byte:02x}); pass the file's encoding ({hint}), or "
+                           f"convert it (`iconv -f CP1251 -t UTF-8`)")
     return out
 
 
@@ -125,7 +205,7 @@ def _pipe_layout(lines: list[tuple[int, str]], path: Path, fmt: str) -> str:
     rows = [t.split("|") for _, t in lines if t.strip()]
     width = Counter(len(r) for r in rows).most_common(1)[0][0] if rows else 2
     same = [r for r in rows if len(r) == width]
-    ids_last = width >= 3 and all(_IDS.fullmatch(r[-1]) for r in same)
+    ids_last = width >= 3 and all(_looks_like_ids(r[-1]) for r in same)
     if fmt == "ljspeech":
         return "ljspeech"
     if width == 4 and ids_last:
@@ -135,6 +215,31 @@ def _pipe_layout(lines: list[tuple[int, str]], path: Path, fmt: str) -> str:
     if width == 3:
         return _three_fields(same, path, fmt)
     return "piper" if fmt == "piper" else "ljspeech"  # id|text reads the same in both; other counts: per line
+
+
+def _looks_like_ids(field: str) -> bool:
+    """A field of numbers separated by spaces, as a reader sees it: any digit-like character counts ('²', '٣'),
+    so a file with one bad id is still read as ids and that line is refused by :func:`parse_ids`, naming it."""
+    tokens = field.split()
+    return bool(tokens) and all(t.isnumeric() for t in tokens)
+
+
+def parse_ids(field: str, count: int | None = None) -> tuple[list[int] | None, str | None]:
+    """(the ids, None) of a phoneme-id field, or (None, why not): every id ASCII digits (what int() reads the same
+    everywhere: '²' and '٣' are refused, not read as 2 and 3), at most 9 of them (a longer one is a mistake, and
+    int() of thousands of digits raises), and below ``count`` (the symbol list's length) when given."""
+    tokens = field.split()
+    if not tokens:
+        return None, "no phoneme ids"
+    bad = [t for t in tokens if not _ID_TOKEN.fullmatch(t)]
+    if bad:
+        shown = ", ".join(repr(t) if len(t) <= 12 else f"{t[:12]!r}… ({len(t)} characters)" for t in bad[:3])
+        return None, f"{shown} not a phoneme id (ids are whole numbers in ASCII digits, separated by spaces)"
+    ids = [int(t) for t in tokens]
+    outside = [str(i) for i in ids if count is not None and i >= count]
+    if outside:
+        return None, f"phoneme id(s) {', '.join(outside[:5])} not in the config's symbol set (0..{count - 1})"
+    return ids, None
 
 
 def _three_fields(rows: list[list[str]], path: Path, fmt: str) -> str:
@@ -182,22 +287,24 @@ def _find_columns(cols: list[str]) -> tuple[int | None, int | None, int | None]:
 
 def parse_metadata(path: Path, fmt: str = "auto", speaker: str = DEFAULT_SPEAKER, speaker_from_path: bool = False,
                    text_kind: str = "text", symbols: list[str] | None = None,
-                   columns: tuple[str | None, str | None, str | None] = (None, None, None)
+                   columns: tuple[str | None, str | None, str | None] = (None, None, None), encoding: str = "utf-8"
                    ) -> tuple[list[Row], list[Problem], str]:
     """Rows that parsed and the problems of those that did not (file + line + reason), and the layout read
     (a key of LAYOUTS). ``speaker_from_path``: an id/file like ``alice/0001`` belongs to speaker ``alice``.
     ``text_kind``/``symbols``: what the text column holds (or ``auto``: text, unless the layout has a
     phoneme-id column) and the config's symbol list the ids are checked against. ``columns``: the audio,
-    text and speaker column names of a table or CSV (None: detected)."""
+    text and speaker column names of a table or CSV (None: detected). ``encoding``: of a text file, and of a
+    table's text held as bytes (``--encoding``; a table's strings are UTF-8 by definition)."""
     path = Path(path)
+    check_encoding(encoding)
     if fmt == "hf" or (fmt == "auto" and is_table(path)):
-        rows, problems = read_table(path, speaker, columns)
+        rows, problems = read_table(path, speaker, columns, encoding)
         fmt = "hf"
     else:
         if not path.is_file():
             raise PrepareError(f"metadata file not found: {path} (--metadata)")
         problems = []
-        lines = _decode_lines(path, problems)
+        lines = _decode_lines(path, problems, encoding)
         if fmt == "auto":
             fmt = detect_format(lines, path)
         elif fmt in ("ljspeech", "piper"):
@@ -236,7 +343,11 @@ def _read_lines(path: Path, lines: list[tuple[int, str]], fmt: str, speaker: str
                 rows.append(Row(n, parts[0].strip(), parts[0].strip(), parts[1], speaker))
             elif fmt != "ljspeech" and len(parts) == len(fields):
                 spk = parts[1].strip() if "speaker" in fields else speaker
-                ids = [int(t) for t in parts[-1].split()] if fmt.endswith("_ids") else None  # digits: _pipe_layout
+                ids, why = parse_ids(parts[-1]) if fmt.endswith("_ids") else (None, None)
+                if why:  # checked against the symbols later (_to_ids), with the text column's ids
+                    problems.append(Problem(src, n, parts[0].strip() or None,
+                                            f"phoneme_ids field {len(fields)} not read: {why}"))
+                    continue
                 text = parts[-2] if ids is not None else parts[-1]
                 rows.append(Row(n, parts[0].strip(), parts[0].strip(), text, spk or speaker, ids=ids))
             else:
@@ -312,14 +423,11 @@ def _to_ids(rows: list[Row], text_kind: str, symbols: list[str] | None, problems
                 continue
             row.ids, row.text = [index[c] for c in ph], ph
         else:
-            tokens = row.text.split() if from_text else [str(i) for i in row.ids or []]
-            bad = [t for t in tokens if not t.isdigit() or int(t) >= len(symbols)]
-            if not tokens or bad:
-                why = "no phoneme ids" if not tokens else (
-                    f"phoneme id(s) {', '.join(bad[:5])} not in the config's symbol set (0..{len(symbols) - 1})")
-                problems.append(Problem(src, row.line, row.id, why))
+            ids, why = parse_ids(row.text if from_text else " ".join(map(str, row.ids or [])), len(symbols))
+            if ids is None:
+                problems.append(Problem(src, row.line, row.id, f"text field not read as phoneme ids: {why}"
+                                        if from_text else str(why)))
                 continue
-            ids = [int(t) for t in tokens]
             if PAD_ID in ids:
                 problems.append(Problem(src, row.line, row.id, f"phoneme id {PAD_ID} is the pad/blank that the model "
                                         "inserts itself (data.add_blank): give the ids without it (Piper's ids, "
@@ -345,7 +453,8 @@ def _pyarrow():
 
 
 def table_files(path: Path) -> list[Path]:
-    """The data files of a ``save_to_disk`` folder (its state.json order) or the parquet file itself."""
+    """The data files of a ``save_to_disk`` folder (its state.json order) or the parquet file itself. Only files
+    inside the folder: a state.json naming an absolute or '..' path, or a link to elsewhere, is refused."""
     if path.suffix.lower() == ".parquet":
         if not path.is_file():
             raise PrepareError(f"metadata file not found: {path} (--metadata)")
@@ -358,10 +467,16 @@ def table_files(path: Path) -> list[Path]:
                            f"{path / (splits[0] if splits else 'train')}")
     state = path / "state.json"
     try:
-        names = [f["filename"] for f in json.loads(state.read_text(encoding="utf-8"))["_data_files"]]
+        names = [str(f["filename"]) for f in json.loads(state.read_text(encoding="utf-8"))["_data_files"]]
     except (OSError, ValueError, KeyError, TypeError):
         names = []
     files = [path / n for n in names] if names else sorted(path.glob("*.arrow")) or sorted(path.glob("*.parquet"))
+    escaping = outside(files, path)
+    if escaping:
+        where = f"{state} names the data file {names[files.index(escaping[0])]!r}" if names else f"{escaping[0]} is a link"
+        raise PrepareError(f"{where}, which leads outside {path} (an absolute or '..' path, or a link to elsewhere): "
+                           "only files inside the datasets folder are read; save the dataset again with "
+                           "Dataset.save_to_disk, or pass its .parquet file")
     missing = [f for f in files if not f.is_file()]
     if not files or missing:
         raise PrepareError(f"{path}: not a readable datasets folder ({'missing ' + str(missing[0]) if missing else 'no .arrow or .parquet data files'}); "
@@ -370,7 +485,8 @@ def table_files(path: Path) -> list[Path]:
 
 
 def _open(file: Path):
-    """One data file as a pyarrow table (an .arrow file memory-mapped: nothing is read until used)."""
+    """One data file: a parquet file opened, nothing read yet (:func:`_batches` reads it), or an .arrow table
+    memory-mapped (nothing is read until used)."""
     pa = _pyarrow()
     try:
         if file.suffix.lower() == ".parquet":
@@ -397,6 +513,12 @@ def _columns(file: Path, schema, given: tuple[str | None, str | None, str | None
     if a is None or x is None:
         raise PrepareError(f"{file}: needs an audio column and a text column (columns: {', '.join(schema.names)}); "
                            "name them with --audio_column and --text_column")
+    pa = _pyarrow()
+    kind = schema.field(x).type
+    if not any(test(kind) for test in (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+                                       pa.types.is_large_binary, pa.types.is_string_view, pa.types.is_binary_view)):
+        raise PrepareError(f"{file}: its text column {schema.names[x]!r} holds {kind}, not text; name the column of "
+                           "transcripts with --text_column")
     return schema.names[a], schema.names[x], None if s is None else schema.names[s]
 
 
@@ -404,18 +526,45 @@ def _is_audio(t) -> bool:
     return getattr(t, "num_fields", 0) and {t.field(i).name for i in range(t.num_fields)} >= {"bytes", "path"}
 
 
-def _batches(table):
-    """(first row, columns as Python lists) a bounded number of rows at a time."""
+def _batches(table, columns: list[str], size: int, path_of: str | None = None):
+    """(first row, a record batch of ``columns``) ``size`` rows at a time. A parquet file is read only in those
+    columns, one batch at a time (``ParquetFile.iter_batches``), so memory stays bounded by the batch whatever the
+    file's size; ``path_of``: an Audio column of which only the nested ``path`` is read, never its bytes. An
+    .arrow table is memory-mapped: its batches are slices, nothing is copied."""
+    columns = list(dict.fromkeys(columns))
+    if hasattr(table, "iter_batches"):
+        nested = [f"{c}.path" if c == path_of and "." not in c else c for c in columns]
+        batches = table.iter_batches(batch_size=size, columns=nested)
+    else:
+        batches = table.select(columns).to_batches(max_chunksize=size)
     start = 0
-    for batch in (table.iter_batches(batch_size=64) if hasattr(table, "iter_batches") else table.to_batches(64)):
+    for batch in batches:
         yield start, batch
         start += batch.num_rows
 
 
-def read_table(path: Path, speaker: str, given: tuple[str | None, str | None, str | None]
+def _as_text(value, column: str, encoding: str) -> tuple[str | None, str | None]:
+    """(the value as text, None), or (None, why) for bytes that do not decode: a binary column (``binary`` in
+    parquet) holds the text's bytes, which ``str()`` would turn into a "b'...'" transcript."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode(encoding), None
+        except UnicodeDecodeError as e:
+            return None, (f"column {column!r} holds bytes that are not {encoding} text (byte 0x{value[e.start]:02x} "
+                          f"at offset {e.start}); pass --encoding with their encoding")
+    return (None if value is None else str(value)), None
+
+
+TABLE_BATCH_ROWS = 256  # rows of text, speaker and audio path read at a time (no audio bytes)
+AUDIO_BATCH_ROWS = 8  # rows of audio bytes held at a time by TableAudio
+
+
+def read_table(path: Path, speaker: str, given: tuple[str | None, str | None, str | None], encoding: str = "utf-8"
                ) -> tuple[list[Row], list[Problem]]:
-    """Rows of a datasets folder / parquet file: the text (and speaker) of each row, and where its audio is:
-    the bytes in the table (Row.table/index, taken out later by TableAudio) or the path it names."""
+    """Rows of a datasets folder / parquet file: the text (and speaker) of each row, and where its audio is: an
+    Audio column's row (Row.table/index: its bytes, taken out later by TableAudio, or else the path it names)
+    or the path a plain column names. Only these columns are read, a batch at a time, and never the audio bytes.
+    Text held as bytes is decoded with ``encoding``; a row whose bytes do not decode is reported and skipped."""
     rows: list[Row] = []
     problems: list[Problem] = []
     number = 0
@@ -423,20 +572,25 @@ def read_table(path: Path, speaker: str, given: tuple[str | None, str | None, st
         table = _open(file)
         a, x, s = _columns(file, _schema(table), given)
         is_struct = _is_audio(_schema(table).field(a).type)
-        for start, batch in _batches(table):
+        wanted = [a, x] + ([s] if s is not None else [])
+        for start, batch in _batches(table, wanted, TABLE_BATCH_ROWS, path_of=a if is_struct else None):
             audio = batch.column(a)
             paths = (audio.field("path") if is_struct else audio).to_pylist()
-            has_bytes = audio.field("bytes").is_valid().to_pylist() if is_struct else [False] * len(paths)
             texts = batch.column(x).to_pylist()
             spks = batch.column(s).to_pylist() if s is not None else [None] * len(paths)
-            for i, (p, b, t, k) in enumerate(zip(paths, has_bytes, texts, spks)):
+            for i, values in enumerate(zip(paths, texts, spks)):
                 number += 1
-                if not b and not p:
-                    problems.append(Problem(str(file), number, None, f"no audio (column {a} holds neither bytes nor a path)"))
+                decoded = [_as_text(v, c, encoding) for v, c in zip(values, (a, x, s or ""))]
+                why = next((w for _, w in decoded if w), None)
+                if why:
+                    problems.append(Problem(str(file), number, None, why))
                     continue
-                rows.append(Row(number, "", p or "", "" if t is None else str(t),
-                                speaker if k is None or str(k).strip() == "" else str(k).strip(),
-                                table=str(file) if b else None, index=start + i))
+                p, t, k = (v for v, _ in decoded)
+                if not is_struct and not p:
+                    problems.append(Problem(str(file), number, None, f"no audio (column {a} holds no path)"))
+                    continue
+                rows.append(Row(number, "", p or "", t or "", speaker if k is None or k.strip() == "" else k.strip(),
+                                table=str(file) if is_struct else None, index=start + i))
     stems = [Path(r.audio.replace("\\", "/")).stem for r in rows]
     unique = all(stems) and len(set(stems)) == len(stems)
     for r, stem in zip(rows, stems):  # ids: the audio names when they tell the rows apart, else the row numbers
@@ -449,42 +603,40 @@ def read_table(path: Path, speaker: str, given: tuple[str | None, str | None, st
 class TableAudio:
     """Audio bytes of table rows → files in ``<output>/.table_audio`` (removed by :meth:`close`), read from
     there by the workers like any audio file: a job carries a path, never megabytes, and each table is read
-    once, in order, a batch at a time."""
+    once, in order, :data:`AUDIO_BATCH_ROWS` rows of its audio column at a time."""
 
     def __init__(self, out: Path, columns: tuple[str | None, str | None, str | None] = (None, None, None)):
         self.dir = Path(out) / TABLE_AUDIO
         self.columns = columns  # as given to read_table: the same audio column is found again
+        self.column = ""
         self._file: str | None = None
         self._table = None
-        self._column = ""
-        self._group: tuple[int, int, object] | None = None  # parquet: (first row, rows, audio column) of the last group
+        self._batches = None  # the audio column's batches (_batches), read forward as the rows come
+        self._start = 0  # the first row of self._batch
+        self._batch = None
 
-    def extract(self, row: Row) -> Path:
+    def extract(self, row: Row) -> tuple[Path | None, str]:
+        """(the file its bytes were written to, or None when the row holds no bytes; the path the row names)."""
         if row.table != self._file:
             self._file, self._table = row.table, _open(Path(str(row.table)))
-            self._column = _columns(Path(str(row.table)), _schema(self._table), self.columns)[0]
-            self._group = None
-        cell = self._cell(row.index)
-        name = Path(str(cell.get("path") or "").replace("\\", "/")).name
+            self.column = _columns(Path(str(row.table)), _schema(self._table), self.columns)[0]
+            self._batches = None
+        cell = self._cell(row.index) or {}
+        path = str(cell.get("path") or "")
+        if cell.get("bytes") is None:
+            return None, path
+        name = Path(path.replace("\\", "/")).name
         suffix = Path(name).suffix.lower() if Path(name).suffix.lower() in AUDIO_EXTENSIONS else ".wav"
         dest = self.dir / f"{row.line:06d}{suffix}"
         write_bytes(dest, cell["bytes"])
-        return dest
+        return dest, path
 
-    def _cell(self, index: int) -> dict:
-        t = self._table
-        if not hasattr(t, "read_row_group"):  # an .arrow file, memory-mapped
-            return t.column(self._column)[index].as_py()
-        if self._group is None or not self._group[0] <= index < self._group[0] + self._group[1]:
-            offset = 0  # parquet: read the row group that holds the row (rows come in order: once per group)
-            for g in range(t.num_row_groups):
-                n = t.metadata.row_group(g).num_rows
-                if index < offset + n:
-                    self._group = (offset, n, t.read_row_group(g, columns=[self._column]).column(0))
-                    break
-                offset += n
-        first, _, column = self._group  # type: ignore[misc]
-        return column[index - first].as_py()  # type: ignore[index]
+    def _cell(self, index: int) -> dict | None:
+        if self._batches is None or index < self._start:  # rows come in order: a table is read once, forward
+            self._batches, self._start, self._batch = _batches(self._table, [self.column], AUDIO_BATCH_ROWS), 0, None
+        while self._batch is None or index >= self._start + self._batch.num_rows:
+            self._start, self._batch = next(self._batches)
+        return self._batch.column(self.column)[index - self._start].as_py()
 
     def close(self) -> None:
         if self.dir.is_dir():
@@ -494,17 +646,26 @@ class TableAudio:
 
 
 def find_audio(row: Row, audio_dir: Path | None, tables: TableAudio) -> tuple[Path | None, str | None]:
-    """(the row's audio file, None) or (None, why it is dropped): inside --audio_dir only, or taken out of its table."""
+    """(the row's audio file, None) or (None, why it is dropped): taken out of its table, or inside --audio_dir only
+    (a path column's, or the path an Audio column names for a row without bytes)."""
+    name = row.audio
     if row.table is not None:
-        return tables.extract(row), None
+        written, name = tables.extract(row)
+        if written is not None:
+            return written, None
+        if not name:
+            return None, f"no audio (column {tables.column} holds neither bytes nor a path)"
     if audio_dir is None:
-        return None, f"audio path {row.audio}: pass --audio_dir, the folder it lies in"
-    path = resolve_audio(audio_dir, row.audio)
+        return None, f"audio path {name}: pass --audio_dir, the folder it lies in"
+    path = resolve_audio(audio_dir, name)
     if path is not None and outside([path], audio_dir):
-        return None, (f"audio path {row.audio} leads outside --audio_dir (an absolute or '..' path, or a link to "
+        return None, (f"audio path {name} leads outside --audio_dir (an absolute or '..' path, or a link to "
                       "elsewhere): only files inside it are read")
+    if path is None and len(Path(name).name.encode("utf-8", "surrogatepass")) > 250:
+        return None, (f"audio file not found: its name {name[:40]!r}… is {len(name)} characters, longer than a file "
+                      "name can be; give the audio's own file name")
     if path is None:
-        return None, f"audio file not found ({audio_dir / row.audio}{'' if Path(row.audio).suffix else '.wav'})"
+        return None, f"audio file not found ({audio_dir / name}{'' if Path(name).suffix else '.wav'})"
     return path, None
 
 
@@ -512,7 +673,15 @@ def resolve_audio(audio_dir: Path, name: str) -> Path | None:
     cands = [audio_dir / name, audio_dir / "clips" / name]
     if Path(name).suffix.lower() not in AUDIO_EXTENSIONS:
         cands = [audio_dir / f"{name}{ext}" for ext in AUDIO_EXTENSIONS] + cands
-    return next((c for c in cands if c.is_file()), None)
+    return next((c for c in cands if _is_file(c)), None)
+
+
+def _is_file(path: Path) -> bool:
+    """Path.is_file, and False for a name no file can have (too long for the filesystem: ENAMETOOLONG)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def describe(fmt: str, rows: list[Row], text_kind: str = "auto") -> str:

@@ -4,6 +4,7 @@ cached linear spectrograms, speaker ids, train/eval split, and a report of what 
     python tts/prepare_data.py --metadata metadata.csv --audio_dir wavs --output_dir data/prep
         [--config tts/vits/configs/uzbek_vits.yaml] [--num_workers 4] [--format auto] [--speaker NAME]
         [--text_kind auto|text|phonemes|phoneme_ids] [--audio_column A --text_column T --speaker_column S]
+        [--encoding utf-8|cp1251|latin-1|utf-16|...]
 
 Metadata forms (``--format auto`` detects them; one line says which was read; tts/metadata.py reads them):
 - LJSpeech: ``id|text`` or ``id|text|normalized_text`` (no header; audio ``<audio_dir>/<id>.wav``,
@@ -17,11 +18,17 @@ Metadata forms (``--format auto`` detects them; one line says which was read; tt
 - Hugging Face ``datasets``: a ``save_to_disk`` folder or a ``.parquet`` file with an audio column and a text
   column (no --audio_dir when the audio is in the table); read offline with pyarrow.
 
-Output (``OUT``): ``wavs/<id>.wav`` (mono 16-bit at the config's rate), ``spec/<id>.npy``
+A text file is read as UTF-8 (a UTF-16 BOM is honoured); one in another encoding is refused naming its first bad
+byte, and ``--encoding cp1251`` (or latin-1, ...) reads it. Ids are compared as written (any script).
+
+Output (``OUT``): ``wavs/<name>.wav`` (mono 16-bit at the config's rate), ``spec/<name>.npy``
 (float16 linear magnitude [n_fft/2+1, frames], speech.audio.MelSpectrogram.linear of that wav),
-``train.jsonl`` / ``eval.jsonl`` (id, wav, spec, text, raw_text, speaker, speaker_id, duration,
-num_samples, source, line), ``speakers.json`` (name → id), ``report.json``; with ``phoneme_type: espeak``
-also ``phonemes_<espeak_voice>.json`` (normalised text → espeak-ng phonemes, tts/text/phonemes.py).
+``train.jsonl`` / ``eval.jsonl`` (id: the file name, metadata_id: the id as written, wav, spec, text, raw_text,
+speaker, speaker_id, duration, num_samples, num_tokens, line), ``speakers.json`` (name → id), ``report.json``;
+with ``phoneme_type: espeak`` also ``phonemes_<espeak_voice>.json`` (normalised text → espeak-ng phonemes,
+tts/text/phonemes.py).
+``<name>`` is the id itself when it is a safe file name everywhere, else its safe form and a hash of the id
+(tts.metadata.file_stem): one distinct, valid name per id on every filesystem.
 
 Nothing in the input is modified. A bad line or file is dropped and reported with its file and
 line; the rest is prepared (exit 0). Nothing usable → a clear error (exit 1). A second run
@@ -61,7 +68,9 @@ from tts.metadata import (  # noqa: F401  (Row, resolve_audio: importable from h
     Problem,
     Row,
     TableAudio,
+    check_encoding,
     describe,
+    file_names,
     find_audio,
     is_table,
     parse_metadata,
@@ -98,11 +107,13 @@ def check_item(raw_text: str, wav: np.ndarray | None = None, sr: int | None = No
     """Every per-item data check in one place: text (empty, unknown characters, token count),
     audio (speech.audio.check_audio: validity, silence, clipping, duration), speaking rate
     (normalised letters per second) and whether MAS can align it (frames ≥ tokens, with blanks).
-    ``wav=None`` runs only the text checks. ``ids``: the phoneme ids the metadata gave (tts/metadata.py checked
-    them against the symbols): no normalising, their spoken symbols count as the letters."""
+    ``wav=None`` runs only the text checks. ``ids``: the phonemes / phoneme ids the metadata gave (tts/metadata.py
+    checked them against the symbols): no normalising; the rate counts their spoken symbols as phonemes, against
+    the ceiling only (see `_check_rest`)."""
     cfg = cfg or DataConfig()
     if ids is not None:
-        return _check_rest(raw_text, ids, sum(1 for i in ids if i >= _SPOKEN_FROM), wav, sr, cfg, hop_length)
+        return _check_rest(raw_text, ids, sum(1 for i in ids if i >= _SPOKEN_FROM), wav, sr, cfg, hop_length,
+                           unit="phonemes")
     if raw_text is None or not raw_text.strip():
         return ItemCheck("", [], 0.0, "empty text")
     try:
@@ -122,8 +133,14 @@ def check_item(raw_text: str, wav: np.ndarray | None = None, sr: int | None = No
 
 
 def _check_rest(text: str, ids: list[int], letters: int, wav: np.ndarray | None, sr: int | None, cfg: DataConfig,
-                hop_length: int) -> ItemCheck:
-    """The checks of `check_item` after the text became ids: token count, audio, speaking rate, alignment."""
+                hop_length: int, unit: str = "letters") -> ItemCheck:
+    """The checks of `check_item` after the text became ids: token count, audio, speaking rate, alignment.
+    ``unit``: what ``letters`` counts. Normalised letters are held to both rate bounds. Given phonemes / phoneme ids
+    (``unit="phonemes"``) only to the ceiling (data.max_chars_per_second, as phonemes per second: more than 30 a
+    second is cut audio in any inventory): how many units a second of speech holds depends on the phonemizer that
+    made them (Piper's espeak map has stress and length marks as ids, another map whole syllables), so a floor set
+    for our letters would refuse valid files; a wrong transcript's ids are not caught by it (prepare() says so in
+    the report), the alignment check below still applies."""
     seconds = 0.0 if wav is None or sr is None else len(wav) / float(sr)
     if letters == 0:
         return ItemCheck(text, ids, seconds, "no speakable text after normalisation")
@@ -138,20 +155,17 @@ def _check_rest(text: str, ids: list[int], letters: int, wav: np.ndarray | None,
     if reason:
         return ItemCheck(text, ids, seconds, f"audio {reason}")
     cps = letters / seconds
-    if cps < cfg.min_chars_per_second:
+    if unit == "letters" and cps < cfg.min_chars_per_second:
         return ItemCheck(text, ids, seconds, f"speaking rate too slow for the text ({cps:.1f} letters/s < "
                          f"{cfg.min_chars_per_second:g}): wrong transcript or long silences?")
     if cps > cfg.max_chars_per_second:
-        return ItemCheck(text, ids, seconds, f"speaking rate too fast for the text ({cps:.1f} letters/s > "
+        return ItemCheck(text, ids, seconds, f"speaking rate too fast for the text ({cps:.1f} {unit}/s > "
                          f"{cfg.max_chars_per_second:g}): wrong transcript or truncated audio?")
     frames = len(wav) // hop_length
     need = 2 * len(ids) + 1 if cfg.add_blank else len(ids)
     if frames < need:
         return ItemCheck(text, ids, seconds, f"audio too short to align ({frames} frames < {need} tokens)")
     return ItemCheck(text, ids, seconds, None)
-
-
-_SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,7 +281,7 @@ def process_item(job: Job) -> Result:
         with atomic_output(spec_out) as tmp, open(tmp, "wb") as f:
             np.save(f, spec)
     res.record = {
-        "id": job.out_id, "wav": f"wavs/{job.out_id}.wav", "spec": f"spec/{job.out_id}.npy",
+        "id": job.out_id, "metadata_id": row.id, "wav": f"wavs/{job.out_id}.wav", "spec": f"spec/{job.out_id}.npy",
         "text": chk.text, "raw_text": row.text, "speaker": row.speaker, "duration": round(chk.seconds, 4),
         "num_samples": len(wav), "num_tokens": len(chk.ids), "line": row.line,
         **({"ids": chk.ids} if row.ids is not None else {}),  # given phoneme ids: the model reads these
@@ -325,11 +339,12 @@ def _read_state(path: Path) -> dict | None:
 def prepare(metadata: str | Path, audio_dir: str | Path | None, output_dir: str | Path, cfg: TrainConfig | None = None,
             num_workers: int = 1, fmt: str = "auto", speaker: str = DEFAULT_SPEAKER, quiet: bool = False,
             speaker_from_path: bool = False, overwrite: bool = False, text_kind: str = "auto",
-            columns: tuple[str | None, str | None, str | None] = (None, None, None)) -> dict:
+            columns: tuple[str | None, str | None, str | None] = (None, None, None), encoding: str = "utf-8") -> dict:
     """Runs the whole preparation and returns the report (also written to OUT/report.json). A folder
     prepared with other audio settings is refused (OutputPathError) unless `overwrite`, which moves its
     files aside first (`common.run_dir.check_prepared_settings`). `audio_dir` may be None for a datasets
-    table whose audio is in it; `text_kind` and `columns`: tts.metadata.parse_metadata's."""
+    table whose audio is in it; `text_kind`, `columns` and `encoding`: tts.metadata.parse_metadata's. The prepared
+    files of an item are named after its id by tts.metadata.file_names (one name per id, valid everywhere)."""
     cfg = cfg or TrainConfig()
     metadata, out = Path(metadata), Path(output_dir)
     audio_dir = None if audio_dir is None else Path(audio_dir)
@@ -342,7 +357,8 @@ def prepare(metadata: str | Path, audio_dir: str | Path | None, output_dir: str 
     if text_kind == "phonemes" and cfg.phoneme_type != "espeak":
         raise PrepareError("--text_kind phonemes reads espeak-ng IPA: it needs phoneme_type: espeak in the config "
                            "(--set phoneme_type=espeak); for the letters of phoneme_type: text give the text itself")
-    rows, problems, fmt = parse_metadata(metadata, fmt, speaker, speaker_from_path, text_kind, symbols, columns)
+    rows, problems, fmt = parse_metadata(metadata, fmt, speaker, speaker_from_path, text_kind, symbols, columns,
+                                         encoding)
     if not quiet:
         print(describe(fmt, rows, text_kind))
     state_path = out / "prepare_state.json"
@@ -358,18 +374,24 @@ def prepare(metadata: str | Path, audio_dir: str | Path | None, output_dir: str 
     if not reuse:  # a re-run over a finished folder writes nothing another reader could catch half-written
         write_text(state_path, json.dumps(key, indent=1))
 
-    jobs, seen = [], {}
+    jobs, seen, notes = [], {}, []
     src = str(metadata)
+    if any(row.ids is not None for row in rows):
+        notes.append(Problem(src, None, None, "speaking-rate floor (data.min_chars_per_second) not applied: the "
+                             "metadata gives phonemes / phoneme ids, whose count per second depends on the phonemizer "
+                             "that made them; the ceiling (data.max_chars_per_second, as phonemes/s) and the "
+                             "alignment check apply"))
+    names = file_names(row.id for row in rows if row.id)  # ids compared as written; one valid file name each
     tables = TableAudio(out, columns)  # audio bytes of a datasets table, as files for the workers (removed below)
     for row in rows:
         if not row.id:
             problems.append(Problem(src, row.line, None, "empty id / audio name"))
             continue
-        out_id = _SAFE_ID.sub("_", row.id).lstrip(".") or "_"  # never a hidden file
-        if out_id in seen:
-            problems.append(Problem(src, row.line, row.id, f"duplicate id (first on line {seen[out_id]})"))
+        out_id = names[row.id]
+        if row.id in seen:
+            problems.append(Problem(src, row.line, row.id, f"duplicate id (first on line {seen[row.id]})"))
             continue
-        seen[out_id] = row.line
+        seen[row.id] = row.line
         if not row.text.strip():  # cheap checks first: no need to touch the audio
             problems.append(Problem(src, row.line, row.id, "empty text"))
             continue
@@ -387,7 +409,7 @@ def prepare(metadata: str | Path, audio_dir: str | Path | None, output_dir: str 
         results = [process_item(j) for j in jobs]
     tables.close()
 
-    records, notes, levels = [], [], {}
+    records, levels = [], {}
     earlier = (_read_state(out / "report.json") or {}).get("levels")  # the entries of items an earlier run made
     for r in results:
         if r.level is not None and r.level.pop("earlier", False) and isinstance(earlier, dict):
@@ -461,7 +483,10 @@ def _print_summary(problems: list[Problem], notes: list[Problem], n_train: int, 
     for p in problems:
         where = f"{p.file}:{p.line}" if p.line else p.file
         print(f"dropped {where}{f' [{p.id}]' if p.id else ''}: {p.reason}")
-    for what, count in Counter(n.reason for n in notes).items():
+    for n in notes:
+        if n.line is None:  # about the whole metadata file
+            print(f"note: {n.file}: {n.reason}")
+    for what, count in Counter(n.reason for n in notes if n.line is not None).items():
         print(f"note: {what}: {count} file(s) (kept)")
     print(f"prepared {n_train} train + {n_eval} eval utterances ({hours * 60:.1f} min); "
           f"dropped {len(problems)} line(s)")
@@ -486,6 +511,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--audio_column", default=None, help="audio column of a CSV or datasets table (default: detected)")
     p.add_argument("--text_column", default=None, help="text column of a CSV or datasets table (default: detected)")
     p.add_argument("--speaker_column", default=None, help="speaker column of a CSV or datasets table (optional)")
+    p.add_argument("--encoding", default="utf-8",
+                   help="encoding of a metadata text file (and of a table's text held as bytes), e.g. cp1251, "
+                   "latin-1, utf-16 (default utf-8; a file that starts with a UTF-16 BOM is read as UTF-16)")
     p.add_argument("--speaker", default=DEFAULT_SPEAKER, help="speaker name for formats without one")
     p.add_argument("--speaker_from_path", action="store_true",
                    help="take the speaker from the first folder of each id/path (alice/0001 → alice)")
@@ -499,11 +527,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, TrainConfig, args.overrides)
         if args.no_trim:
             cfg.data.trim_silence = False
+        check_encoding(args.encoding)  # before the output folder is made
         check_apart(args.output_dir, "--output_dir", {"--audio_dir": args.audio_dir, "--metadata": args.metadata})
         check_output_dir(args.output_dir, "--output_dir")
         prepare(args.metadata, args.audio_dir, args.output_dir, cfg, args.num_workers, args.format, args.speaker,
                 speaker_from_path=args.speaker_from_path, overwrite=args.overwrite, text_kind=args.text_kind,
-                columns=(args.audio_column, args.text_column, args.speaker_column))
+                columns=(args.audio_column, args.text_column, args.speaker_column), encoding=args.encoding)
         return exit_codes.OK
     return exit_codes.run_main(body)
 
