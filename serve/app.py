@@ -35,8 +35,8 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
-from starlette.requests import Request
 from starlette.middleware import Middleware
+from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive
@@ -248,7 +248,7 @@ def stall_limited(receive: Receive, seconds: float) -> Receive:
             return await receive()
         try:
             message = await asyncio.wait_for(receive(), seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise BadRequest(f"the request body stalled: nothing arrived for {seconds:g} s (the server's "
                              "--body_timeout); send it again", 408, {"Connection": "close"}) from None
         done = message["type"] != "http.request" or not message.get("more_body", False)

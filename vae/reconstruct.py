@@ -213,9 +213,8 @@ def reconstruct_memory(model: AutoencoderKL, height: int, width: int, tile_size:
     latent positions (the math kernel's; the fused kernels need less, so this errs on the safe side). Why it
     matters: without tiles a 4096² image has 262144 latent positions, 256 GiB of attention scores."""
     f = model.downsample_factor
-    side = (lambda n: max(2 * f, -(-n // f) * f))  # as _pad_to pads
-    th, tw = side(min(tile_size, height) if tile_size else height), side(min(tile_size, width) if tile_size else width)
-    pixels = th * tw
+    th, tw = (min(tile_size, n) if tile_size else n for n in (height, width))
+    pixels = max(2 * f, -(-th // f) * f) * max(2 * f, -(-tw // f) * f)  # the tile as _pad_to pads it
     widest = max(c * pixels // 4**i for i, c in enumerate(model.channels))
     positions = pixels // f**2
     attention = positions**2 if model.mid_attention else 0

@@ -12,6 +12,7 @@ import time
 import pytest
 import soundfile as sf
 import torch
+
 from common.checkpoint import CheckpointError
 from serve.__main__ import main as serve_main
 from serve.app import create_app
