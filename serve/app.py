@@ -7,13 +7,17 @@
     POST /vocode           form: model, audio (file) → JSON: wav + recording (base64), spectrograms (PNG,
                            base64), metrics
     POST /reconstruct      form: model, image (file), [tile_size] → image/png (PSNR in X-PSNR-dB)
-    POST /cancel/{id}      cancels the request sent with form field request_id=<id>
+    POST /cancel/{id}      cancels the request sent with form field request_id=<id> → {"cancelled": true|false}
 
-Timings come back in headers (X-Real-Time-Factor, X-Audio-Seconds, X-Elapsed-Seconds) or JSON fields. A bad
-request is a 4xx with {"error": one line}: the message of the `common.errors.UserError` that refused it, as the
-code that found the problem worded it; nothing the user sends is ever shown back as a traceback. Inference
-runs in the thread pool, one request at a time per model (`serve.models.locked`), so the server keeps answering
-while a model works, and a request is cancelled by /cancel or by the client going away.
+Every request passes `serve.guard.Guard` first (the host it names, a POST's origin and X-Requested-By header,
+the token). Timings come back in headers (X-Real-Time-Factor, X-Audio-Seconds, X-Elapsed-Seconds) or JSON
+fields. A bad request is a 4xx with {"error": one line}: the message of the `common.errors.UserError` that
+refused it, as the code that found the problem worded it; nothing the user sends is ever shown back as a
+traceback. Inference runs in the thread pool, one request at a time per model (`serve.models.locked`), so the
+server keeps answering while a model works; at most `Limits.queue_per_model` requests wait for or run on one
+model (more: 503 with Retry-After), and the page and /models never wait for a model or a thread. A request is
+cancelled by /cancel with its id (a random one only its client knows), by the client going away, or by the
+server stopping (`app.state.cancel_all`, which serve/__main__.py calls on SIGINT/SIGTERM).
 """
 
 from __future__ import annotations
@@ -21,30 +25,42 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import math
 import re
-import uuid
+import secrets
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
+from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Message, Receive
 
 from common.errors import UserError
+from serve.guard import Access, Guard
 from serve.models import BadRequest, Cancelled, Job, Limits, Served
 
 STATIC = Path(__file__).resolve().parent / "static"
-REQUEST_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# An id only its client knows is what lets that client, and no one else, cancel the request: long enough not to
+# be guessed (the page sends 128 random bits).
+REQUEST_ID = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
+RETRY_AFTER_S = 5  # what a 503 (the model's queue is full) asks the client to wait
+MAX_SEED = 2**63 - 1  # torch.manual_seed's range
 log = logging.getLogger("serve")
 
 
-def create_app(models: dict[str, Served], limits: Limits | None = None) -> Starlette:
-    """The app over already loaded `models` ({id: Served}); tests build it on tiny ones."""
+def create_app(models: dict[str, Served], limits: Limits | None = None, access: Access | None = None) -> Starlette:
+    """The app over already loaded `models` ({id: Served}); tests build it on tiny ones. `access`: who may use it
+    (default: this machine's loopback names, no token)."""
     limits = limits or Limits()
-    jobs: dict[str, Job] = {}
+    jobs: dict[str, Job] = {}  # request id → its cancel flag, while it waits or runs
+    queued: Counter[str] = Counter()  # model id → requests waiting for it or running on it
+    page = (STATIC / "index.html").read_bytes()  # served from memory: never waits for a thread
 
     def pick(form, kinds: tuple[str, ...], field: str = "model") -> Served:
         wanted = str(form.get(field) or "")
@@ -64,8 +80,11 @@ def create_app(models: dict[str, Served], limits: Limits | None = None) -> Starl
         if int(size) > limits.max_upload_bytes + 64 * 1024:  # the form's own fields and boundaries besides the file
             raise BadRequest(f"the upload is {int(size) / 2**20:.1f} MB, more than the limit of "
                              f"{limits.max_upload_bytes / 2**20:g} MB (--max_upload_mb)", 413)
+        request = Request(request.scope, stall_limited(request.receive, limits.body_timeout_s))
         try:
             return await request.form(max_files=2, max_fields=20)
+        except BadRequest:
+            raise
         except Exception as e:  # noqa: BLE001 - a malformed body is the sender's error, said in one line
             raise BadRequest(f"the request body is not a readable form ({type(e).__name__}): send multipart/form-data "
                              "or application/x-www-form-urlencoded") from None
@@ -87,16 +106,27 @@ def create_app(models: dict[str, Served], limits: Limits | None = None) -> Starl
         if value is None or str(value).strip() == "":
             return None
         try:
-            return kind(str(value))
+            number = kind(str(value))
         except ValueError:
             raise BadRequest(f"{name} must be a number, not {str(value)[:40]!r}") from None
+        if not math.isfinite(number):
+            raise BadRequest(f"{name} must be a finite number, not {number}")
+        return number
 
-    async def run(request: Request, form, work: Callable[[Job], dict]) -> dict:
-        """`work(job)` in the thread pool, cancelled by /cancel/<request_id> or by the client leaving."""
-        rid = str(form.get("request_id") or uuid.uuid4().hex)
+    async def run(request: Request, form, served: Served, work: Callable[[Job], dict]) -> dict:
+        """`work(job)` in the thread pool, cancelled by /cancel/<request_id>, by the client leaving or by the server
+        stopping; refused with 503 when `served` already has `limits.queue_per_model` requests."""
+        rid = str(form.get("request_id") or secrets.token_urlsafe(16))
         if not REQUEST_ID.match(rid):
-            raise BadRequest("request_id may hold only letters, digits, '-' and '_' (at most 64)")
+            raise BadRequest("request_id must be 16 to 64 letters, digits, '-' or '_': a random id only you know "
+                             "(it is what cancels the request)")
+        if rid in jobs:
+            raise BadRequest("a request with this request_id is already running: give each request a new random id", 409)
+        if queued[served.id] >= limits.queue_per_model:
+            raise BadRequest(f"{served.id} already has {queued[served.id]} requests waiting or running (the server's "
+                             f"--queue): try again in a few seconds", 503, {"Retry-After": str(RETRY_AFTER_S)})
         job = jobs[rid] = Job()
+        queued[served.id] += 1
 
         async def watch() -> None:
             while not job.cancelled.is_set():
@@ -107,10 +137,13 @@ def create_app(models: dict[str, Served], limits: Limits | None = None) -> Starl
 
         watcher = asyncio.create_task(watch())
         try:
-            return await run_in_threadpool(work, job)
+            result = await run_in_threadpool(work, job)
+            job.check()  # cancelled after the work's last check: /cancel said it was, so its answer is not sent
+            return result
         finally:
             watcher.cancel()
             jobs.pop(rid, None)
+            queued[served.id] -= 1
 
     def guarded(handler):
         """One line for every failure: a 4xx for what the user sent, a 500 (logged here) for our own."""
@@ -118,7 +151,8 @@ def create_app(models: dict[str, Served], limits: Limits | None = None) -> Starl
             try:
                 return await handler(request)
             except UserError as e:  # what the user sent, in the words the code that found it raised
-                return JSONResponse({"error": str(e)}, status_code=getattr(e, "status", 400))
+                return JSONResponse({"error": str(e)}, status_code=getattr(e, "status", 400),
+                                    headers=getattr(e, "headers", None))
             except Cancelled:
                 return JSONResponse({"error": "cancelled"}, status_code=409)
             except Exception as e:  # noqa: BLE001 - the server keeps serving; the log has the traceback
@@ -128,13 +162,15 @@ def create_app(models: dict[str, Served], limits: Limits | None = None) -> Starl
         return endpoint
 
     async def index(request: Request) -> Response:
-        return FileResponse(STATIC / "index.html", media_type="text/html")
+        return HTMLResponse(page)
 
     async def list_models(request: Request) -> Response:
         return JSONResponse({"models": [m.public() for m in models.values()],
                              "limits": {"max_upload_mb": limits.max_upload_bytes / 2**20,
                                         "max_audio_seconds": limits.max_audio_seconds,
-                                        "max_pixels": limits.max_pixels, "max_text_chars": limits.max_text_chars}})
+                                        "max_pixels": limits.max_pixels, "max_text_chars": limits.max_text_chars,
+                                        "max_memory_gb": limits.memory_bytes / 2**30,
+                                        "queue_per_model": limits.queue_per_model}})
 
     async def post_speak(request: Request) -> Response:
         form = await read_form(request)
@@ -145,7 +181,9 @@ def create_app(models: dict[str, Served], limits: Limits | None = None) -> Starl
             raise BadRequest(f"vocoder={vocoder.id} is a {vocoder.kind} model, not a vocoder")
         scales = {k: number(form, k) for k in ("noise_scale", "length_scale", "noise_scale_w")}
         seed = number(form, "seed", int) or 0
-        res = await run(request, form, lambda job: served.speak(str(form.get("text") or ""), job, limits,
+        if not 0 <= seed <= MAX_SEED:
+            raise BadRequest(f"seed must be a whole number from 0 to {MAX_SEED}, not {str(seed)[:40]}")
+        res = await run(request, form, served, lambda job: served.speak(str(form.get("text") or ""), job, limits,
                                                                 form.get("speaker"), scales, seed, reference, vocoder))
         return Response(res["wav"], media_type="audio/wav", headers={
             "X-Real-Time-Factor": f"{res['rtf']:.4f}", "X-Audio-Seconds": f"{res['seconds']:.3f}",
@@ -156,7 +194,7 @@ def create_app(models: dict[str, Served], limits: Limits | None = None) -> Starl
         form = await read_form(request)
         served = pick(form, ("vocoder",))
         data = await file_bytes(form, "audio")
-        res = await run(request, form, lambda job: served.vocode(data, job, limits))
+        res = await run(request, form, served, lambda job: served.vocode(data, job, limits))
         b64 = {k: base64.b64encode(res[k]).decode("ascii") for k in ("wav", "original", "png")}
         return JSONResponse({"model": served.id, "wav": b64["wav"], "original": b64["original"],
                              "spectrograms_png": b64["png"], "metrics": res["metrics"], "rtf": res["rtf"],
@@ -170,20 +208,50 @@ def create_app(models: dict[str, Served], limits: Limits | None = None) -> Starl
         tile = 512 if tile is None else tile
         if tile != 0 and not 64 <= tile <= 4096:
             raise BadRequest(f"tile_size must be 0 (never tile) or 64..4096 px, not {tile}")
-        res = await run(request, form, lambda job: served.reconstruct(data, job, limits, tile))
+        res = await run(request, form, served, lambda job: served.reconstruct(data, job, limits, tile))
         return Response(res["png"], media_type="image/png", headers={
             "X-PSNR-dB": f"{res['psnr']:.3f}", "X-Tiled": "yes" if res["tiled"] else "no",
+            "X-Tile-Size": str(res["tile_size"]),
             "X-Image-Size": f"{res['width']}x{res['height']}", "X-Elapsed-Seconds": f"{res['elapsed']:.3f}"})
 
     async def post_cancel(request: Request) -> Response:
+        """True when the request was waiting or running: it ends at its next sentence or tile, and answers 409."""
         job = jobs.get(request.path_params["request_id"])
         if job is not None:
             job.cancelled.set()
         return JSONResponse({"cancelled": job is not None})
+
+    def cancel_all() -> int:
+        """Cancel every request waiting or running (the server is stopping); how many there were."""
+        for job in list(jobs.values()):
+            job.cancelled.set()
+        return len(jobs)
 
     routes = [Route("/", guarded(index)), Route("/models", guarded(list_models)),
               Route("/speak", guarded(post_speak), methods=["POST"]),
               Route("/vocode", guarded(post_vocode), methods=["POST"]),
               Route("/reconstruct", guarded(post_reconstruct), methods=["POST"]),
               Route("/cancel/{request_id}", guarded(post_cancel), methods=["POST"])]
-    return Starlette(routes=routes)
+    app = Starlette(routes=routes, middleware=[Middleware(Guard, access=access or Access())])
+    app.state.jobs, app.state.cancel_all = jobs, cancel_all
+    return app
+
+
+def stall_limited(receive: Receive, seconds: float) -> Receive:
+    """`receive` that gives up when the request body stops arriving for `seconds` (408, and the connection is
+    closed): a client that sends headers and then stalls must not hold a request open for ever."""
+    done = False
+
+    async def timed() -> Message:
+        nonlocal done
+        if done:  # the body is in: what follows is the client leaving, which may take as long as the request
+            return await receive()
+        try:
+            message = await asyncio.wait_for(receive(), seconds)
+        except TimeoutError:
+            raise BadRequest(f"the request body stalled: nothing arrived for {seconds:g} s (the server's "
+                             "--body_timeout); send it again", 408, {"Connection": "close"}) from None
+        done = message["type"] != "http.request" or not message.get("more_body", False)
+        return message
+
+    return timed

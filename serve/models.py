@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import tempfile
 import threading
 import time
@@ -41,11 +42,12 @@ KINDS = ("vits", "clone", "vocoder", "vae")
 
 
 class BadRequest(UserError, ValueError):
-    """What is wrong with a request, said to the user as it is (the API answers 4xx with it)."""
+    """What is wrong with a request, said to the user as it is (the API answers 4xx with it, or 503 with the
+    `headers` that say when to come back)."""
 
-    def __init__(self, message: str, status: int = 400):
+    def __init__(self, message: str, status: int = 400, headers: dict[str, str] | None = None):
         super().__init__(message)
-        self.status = status
+        self.status, self.headers = status, headers
 
 
 class Cancelled(Exception):
@@ -54,12 +56,18 @@ class Cancelled(Exception):
 
 @dataclass
 class Limits:
-    """What an upload or a text may be; `serve --help` names the flags."""
+    """What an upload or a text may be, and what one request may take of the server; `serve --help` names the
+    flags. `memory_bytes`: what one reconstruction may use (`vae.reconstruct.reconstruct_memory`; larger ones are
+    tiled, or refused); `queue_per_model`: requests waiting for or running on one model (more: 503);
+    `body_timeout_s`: the longest pause while a request body arrives (longer: 408, the connection dropped)."""
 
     max_upload_bytes: int = 20 * 2**20
     max_audio_seconds: float = 60.0
     max_pixels: int = 4096 * 4096
     max_text_chars: int = 5000
+    memory_bytes: int = 4 * 2**30
+    queue_per_model: int = 4
+    body_timeout_s: float = 30.0
 
 
 class Served:
@@ -118,7 +126,7 @@ class VitsModel(Served):
         model, cfg, speakers = load_generator(path, device, ckpt=ckpt)
         info = {"sample_rate": cfg.audio.sample_rate, "speakers": list(speakers),
                 "scales": {k: getattr(cfg, k) for k in ("noise_scale", "length_scale", "noise_scale_w")}}
-        return cls(id, str(path), model, info, cfg=cfg, speakers=speakers, device=device)
+        return cls(id, display_name(path), model, info, cfg=cfg, speakers=speakers, device=device)
 
     def __init__(self, id: str, label: str, model: Any, info: dict, *, cfg: Any, speakers: dict[str, int],
                  device: torch.device) -> None:
@@ -168,11 +176,11 @@ class CloneModel(Served):
             try:
                 own = shared_vocoder(Path(cfg.vocoder.path), None, device, vocoders)
                 check_vocoder_settings(own[0], cfg.audio, f" at {cfg.vocoder.path}")
-                info["own_vocoder"] = cfg.vocoder.path
+                info["own_vocoder"] = display_name(Path(cfg.vocoder.path))
             except (CheckpointError, UserError) as e:
                 own = None
-                info["own_vocoder_problem"] = str(e)
-        return cls(id, str(path), model, info, cfg=cfg, own_vocoder=own)
+                print(f"  {id}: its own vocoder cannot be used: {e}")  # the page lists only the served vocoders
+        return cls(id, display_name(path), model, info, cfg=cfg, own_vocoder=own)
 
     def __init__(self, id: str, label: str, model: Any, info: dict, *, cfg: Any,
                  own_vocoder: tuple[Any, threading.Lock] | None) -> None:
@@ -227,7 +235,7 @@ class VocoderModel(Served):
              vocoders: Vocoders) -> VocoderModel:
         voc, lock = shared_vocoder(path, ckpt, device, vocoders)
         check_f0_extractor(voc.pe, voc.pe_ckpt)  # Vocode extracts f0 with it: a missing package or rmvpe file at start
-        return cls(id, str(path), voc, {"sample_rate": voc.sample_rate}, lock)
+        return cls(id, display_name(path), voc, {"sample_rate": voc.sample_rate}, lock)
 
     def __init__(self, id: str, label: str, model: Any, info: dict, lock: threading.Lock | None = None) -> None:
         super().__init__(id, label, model, info, lock)
@@ -255,7 +263,9 @@ class VocoderModel(Served):
                                 hop_seconds=voc.hop_length / voc.sample_rate)
         png = io.BytesIO()
         fig.savefig(png, format="png")
-        metrics = {"mcd_dtw_db": pair.mcd, "level_db": pair.level_db, **{f"{k}": v for k, v in pitch.items()}}
+        metrics = {"mcd_dtw_db": pair.mcd, "level_db": pair.level_db, **pitch}
+        # silence, DC or a whisper has no pitch or level to compare: such a figure is null (JSON has no NaN)
+        metrics = {k: float(v) if v is not None and math.isfinite(v) else None for k, v in metrics.items()}
         return {"wav": wav_bytes(out, voc.sample_rate), "original": wav_bytes(ref, voc.sample_rate),
                 "png": png.getvalue(), "metrics": metrics, "seconds": seconds, "elapsed": elapsed,
                 "rtf": elapsed / max(seconds, 1e-9), "sample_rate": voc.sample_rate}
@@ -272,7 +282,7 @@ class VaeModel(Served):
         from vae.weights import load_vae_weights
 
         model, meta = load_vae_weights(path, ckpt=ckpt)
-        return cls(id, str(path), model.to(device).eval(), {"source": meta.get("source")},
+        return cls(id, display_name(path), model.to(device).eval(), {"source": meta.get("source")},
                    precision=Precision(precision, device), device=device)
 
     def __init__(self, id: str, label: str, model: Any, info: dict, *, precision: Precision,
@@ -281,13 +291,16 @@ class VaeModel(Served):
         self.precision, self.device = precision, device
 
     def reconstruct(self, data: bytes, job: Job, limits: Limits, tile_size: int = 512, tile_overlap: int = 64) -> dict:
-        """An uploaded image → {"png": its reconstruction, "psnr", "width", "height", "tiled", "elapsed"}; the size
-        is judged from the header before decoding (`vae.reconstruct.too_large`), as vae/reconstruct.py does."""
+        """An uploaded image → {"png": its reconstruction, "psnr", "width", "height", "tiled", "tile_size",
+        "elapsed"}. Before decoding, from the header (as vae/reconstruct.py): a size over --max_pixels is refused,
+        and the memory the reconstruction would take (`vae.reconstruct.fit_tile`) picks a smaller tile than asked
+        when the asked one would not fit `limits.memory_bytes` (413 when even the smallest would not). The request's
+        cancel is asked before each tile."""
         from PIL import Image
 
         from vae.data import BadImage, image_to_tensor, open_image_rgb, tensor_to_uint8
         from vae.metrics import psnr
-        from vae.reconstruct import reconstruct_image, too_large
+        from vae.reconstruct import header_size, reconstruct_image, too_large
 
         if not data:
             raise BadRequest("the upload is empty (0 bytes): choose an image (png, jpg, webp)")
@@ -298,20 +311,43 @@ class VaeModel(Served):
                 problem = too_large(path, limits.max_pixels, "the server's --max_pixels")
                 if problem:
                     raise BadImage(problem, "too_large")
+                size = header_size(path)
+                if size is not None:
+                    tile_size = self.fit(*size, tile_size, limits)
                 im, _ = open_image_rgb(path, max_pixels=limits.max_pixels, min_size=1, allow_blank=True)
             except BadImage as e:
                 reason = "not an image" if e.kind == "not_image" else e.reason
                 raise BadRequest(f"the upload is {reason}; give a png, jpg or webp image") from None
+        if size != im.size:  # oriented by its EXIF tag, or no header PIL reads without decoding: judge it now
+            tile_size = self.fit(im.width, im.height, tile_size, limits)
         x = image_to_tensor(im)[None].to(self.device)
         tiled = bool(tile_size) and max(x.shape[-2:]) > tile_size
         with locked(self.lock, job):
-            t0 = time.perf_counter()
-            rec = reconstruct_image(self.model, x, self.precision, tile_size, tile_overlap)
-            elapsed = time.perf_counter() - t0
+            hooks = [part.register_forward_pre_hook(lambda *_: job.check())
+                     for part in (self.model.encoder, self.model.decoder)]  # each tile encodes and decodes once
+            try:
+                t0 = time.perf_counter()
+                rec = reconstruct_image(self.model, x, self.precision, tile_size, tile_overlap)
+                elapsed = time.perf_counter() - t0
+            finally:
+                for hook in hooks:
+                    hook.remove()
         png = io.BytesIO()
         Image.fromarray(tensor_to_uint8(rec[0])).save(png, format="PNG")
         return {"png": png.getvalue(), "psnr": float(psnr(x, rec.float())[0]), "width": im.width,
-                "height": im.height, "tiled": tiled, "elapsed": elapsed}
+                "height": im.height, "tiled": tiled, "tile_size": tile_size, "elapsed": elapsed}
+
+    def fit(self, width: int, height: int, tile_size: int, limits: Limits) -> int:
+        """The tile a `width` x `height` reconstruction runs with inside the memory budget, or 413."""
+        from vae.reconstruct import TILE_STEPS, fit_tile, reconstruct_memory
+
+        tile = fit_tile(self.model, height, width, tile_size, limits.memory_bytes)
+        if tile is None:
+            need = reconstruct_memory(self.model, height, width, TILE_STEPS[-1])
+            raise BadRequest(f"a {width}x{height} image needs about {need / 2**30:.2f} GiB even in {TILE_STEPS[-1]} px "
+                             f"tiles, more than the server's memory budget of {limits.memory_bytes / 2**30:.2f} GiB "
+                             "(--max_memory_gb): give a smaller image", 413)
+        return tile
 
 
 CLASSES: dict[str, type] = {cls.kind: cls for cls in (VitsModel, CloneModel, VocoderModel, VaeModel)}
@@ -400,6 +436,12 @@ def wav_bytes(wav: np.ndarray, sr: int) -> bytes:
     buf = io.BytesIO()
     sf.write(buf, to_int16(wav), sr, subtype="PCM_16", format="WAV")
     return buf.getvalue()
+
+
+def display_name(path: Path) -> str:
+    """How the page names a model's file: its last two parts (`checkpoints/best.pt`, `vocoder_demo/export`), never the
+    absolute path, which would tell any page that can read /models the user's folders."""
+    return "/".join(Path(path).resolve().parts[-2:])
 
 
 def check_text(text: str, limits: Limits) -> str:

@@ -127,6 +127,8 @@ def open_image_rgb(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS, min_s
                                "different file type)", "not_image") from None
             except OSError as exc:
                 raise BadImage(f"cannot open: {exc}", "corrupt") from None
+            except ValueError as exc:  # a PNG text or ICC chunk that inflates beyond PIL's MAX_TEXT_CHUNK (a bomb)
+                raise BadImage(f"corrupt: {exc}", "corrupt") from None
         with im:
             info = {"width": im.width, "height": im.height, "mode": im.mode, "format": im.format or "?"}
             if im.width * im.height > max_pixels:

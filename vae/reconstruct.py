@@ -46,8 +46,10 @@ MAX_PIXELS = 2**25  # 33.5 Mpx (8192x4096): about 2.7 GB at BYTES_PER_PIXEL
 
 
 def _pad_to(x: torch.Tensor, multiple: int) -> tuple[torch.Tensor, int, int]:
+    """x padded to whole multiples of `multiple` and at least two of them a side: at one latent pixel a GroupNorm
+    of one channel per group has a single value to normalise (a 1x1 image failed in a small model)."""
     h, w = x.shape[-2:]
-    ph, pw = (-h) % multiple, (-w) % multiple
+    ph, pw = max((-h) % multiple, 2 * multiple - h), max((-w) % multiple, 2 * multiple - w)
     if ph or pw:
         mode = "reflect" if ph < h and pw < w else "replicate"
         x = F.pad(x, (0, pw, 0, ph), mode=mode)
@@ -172,24 +174,61 @@ def reconstruct_image(model: AutoencoderKL, x: torch.Tensor, prec: Precision, ti
         return reconstruct_full(model, x)
 
 
-def too_large(path: Path, max_pixels: int, flag: str = "--max_pixels") -> str | None:
-    """Why `path` is too large to reconstruct, from its header alone (`Image.open` reads no pixel data), or
-    None; a file PIL cannot open is left to `open_image_rgb`, which says what is wrong with it. `flag`: the
-    setting the message names (the server's is "the server's --max_pixels")."""
+def header_size(path: Path) -> tuple[int, int] | None:
+    """(width, height) of the image at `path` from its header alone (`Image.open` reads no pixel data), or None
+    for a file PIL cannot open: `open_image_rgb` says what is wrong with it."""
     old = Image.MAX_IMAGE_PIXELS
-    Image.MAX_IMAGE_PIXELS = None  # the size is judged here, against --max_pixels, not by PIL's own limit
+    Image.MAX_IMAGE_PIXELS = None  # the size is judged by the caller, against --max_pixels, not by PIL's own limit
     try:
         with Image.open(path) as im:
-            w, h = im.size
+            return im.size
     except Exception:  # noqa: BLE001 - not an image, damaged: open_image_rgb's message
         return None
     finally:
         Image.MAX_IMAGE_PIXELS = old
+
+
+def too_large(path: Path, max_pixels: int, flag: str = "--max_pixels") -> str | None:
+    """Why `path` is too large to reconstruct, from its header alone, or None; `flag`: the setting the message
+    names (the server's is "the server's --max_pixels")."""
+    size = header_size(path)
+    if size is None:
+        return None
+    w, h = size
     if w * h <= max_pixels:
         return None
     return (f"too large: {w}x{h} = {w * h} pixels (from its header) > {flag} {max_pixels}; tiles bound only "
             f"the model's memory, the whole image would take about {w * h * BYTES_PER_PIXEL / 2**30:.1f} GiB: raise "
             f"{flag} if it is meant to be this large")
+
+
+ACTIVATION_COPIES = 6  # live feature maps of the widest layer in one no-grad ResBlock (input, norm, conv, skip), and margin
+TILE_STEPS = (4096, 2048, 1024, 512, 256, 128, 64)  # the tiles fit_tile tries, largest first
+
+
+def reconstruct_memory(model: AutoencoderKL, height: int, width: int, tile_size: int) -> int:
+    """Bytes a reconstruction of a `height` x `width` image needs at most with tiles of `tile_size` px (0 = whole):
+    the whole image's tensors (BYTES_PER_PIXEL a pixel), plus one tile's float32 activations: the widest feature
+    map (channels x pixels, at every level) ACTIVATION_COPIES times, and the mid-block attention's scores, N² for N
+    latent positions (the math kernel's; the fused kernels need less, so this errs on the safe side). Why it
+    matters: without tiles a 4096² image has 262144 latent positions, 256 GiB of attention scores."""
+    f = model.downsample_factor
+    th, tw = (min(tile_size, n) if tile_size else n for n in (height, width))
+    pixels = max(2 * f, -(-th // f) * f) * max(2 * f, -(-tw // f) * f)  # the tile as _pad_to pads it
+    widest = max(c * pixels // 4**i for i, c in enumerate(model.channels))
+    positions = pixels // f**2
+    attention = positions**2 if model.mid_attention else 0
+    return height * width * BYTES_PER_PIXEL + 4 * (ACTIVATION_COPIES * widest + attention)
+
+
+def fit_tile(model: AutoencoderKL, height: int, width: int, tile_size: int, budget: int) -> int | None:
+    """The tile to reconstruct with inside `budget` bytes (`reconstruct_memory`): `tile_size` itself (0 = whole) when
+    it fits, else the largest of TILE_STEPS below it that does; None when even the smallest does not."""
+    largest = tile_size or max(height, width)
+    for tile in (tile_size, *(t for t in TILE_STEPS if t < largest)):
+        if reconstruct_memory(model, height, width, tile) <= budget:
+            return tile
+    return None
 
 
 def image_format(path: str | Path) -> str | None:

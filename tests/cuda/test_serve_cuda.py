@@ -11,11 +11,11 @@ import torch
 
 # a GPU image without the page's packages (shell/gpu_check.sh installs them from bench/gpu/wheels.txt) skips this
 # module with the reason instead of stopping the collection of every CUDA test
-TestClient = pytest.importorskip("starlette.testclient", reason="starlette/httpx not installed").TestClient
+pytest.importorskip("starlette.testclient", reason="starlette/httpx not installed")
 
 from serve.app import create_app  # noqa: E402 - after the skip above
 from serve.models import load_models  # noqa: E402
-from tests.serve.tiny import SERVED_ORDER, make_tiny_checkpoints, png_bytes, wav_file_bytes  # noqa: E402
+from tests.serve.tiny import SERVED_ORDER, local_client, make_tiny_checkpoints, png_bytes, wav_file_bytes  # noqa: E402
 
 from .conftest import CUDA_ONLY  # noqa: E402
 
@@ -27,7 +27,7 @@ def test_every_endpoint_answers_on_cuda(tmp_path, precision):
     paths = make_tiny_checkpoints(tmp_path)
     models = load_models([str(paths[k]) for k in SERVED_ORDER], torch.device("cuda"), precision)
     assert next(models["vits-1"].model.parameters()).is_cuda and models["vocoder-1"].model.device.type == "cuda"
-    with TestClient(create_app(models)) as client:
+    with local_client(create_app(models)) as client:
         r = client.post("/speak", data={"model": "vits-1", "text": "Salom, dunyo!"})
         assert r.status_code == 200, r.text
         assert len(sf.read(io.BytesIO(r.content))[0]) > 1000 and float(r.headers["x-real-time-factor"]) > 0

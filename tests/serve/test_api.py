@@ -12,20 +12,19 @@ import time
 import pytest
 import soundfile as sf
 import torch
-from starlette.testclient import TestClient
 
 from common.checkpoint import CheckpointError
 from serve.__main__ import main as serve_main
 from serve.app import create_app
 from serve.models import Cancelled, Job, Limits, file_kind, load_models
 
-from .tiny import SERVED_ORDER, png_bytes, wav_file_bytes
+from .tiny import SERVED_ORDER, local_client, png_bytes, wav_file_bytes
 
 
 @pytest.fixture(scope="module")
 def client(served):
     limits = Limits(max_upload_bytes=200_000, max_audio_seconds=3.0, max_pixels=64 * 64, max_text_chars=400)
-    with TestClient(create_app(served, limits)) as c:
+    with local_client(create_app(served, limits)) as c:
         yield c
 
 
@@ -212,3 +211,39 @@ def test_each_checkpoint_is_read_from_disk_once(tiny_checkpoints, monkeypatch):
     assert sorted(loads) == sorted(files)
     assert models["clone-1"].own_vocoder[0] is models["vocoder-1"].model  # one vocoder, one lock
     assert models["clone-1"].own_vocoder[1] is models["vocoder-1"].lock
+
+
+@pytest.mark.parametrize("flags,named", [
+    (["--port", "70000"], "--port"), (["--port", "-1"], "--port"), (["--threads", "-1"], "--threads"),
+    (["--max_upload_mb", "nan"], "--max_upload_mb"), (["--max_upload_mb", "inf"], "--max_upload_mb"),
+    (["--max_upload_mb", "-5"], "--max_upload_mb"), (["--max_audio_seconds", "nan"], "--max_audio_seconds"),
+    (["--max_pixels", str(10**12)], "--max_pixels"), (["--max_memory_gb", "0"], "--max_memory_gb"),
+    (["--queue", "0"], "--queue"), (["--body_timeout", "nan"], "--body_timeout"),
+    (["--host", "no-such-host.invalid"], "--host"), (["--host", "192.0.2.1"], "--host 192.0.2.1"),
+])
+def test_start_refuses_a_bad_number_or_address_in_one_line(tiny_checkpoints, capsys, flags, named):
+    """Before any model loads: one `error:` line naming the flag, exit 2 (common.exit_codes.BAD_INPUT)."""
+    free = [] if "--port" in flags else ["--port", "0"]  # never the default 8000, which may be in use
+    assert serve_main([*flags, *free, str(tiny_checkpoints["vae"])]) == 2
+    out = capsys.readouterr()
+    assert out.err.startswith("error: ") and named in out.err and len(out.err.strip().splitlines()) == 1, out.err
+    assert "serving" not in out.out
+
+
+def test_start_refuses_a_port_in_use_and_says_when_it_is_open_to_the_network(tiny_checkpoints, capsys, tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        assert serve_main(["--port", str(taken.getsockname()[1]), str(tiny_checkpoints["vae"])]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --host 127.0.0.1 --port") and "another program" in err and len(err.splitlines()) == 1
+    bad = tmp_path / "notes.pt"
+    bad.write_text("not a checkpoint")
+    assert serve_main(["--host", "0.0.0.0", "--port", "0", str(bad)]) == 2  # binds, warns, then the file is refused
+    captured = capsys.readouterr()
+    out = captured.out.strip().splitlines()
+    assert [line for line in out if "to the network" in line] == [
+        "warning: --host 0.0.0.0 opens the server to the network: anyone who can reach this machine can use it "
+        "(no --token)"], captured

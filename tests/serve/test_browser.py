@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -34,43 +31,25 @@ def _missing() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def browser_page(served):
-    """The app on a free local port (uvicorn in a thread) and one headless chromium page on it."""
+def browser_page(live_server):
+    """One headless chromium page on the app served on a local port (conftest's `live_server`)."""
     reason = _missing()
     if reason:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(f"the browser tests cannot run: {reason}")
         pytest.skip(reason)
-    import uvicorn
     from playwright.sync_api import sync_playwright
 
-    from serve.app import create_app
-    from serve.models import Limits
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(served, Limits(max_pixels=256 * 256)), host="127.0.0.1",
-                                           port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.05)
-    try:
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                         args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
-            page = browser.new_page(viewport={"width": 1100, "height": 900})
-            page.set_default_timeout(20_000)
-            page.goto(f"http://127.0.0.1:{port}/")
-            page.wait_for_selector("body[data-ready='1']")
-            yield page
-            browser.close()
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    url, _ = live_server
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                     args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+        page = browser.new_page(viewport={"width": 1100, "height": 900})
+        page.set_default_timeout(20_000)
+        page.goto(f"{url}/")
+        page.wait_for_selector("body[data-ready='1']")
+        yield page
+        browser.close()
 
 
 def _shot(page, name: str) -> None:
@@ -164,3 +143,41 @@ def test_compare_two_reconstructions_beside_their_original(browser_page, tmp_pat
     text = _compare(browser_page, "vae-1", "vae-1", image, sides=3)
     browser_page.wait_for_function("document.querySelector('#compare-result img.original').naturalWidth === 64")
     assert text.index("original") < text.index("A: vae-1") < text.index("B: vae-1") and text.count("PSNR") == 2
+
+
+def test_another_site_cannot_post_and_the_token_comes_in_the_address(browser_page, served, tmp_path):
+    """A page of another origin (here the same server under its other name) posts what a cross-site attacker can:
+    a no-cors fetch without the custom header; the server refuses it (403) before any model runs. On a server
+    started with a token, the page opened at …/#token=… takes it from the address (and clears it there) and
+    works; opened without it, it says it needs the token."""
+    from urllib.parse import urlsplit
+
+    from serve.app import create_app
+    from serve.guard import Access
+
+    from .conftest import serving
+
+    port = urlsplit(browser_page.url).port
+    other = browser_page.context.browser.new_page()
+    try:
+        other.goto(f"http://localhost:{port}/")
+        with other.expect_response(lambda r: r.url.endswith("/speak")) as info:
+            other.evaluate("(u) => fetch(u, {method: 'POST', mode: 'no-cors', body: new URLSearchParams("
+                           "{model: 'vits-1', text: 'salom'})}).catch(() => null)", f"http://127.0.0.1:{port}/speak")
+        assert info.value.status == 403
+        with serving(create_app(served, access=Access(token="tok-123"))) as url:
+            other.goto(f"{url}/")
+            other.wait_for_selector("body[data-ready='error']")
+            assert "needs its token" in other.inner_text("#page-error")
+            other.goto("about:blank")  # else only the fragment changes: no new load
+            other.goto(f"{url}/#token=tok-123")
+            other.wait_for_selector("body[data-ready='1']")
+            assert other.evaluate("location.hash") == "" and other.inner_text("#page-error") == ""
+            other.click("nav button[data-tab='reconstruct']")
+            image = tmp_path / "picture.png"
+            image.write_bytes(png_bytes(32, 32))
+            other.set_input_files("#reconstruct-file", str(image))
+            other.click("#reconstruct-go")
+            other.wait_for_selector("#reconstruct-result img.recon")
+    finally:
+        other.close()

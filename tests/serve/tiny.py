@@ -103,3 +103,13 @@ def make_tiny_checkpoints(root: Path) -> dict[str, Path]:
 
 
 SERVED_ORDER = ("vits", "clone", "vocoder", "vocoder_ckpt", "vae")
+
+
+def local_client(app, **kwargs):
+    """Starlette's test client as the page calls the server: at 127.0.0.1 (the Host the server answers to) and
+    with the header every POST needs (serve.guard); use it as a context manager."""
+    from starlette.testclient import TestClient
+
+    from serve.guard import CLIENT_HEADER
+
+    return TestClient(app, base_url="http://127.0.0.1:8000", headers={CLIENT_HEADER: "tests"}, **kwargs)
