@@ -38,8 +38,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.model_files import (ModelFileError, allow_code_file, check_output, code_kind, float32_weights,
-                                 load_weights, regular_file)
+from common.model_files import (
+    ModelFileError,
+    allow_code_file,
+    check_output,
+    code_kind,
+    float32_weights,
+    load_weights,
+    regular_file,
+)
 from speech.audio import resample
 
 SAMPLE_RATE = 16000  # the encoder's input rate

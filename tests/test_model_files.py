@@ -15,8 +15,14 @@ import pytest
 import torch
 
 from common.errors import UserError
-from common.model_files import (TRUST_CODE_ENV, ModelFileError, check_output, code_kind, float32_weights,
-                                load_weights)
+from common.model_files import (
+    TRUST_CODE_ENV,
+    ModelFileError,
+    check_output,
+    code_kind,
+    float32_weights,
+    load_weights,
+)
 from speech import rmvpe
 from speech import speaker_similarity as ss
 
