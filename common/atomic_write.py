@@ -153,9 +153,14 @@ def atomic_output(path: str | Path, folder: bool = False, fsync: bool = False, n
     `path` keeps its previous content; a full disk raises `DiskFullError` (with `note` appended).
     `fsync` flushes the file to the disk before the rename (checkpoints: a power cut keeps either
     the old or the new file). A destination that exists but is no regular file (/dev/stdout, a pipe,
-    a device) is written directly: renaming over it would replace the device itself."""
+    a device) is written directly: renaming over it would replace the device itself. A folder where a file
+    is to go (a run folder's `config.yaml` made a folder) is refused in one line before anything is written
+    (OutputPathError, exit 2): os.replace would fail only after the work."""
     path = Path(path)
     tmp: Path | None = None
+    if not folder and path.is_dir():
+        raise OutputPathError(f"{path} is a folder, where a file of that name is written; move the folder aside "
+                              "(or remove it) and run again")
     if not folder and path.exists() and not path.is_file() and not path.is_dir():
         try:
             yield path

@@ -91,14 +91,11 @@ class BestCheckpoints(CheckpointManager):
 
     def __init__(self, ckpt_dir: str | Path, by: str, legacy_by: str, log: Callable[[str], None] = print,
                  **kwargs: Any) -> None:
-        super().__init__(ckpt_dir, mode=direction(by), **kwargs)
+        super().__init__(ckpt_dir, mode=direction(by), log=log, **kwargs)
         self.by = by
         if self.best_metric is None:
             return
-        try:
-            before = json.loads(self._best_file.read_text()).get("by", legacy_by)
-        except (OSError, ValueError):
-            before = legacy_by
+        before = self.best_record.get("by", legacy_by)
         if before != by:
             log(f"best.pt: this run's best so far was by {before} ({self.best_metric:.4g}); best_by is now {by}, "
                 f"so the best starts again at the next validation (values of two metrics are never compared)")

@@ -19,6 +19,8 @@ import math
 import os
 import random
 import re
+import stat
+import time
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -330,6 +332,49 @@ def restore_state(
 # ---------------------------------------------------------------------------------------------
 # Rotation + best
 # ---------------------------------------------------------------------------------------------
+def read_best_record(path: Path, log: Callable[[str], object] = print) -> dict:
+    """The record `best.json` keeps ({"metric": float, "step": int, "mode": ...}), or {} when there is none.
+
+    Why never a traceback: best.json is a few bytes beside the checkpoints, and a kill on a file system
+    without atomic rename, a bad copy or a hand edit can damage it; the run's checkpoints are intact, only
+    the best-so-far value is lost. So a file that is not a JSON object with a finite number (or null) as its
+    `metric` — or no regular file at all (a folder, a link, a FIFO, which is never opened: it would block) — is
+    renamed aside as `best.json.damaged-<time>` with one line, and the best starts again at the next validation."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        why = f"unreadable ({exc.strerror or exc})"
+    else:
+        why = None if stat.S_ISREG(st.st_mode) else "not a regular file"
+    record = None
+    if why is None:
+        try:
+            record = json.loads(path.read_bytes().decode("utf-8"))
+        except (OSError, ValueError, RecursionError) as exc:
+            why = f"not readable JSON ({type(exc).__name__})"
+        else:
+            metric = record.get("metric") if isinstance(record, dict) else None
+            if not isinstance(record, dict):
+                why = "not a JSON object"
+            elif metric is not None and (isinstance(metric, bool) or not isinstance(metric, int | float)
+                                         or not math.isfinite(metric)):
+                why = f"its metric is {metric!r}, not a finite number"
+    if why is None:
+        return record
+    if distributed.rank() != 0:  # rank 0 alone moves it and says so
+        return {}
+    aside = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        os.replace(path, aside)
+        moved = f"moved aside to {aside.name}"
+    except OSError as exc:
+        moved = f"could not be moved aside ({exc.strerror or exc}); it is left as it is"
+    log(f"warning: {path} is damaged ({why}) and {moved}; the checkpoints are intact and the best checkpoint "
+        "is chosen again from the next validation on")
+    return {}
+
 class CheckpointManager:
     """Keeps the last `keep_last` step checkpoints plus `best.pt` (by a metric, after
     `save_best_after` steps). The best value lives in `best.json` so it survives restarts."""
@@ -342,6 +387,7 @@ class CheckpointManager:
         mode: str = "min",
         prefix: str = "model",
         name_fn: Any = None,
+        log: Callable[[str], object] = print,
     ) -> None:
         if mode not in ("min", "max"):
             raise ValueError("mode must be 'min' or 'max'")
@@ -358,8 +404,8 @@ class CheckpointManager:
         # Rotation deletes only files of this run: the ones this manager wrote, plus the earlier ones
         # of the run it resumed (`adopt`). A checkpoint from another run in the folder is never touched.
         self._ours: set[str] = set()
-        if self._best_file.is_file():
-            self.best_metric = json.loads(self._best_file.read_text()).get("metric")
+        self.best_record: dict = read_best_record(self._best_file, log)
+        self.best_metric = self.best_record.get("metric")
 
     def _pattern(self) -> re.Pattern:
         probe = self.name_fn(123456789)

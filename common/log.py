@@ -4,6 +4,12 @@ progress bar. Speech pictures (spectrograms, alignments) are in `speech/plots.py
 Named `log.py`, not `logging.py`, so it never shadows the standard library module.
 Only rank 0 logs: build `RunLogger(..., enabled=info.is_main)` and `Progress(..., enabled=...)`
 everywhere and call them unconditionally; on other ranks every call is a no-op.
+
+The logs folder follows the run folder's rules: a TensorBoard folder that cannot be written at start (no
+permission, a file in its place, a full disk) is one line and exit 2 (`OutputPathError` / `DiskFullError`);
+a write that fails later (a full disk: TensorBoard's writer thread reports ENOSPC at the next call) turns
+that tracker off with one line, as a W&B or MLflow failure does, and training goes on: the checkpoints say
+whether the disk is really full (their own one line, exit 2).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import argparse
 import collections
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +28,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from common.atomic_write import atomic_output, save_png
+from common.atomic_write import atomic_output, disk_full, is_disk_full, save_png
+from common.errors import OutputPathError
 from common.schedulers import sample_curve, schedule_preview
 
 if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn: it costs every start-up ~0.5 s
@@ -189,6 +197,7 @@ class RunLogger:
         self.trackers: list = []
         self.ids = dict(resume or {})  # kept for trackers not used now: a later resume with them continues
         self._config_sent = False
+        self._say = say
         self.log_dir = log_dir = Path(log_dir)
         if not enabled:
             return
@@ -196,9 +205,22 @@ class RunLogger:
         for name in names[1 if names[0] == "tensorboard" else 0:]:
             self._start(name, log_dir, project, purge_step, say)
         if "tensorboard" in names or not self.trackers:
-            from torch.utils.tensorboard import SummaryWriter  # import only where it is used
+            self.writer = _tensorboard_writer(log_dir, purge_step)
 
-            self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step or None)
+    def _tb(self, write: Callable) -> None:
+        """`write(writer)` on TensorBoard's writer; an OSError (a full disk, a folder made unwritable) turns
+        TensorBoard off with one line and the run goes on (the next checkpoint says whether the disk is full)."""
+        if self.writer is None:
+            return
+        try:
+            write(self.writer)
+        except OSError as exc:
+            writer, self.writer = self.writer, None
+            self._say(f"logger: tensorboard failed ({_first_line(exc)}); it logs nothing more in this run")
+            try:
+                writer.close()
+            except Exception:  # noqa: BLE001 (its file is already broken: nothing more to save)
+                pass
 
     def _start(self, name: str, log_dir: Path, project: str, purge_step: int | None, say: Callable) -> None:
         run_name, run_id = log_dir.resolve().parent.name, self.ids.get(name)
@@ -236,12 +258,11 @@ class RunLogger:
         try:
             fn(*args)
         except Exception as exc:  # noqa: BLE001 (a tracker must never stop a run)
-            print(f"logger: {tracker.name} failed ({_first_line(exc)}); it logs nothing more in this run", flush=True)
+            self._say(f"logger: {tracker.name} failed ({_first_line(exc)}); it logs nothing more in this run")
             self.trackers.remove(tracker)
 
     def scalar(self, tag: str, value: float | torch.Tensor, step: int) -> None:
-        if self.writer is not None:
-            self.writer.add_scalar(tag, float(value), step)
+        self._tb(lambda w: w.add_scalar(tag, float(value), step))
         if self.trackers:
             self._track({tag: float(value)}, step)
 
@@ -258,8 +279,7 @@ class RunLogger:
                                    for t in tensors.values()])
             floats.update(zip(tensors, stacked.cpu().tolist()))
         if self.writer is not None:
-            for k, v in floats.items():
-                self.writer.add_scalar(prefix + k, float(v), step)
+            self._tb(lambda w: [w.add_scalar(prefix + k, float(v), step) for k, v in floats.items()])
         if self.trackers:
             self._track({prefix + k: float(v) for k, v in floats.items()}, step)
 
@@ -267,7 +287,7 @@ class RunLogger:
         """A mono clip; samples are clipped to [-1, 1] (TensorBoard would wrap around otherwise)."""
         if self.writer is not None:
             x = np.clip(_to_numpy(wav).astype(np.float32).reshape(-1), -1.0, 1.0)
-            self.writer.add_audio(tag, torch.from_numpy(x), step, sample_rate=int(sr))
+            self._tb(lambda w: w.add_audio(tag, torch.from_numpy(x), step, sample_rate=int(sr)))
 
     def image(self, tag: str, img: ArrayLike, step: int) -> None:
         """CHW float in [0, 1] (clamped), HWC (or CHW) uint8, or a 2-D grayscale HW array."""
@@ -285,26 +305,24 @@ class RunLogger:
             raise ValueError(f"RunLogger.image('{tag}'): expected CHW float or HWC uint8, got shape {x.shape}")
         if x.dtype != np.uint8:
             x = np.clip(x.astype(np.float32), 0.0, 1.0)
-        self.writer.add_image(tag, x, step, dataformats=fmt)
+        self._tb(lambda w: w.add_image(tag, x, step, dataformats=fmt))
 
     def figure(self, tag: str, fig: Figure, step: int) -> None:
         """Render a matplotlib figure as an image and close it (always, so figures never pile up)."""
         if self.writer is not None:
-            self.writer.add_image(tag, _rgb(fig), step, dataformats="HWC")
+            rgb = _rgb(fig)
+            self._tb(lambda w: w.add_image(tag, rgb, step, dataformats="HWC"))
         _close(fig)
 
     def text(self, tag: str, text: str, step: int = 0) -> None:
-        if self.writer is not None:
-            self.writer.add_text(tag, text, step)
+        self._tb(lambda w: w.add_text(tag, text, step))
 
     def flush(self) -> None:
-        if self.writer is not None:
-            self.writer.flush()
+        self._tb(lambda w: w.flush())
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
+        self._tb(lambda w: w.close())
+        self.writer = None
         for t in list(self.trackers):
             self._guard(t, t.close)
         self.trackers = []
@@ -314,6 +332,38 @@ class RunLogger:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _tensorboard_writer(log_dir: Path, purge_step: int | None):
+    """TensorBoard's `SummaryWriter` on `log_dir`; a folder it cannot write is one line (exit 2), as every output
+    location of a run is (a full disk: `DiskFullError`)."""
+    from torch.utils.tensorboard import SummaryWriter  # import only where it is used
+
+    _quiet_tensorboard_thread_errors()
+    try:
+        return SummaryWriter(log_dir=str(log_dir), purge_step=purge_step or None)
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise disk_full(log_dir / "events.out.tfevents.*", "; nothing was trained yet") from None
+        raise OutputPathError(f"the logs folder {log_dir} cannot be written ({_first_line(exc)}); make it a writable "
+                              "folder (or move aside what is in its place), or choose another run folder") from None
+
+
+def _quiet_tensorboard_thread_errors() -> None:
+    """TensorBoard writes its events in a thread of its own, which keeps a write error (a full disk) for the next
+    call and re-raises it, so Python would also print that thread's traceback; `RunLogger._tb` says it in one
+    line at that next call. Installed once; every other thread's exception is reported as before."""
+    previous = threading.excepthook
+    if getattr(previous, "quiet_tensorboard", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and isinstance(args.exc_value, OSError):
+            return
+        previous(args)
+
+    hook.quiet_tensorboard = True
+    threading.excepthook = hook
 
 
 def _first_line(exc: BaseException) -> str:

@@ -28,6 +28,11 @@ real runs save hours apart. So a run holds `<run_dir>/run.lock` for its whole li
 On Windows the locked byte lies at `WINDOWS_LOCK_OFFSET` (1 GiB), far past the JSON: its byte-range locks
 are mandatory and would block other processes from reading the holder's name in a locked range.
 A process forked while holding the lock (e.g. DataLoader workers) shares it until it exits too.
+
+The lock file is opened without following links (`O_NOFOLLOW`; on Windows, which has no such flag, `os.lstat`
+looks first) and without blocking (`O_NONBLOCK`: a FIFO would wait for a writer forever), and anything but a
+regular file there (a link, a folder, a FIFO, a device) is refused in one line naming it (`LockFileError`,
+exit 2): a `run.lock` linked to another file must never make the run write its holder's line into that file.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import sys
 import time
 from pathlib import Path
@@ -63,6 +69,10 @@ _HELD_ERRNOS = {e for e in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES, getat
 
 class RunFolderInUse(ConfigError):
     """Another run holds the run folder (exit 2); the message names it and what to do."""
+
+
+class LockFileError(ConfigError):
+    """`run.lock` is there but is no regular file (a link, a folder, a FIFO): refused, never opened (exit 2)."""
 
 
 class _NoLock(Exception):
@@ -171,15 +181,52 @@ def _read(path: Path, wait_s: float = 2.0) -> dict | None:
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            with open(path, "rb") as f:
-                holder = _parse(f.read(MAX_LOCK_BYTES).decode("utf-8", errors="replace"))
+            fd = _open_lock_file(path, os.O_RDONLY)
+            try:
+                holder = _parse(_read_fd(fd))
+            finally:
+                os.close(fd)
         except FileNotFoundError:
             return None
-        except OSError:
+        except (OSError, LockFileError):
             holder = {}
         if holder or time.monotonic() > deadline:
             return holder or {}
         time.sleep(0.1)
+
+
+_KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
+
+
+def _not_regular(path: Path, mode: int) -> LockFileError:
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    return LockFileError(f"{path} is {kind}, not a lock file this code wrote; the run refuses to open it: remove it "
+                         f"(the run makes its own {LOCK_NAME}) and run again")
+
+
+def _open_lock_file(path: Path, flags: int) -> int:
+    """`os.open(path, flags)` of a regular file only, never through a link and never blocking: where the
+    system has `O_NOFOLLOW` it refuses a link itself (ELOOP); without it (Windows) `os.lstat` looks first.
+    `O_NONBLOCK` keeps a FIFO from waiting; whatever was opened is checked with `fstat` before it is used."""
+    nofollow = getattr(os, "O_NOFOLLOW", 0)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise _not_regular(path, st.st_mode)
+    try:
+        fd = os.open(path, flags | nofollow | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0), 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or isinstance(exc, IsADirectoryError):  # it became a link or folder meanwhile
+            raise _not_regular(path, os.lstat(path).st_mode) from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise _not_regular(path, mode)
+    return fd
 
 
 def _read_fd(fd: int) -> str:
@@ -218,7 +265,7 @@ class RunLock:
             self._on_exit_release()
             return self
         for _ in range(5):  # the holder may release (and remove the file) while we look: try again
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o644)
+            fd = _open_lock_file(self.path, os.O_RDWR | os.O_CREAT)
             try:
                 taken = _try_lock(fd)
             except _NoLock as why:

@@ -12,7 +12,9 @@ output, which no library provides, so they are written here:
   where the peak salience is at or under 0.03. Frame i is centred at i * 10 ms.
 
 RVC's `rmvpe.pt` is a PyTorch state dict of that network, which this project does not carry: give the
-.onnx. The real network was not run while writing this (no weights offline); the tests check the mel, the
+.onnx. The file is data (an ONNX graph runs no Python): only a regular file is opened (a FIFO would block the
+digest), a `.pt` is refused before it is read, and what the graph returns is checked (floating, [1, frames,
+360] for the frames given, finite) before it is decoded, each a one-line `F0WeightsError` naming the file. The real network was not run while writing this (no weights offline); the tests check the mel, the
 decoding and the error messages with a small stand-in ONNX model of the same input and output shapes.
 """
 
@@ -27,6 +29,7 @@ import numpy as np
 import torch
 
 from common.errors import UserError
+from common.model_files import ModelFileError, regular_file
 
 SAMPLE_RATE, N_FFT, HOP, N_MELS, FMIN, FMAX = 16000, 1024, 160, 128, 30.0, 8000.0
 N_BINS, CENTS_0, CENTS_STEP = 360, 1997.3794084376191, 20.0
@@ -85,8 +88,12 @@ def _readable(path: str | os.PathLike | None) -> Path:
     if not path:
         raise F0WeightsError("the f0 extractor rmvpe needs its weights file: RVC's rmvpe.onnx")
     p = Path(path).expanduser()
-    if not p.is_file():
+    if not p.exists():
         raise F0WeightsError(f"rmvpe weights file {p} does not exist (give RVC's rmvpe.onnx)")
+    try:
+        regular_file(p, "rmvpe weights file")
+    except ModelFileError as exc:
+        raise F0WeightsError(str(exc)) from None
     if p.suffix.lower() in (".pt", ".pth", ".ckpt"):
         raise F0WeightsError(f"rmvpe weights file {p} is a PyTorch checkpoint; this project runs RVC's network "
                              "from its ONNX export only: give rmvpe.onnx")
@@ -128,6 +135,19 @@ def load_session(path: str | os.PathLike):
     return _SESSIONS[key]
 
 
+def _checked_salience(out, weights: str | os.PathLike, frames: int) -> np.ndarray:
+    """The graph's output as `[frames, 360]` when it is a floating array of that many values, all finite;
+    else F0WeightsError naming the file (a foreign graph must not make the decoding allocate or crash)."""
+    arr = np.asarray(out)
+    if not np.issubdtype(arr.dtype, np.floating) or arr.size != frames * N_BINS or arr.shape[-1:] != (N_BINS,):
+        raise F0WeightsError(f"rmvpe weights file {weights}: the model returned {arr.dtype} of shape {list(arr.shape)} "
+                             f"for {frames} frames, not [1, {frames}, {N_BINS}] salience: give RVC's rmvpe.onnx")
+    if not np.isfinite(arr).all():
+        raise F0WeightsError(f"rmvpe weights file {weights}: the model returned NaN or infinite salience; the file "
+                             "is damaged: give an intact rmvpe.onnx")
+    return arr.reshape(frames, N_BINS)
+
+
 def rmvpe_f0(wav16k: np.ndarray, weights: str | os.PathLike, f0_min: float, f0_max: float):
     """(times [s], f0 [Hz], 0 unvoiced) of a 16 kHz waveform on RMVPE's own 10 ms grid; f0 outside
     [f0_min, f0_max] is unvoiced, as the other extractors never report it."""
@@ -140,6 +160,6 @@ def rmvpe_f0(wav16k: np.ndarray, weights: str | os.PathLike, f0_min: float, f0_m
     except Exception as e:  # a graph that takes other shapes
         raise F0WeightsError(f"rmvpe weights file {weights}: the model did not run on a mel of shape "
                              f"{(1, *mel.shape)} ({str(e).strip().splitlines()[0] if str(e).strip() else e!r})") from None
-    f0 = decode(np.asarray(out).reshape(-1, out.shape[-1])[:n])
+    f0 = decode(_checked_salience(out, weights, mel.shape[1])[:n])
     f0 = np.where((f0 >= f0_min) & (f0 <= f0_max), f0, 0.0)
     return np.arange(n) * HOP / SAMPLE_RATE, f0

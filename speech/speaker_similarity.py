@@ -12,14 +12,19 @@ encoder whose weights are files on this machine, never a download:
   package's weights file, and reproduces its preprocessing (volume to -30 dBFS, increase only; 1.6 s
   partials at 1.3 per second, averaged and L2-normed), with one difference: long silences are cut by
   an energy threshold (`trim_silences`) instead of webrtcvad's voice activity detector.
-- **a file you give** (`path`): a module whose `forward(wav[1, T])`, float32 at 16 kHz in [-1, 1], returns
-  an embedding `[1, D]` (any encoder you can export), saved by `torch.export.save` (a `.pt2` file, with T
-  dynamic) or `torch.jit.save` (TorchScript); or a state dict of the Resemblyzer network (a fine-tuned
-  copy; `{"model_state": ...}` as Resemblyzer saves it, or the bare dict).
+- **a file you give** (`path`): a state dict of the Resemblyzer network (a fine-tuned copy; `{"model_state":
+  ...}` as Resemblyzer saves it, or the bare dict; `.pt` or `.safetensors`), read as data
+  (`common.model_files.load_weights`: never pickled code; fp16/fp64 converted, NaN refused); or a module whose
+  `forward(wav[1, T])`, float32 at 16 kHz in [-1, 1], returns an embedding `[1, D]` (any encoder you can
+  export), saved by `torch.export.save` (a `.pt2` file, with T dynamic) or `torch.jit.save` (TorchScript).
+  Such a file runs code stored in it, so it loads only with the opt-in `TRUST_CODE_FILES=1` in the
+  environment (`common.model_files`); without it, the one "off" line names the file and the opt-in.
 
 `load_speaker_encoder` returns None after one line when neither is there (the package is missing, the file
-is missing or unreadable): the metric is off and whatever called it goes on. Everything runs on the CPU
-unless a device is given; the network is built without drawing from torch's global RNG.
+is missing, unreadable, code without the opt-in): the metric is off and whatever called it goes on. What a
+user's module returns is checked on every call (a floating tensor [1, D] or [D], D ≤ `MAX_EMBEDDING`; an
+exception inside it): anything else is a `ModelFileError` naming the file, one line, exit 2. Everything runs
+on the CPU unless a device is given; the network is built without drawing from torch's global RNG.
 """
 
 from __future__ import annotations
@@ -33,6 +38,15 @@ import numpy as np
 import torch
 from torch import nn
 
+from common.model_files import (
+    ModelFileError,
+    allow_code_file,
+    check_output,
+    code_kind,
+    float32_weights,
+    load_weights,
+    regular_file,
+)
 from speech.audio import resample
 
 SAMPLE_RATE = 16000  # the encoder's input rate
@@ -42,6 +56,8 @@ PARTIAL_RATE, MIN_COVERAGE = 1.3, 0.75  # partials per second; a last partial sh
 TARGET_DBFS = -30.0
 INSTALL_HINT = "pip install --no-deps resemblyzer==0.1.4"
 PACKAGED = "resemblyzer"  # the `path` that names the package's own weights (as "" does)
+MAX_EMBEDDING = 1 << 16  # values an embedding may have (Resemblyzer's: 256; the usual ECAPA / x-vector: 192-512)
+WHAT = "speaker encoder"
 
 
 class VoiceEncoderNet(nn.Module):
@@ -136,7 +152,7 @@ class SpeakerEncoder:
         if sr != SAMPLE_RATE:
             x = resample(x, sr, SAMPLE_RATE)
         if self.wav_net is not None:
-            e = self.wav_net(torch.from_numpy(x)[None].to(self.device)).reshape(-1)
+            e = self._user_embedding(torch.from_numpy(x)[None].to(self.device))
         else:
             x = trim_silences(normalize_volume(x))
             slices = partial_slices(len(x))
@@ -153,48 +169,66 @@ class SpeakerEncoder:
         e = e.double().cpu().numpy()
         return e / max(float(np.linalg.norm(e)), 1e-12)
 
+    def _user_embedding(self, wav: torch.Tensor) -> torch.Tensor:
+        """A user's module on `wav` [1, T]: its embedding, checked (ModelFileError naming the file otherwise)."""
+        try:
+            out = self.wav_net(wav)
+        except Exception as exc:  # noqa: BLE001 - whatever a foreign module raises is the file's problem
+            first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+            raise ModelFileError(f"{WHAT} {self.source} failed on a waveform of {wav.shape[-1]} samples "
+                                 f"({type(exc).__name__}: {first}); give an encoder whose forward takes wav [1, T] "
+                                 "float32 at 16 kHz") from None
+        out = check_output(out, self.source, WHAT, (1, 2), MAX_EMBEDDING)
+        if out.dim() == 2 and out.shape[0] != 1:
+            raise ModelFileError(f"{WHAT} {self.source} returned shape {list(out.shape)} for one waveform; expected "
+                                 "[1, D] or [D]")
+        return out.reshape(-1)
+
     def similarity(self, wav_a, wav_b, sr: int) -> float:
         """Cosine of the two waveforms' embeddings (both at `sr`)."""
         return float(np.dot(self.embed(wav_a, sr), self.embed(wav_b, sr)))
 
 
 def _state_dict_net(path: Path, device: torch.device) -> nn.Module:
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if isinstance(state, dict) and "model_state" in state:
+    """The Resemblyzer network with the state dict of `path`, read as data (`common.model_files`)."""
+    state = load_weights(path, WHAT)
+    if "model_state" in state and isinstance(state["model_state"], dict):
         state = state["model_state"]
-    if not isinstance(state, dict):
-        raise ValueError("neither a TorchScript module nor a state dict")
-    state = {k: v for k, v in state.items() if not k.startswith("similarity_")}  # GE2E's training-only scale
+    state = {k: v for k, v in float32_weights(state, path, WHAT).items()
+             if not k.startswith("similarity_")}  # GE2E's training-only scale
     with torch.device("meta"):  # no init, no draw from the global RNG
         net = VoiceEncoderNet()
     net.load_state_dict(state, strict=True, assign=True)
     return net.to(device).eval()
 
 
+def _code_net(file: Path, kind: str, device: torch.device, say: Callable[[str], None]) -> nn.Module:
+    """A TorchScript module or `.pt2` program: runs the file's code, so only with the opt-in (said in one line)."""
+    say(allow_code_file(file, kind, WHAT))
+    if kind.startswith("a torch.export"):
+        return torch.export.load(str(file)).module().to(device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.jit is deprecated, still read
+        return torch.jit.load(str(file), map_location=device).eval()
+
+
 def load_speaker_encoder(path: str | None = None, device: str | torch.device = "cpu",
                          say: Callable[[str], None] = print, what: str = "speaker similarity") -> SpeakerEncoder | None:
-    """The encoder of `path` (`.pt2`, TorchScript or a Resemblyzer state dict), or Resemblyzer's own weights when
-    `path` is "" or "resemblyzer"; None after one line saying why `what` is off."""
+    """The encoder of `path` (a Resemblyzer state dict; `.pt2` or TorchScript with `TRUST_CODE_FILES=1`), or
+    Resemblyzer's own weights when `path` is "" or "resemblyzer"; None after one line saying why `what` is off."""
     device = torch.device(device)
     if path and path != PACKAGED:
-        file = Path(path).expanduser()
-        if not file.is_file():
-            say(f"{what} off: the speaker encoder {path} is not a file")
-            return None
         try:
-            if file.suffix == ".pt2":
-                net = torch.export.load(str(file)).module().to(device)
-                return SpeakerEncoder(str(file), wav_net=net, device=device)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)  # torch.jit is deprecated, still read
-                net = torch.jit.load(str(file), map_location=device).eval()
-            return SpeakerEncoder(str(file), wav_net=net, device=device)
-        except (RuntimeError, ValueError):
-            pass  # not a module: a state dict?
-        try:
+            file = regular_file(path, WHAT)
+            kind = code_kind(file)
+            if kind is not None:
+                return SpeakerEncoder(str(file), wav_net=_code_net(file, kind, device, say), device=device)
             return SpeakerEncoder(str(file), mel_net=_state_dict_net(file, device), device=device)
+        except ModelFileError as exc:
+            say(f"{what} off: {exc}")
+            return None
         except Exception as exc:  # noqa: BLE001 (any unreadable file is the same answer: the metric is off)
-            say(f"{what} off: {path} is neither an exported speaker encoder nor a Resemblyzer state dict "
+            say(f"{what} off: {path} is neither a Resemblyzer state dict nor an exported speaker encoder "
                 f"({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})")
             return None
     weights = resemblyzer_weights()

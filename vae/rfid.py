@@ -12,6 +12,11 @@ Weights are never downloaded: `rfid_weights` names the file (`pt_inception-2015-
 https://github.com/mseitzer/pytorch-fid/releases/download/fid_weights/pt_inception-2015-12-05-6726825d.pth),
 "" takes it from the torch hub cache (`~/.cache/torch/hub/checkpoints/`, where pytorch-fid puts it), and
 "off" skips rFID. Without the package or the file, one line says rFID is off and validation goes on.
+The file is data (`common.model_files`): a state dict (`.pth`/`.pt` read weights-only, or `.safetensors`),
+never code; fp16 / bf16 / fp64 weights are converted to fp32. A file that cannot be used (pickled code, a
+TorchScript module, NaN or infinite weights, another network's tensors) is the same one "rFID off" line naming
+it — or, where the run ranks best.pt by rFID (`--best_by rfid`, `required`), one error line and exit 2 at
+start, since the run could rank nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from unittest import mock
 import numpy as np
 import torch
 from torch import nn
+
+from common.model_files import ModelFileError, float32_weights, load_weights
 
 WEIGHTS_NAME = "pt_inception-2015-12-05-6726825d.pth"
 INSTALL_HINT = "pip install pytorch-fid==0.3.0"
@@ -91,28 +98,36 @@ class InceptionFeatures:
 
 
 def load_inception(weights: str = "", device: str | torch.device = "cpu",
-                   say: Callable[[str], None] = print) -> InceptionFeatures | None:
+                   say: Callable[[str], None] = print, required: bool = False) -> InceptionFeatures | None:
     """The FID Inception with the weights of `weights` ("" = the torch hub cache's file), or None after one
-    line saying why rFID is off ("off": nothing said)."""
+    line saying why rFID is off ("off": nothing said). `required` (best.pt ranked by rfid): a file that cannot be
+    used raises ModelFileError (one line naming it, exit 2) instead, since the run could rank nothing."""
     if weights == "off":
         return None
+
+    def off(why: str) -> None:
+        if required:
+            raise ModelFileError(f"{why}; best_by rfid needs it")
+        say(f"rFID off: {why}")
+
     path = Path(weights).expanduser() if weights else hub_weights()
-    if path is None or not path.is_file():
+    if path is None or not path.exists():
         where = f"{weights} is not a file" if weights else f"no {WEIGHTS_NAME} in {Path(torch.hub.get_dir()) / 'checkpoints'}"
-        say(f"rFID off: {where} (rfid_weights: give the FID Inception weights file; nothing is downloaded)")
-        return None
+        return off(f"{where} (rfid_weights: give the FID Inception weights file; nothing is downloaded)")
+    what = "rFID weights (rfid_weights)"
+    try:  # the file first: an unusable one is said whether or not the package is there
+        state = float32_weights(load_weights(path, what), path, what)
+    except ModelFileError as exc:
+        return off(str(exc))
     try:
         import pytorch_fid.inception  # noqa: F401
     except ImportError:
-        say(f"rFID off: pytorch-fid is not installed ({INSTALL_HINT})")
-        return None
+        return off(f"pytorch-fid is not installed ({INSTALL_HINT})")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
         return InceptionFeatures(build_inception(state), device, str(path))
-    except Exception as exc:  # noqa: BLE001 (an unreadable or foreign file: the same answer, rFID is off)
-        say(f"rFID off: {path} is not pytorch-fid's Inception weights ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0][:160] if str(exc) else ''})")
-        return None
+    except Exception as exc:  # noqa: BLE001 (another network's tensors: the same answer, rFID is off)
+        return off(f"{path} is not pytorch-fid's Inception weights ({type(exc).__name__}: "
+                   f"{str(exc).splitlines()[0][:160] if str(exc) else ''})")
 
 
 def frechet_distance(feats_a: np.ndarray, feats_b: np.ndarray) -> float:

@@ -107,6 +107,8 @@ class VAETrainer:
         self.eval_batch = validation.eval_batch_size(cfg)
         self.val_batches = validation.validation_batches(cfg, data, main)
         self.sample_x = validation.sample_images(cfg, data)
+        if main and cfg.best_by == "rfid":  # best.pt ranks by it: an unusable weights file stops the run now, not later
+            _ = self._rfid_net
 
     def train_step(self, micro_batches: list[torch.Tensor], global_step: int | None = None) -> dict:
         """One optimizer step (`VAEStep.train_step`) at the run's own `global_step` unless one is named."""
@@ -156,8 +158,9 @@ class VAETrainer:
 
     @functools.cached_property
     def _rfid_net(self):
-        """rFID's Inception, loaded at the first validation; None: rFID off (said in one line)."""
-        return load_inception(self.cfg.rfid_weights, self.device, say=self.printer)
+        """rFID's Inception, loaded at the first validation (at start with best_by rfid, where an unusable file is
+        an error, exit 2); None: rFID off (said in one line)."""
+        return load_inception(self.cfg.rfid_weights, self.device, say=self.printer, required=self.cfg.best_by == "rfid")
 
     def validate(self) -> dict:
         """Held-out metrics of the EMA weights (rank 0, once per step) to TensorBoard and `metrics.jsonl`."""

@@ -20,11 +20,11 @@ def bin_of(f0: float) -> float:
     return (1200 * np.log2(f0 / 10) - CENTS_0) / CENTS_STEP
 
 
-def stand_in(path, f0=220.0, bins=N_BINS, mels=128):
+def stand_in(path, f0=220.0, bins=N_BINS, mels=128, scale=1.0):
     """salience[t, k] = 0.9 * exp(-(k - bin_of(f0))^2 / 2) * sigmoid(4 * (loudest log mel band of frame t + 6)):
     a peak at f0 where the frame has sound, ~0 in silence (log mel of silence is log(1e-5) = -11.5)."""
     k = np.arange(bins)
-    pattern = (0.9 * np.exp(-0.5 * (k - bin_of(f0)) ** 2)).astype(np.float32).reshape(1, 1, bins)
+    pattern = (scale * 0.9 * np.exp(-0.5 * (k - bin_of(f0)) ** 2)).astype(np.float32).reshape(1, 1, bins)
     nodes = [
         helper.make_node("ReduceMax", ["mel", "axis1"], ["level"], keepdims=0),  # [1, T]
         helper.make_node("Add", ["level", "six"], ["shifted"]),

@@ -12,6 +12,7 @@ import torch
 from scipy import linalg
 from test_vae_train import run
 
+from common.model_files import ModelFileError
 from vae import rfid
 from vae.metrics import evaluate
 
@@ -90,3 +91,46 @@ def test_the_trainer_logs_rfid_from_the_weights_file_it_is_given(image_dir, tmp_
                f"rfid_weights={tmp_path / 'inception.pth'}") == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert rows and all(r["rfid"] > 0 for r in rows), rows
+
+
+class TinyNet(torch.nn.Module):
+    """Stands in for the Inception built from the weights (building it costs seconds): it records what it got."""
+
+    def __init__(self, state: dict) -> None:
+        super().__init__()
+        self.state = state
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_rfid_weights_of_another_dtype_are_converted(tmp_path, monkeypatch, dtype):
+    """Before: an fp16 / fp64 file built an Inception of that dtype, and the first validation was a traceback."""
+    monkeypatch.setattr(rfid, "build_inception", TinyNet)
+    torch.save({"conv.weight": torch.ones(2, 2, dtype=dtype), "bn.num_batches_tracked": torch.tensor(3)},
+               tmp_path / "w.pth")
+    loaded = rfid.load_inception(str(tmp_path / "w.pth"), say=pytest.fail)
+    assert loaded.net.state["conv.weight"].dtype == torch.float32
+    assert loaded.net.state["bn.num_batches_tracked"].dtype == torch.int64
+
+
+def test_rfid_weights_with_nan_are_refused_naming_the_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(rfid, "build_inception", TinyNet)
+    torch.save({"conv.weight": torch.tensor([1.0, float("nan")], dtype=torch.float16)}, tmp_path / "w.pth")
+    lines = []
+    assert rfid.load_inception(str(tmp_path / "w.pth"), say=lines.append) is None
+    assert len(lines) == 1 and lines[0].startswith("rFID off: ") and str(tmp_path / "w.pth") in lines[0], lines
+    assert "'conv.weight' holds NaN" in lines[0]
+    with pytest.raises(ModelFileError) as info:  # --best_by rfid: the run stops (exit 2) instead
+        rfid.load_inception(str(tmp_path / "w.pth"), say=pytest.fail, required=True)
+    assert "\n" not in str(info.value) and str(tmp_path / "w.pth") in str(info.value)
+    assert str(info.value).endswith("best_by rfid needs it")
+
+
+def test_best_by_rfid_with_nan_weights_stops_at_start_with_one_line(image_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(rfid, "build_inception", TinyNet)
+    torch.save({"conv.weight": torch.full((2,), float("nan"))}, tmp_path / "w.pth")
+    out = tmp_path / "run"
+    assert run(image_dir, out, "--max_steps", "1", "--no-export_diffusers", "--best_by", "rfid", "--set",
+               f"rfid_weights={tmp_path / 'w.pth'}") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "holds NaN" in err[0], err
+    assert not list(out.glob("checkpoint_*.pt"))  # nothing trained

@@ -170,7 +170,8 @@ class ValConfig:
     # speaker similarity: tts/clone/evaluation.py synthesis_metrics); 0 = off
     synth_items: NonNegativeInt = 8
     # the speaker encoder of speaker_sim (speech/speaker_similarity.py): "resemblyzer" = the weights in that
-    # package (pip install --no-deps resemblyzer==0.1.4), a path = your TorchScript or state-dict file, "" = off
+    # package (pip install --no-deps resemblyzer==0.1.4), a path = your state-dict file (TorchScript / .pt2 only
+    # with TRUST_CODE_FILES=1: it runs code), "" = off
     speaker_encoder: str = "resemblyzer"
     plateau_patience: PositiveInt = 5  # validations without improvement before the plateau notice
     plateau_min_delta: NonNegativeFloat = 0.005  # relative improvement that counts

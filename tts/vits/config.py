@@ -248,8 +248,8 @@ class TrainConfig(CadenceKeys):
     progress_bar: bool = True
     eval_max_items: PositiveInt = 32  # eval utterances used for MCD/alignment metrics
     # the speaker encoder of evaluation's speaker_sim (speech/speaker_similarity.py): "resemblyzer" = the weights
-    # in that package (pip install --no-deps resemblyzer==0.1.4), a path = your TorchScript or state-dict file,
-    # "" = off; a missing one is one line and the metric is off
+    # in that package (pip install --no-deps resemblyzer==0.1.4), a path = your state-dict file (a TorchScript /
+    # .pt2 file only with TRUST_CODE_FILES=1: it runs code), "" = off; a missing one is one line and the metric is off
     speaker_encoder: str = "resemblyzer"
     test_sentences: list[str] = field(default_factory=list)
     test_speaker: str | None = None  # speaker name for test sentences (default: the first)
