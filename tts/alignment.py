@@ -127,11 +127,11 @@ def maximum_path_torch(neg_cent: torch.Tensor, mask: torch.Tensor,
 
     # numba's backtrack steps down a token at (i, j) iff i > 0 and (i == j or from_prev);
     # outside the band (frames past an item's end) it never steps, so each item starts at its own end
-    step_down = (from_prev | (tok == frame)) & (tok > 0) & band
+    step_down = ((from_prev | (tok == frame)) & (tok > 0) & band).to(torch.uint8)  # a number to subtract
     token = torch.empty((n_frames, b), dtype=torch.long, device=device)  # token of each frame
     token[-1] = (t_texts - 1).clamp(min=0)
     for j in range(n_frames - 1, 0, -1):
-        torch.sub(token[j], step_down[j].gather(1, token[j, :, None]).squeeze(1).long(), out=token[j - 1])
+        torch.sub(token[j], step_down[j].gather(1, token[j, :, None]).squeeze(1), out=token[j - 1])
     path = (tok == token[:, :, None]) & band
     return path.permute(1, 2, 0).to(neg_cent.dtype).contiguous()
 
