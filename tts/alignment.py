@@ -96,7 +96,9 @@ def maximum_path_torch(neg_cent: torch.Tensor, mask: torch.Tensor,
     the sums round differently, so a near-tie (scores within float32 rounding) can flip. The
     float64 cost is only the [B, T_text] column: per frame a few ops on ~20k numbers, which GPU
     kernel launches dominate, not the arithmetic (even at consumer cards' 1/64 float64 rate).
-    Memory: the inputs in float32 frames-first plus three bools per cell.
+    (On the CPU float32 measured no faster; bench/README.md.) Memory: a float32 copy of the scores
+    (frames first) and about four one-byte tensors of that size (band, directions, path): ~160 MB
+    beside the output at batch 64 x 300 tokens x 1034 frames.
     """
     if neg_cent.dim() != 3:
         raise ValueError(f"neg_cent must be [B, T_text, T_frames], got shape {tuple(neg_cent.shape)}")
