@@ -15,6 +15,7 @@ BENCHES = {
     "tts": "bench.bench_tts",
     "tts_clone": "bench.bench_clone",
     "vae": "bench.bench_vae",
+    "mas": "bench.bench_mas",  # the alignment search both TTS models run inside their forward
 }
 
 

@@ -1,13 +1,22 @@
-"""Monotonic alignment search (MAS, Glow-TTS / VITS) with numba: no C extension to build.
+"""Monotonic alignment search (MAS, Glow-TTS / VITS): numba on the CPU, batched PyTorch elsewhere.
 
 Given the log-likelihood of every frame under every text token's prior, MAS finds the
 monotonic, surjective path (each frame → exactly one token, tokens in order, every token at
 least one frame) that maximises the total log-likelihood. Dynamic programming over frames,
-then a backtrack; O(T_text · T_frames) per item, run on the CPU on detached values (the path
-is a constant for the gradient, as in the paper).
+then a backtrack; O(T_text · T_frames) per item, on detached values (the path is a constant
+for the gradient, as in the paper).
+
+Two implementations give the same path (same values in float64, same tie rule):
+- `maximum_path_numba`: item by item on the CPU (no C extension to build; numba ships with librosa);
+- `maximum_path_torch`: the whole batch at once, one loop step per frame of vectorised ops over
+  [B, T_text], on the tensors' own device: on a GPU no copy to the host and no host sync, so the
+  training step does not stall on MAS.
+`maximum_path` picks one by device (`implementation_for`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numba
 import numpy as np
@@ -50,26 +59,111 @@ def _maximum_path_batch(path: np.ndarray, value: np.ndarray, t_texts: np.ndarray
             _maximum_path_one(path[b], value[b], t_texts[b], t_frames[b])
 
 
+def _lengths(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, frames) per item [B] from a 0/1 mask whose valid part is the top-left rectangle,
+    tokens capped at frames (no surjective path otherwise)."""
+    valid = mask != 0
+    t_frames = valid[:, 0, :].sum(1)
+    return torch.minimum(valid[:, :, 0].sum(1), t_frames), t_frames
+
+
+def maximum_path_numba(neg_cent: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`maximum_path` item by item with numba on the CPU, in float64 (the reference implementation;
+    a GPU tensor is copied to the host and back, which waits for the GPU)."""
+    mask = mask.expand_as(neg_cent)
+    value = neg_cent.detach().float().masked_fill(mask == 0, 0.0).cpu().numpy().astype(np.float64)
+    t_texts, t_frames = (n.cpu().numpy().astype(np.int64) for n in _lengths(mask.detach()))
+    path = np.zeros(value.shape, dtype=np.float32)
+    _maximum_path_batch(path, value, t_texts, t_frames)
+    return torch.from_numpy(path).to(device=neg_cent.device, dtype=neg_cent.dtype)
+
+
+def maximum_path_torch(neg_cent: torch.Tensor, mask: torch.Tensor,
+                       dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """`maximum_path` for the whole batch in PyTorch, on ``neg_cent``'s device: no host copy, no sync.
+
+    The same recursion as `_maximum_path_one`, a loop over frames whose every step is a few ops over
+    all items and tokens at once ([B, T_text]); items of different lengths run side by side, each
+    kept inside its own band of reachable cells (token i on frame j needs i <= j, and enough frames
+    left for the tokens after it). Only the running column of scores is kept, in ``dtype``; the
+    backtrack needs one bool per cell (did the path come from the previous token?), then walks the
+    frames backwards for all items at once. Cells outside an item's band score exactly -1e9, as in
+    the numba version, so even degenerate inputs give the same path.
+
+    ``dtype`` float64 (default) gives the numba path exactly: both add the same float32 inputs in
+    float64 in the same order, and ties break the same way (the path stays on its token unless the
+    previous token scored strictly more: numba's ``value[i, j-1] < value[i-1, j-1]``). In float32
+    the sums round differently, so a near-tie (scores within float32 rounding) can flip. The
+    float64 cost is only the [B, T_text] column: per frame a few ops on ~20k numbers, which GPU
+    kernel launches dominate, not the arithmetic (even at consumer cards' 1/64 float64 rate).
+    (On the CPU float32 measured no faster; bench/README.md.) Memory: a float32 copy of the scores
+    (frames first) and about four one-byte tensors of that size (band, directions, path): ~160 MB
+    beside the output at batch 64 x 300 tokens x 1034 frames.
+    """
+    if neg_cent.dim() != 3:
+        raise ValueError(f"neg_cent must be [B, T_text, T_frames], got shape {tuple(neg_cent.shape)}")
+    b, n_text, n_frames = neg_cent.shape
+    device = neg_cent.device
+    if b == 0 or n_text == 0 or n_frames == 0:
+        return torch.zeros_like(neg_cent)
+    mask = mask.detach().expand_as(neg_cent)
+    t_texts, t_frames = _lengths(mask)
+    # float32 as numba reads them, 0 outside the mask; frames first so each step reads one block
+    x = neg_cent.detach().float().masked_fill(mask == 0, 0.0).permute(2, 0, 1).contiguous()
+    tok = torch.arange(n_text, device=device)
+    frame = torch.arange(n_frames, device=device)[:, None, None]
+    # [T_frames, B, T_text]: the cells a path of this item can pass through (empty for an empty item)
+    band = (tok <= frame) & (tok >= (t_texts - t_frames)[:, None] + frame) & (tok < t_texts[:, None])
+
+    # score[:, 1 + i]: best score of a path ending on token i at the previous frame; column 0 is a
+    # token before the first one (never reachable), so "come from token i-1" is a shifted view.
+    score = torch.full((b, n_text + 1), _NEG, dtype=dtype, device=device)
+    score[:, 1] = 0.0  # before frame 0 the path stands on token 0
+    neg = torch.full((), _NEG, dtype=dtype, device=device)  # made on the device: no host copy
+    from_prev = torch.empty((n_frames, b, n_text), dtype=torch.bool, device=device)
+    for j in range(n_frames):
+        stay, move = score[:, 1:], score[:, :-1]
+        torch.lt(stay, move, out=from_prev[j])  # the previous token strictly better: the tie rule
+        best = torch.maximum(stay, move)
+        torch.where(band[j], x[j] + best, neg, out=score[:, 1:])
+
+    # numba's backtrack steps down a token at (i, j) iff i > 0 and (i == j or from_prev);
+    # outside the band (frames past an item's end) it never steps, so each item starts at its own end
+    step_down = ((from_prev | (tok == frame)) & (tok > 0) & band).to(torch.uint8)  # a number to subtract
+    token = torch.empty((n_frames, b), dtype=torch.long, device=device)  # token of each frame
+    token[-1] = (t_texts - 1).clamp(min=0)
+    for j in range(n_frames - 1, 0, -1):
+        torch.sub(token[j], step_down[j].gather(1, token[j, :, None]).squeeze(1), out=token[j - 1])
+    path = (tok == token[:, :, None]) & band
+    return path.permute(1, 2, 0).to(neg_cent.dtype).contiguous()
+
+
+# On the CPU numba is faster at every size measured (bench/bench_mas.py); elsewhere the batched torch
+# version runs on the device, where numba would copy to the host and wait for the GPU.
+def implementation_for(device: torch.device) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The MAS implementation `maximum_path` uses for tensors on ``device``."""
+    return maximum_path_numba if device.type == "cpu" else maximum_path_torch
+
+
 def maximum_path(neg_cent: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Best monotonic 0/1 path.
 
     neg_cent: [B, T_text, T_frames] log-likelihood of frame t under token i.
-    mask: same shape (or broadcastable), 1 inside each item's valid (text, frames) rectangle.
-    Returns a 0/1 tensor like ``neg_cent`` (same device/dtype). Where an item has fewer frames
-    than tokens no surjective path exists: the path then ends at the last frame and later
-    tokens stay empty (prepare_data filters such items out).
+    mask: same shape (or broadcastable), 0/1 or bool, 1 inside each item's valid (text, frames)
+    rectangle (top left). Returns a 0/1 tensor like ``neg_cent`` (same device/dtype). Where an item
+    has fewer frames than tokens no surjective path exists: the path then ends at the last frame and
+    later tokens stay empty (prepare_data filters such items out); an empty item gets an empty path.
+
+    Under torch.compile it runs eagerly between the compiled graphs: dynamo cannot trace numba, and
+    would unroll the torch version's loop over frames. The wrapper is made here, only then, because
+    importing torch._dynamo (which `torch.compiler.disable` does) costs every start-up ~1.7 s.
     """
     if neg_cent.dim() != 3:
         raise ValueError(f"neg_cent must be [B, T_text, T_frames], got shape {tuple(neg_cent.shape)}")
-    mask = mask.expand_as(neg_cent)
-    value = neg_cent.detach().float().masked_fill(mask == 0, 0.0).cpu().numpy().astype(np.float64)
-    m = mask.detach().cpu()
-    t_texts = m[:, :, 0].sum(1).long().numpy().astype(np.int64)
-    t_frames = m[:, 0, :].sum(1).long().numpy().astype(np.int64)
-    t_texts = np.minimum(t_texts, np.maximum(t_frames, 0))  # no surjective path otherwise
-    path = np.zeros(value.shape, dtype=np.float32)
-    _maximum_path_batch(path, value, t_texts, t_frames)
-    return torch.from_numpy(path).to(device=neg_cent.device, dtype=neg_cent.dtype)
+    fn = implementation_for(neg_cent.device)
+    if torch.compiler.is_compiling():
+        fn = torch.compiler.disable(fn)
+    return fn(neg_cent, mask)
 
 
 @numba.njit(cache=True, nogil=True)

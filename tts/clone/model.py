@@ -81,11 +81,11 @@ class VoiceCloneTTS(nn.Module):
         """Reference log-mel [B, n_mels, T] (raw, as MelSpectrogram gives it) → speaker vector [B, dim]."""
         return self.ref_encoder(self.norm_mel(ref_mel) * ref_mask.unsqueeze(1), ref_mask)
 
-    @torch.compiler.disable  # numba on the CPU: run eagerly, the compiled graphs sit on either side
     @torch.no_grad()
     def align(self, mu: torch.Tensor, x: torch.Tensor, text_mask: torch.Tensor,
               mel_mask: torch.Tensor) -> torch.Tensor:
-        """MAS path [B, T_text, T_frames] maximising sum log N(x_t; mu_i, I) (fp32, no autocast)."""
+        """MAS path [B, T_text, T_frames] maximising sum log N(x_t; mu_i, I) (fp32, no autocast).
+        Under torch.compile `maximum_path` itself runs eagerly, between the compiled graphs."""
         with torch.autocast(mu.device.type, enabled=False):
             mu, x = mu.float(), x.float()
             # -0.5 * ||x_t - mu_i||^2 expanded, so the [B, T_text, T_frames] matrix is one bmm
