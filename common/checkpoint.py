@@ -25,7 +25,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -35,10 +35,13 @@ from common import distributed
 from common.atomic_write import FileInUseError, atomic_output, remove, replace, write_text
 from common.config import config_to_dict
 from common.distributed import unwrap as _unwrap
-from common.errors import UserError
+from common.errors import ConfigError, UserError
 from common.guards import saving_blocked
 from common.log import resumed_trackers
 from common.training import apply_optimizer_overrides, optimizer_overrides
+
+
+T = TypeVar("T")
 
 
 class CheckpointError(UserError, RuntimeError):
@@ -221,6 +224,21 @@ def refuse_other_kind(path: str | Path, ckpt: dict, *accepted: str) -> None:
     if kind is not None and kind not in accepted:
         what, use = describe_kind(kind)
         raise CheckpointError(f"{path} is {what}, not {describe_kind(accepted[0])[0]}: use it with {use}")
+
+
+def saved_config(path: str | Path, ckpt: dict, build: Callable[[dict], T]) -> T:
+    """The typed config a checkpoint was trained with: `build(ckpt["config"])`. A saved config that is not a
+    mapping, or that the schema refuses, is one CheckpointError naming the file (a damaged or hand-edited
+    file), not an AttributeError or a message that blames a command-line flag the user never gave."""
+    saved = ckpt.get("config", {})
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{path}: its saved config is a {type(saved).__name__}, not a mapping of config keys: "
+                              "the file is damaged or was edited; use another checkpoint of the run")
+    try:
+        return build(saved)
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: its saved config does not load ({e}); the file is damaged or was edited, "
+                              "or a newer version of this code wrote it") from None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ as the file holds it, and trains on to step 6."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -104,3 +105,22 @@ def test_a_checkpoint_of_before_the_one_layout_resumes_whole(trainer, tmp_path, 
     assert seen["guards"] == {name: guards[name] for name in seen["guards"]}
     assert seen["divergence"]["recent"] == guards["divergence"]["recent"] and guards["divergence"]["recent"]["loss"]
     assert upgrade_layout(old, list(old["optimizers"]))["counters"]["batch_in_epoch"] >= 0
+
+
+@pytest.mark.parametrize("kind", ["vits", "clone"])
+@pytest.mark.parametrize("damage", ["not a mapping", "a section as a list"])
+def test_a_damaged_saved_config_is_one_line_naming_the_file(kind, damage):
+    """A checkpoint whose saved config is not a mapping, or holds a list where a section goes (a hand-edited
+    file), is one CheckpointError naming the file, never an AttributeError or a blamed `--set` flag."""
+    from common.checkpoint import CheckpointError
+    from tts.clone.infer import load_clone_model
+    from tts.vits.synthesize import load_generator
+
+    path = FIXTURES / f"{kind}.pt"
+    ckpt = load_checkpoint(path)
+    section = "model_args" if kind == "vits" else "model"
+    ckpt["config"] = [1, 2] if damage == "not a mapping" else {**ckpt["config"], section: [ckpt["config"][section]]}
+    load = load_generator if kind == "vits" else load_clone_model
+    with pytest.raises(CheckpointError, match=re.escape(str(path)) + ": its saved config ") as e:
+        load(path, "cpu", ckpt=ckpt)
+    assert "\n" not in str(e.value) and ("saved config does not load" in str(e.value)) == (damage != "not a mapping")

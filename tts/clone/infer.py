@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from common import exit_codes
-from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind
+from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind, saved_config
 from common.errors import UserError
 from common.run_dir import check_apart, check_output_file, refuse_to_replace
 from speech.audio import save_wav
@@ -57,7 +57,7 @@ def load_clone_model(path: str | Path, device: str | torch.device = "cpu",
     if "models" not in ckpt or "model" not in ckpt["models"] or not ckpt.get("config"):
         raise CheckpointError(f"{path}: not a voice-cloning checkpoint of tts/train_main.py "
                               "(expected its 'models'/'config' entries)")
-    cfg = config_from_dict(ckpt["config"])
+    cfg = saved_config(path, ckpt, config_from_dict)
     model = VoiceCloneTTS(cfg.model, len(SYMBOLS), cfg.audio.n_mels)
     model.load_state_dict(ckpt["models"]["model"])
     return model.to(device).eval(), cfg

@@ -30,7 +30,7 @@ import torch
 
 from common import exit_codes
 from common.atomic_write import atomic_output
-from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind
+from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind, saved_config
 from common.config import ConfigError, load_config
 from common.run_dir import check_apart, check_output_dir, check_output_file, refuse_to_replace
 from speech.audio import to_int16
@@ -49,7 +49,8 @@ def load_generator(path: str | Path, device: str | torch.device = "cpu", remove_
     refuse_other_kind(path, ckpt, "vits")  # a vocoder's file: say so, not "unknown config key 'task_cls'"
     if "models" not in ckpt or "generator" not in ckpt["models"]:
         raise CheckpointError(f"{path}: not a VITS checkpoint from tts/train.py (no generator weights)")
-    cfg = load_config(None, TrainConfig, extra=ckpt.get("config", {}))
+    cfg = saved_config(path, ckpt, lambda saved: load_config(None, TrainConfig, extra=saved,
+                                                             extra_sources=dict.fromkeys(saved, "saved config")))
     extra = ckpt.get("extra", {})
     speakers = dict(extra.get("speakers", {"speaker": 0}))
     symbols = Frontend.of(cfg).symbols
