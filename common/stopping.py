@@ -29,12 +29,18 @@ from pathlib import Path
 from typing import Any
 
 from common import exit_codes
+from common import distributed
 from common.distributed import any_rank
 from common.guards import NonFiniteError, nonfinite_stop_message
 from common.hardware import OutOfMemory, is_oom, oom_message
 from common.presets import get_key
 
 SIGNAL, TIME_LIMIT, STOP_AT_STEP = "signal", "time limit", "stop_at_step"
+# Under torchrun the ranks agree on a stop (an all-reduce, and on NCCL a host sync) every AGREE_EVERY steps, and at
+# `stop_at_step`, not after every step: a signal or the time limit then stops every rank at the same step at most
+# AGREE_EVERY - 1 steps later (seconds, inside any scheduler's grace period), and the steps between run without a
+# collective of their own. One process decides after every step (no collective at all).
+AGREE_EVERY = 8
 
 
 class GracefulExit:
@@ -118,12 +124,16 @@ class RunStop:
         return self.signals.signal_name or "signal"
 
     def check(self, step: int) -> str | None:
-        """Why the run stops after optimizer step `step`, or None; on every rank alike (`any_rank`)."""
+        """Why the run stops after optimizer step `step`, or None; on every rank alike (`any_rank`, every
+        `AGREE_EVERY` steps under torchrun)."""
+        at_step = self.stop_at_step is not None and step >= self.stop_at_step
+        if distributed.is_enabled() and step % AGREE_EVERY and not at_step:
+            self.reason = None
+            return None
         signalled = any_rank(self.signals.requested)
         limit = self.time_limit_minutes
         # the same limit on every rank: without one, no collective is needed
         timed_out = bool(limit) and any_rank(time.perf_counter() - self.t_start > 60.0 * limit)
-        at_step = self.stop_at_step is not None and step >= self.stop_at_step
         self.reason = SIGNAL if signalled else TIME_LIMIT if timed_out else STOP_AT_STEP if at_step else None
         return self.reason
 

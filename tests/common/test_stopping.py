@@ -70,3 +70,19 @@ def test_out_of_memory_becomes_the_advice():
     with pytest.raises(RuntimeError, match="other"):  # any other error passes through unchanged
         with RunStop(oom=("the test step", 8, {})):
             raise RuntimeError("other")
+
+
+def test_under_torchrun_the_ranks_agree_every_few_steps_not_every_step(monkeypatch):
+    """The stop agreement is a collective (and a host sync on NCCL): under torchrun it runs every
+    AGREE_EVERY steps and at stop_at_step, so a signal stops every rank at the same, slightly later step."""
+    asked = []
+    monkeypatch.setattr(stopping.distributed, "is_enabled", lambda: True)
+    monkeypatch.setattr(stopping, "any_rank", lambda flag: asked.append(flag) or flag)
+    with RunStop(stop_at_step=stopping.AGREE_EVERY * 2 + 3) as stop:
+        stop.signals.requested = True  # this rank was signalled before step 1
+        reasons = [stop.check(step) for step in range(1, stopping.AGREE_EVERY + 1)]
+    assert reasons == [None] * (stopping.AGREE_EVERY - 1) + [SIGNAL] and len(asked) == 1
+    asked.clear()
+    with RunStop(stop_at_step=stopping.AGREE_EVERY + 3) as stop:
+        assert [stop.check(s) for s in range(1, stopping.AGREE_EVERY + 4)][-1] == STOP_AT_STEP
+    assert len(asked) == 2  # at step AGREE_EVERY and at stop_at_step, nowhere else
