@@ -112,6 +112,9 @@ def create_app(models: dict[str, Served], limits: Limits | None = None, access: 
 
     async def file_bytes(form, name: str, required: bool = True) -> bytes | None:
         item = form.get(name)
+        if isinstance(item, str):  # coqui's speaker_wav is a path on its server; here no request names a file
+            raise BadRequest(f"{name} must be an uploaded file (curl -F {name}=@clip.wav), not text: the server "
+                             "never reads a path a request names")
         if not isinstance(item, UploadFile):
             if required:
                 raise BadRequest(f"no file in the request: attach it as the form field {name!r}")
