@@ -2,15 +2,18 @@
 
     GET  /                 the page (serve/static/index.html): Speak, Vocode, Reconstruct, Compare
     GET  /models           the loaded models (id, kind, label, speakers, scales) and the upload limits
-    POST /speak            form: model, text, [speaker, noise_scale, length_scale, noise_scale_w, seed,
-                           reference (file, cloning), vocoder (a vocoder's id, cloning)] → audio/wav
+    POST /speak            model, text, [speaker, noise_scale, length_scale, noise_scale_w, seed, reference (file,
+                           cloning), vocoder (a vocoder's id, cloning)] → audio/wav (the text as spoken in
+                           X-Spoken-Text); Piper's and coqui's names too (serve/fields.py)
+    GET  /speak?text=…     the same from the query string (as Piper's and coqui's servers); /api/tts: coqui's path
     POST /vocode           form: model, audio (file) → JSON: wav + recording (base64), spectrograms (PNG,
                            base64), metrics
     POST /reconstruct      form: model, image (file), [tile_size] → image/png (PSNR in X-PSNR-dB)
     POST /cancel/{id}      cancels the request sent with form field request_id=<id> → {"cancelled": true|false}
 
-Every request passes `serve.guard.Guard` first (the host it names, a POST's origin and X-Requested-By header,
-the token). Timings come back in headers (X-Real-Time-Factor, X-Audio-Seconds, X-Elapsed-Seconds) or JSON
+Fields come as a form, multipart, a JSON object or a query string; a field the endpoint does not read is a 400
+naming the closest it does. Every request passes `serve.guard.Guard` first (the host it names, its origin, a
+POST's X-Requested-By header, the token). Timings come back in headers (X-Real-Time-Factor, X-Audio-Seconds, X-Elapsed-Seconds) or JSON
 fields. A bad request is a 4xx with {"error": one line}: the message of the `common.errors.UserError` that
 refused it, as the code that found the problem worded it; nothing the user sends is ever shown back as a
 traceback. Inference runs in the thread pool, one request at a time per model (`serve.models.locked`), so the
