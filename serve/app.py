@@ -2,15 +2,18 @@
 
     GET  /                 the page (serve/static/index.html): Speak, Vocode, Reconstruct, Compare
     GET  /models           the loaded models (id, kind, label, speakers, scales) and the upload limits
-    POST /speak            form: model, text, [speaker, noise_scale, length_scale, noise_scale_w, seed,
-                           reference (file, cloning), vocoder (a vocoder's id, cloning)] → audio/wav
+    POST /speak            model, text, [speaker, noise_scale, length_scale, noise_scale_w, seed, reference (file,
+                           cloning), vocoder (a vocoder's id, cloning)] → audio/wav (the text as spoken in
+                           X-Spoken-Text); Piper's and coqui's names too (serve/fields.py)
+    GET  /speak?text=…     the same from the query string (as Piper's and coqui's servers); /api/tts: coqui's path
     POST /vocode           form: model, audio (file) → JSON: wav + recording (base64), spectrograms (PNG,
                            base64), metrics
     POST /reconstruct      form: model, image (file), [tile_size] → image/png (PSNR in X-PSNR-dB)
     POST /cancel/{id}      cancels the request sent with form field request_id=<id> → {"cancelled": true|false}
 
-Every request passes `serve.guard.Guard` first (the host it names, a POST's origin and X-Requested-By header,
-the token). Timings come back in headers (X-Real-Time-Factor, X-Audio-Seconds, X-Elapsed-Seconds) or JSON
+Fields come as a form, multipart, a JSON object or a query string; a field the endpoint does not read is a 400
+naming the closest it does. Every request passes `serve.guard.Guard` first (the host it names, its origin, a
+POST's X-Requested-By header, the token). Timings come back in headers (X-Real-Time-Factor, X-Audio-Seconds, X-Elapsed-Seconds) or JSON
 fields. A bad request is a 4xx with {"error": one line}: the message of the `common.errors.UserError` that
 refused it, as the code that found the problem worded it; nothing the user sends is ever shown back as a
 traceback. Inference runs in the thread pool, one request at a time per model (`serve.models.locked`), so the
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
 import math
 import re
@@ -31,6 +35,7 @@ import secrets
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import quote
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -42,8 +47,9 @@ from starlette.routing import Route
 from starlette.types import Message, Receive
 
 from common.errors import UserError
+from serve.fields import RECONSTRUCT, SPEAK, VOCODE, FieldSet, canonical
 from serve.guard import Access, Guard
-from serve.models import BadRequest, Cancelled, Job, Limits, Served
+from serve.models import SPEECH_CONTROLS, BadRequest, Cancelled, Job, Limits, Served
 
 STATIC = Path(__file__).resolve().parent / "static"
 # An id only its client knows is what lets that client, and no one else, cancel the request: long enough not to
@@ -51,6 +57,7 @@ STATIC = Path(__file__).resolve().parent / "static"
 REQUEST_ID = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
 RETRY_AFTER_S = 5  # what a 503 (the model's queue is full) asks the client to wait
 MAX_SEED = 2**63 - 1  # torch.manual_seed's range
+FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 log = logging.getLogger("serve")
 
 
@@ -73,16 +80,33 @@ def create_app(models: dict[str, Served], limits: Limits | None = None, access: 
             raise BadRequest(f"no model {wanted!r}; the loaded ones are {', '.join(models)}", 404)
         return models[wanted]
 
-    async def read_form(request: Request):
+    async def read_fields(request: Request, fields: FieldSet) -> dict:
+        """The request's fields under our names (`serve.fields.canonical`): its query string and, for a POST, its
+        body: multipart/form-data, application/x-www-form-urlencoded or application/json (an object of strings
+        and numbers), so that curl's -F and -d, a browser's FormData and a Piper-style JSON client all work."""
+        items = list(request.query_params.multi_items())
+        if request.method == "POST":
+            items += await read_body(request)
+        return canonical(items, fields)
+
+    async def read_body(request: Request) -> list[tuple[str, object]]:
         size = request.headers.get("content-length", "")
         if not size.isdigit():
             raise BadRequest("send the request with a Content-Length (a file upload of known size)", 411)
         if int(size) > limits.max_upload_bytes + 64 * 1024:  # the form's own fields and boundaries besides the file
             raise BadRequest(f"the upload is {int(size) / 2**20:.1f} MB, more than the limit of "
                              f"{limits.max_upload_bytes / 2**20:g} MB (--max_upload_mb)", 413)
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
         request = Request(request.scope, stall_limited(request.receive, limits.body_timeout_s))
+        if kind == "application/json":
+            return json_fields(await request.body())
+        if kind not in FORM_TYPES:
+            if int(size) == 0:  # fields in the query string alone
+                return []
+            raise BadRequest(f"the request body is {kind or 'of no Content-Type'}: send the fields as "
+                             "multipart/form-data, application/x-www-form-urlencoded or application/json")
         try:
-            return await request.form(max_files=2, max_fields=20)
+            return (await request.form(max_files=2, max_fields=20)).multi_items()
         except BadRequest:
             raise
         except Exception as e:  # noqa: BLE001 - a malformed body is the sender's error, said in one line
@@ -91,6 +115,9 @@ def create_app(models: dict[str, Served], limits: Limits | None = None, access: 
 
     async def file_bytes(form, name: str, required: bool = True) -> bytes | None:
         item = form.get(name)
+        if isinstance(item, str):  # coqui's speaker_wav is a path on its server; here no request names a file
+            raise BadRequest(f"{name} must be an uploaded file (curl -F {name}=@clip.wav), not text: the server "
+                             "never reads a path a request names")
         if not isinstance(item, UploadFile):
             if required:
                 raise BadRequest(f"no file in the request: attach it as the form field {name!r}")
@@ -172,8 +199,11 @@ def create_app(models: dict[str, Served], limits: Limits | None = None, access: 
                                         "max_memory_gb": limits.memory_bytes / 2**30,
                                         "queue_per_model": limits.queue_per_model}})
 
-    async def post_speak(request: Request) -> Response:
-        form = await read_form(request)
+    async def speak(request: Request) -> Response:
+        """POST, or GET with the fields in the query string (as Piper's and coqui's servers answer): a wav, with
+        the text as spoken (normalised, percent-encoded UTF-8) in X-Spoken-Text and the fields sent that this
+        model does not read in X-Ignored-Fields."""
+        form = await read_fields(request, SPEAK)
         served = pick(form, ("vits", "clone"))
         reference = await file_bytes(form, "reference", required=False)
         vocoder = pick(form, ("vocoder",), "vocoder") if form.get("vocoder") else None
@@ -185,13 +215,15 @@ def create_app(models: dict[str, Served], limits: Limits | None = None, access: 
             raise BadRequest(f"seed must be a whole number from 0 to {MAX_SEED}, not {str(seed)[:40]}")
         res = await run(request, form, served, lambda job: served.speak(str(form.get("text") or ""), job, limits,
                                                                 form.get("speaker"), scales, seed, reference, vocoder))
+        ignored = [k for k in SPEECH_CONTROLS if k in form and k not in served.info.get("controls", ())]
         return Response(res["wav"], media_type="audio/wav", headers={
             "X-Real-Time-Factor": f"{res['rtf']:.4f}", "X-Audio-Seconds": f"{res['seconds']:.3f}",
             "X-Elapsed-Seconds": f"{res['elapsed']:.3f}", "X-Sentences": str(res["sentences"]),
+            "X-Spoken-Text": quote(res["spoken"], safe=" ,.!?;:'-"), "X-Ignored-Fields": ",".join(ignored),
             "Content-Disposition": f'attachment; filename="{served.id}.wav"'})
 
     async def post_vocode(request: Request) -> Response:
-        form = await read_form(request)
+        form = await read_fields(request, VOCODE)
         served = pick(form, ("vocoder",))
         data = await file_bytes(form, "audio")
         res = await run(request, form, served, lambda job: served.vocode(data, job, limits))
@@ -201,7 +233,7 @@ def create_app(models: dict[str, Served], limits: Limits | None = None, access: 
                              "seconds": res["seconds"], "elapsed": res["elapsed"], "sample_rate": res["sample_rate"]})
 
     async def post_reconstruct(request: Request) -> Response:
-        form = await read_form(request)
+        form = await read_fields(request, RECONSTRUCT)
         served = pick(form, ("vae",))
         data = await file_bytes(form, "image")
         tile = number(form, "tile_size", int)
@@ -228,13 +260,32 @@ def create_app(models: dict[str, Served], limits: Limits | None = None, access: 
         return len(jobs)
 
     routes = [Route("/", guarded(index)), Route("/models", guarded(list_models)),
-              Route("/speak", guarded(post_speak), methods=["POST"]),
+              Route("/speak", guarded(speak), methods=["GET", "POST"]),
+              Route("/api/tts", guarded(speak), methods=["GET", "POST"]),  # coqui's tts-server path
               Route("/vocode", guarded(post_vocode), methods=["POST"]),
               Route("/reconstruct", guarded(post_reconstruct), methods=["POST"]),
               Route("/cancel/{request_id}", guarded(post_cancel), methods=["POST"])]
     app = Starlette(routes=routes, middleware=[Middleware(Guard, access=access or Access())])
     app.state.jobs, app.state.cancel_all = jobs, cancel_all
     return app
+
+
+def json_fields(body: bytes) -> list[tuple[str, str]]:
+    """A JSON body → (name, value) pairs as a form would give them: numbers as text, null as not sent."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError) as e:
+        raise BadRequest(f"the request body is not valid JSON ({str(e)[:80]}): send an object such as "
+                         '{"text": "Salom!", "speaker": "anna"}') from None
+    if not isinstance(data, dict):
+        raise BadRequest(f"the JSON body is {type(data).__name__ if data is not None else 'null'}, not an object: "
+                         'send {"text": "Salom!", ...}')
+    items = []
+    for name, value in data.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (str, int, float))):
+            raise BadRequest(f"the JSON field {name[:40]!r} is {json.dumps(value)[:40]}: give a string or a number")
+        items.append((name, "" if value is None else str(value)))
+    return items
 
 
 def stall_limited(receive: Receive, seconds: float) -> Receive:

@@ -5,10 +5,13 @@ One ASGI middleware, `Guard`, checks every request before any route sees it:
 - **Host** (DNS rebinding): a page on evil.example whose name is re-pointed at 127.0.0.1 reaches this server
   with `Host: evil.example`; only the names this server was started under are answered (the loopback names,
   `--host`, `--allow_host`), anything else is 421.
-- **Cross-site POSTs** (CSRF): a POST whose `Sec-Fetch-Site` says another site sent it, or whose `Origin` is not
-  this server, is 403; and every POST must carry the `X-Requested-By` header, which a cross-site HTML form or a
-  `fetch(..., {mode: "no-cors"})` cannot send (a custom header makes the browser ask first with a CORS preflight,
-  which this server never grants). The page sends it; curl users add `-H "X-Requested-By: curl"`.
+- **Cross-site requests** (CSRF): a request whose `Sec-Fetch-Site` says another site sent it, or whose `Origin`
+  is not this server, is 403 — every request but the page itself, GETs included, since `GET /speak?text=…` does
+  work a cross-site `<img src=…>` could otherwise start; and every POST must carry the `X-Requested-By` header,
+  which a cross-site HTML form or a `fetch(..., {mode: "no-cors"})` cannot send (a custom header makes the browser
+  ask first with a CORS preflight, which this server never grants). The page sends it; curl users add
+  `-H "X-Requested-By: curl"`. A GET needs no header, so `curl "…/speak?text=Salom" -o salom.wav` works as with
+  Piper's and coqui's servers, while browsers (which send `Sec-Fetch-Site`) are refused from other sites.
 - **Token** (`--token`): when one is set, every request but the page itself (`GET /`, which holds no secret)
   needs `Authorization: Bearer <token>`, else 401.
 
@@ -109,16 +112,21 @@ class Guard:
         if name not in self.access.hosts:
             raise Refused(421, f"this server does not answer to the host name {host[:80]!r}; it answers to "
                                f"{', '.join(sorted(self.access.hosts))} (start it with --allow_host NAME for another)")
-        if scope["method"] not in ("GET", "HEAD"):
+        page = scope["method"] in ("GET", "HEAD") and scope["path"] == "/"  # holds no secret and does no work
+        if not page:
             self.check_same_origin(headers, host)
-        if self.access.token is not None and not (scope["method"] in ("GET", "HEAD") and scope["path"] == "/"):
+        if scope["method"] not in ("GET", "HEAD") and not headers.get(CLIENT_HEADER):
+            raise Refused(403, f"add the header {CLIENT_HEADER} (any value, e.g. curl -H '{CLIENT_HEADER}: curl'): "
+                               "it tells this server the request is not a cross-site form")
+        if self.access.token is not None and not page:
             given = headers.get("authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {self.access.token}".encode()):
                 raise Refused(401, "this server needs its token: send Authorization: Bearer <token>, or open the "
                                    "address the server printed at start (…/#token=…)")
 
     def check_same_origin(self, headers: Headers, host: str) -> None:
-        """A state-changing request must come from this server's own page or from a program, never another site."""
+        """A request that does work must come from this server's own page or from a program, never another site
+        (a link from another site to the page itself is fine: the caller skips this for `GET /`)."""
         site = headers.get("sec-fetch-site", "")
         if site in ("cross-site", "same-site"):
             raise Refused(403, f"refused a request another site sent (Sec-Fetch-Site: {site}): use this server's own page")
@@ -128,6 +136,3 @@ class Guard:
             if parts.scheme not in ("http", "https") or parts.netloc.lower() != host.lower():
                 raise Refused(403, f"refused a request from the page at {origin[:80]!r}: only this server's own page "
                                    f"({host}) may send it")
-        if not headers.get(CLIENT_HEADER):
-            raise Refused(403, f"add the header {CLIENT_HEADER} (any value, e.g. curl -H '{CLIENT_HEADER}: curl'): "
-                               "it tells this server the request is not a cross-site form")

@@ -39,6 +39,10 @@ from speech.mcd import compare_speech
 from speech.plots import plot_spectrograms
 
 KINDS = ("vits", "clone", "vocoder", "vae")
+# The /speak fields that change what a speech model says. Each model tells which of them it reads ("controls" in
+# GET /models) and why it ignores the others ("unused"), so the page can grey out a control that would change
+# nothing and a program can see it in X-Ignored-Fields, instead of hearing the same wav and wondering why.
+SPEECH_CONTROLS = ("speaker", "noise_scale", "length_scale", "noise_scale_w", "reference", "vocoder")
 
 
 class BadRequest(UserError, ValueError):
@@ -124,8 +128,16 @@ class VitsModel(Served):
         from tts.vits.synthesize import load_generator
 
         model, cfg, speakers = load_generator(path, device, ckpt=ckpt)
+        unused = {"reference": "a VITS model speaks in its own speakers' voices",
+                  "vocoder": "a VITS model makes the waveform itself"}
+        if len(speakers) < 2:
+            unused["speaker"] = "this model has one speaker"
+        if not model.args.use_sdp:  # the deterministic duration predictor takes no noise
+            unused["noise_scale_w"] = ("this model's duration predictor is deterministic (use_sdp: false); "
+                                       "noise_scale_w is the stochastic one's noise")
         info = {"sample_rate": cfg.audio.sample_rate, "speakers": list(speakers),
-                "scales": {k: getattr(cfg, k) for k in ("noise_scale", "length_scale", "noise_scale_w")}}
+                "scales": {k: getattr(cfg, k) for k in ("noise_scale", "length_scale", "noise_scale_w")},
+                **speech_controls(unused)}
         return cls(id, display_name(path), model, info, cfg=cfg, speakers=speakers, device=device)
 
     def __init__(self, id: str, label: str, model: Any, info: dict, *, cfg: Any, speakers: dict[str, int],
@@ -170,7 +182,10 @@ class CloneModel(Served):
         from tts.clone.infer import check_vocoder_settings, load_clone_model
 
         model, cfg = load_clone_model(path, device, ckpt=ckpt)
-        info: dict = {"sample_rate": cfg.audio.sample_rate, "own_vocoder": None}
+        unused = {"speaker": "a cloning model speaks in the voice of its reference clip",
+                  "noise_scale": "a VITS scale; a cloning model reads length_scale only",
+                  "noise_scale_w": "a VITS scale; a cloning model reads length_scale only"}
+        info: dict = {"sample_rate": cfg.audio.sample_rate, "own_vocoder": None, **speech_controls(unused)}
         own = None
         if cfg.vocoder.path and Path(cfg.vocoder.path).exists():  # the one it was trained with, when still there
             try:
@@ -423,12 +438,22 @@ def locked(lock: threading.Lock, job: Job) -> Iterator[None]:
         lock.release()
 
 
+def speech_controls(unused: dict[str, str]) -> dict:
+    """A speech model's "controls" (the SPEECH_CONTROLS it reads) and "unused" ({control: why it ignores it})."""
+    return {"controls": [c for c in SPEECH_CONTROLS if c not in unused], "unused": unused}
+
+
 def speech_answer(chunks: list, sample_rate: int, elapsed: float) -> dict:
-    """A stream's chunks joined into Speak's answer: the wav and its timings."""
+    """A stream's chunks joined into Speak's answer: the wav, its timings and the text as the model read it (each
+    spoken sentence normalised as the front-end does: Latin script, numbers in words), which is what a listener
+    should compare the audio with."""
+    from tts.text import normalize
+
     wav = np.concatenate([c.audio for c in chunks])
     seconds = len(wav) / sample_rate
     return {"wav": wav_bytes(wav, sample_rate), "sample_rate": sample_rate, "seconds": seconds, "elapsed": elapsed,
-            "rtf": elapsed / max(seconds, 1e-9), "sentences": len(chunks)}
+            "rtf": elapsed / max(seconds, 1e-9), "sentences": len(chunks),
+            "spoken": " ".join(normalize(c.text) for c in chunks)}
 
 
 def wav_bytes(wav: np.ndarray, sr: int) -> bytes:

@@ -71,6 +71,10 @@ def test_speak_then_a_bad_upload_then_speak_again(browser_page, tmp_path):
     page.wait_for_selector("#speak-result audio")
     assert _audio_bytes(page, "#speak-result audio") > 1000
     assert "real-time factor" in page.inner_text("#speak-result")
+    # the text as the model read it, and the control this model ignores (tiny VITS: no stochastic duration predictor)
+    assert page.inner_text("#speak-result .spoken") == "spoken as: salom, dunyo! bugun havo juda yaxshi."
+    assert page.is_disabled("#speak-noisew") and "unused" in page.inner_text("label[for='speak-noisew']")
+    assert not page.is_disabled("#speak-noise")
     _shot(page, "speak")
 
     page.click("nav button[data-tab='vocode']")
@@ -147,7 +151,8 @@ def test_compare_two_reconstructions_beside_their_original(browser_page, tmp_pat
 
 def test_another_site_cannot_post_and_the_token_comes_in_the_address(browser_page, served, tmp_path):
     """A page of another origin (here the same server under its other name) posts what a cross-site attacker can:
-    a no-cors fetch without the custom header; the server refuses it (403) before any model runs. On a server
+    a no-cors fetch without the custom header, and a GET /speak?text=… as an <img> would send it (Sec-Fetch-Site:
+    cross-site); the server refuses both (403) before any model runs. On a server
     started with a token, the page opened at …/#token=… takes it from the address (and clears it there) and
     works; opened without it, it says it needs the token."""
     from urllib.parse import urlsplit
@@ -164,6 +169,10 @@ def test_another_site_cannot_post_and_the_token_comes_in_the_address(browser_pag
         with other.expect_response(lambda r: r.url.endswith("/speak")) as info:
             other.evaluate("(u) => fetch(u, {method: 'POST', mode: 'no-cors', body: new URLSearchParams("
                            "{model: 'vits-1', text: 'salom'})}).catch(() => null)", f"http://127.0.0.1:{port}/speak")
+        assert info.value.status == 403
+        with other.expect_response(lambda r: "/speak?" in r.url) as info:  # GET /speak makes audio: not from here
+            other.evaluate("(u) => fetch(u, {mode: 'no-cors'}).catch(() => null)",
+                           f"http://127.0.0.1:{port}/speak?text=salom&model=vits-1")
         assert info.value.status == 403
         with serving(create_app(served, access=Access(token="tok-123"))) as url:
             other.goto(f"{url}/")

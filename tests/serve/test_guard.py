@@ -118,3 +118,22 @@ def test_with_a_token_every_request_but_the_page_needs_it(served):
         ok = {"authorization": "Bearer s3cret-token"}
         assert c.get("/models", headers=ok).status_code == 200
         assert c.post(f"/cancel/{secrets.token_hex(16)}", headers=ok).json() == {"cancelled": False}
+
+
+@pytest.mark.parametrize("path,headers,status", [
+    ("/speak?text=salom&model=vits-1", {}, 200),  # curl, or any program: no header needed for a GET
+    ("/speak?text=salom&model=vits-1", {"sec-fetch-site": "same-origin"}, 200),  # this server's own page
+    ("/speak?text=salom&model=vits-1", {"sec-fetch-site": "none"}, 200),  # typed into the address bar
+    ("/speak?text=salom&model=vits-1", {"sec-fetch-site": "cross-site"}, 403),  # <img src=…> on another site
+    ("/api/tts?text=salom&model=vits-1", {"sec-fetch-site": "same-site"}, 403),
+    ("/speak?text=salom&model=vits-1", {"origin": "http://evil.example"}, 403),  # a cross-origin fetch
+    ("/models", {"sec-fetch-site": "cross-site"}, 403),
+    ("/", {"sec-fetch-site": "cross-site"}, 200),  # a link from another site to the page itself
+])
+def test_a_get_that_does_work_is_refused_from_another_site(app, path, headers, status):
+    """GET /speak makes audio, so another site's page must not make the browser send it; programs still can."""
+    with TestClient(app, base_url="http://127.0.0.1:8000") as bare:  # no X-Requested-By
+        r = bare.get(path, headers=headers)
+    assert r.status_code == status, r.text
+    if status == 403:
+        assert "another site" in r.text or "only this server's own page" in r.text
