@@ -58,6 +58,12 @@ REQUEST_ID = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
 RETRY_AFTER_S = 5  # what a 503 (the model's queue is full) asks the client to wait
 MAX_SEED = 2**63 - 1  # torch.manual_seed's range
 FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
+SPOKEN_HEADER_CHARS = 1000  # X-Spoken-Text is cut here: percent-encoded, 5000 characters would be a tens-of-KB header
+
+
+def spoken_header(text: str, limit: int = SPOKEN_HEADER_CHARS) -> str:
+    """The spoken text for X-Spoken-Text, cut to `limit` characters with "…" (proxies refuse huge headers)."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 log = logging.getLogger("serve")
 
 
@@ -219,7 +225,7 @@ def create_app(models: dict[str, Served], limits: Limits | None = None, access: 
         return Response(res["wav"], media_type="audio/wav", headers={
             "X-Real-Time-Factor": f"{res['rtf']:.4f}", "X-Audio-Seconds": f"{res['seconds']:.3f}",
             "X-Elapsed-Seconds": f"{res['elapsed']:.3f}", "X-Sentences": str(res["sentences"]),
-            "X-Spoken-Text": quote(res["spoken"], safe=" ,.!?;:'-"), "X-Ignored-Fields": ",".join(ignored),
+            "X-Spoken-Text": quote(spoken_header(res["spoken"]), safe=" ,.!?;:'-"), "X-Ignored-Fields": ",".join(ignored),
             "Content-Disposition": f'attachment; filename="{served.id}.wav"'})
 
     async def post_vocode(request: Request) -> Response:

@@ -102,3 +102,11 @@ def test_coqui_speaker_wav_is_an_upload_never_a_path(client):
     assert r.status_code == 200, r.text
     r = client.post("/speak", data={"model": "clone-1", "text": "salom", "speaker_wav": "/etc/passwd"})
     assert r.status_code == 400 and "must be an uploaded file" in r.json()["error"]
+
+
+def test_the_spoken_text_header_is_cut_to_a_size_proxies_accept():
+    from serve.app import SPOKEN_HEADER_CHARS, spoken_header
+
+    assert spoken_header("Salom.") == "Salom."
+    long = spoken_header("a" * 5000)
+    assert len(long) == SPOKEN_HEADER_CHARS and long.endswith("…")
