@@ -37,9 +37,9 @@ def recount(name: str, which: str, root: Path, vocoder_batch: int | None = None)
     `vocoder_batch`: count the vocoder at this batch and scale its model FLOPs to the config's batch."""
     spec = TRAINERS[name]
     t0 = time.perf_counter()
-    data = root / f"data_{name}"
-    if not data.exists():
-        data = spec.make_data(data, dry=False)
+    made = root / f"data_{name}.path"  # make_data may hand back a folder inside the one it was given
+    data = Path(made.read_text()) if made.exists() else spec.make_data(root / f"data_{name}", dry=False)
+    made.write_text(str(data))
     sets: list[str] = []
     batch = None
     if name == "vocoder" and vocoder_batch:
