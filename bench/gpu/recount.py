@@ -10,7 +10,7 @@ weight gradients; optimizer and recompute apart: `peak_flops.count_flops`).
 A 16-mixed config is counted in bf16-mixed: autocast to either runs the same convs and matmuls, and the
 CPU has no fast fp16. One real-size step per config: minutes on a small CPU. The vocoder's 5090 config
 (batch 32) would want more memory than a 24 GB machine has: `--vocoder-batch 16` counts it at batch 16 and
-doubles the model's FLOPs (every crop is 48 frames, so each conv and matmul is per item; the optimizer
+scales the model's FLOPs to the config's batch (every crop has the same length, so each conv and matmul is per item; the optimizer
 step does not depend on the batch and is not scaled).
 """
 
