@@ -32,9 +32,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 def measure_steps(chk: Check, spec: TrainerSpec, which: str, overrides: list[str], steps: int, warmup: int,
                   count: bool) -> dict:
-    """Step time, samples/s, data-wait fraction (time blocked on the trainer's own loader), peak memory,
-    and with `count` FLOPs, counted on the first, untimed step (rows of the same config and batch do the
-    same math whatever the precision or layout, so they reuse that count)."""
+    """Step time, samples/s, data-wait fraction (time blocked on the trainer's own loader), the compute
+    time (step time minus that wait: what "% of peak" divides by), peak memory, and with `count` FLOPs
+    (model / optimizer / recompute: `peak_flops.StepFlops`), counted on the first, untimed step (rows of
+    the same config and batch do the same math whatever the precision or layout, so they reuse that count).
+    A 16-mixed row's first step may skip its optimizer step (GradScaler's inf check at the initial scale):
+    its optimizer FLOPs then read 0, the model's are the same."""
     t0 = time.perf_counter()
     data = chk.data(spec)
     t1 = time.perf_counter()
@@ -44,7 +47,7 @@ def measure_steps(chk: Check, spec: TrainerSpec, which: str, overrides: list[str
     t2 = time.perf_counter()
     flops = None
     if count and not st.compiled:
-        flops = count_flops(lambda: st.step(first))
+        flops = count_flops(lambda: st.step(first)).as_dict()
     else:
         st.step(first)
     chk.sync()
@@ -66,8 +69,8 @@ def measure_steps(chk: Check, spec: TrainerSpec, which: str, overrides: list[str
     step_s = (wait + busy) / steps
     tf32 = chk.device.type == "cuda" and torch.backends.cuda.matmul.fp32_precision == "tf32"
     row = {"batch": st.batch_size, "samples_per_step": st.samples, "precision": st.precision, "step_s": step_s,
-           "samples_per_s": st.samples / step_s, "data_wait": wait / (wait + busy), "peak_gib": chk.peak_gib(),
-           "flops_per_step": flops, "math": math_mode(st.precision, tf32), "phases": phases}
+           "compute_s": busy / steps, "samples_per_s": st.samples / step_s, "data_wait": wait / (wait + busy),
+           "peak_gib": chk.peak_gib(), "flops": flops, "math": math_mode(st.precision, tf32), "phases": phases}
     return row
 
 

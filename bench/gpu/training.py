@@ -19,10 +19,14 @@ from bench.gpu.trainers import RANDOM_BACKBONE_NOTE, TRAINERS, TrainerSpec, buil
 from bench.timing import seconds_per_step
 
 
-def _flop_columns(chk: Check, row: dict, flops: int | None) -> None:
+def _flop_columns(chk: Check, row: dict, flops: dict[str, int] | None) -> None:
+    """Achieved TFLOP/s and the fraction of the card's peak: the MODEL's FLOPs (forward and backward, not the
+    optimizer step, not checkpointing's recompute) over the step's compute time (step time minus the wait
+    on the loader, which no card speeds up). The optimizer's and recompute's FLOPs stay in the row apart."""
     if flops is None:
         return
-    row["achieved_tflops"] = flops / row["step_s"] / 1e12
+    row["flops"] = flops
+    row["achieved_tflops"] = flops["model"] / row["compute_s"] / 1e12
     if chk.device.type == "cuda":
         peak, row["peak_note"] = peak_tflops(chk.card, row["math"])
         row["fraction_of_peak"] = row["achieved_tflops"] / peak if peak else None
@@ -85,7 +89,7 @@ def section_step_tables(chk: Check, sec: Section) -> None:
         name: {label: {"skipped": "not reached" if (name, i) in order else "not selected (--passes)"}
                for i, (label, _, _) in enumerate(rows)} for name, rows in plan.items()}
     sec.data.update(tables)
-    flops: dict[tuple[str, str], int] = {}
+    flops: dict[tuple[str, str], dict[str, int]] = {}
     head = len(sec.markdown)
     for name, i in order:
         spec, (label, which, change) = TRAINERS[name], plan[name][i]
@@ -96,7 +100,7 @@ def section_step_tables(chk: Check, sec: Section) -> None:
 
 
 def _measure_row(chk: Check, sec: Section, spec: TrainerSpec, label: str, which: str, change: list[str] | str,
-                 steps: int, warmup: int, flops: dict[tuple[str, str], int]) -> dict:
+                 steps: int, warmup: int, flops: dict[tuple[str, str], dict[str, int]]) -> dict:
     if isinstance(change, str):
         return {"skipped": change}
     compiled = "compile" in label
@@ -123,9 +127,9 @@ def _measure_row(chk: Check, sec: Section, spec: TrainerSpec, label: str, which:
         if compiled:
             chk.compiled(time.monotonic() - t0)
         chk.reset_memory()  # the trainer is gone with measure_steps' frame
-        if row["flops_per_step"]:
-            flops[key] = row["flops_per_step"]
-        _flop_columns(chk, row, row["flops_per_step"] or flops.get(key))
+        if row["flops"]:
+            flops[key] = row["flops"]
+        _flop_columns(chk, row, row["flops"] or flops.get(key))
         return row
     except OverBudget as e:
         sec.partial(str(e))
@@ -139,22 +143,28 @@ def _measure_row(chk: Check, sec: Section, spec: TrainerSpec, label: str, which:
 def _table_markdown(name: str, table: dict[str, dict]) -> list[str]:
     plain = table.get("plain: base with every speed key off", {}).get("step_s")
     lines = [f"### {name}", "", "| row | batch | precision | step s | samples/s | × plain | data wait "
-             "| peak GiB | GFLOP/step | TFLOP/s | % of peak | setup s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| peak GiB | model GFLOP/step | optimizer + recompute GFLOP | model TFLOP/s | % of peak | setup s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     notes = set()
     for label, r in table.items():
         if "skipped" in r:
-            lines.append(f"| {label} | {r['skipped']} ||||||||||| ")
+            lines.append(f"| {label} | {r['skipped']} |||||||||||| ")
             continue
         ratio = f"{plain / r['step_s']:.2f}" if plain else "-"
         frac = r.get("fraction_of_peak")
-        gflop = r.get("achieved_tflops", 0) * r["step_s"] * 1e3 if r.get("achieved_tflops") else None
+        f = r.get("flops")
+        model = f["model"] / 1e9 if f else None
+        apart = f"{f['optimizer'] / 1e9:.2f} + {f['recompute'] / 1e9:.2f}" if f else "-"
         lines.append(
             f"| {label} | {r['batch']} | {r['precision']} | {r['step_s']:.4f} | {r['samples_per_s']:.2f} | {ratio} "
-            f"| {100 * r['data_wait']:.1f} % | {fmt(r['peak_gib'], '.2f')} | {fmt(gflop, '.2f')} "
+            f"| {100 * r['data_wait']:.1f} % | {fmt(r['peak_gib'], '.2f')} | {fmt(model, '.2f')} | {apart} "
             f"| {fmt(r.get('achieved_tflops'), '.4f')} | {'-' if frac is None else f'{100 * frac:.1f} %'} "
             f"| {sum(r.get('phases', {}).values()):.1f} |")
         notes.add(r.get("peak_note", ""))
-    return [*lines, "", *[f"- peak used: {n}" for n in sorted(notes) if n], ""]
+    return [*lines, "", "- model GFLOP/step: forward and backward of the networks and losses (grouped convs counted "
+            "right); the optimizer step (Muon's Newton-Schulz) and gradient checkpointing's recompute are the next "
+            "column, not in TFLOP/s or % of peak, which divide the model's FLOPs by the step time minus the data wait",
+            *[f"- peak used: {n}" for n in sorted(notes) if n], ""]
 
 
 # ---------------------------------------------------------------------------------------- 4 batch size

@@ -345,7 +345,8 @@ def test_a_row_measured_in_its_own_process_is_the_same_row(tmp_path):
     job = {"trainer": "vocoder", "which": "base", "overrides": spec.plain, "data": str(data), "tmp": str(tmp_path),
            "device": "cpu", "dry": True, "steps": 1, "warmup": 1, "count": True}
     row, said = measure_in_child(job, timeout_s=300)
-    assert row["step_s"] > 0 and row["flops_per_step"] > 0 and row["precision"] == "32-true"
+    assert row["step_s"] > 0 and row["flops"]["model"] > 0 and row["precision"] == "32-true"
+    assert 0 < row["compute_s"] <= row["step_s"] and row["flops"]["optimizer"] == row["flops"]["recompute"] == 0
     with pytest.raises(RuntimeError, match="exited 1"):
         measure_in_child({**job, "trainer": "no_such_trainer"}, timeout_s=300)
 
