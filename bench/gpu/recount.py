@@ -30,6 +30,8 @@ from bench.gpu.trainers import TRAINERS, build
 # (trainer, config) of every row with a FLOP figure in bench/README.md's H200 tables
 PUBLISHED = [("vocoder", "base"), ("vocoder", "rtx5090"), ("vits", "base"), ("clone", "base"), ("vae", "base")]
 PRECISION_KEY = {"vocoder": "precision", "vits": "precision", "clone": "train.precision", "vae": "precision"}
+# one batch is counted, so no loader workers: their processes kept the command from exiting after its JSON
+WORKERS_KEY = {"vocoder": "num_workers", "vits": "num_workers", "clone": "train.num_workers", "vae": "num_workers"}
 
 
 def recount(name: str, which: str, root: Path, vocoder_batch: int | None = None) -> dict:
@@ -40,7 +42,7 @@ def recount(name: str, which: str, root: Path, vocoder_batch: int | None = None)
     made = root / f"data_{name}.path"  # make_data may hand back a folder inside the one it was given
     data = Path(made.read_text()) if made.exists() else spec.make_data(root / f"data_{name}", dry=False)
     made.write_text(str(data))
-    sets: list[str] = []
+    sets: list[str] = [f"{WORKERS_KEY[name]}=0"]
     batch = None
     if name == "vocoder" and vocoder_batch:
         batch = spec._config(spec.base if which == "base" else spec.rtx, []).batch_size
