@@ -3,7 +3,8 @@
     GET  /                 the page (serve/static/index.html): Speak, Vocode, Reconstruct, Compare
     GET  /models           the loaded models (id, kind, label, speakers, scales) and the upload limits
     POST /speak            form: model, text, [speaker, noise_scale, length_scale, noise_scale_w, seed,
-                           reference (file, cloning), vocoder (a vocoder's id, cloning)] → audio/wav
+                           reference (file, cloning), vocoder (a vocoder's id, cloning)] → audio/wav (its hop
+                           comb, `speech.buzz`, in X-Hop-Comb-dB)
     POST /vocode           form: model, audio (file) → JSON: wav + recording (base64), spectrograms (PNG,
                            base64), metrics
     POST /reconstruct      form: model, image (file), [tile_size] → image/png (PSNR in X-PSNR-dB)
@@ -188,6 +189,7 @@ def create_app(models: dict[str, Served], limits: Limits | None = None, access: 
         return Response(res["wav"], media_type="audio/wav", headers={
             "X-Real-Time-Factor": f"{res['rtf']:.4f}", "X-Audio-Seconds": f"{res['seconds']:.3f}",
             "X-Elapsed-Seconds": f"{res['elapsed']:.3f}", "X-Sentences": str(res["sentences"]),
+            "X-Hop-Comb-dB": "" if res["metrics"]["hop_comb_db"] is None else f"{res['metrics']['hop_comb_db']:.2f}",
             "Content-Disposition": f'attachment; filename="{served.id}.wav"'})
 
     async def post_vocode(request: Request) -> Response:
