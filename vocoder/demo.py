@@ -8,13 +8,18 @@ copy-synthesis of held-out readers it never heard, and an exported generator.
    (``data/demo/vocoder_wavs``, 6 random files held out), and one line says so;
 2. ``prepare_data`` binarizes them (the held-out readers via ``test_prefixes``);
 3. ``demo.yaml`` trains ~5 CPU minutes (2000 generator-only steps, then 250 with the critic) -> ``runs/vocoder_demo`` (TensorBoard in logs/);
-4. the held-out files are copy-synthesised -> ``runs/vocoder_demo/copysyn/`` (``*_gt.wav`` beside);
-5. the generator is exported -> ``runs/vocoder_demo/export/`` (the TTS voice-cloning demo uses it).
+4. the held-out files are copy-synthesised -> ``runs/vocoder_demo/copysyn/`` (``*_gt.wav`` beside), with best.pt
+   when it is from the critic phase (ranked from one step after ``discriminator_train_start_steps``,
+   ``common.checkpoint.ranking_start``), else the checkpoint the run finished with; every picture names the step
+   read from the checkpoint loaded;
+5. that generator is exported -> ``runs/vocoder_demo/export/`` (the TTS voice-cloning demo uses it).
 
 It prints the held-out multi-resolution STFT distance at step 0 and at the end (it must fall
 clearly), writes ``copysyn/<file>.png`` (ground-truth and generated mel side by side) for every
 held-out file, and judges the copy-synthesis with ``speech.mcd``: each file's level within
-6 dB of its ground truth and the mean MCD-DTW below ``MAX_MCD``. Exit status 1 when any fails. Every
+6 dB of its ground truth and the mean MCD-DTW below ``MAX_MCD``, the mean hop comb (a buzz at the frame rate,
+``speech.buzz``) below ``BUZZ_DB``, and the steps trained against the plan (a run cut short by ``max_minutes`` fails:
+its thresholds were measured at the planned steps). Exit status 1 when any fails. Every
 stage is resumable: a second run reuses the corpus and the dataset and continues (or skips) training.
 """
 
