@@ -49,3 +49,13 @@ def test_the_vocoder_demo_takes_best_pt_only_from_the_critic_phase(tmp_path):
     assert demo_checkpoint(tmp_path, 2001, final) == final  # an older run's pre-critic best.pt
     (tmp_path / "best.json").write_text(json.dumps({"metric": 1.78, "step": 2250, "mode": "min"}))
     assert demo_checkpoint(tmp_path, 2001, final) == tmp_path / "best.pt"
+
+
+def test_a_vits_demo_cut_short_before_its_critics_synthesises_its_newest_checkpoint(tmp_path):
+    from tts.vits.demo import demo_checkpoint as vits_checkpoint
+
+    for step in (500, 959):
+        (tmp_path / f"vits_{step:08d}.pt").write_bytes(b"")
+    assert vits_checkpoint(tmp_path) == tmp_path / "vits_00000959.pt"  # no best.pt: nothing ranked before step 1451
+    (tmp_path / "best.pt").write_bytes(b"")
+    assert vits_checkpoint(tmp_path) == tmp_path / "best.pt"
