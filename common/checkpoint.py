@@ -393,9 +393,32 @@ def read_best_record(path: Path, log: Callable[[str], object] = print) -> dict:
         "is chosen again from the next validation on")
     return {}
 
+def ranking_start(save_best_after: int, phase_start: int) -> int:
+    """The first step whose checkpoint may become best.pt: `save_best_after`, but never a checkpoint from before
+    the run's last training phase (a GAN recipe's critics switching on at `phase_start`).
+
+    Why: a held-out distance such as MR-STFT often rises while the critics teach what it does not measure (pitch,
+    sharpness); ranked across the switch, best.pt stays the last generator-only checkpoint, which is not what
+    the recipe trains (the vocoder demo's best.pt was step 1800 of a run whose critics start at 2000). The
+    checkpoint at step `phase_start` has had no step with the critics yet (the step that sees
+    ``step >= phase_start`` is the next one), so the ranking starts one step after it. 0: no later phase."""
+    return max(save_best_after, phase_start + 1) if phase_start > 0 else save_best_after
+
+
+def ranking_start_note(save_best_after: int, phase_start: int, phase_key: str) -> str | None:
+    """One line when a config asks to rank best.pt from before its last phase (`ranking_start` moves it), else None."""
+    start = ranking_start(save_best_after, phase_start)
+    if start == save_best_after:
+        return None
+    return (f"note: save_best_after {save_best_after} is before the critics start ({phase_key} {phase_start}): "
+            f"best.pt is ranked from step {start} on, so no checkpoint from before the critics competes with one "
+            f"trained with them")
+
+
 class CheckpointManager:
     """Keeps the last `keep_last` step checkpoints plus `best.pt` (by a metric, after
-    `save_best_after` steps). The best value lives in `best.json` so it survives restarts."""
+    `save_best_after` steps). The best value lives in `best.json` so it survives restarts; a best recorded
+    before `save_best_after` (a resumed run whose ranking now starts later, `ranking_start`) no longer competes."""
 
     def __init__(
         self,
@@ -424,6 +447,10 @@ class CheckpointManager:
         self._ours: set[str] = set()
         self.best_record: dict = read_best_record(self._best_file, log)
         self.best_metric = self.best_record.get("metric")
+        if self.best_metric is not None and self.best_record.get("step", save_best_after) < save_best_after:
+            log(f"best.pt: the best so far is from step {self.best_record['step']}, before this run ranks from "
+                f"(step {save_best_after}): it is replaced at the next validation")
+            self.forget_best()
 
     def _pattern(self) -> re.Pattern:
         probe = self.name_fn(123456789)

@@ -30,13 +30,16 @@ for one with several (`lr_generator`, `skipped_discriminator`, ...), `data_wait_
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
+from common.atomic_write import write_text
 from common.best_by import best_value
 from common.guards import DivergenceGuard, NonFiniteGuard, check_run_ended_good
 from common.log import Printer, Progress, RunLogger
@@ -125,9 +128,14 @@ class RunResult:
     last_good: str | None = None
     best: float | None = None
     wall_s: float = 0.0
+    planned: int = 0  # the plan's steps (`Cadence.total_steps`): `step` < `planned` when the run stopped early
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def save(self, path: str | Path) -> None:
+        """As `summary.json` in a run folder: a demo reads the steps trained against those planned from it."""
+        write_text(Path(path), json.dumps(self.to_dict(), indent=1))
 
 
 def check_guards(optimizers: Mapping[str, Any], guards: Mapping[str, NonFiniteGuard],
@@ -199,7 +207,7 @@ def fit(trainer: Trainer, cadence: Cadence, stop: RunStop, checkpoints: Any, *, 
     return RunResult(trainer.step, reason, validations,
                      {("steps" if one else name): g.skipped_total for name, g in trainer.guards.items()},
                      progress.data_wait_fraction, str(checkpoints.last_good) if checkpoints.last_good else None,
-                     checkpoints.store.best_metric, time.perf_counter() - t0)
+                     checkpoints.store.best_metric, time.perf_counter() - t0, cadence.total_steps)
 
 
 def _run(trainer: Trainer, c: Cadence, stop: RunStop, checkpoints: Any, progress: Progress, best_by: str | None,

@@ -4,7 +4,8 @@
     GET  /models           the loaded models (id, kind, label, speakers, scales) and the upload limits
     POST /speak            model, text, [speaker, noise_scale, length_scale, noise_scale_w, seed, reference (file,
                            cloning), vocoder (a vocoder's id, cloning)] → audio/wav (the text as spoken in
-                           X-Spoken-Text); Piper's and coqui's names too (serve/fields.py)
+                           X-Spoken-Text, its hop comb, `speech.buzz`, in X-Hop-Comb-dB); Piper's and coqui's
+                           names too (serve/fields.py)
     GET  /speak?text=…     the same from the query string (as Piper's and coqui's servers); /api/tts: coqui's path
     POST /vocode           form: model, audio (file) → JSON: wav + recording (base64), spectrograms (PNG,
                            base64), metrics
@@ -226,6 +227,7 @@ def create_app(models: dict[str, Served], limits: Limits | None = None, access: 
             "X-Real-Time-Factor": f"{res['rtf']:.4f}", "X-Audio-Seconds": f"{res['seconds']:.3f}",
             "X-Elapsed-Seconds": f"{res['elapsed']:.3f}", "X-Sentences": str(res["sentences"]),
             "X-Spoken-Text": quote(spoken_header(res["spoken"]), safe=" ,.!?;:'-"), "X-Ignored-Fields": ",".join(ignored),
+            "X-Hop-Comb-dB": "" if res["metrics"]["hop_comb_db"] is None else f"{res['metrics']['hop_comb_db']:.2f}",
             "Content-Disposition": f'attachment; filename="{served.id}.wav"'})
 
     async def post_vocode(request: Request) -> Response:

@@ -33,6 +33,7 @@ from common.checkpoint import CheckpointError, checkpoint_kind, describe_kind, l
 from common.errors import UserError
 from common.precision import Precision
 from speech import pitch_metrics as pm
+from speech.buzz import hop_comb_db
 from speech.audio import AudioError, MelSpectrogram, load_audio, to_int16
 from speech.f0 import check_f0_extractor
 from speech.mcd import compare_speech
@@ -92,7 +93,8 @@ class Served:
     def speak(self, text: str, job: Job, limits: Limits, speaker: str | None = None,
               scales: dict[str, float | None] | None = None, seed: int = 0, reference: bytes | None = None,
               vocoder: Served | None = None) -> dict:
-        """Text → {"wav": bytes, "sample_rate", "seconds", "elapsed", "rtf", "sentences"} (VITS and cloning)."""
+        """Text → {"wav": bytes, "sample_rate", "seconds", "elapsed", "rtf", "sentences", "metrics"} (VITS and
+        cloning; metrics: the speech's hop comb, `speech_answer`)."""
         raise BadRequest(f"{self.id} is a {self.kind} model; Speak takes a VITS or cloning model")
 
     def vocode(self, data: bytes, job: Job, limits: Limits) -> dict:
@@ -167,7 +169,7 @@ class VitsModel(Served):
                                      s["noise_scale_w"], device=self.device, cancelled=job.is_cancelled))
             job.check()  # a cancel between sentences ended the stream early
             elapsed = time.perf_counter() - t0
-        return speech_answer(chunks, self.cfg.audio.sample_rate, elapsed)
+        return speech_answer(chunks, self.cfg.audio.sample_rate, self.cfg.audio.hop_length, elapsed)
 
 
 class CloneModel(Served):
@@ -237,7 +239,7 @@ class CloneModel(Served):
                 chunks = list(stream(self.model, plan(text), ref, voc, length_scale, cancelled=job.is_cancelled))
             job.check()
             elapsed = time.perf_counter() - t0
-        return speech_answer(chunks, voc.sample_rate, elapsed)
+        return speech_answer(chunks, voc.sample_rate, voc.hop_length, elapsed)
 
 
 class VocoderModel(Served):
@@ -259,7 +261,7 @@ class VocoderModel(Served):
     def vocode(self, data: bytes, job: Job, limits: Limits) -> dict:
         """An uploaded recording → its copy-synthesis, side-by-side spectrograms (PNG) and the vocoder's held-out
         figures against the recording: level and MCD-DTW (`speech.mcd`), F0 RMSE, V/UV error and
-        periodicity (`speech.pitch_metrics`)."""
+        periodicity (`speech.pitch_metrics`), and the copy-synthesis's hop comb (a buzz at the frame rate, `speech.buzz`)."""
         voc = self.model
         wav = read_upload_audio(data, voc.sample_rate, limits)
         if len(wav) < 4 * voc.hop_length:
@@ -278,7 +280,8 @@ class VocoderModel(Served):
                                 hop_seconds=voc.hop_length / voc.sample_rate)
         png = io.BytesIO()
         fig.savefig(png, format="png")
-        metrics = {"mcd_dtw_db": pair.mcd, "level_db": pair.level_db, **pitch}
+        metrics = {"mcd_dtw_db": pair.mcd, "level_db": pair.level_db, **pitch,
+                   "hop_comb_db": hop_comb_db(out, voc.sample_rate, voc.hop_length)}
         # silence, DC or a whisper has no pitch or level to compare: such a figure is null (JSON has no NaN)
         metrics = {k: float(v) if v is not None and math.isfinite(v) else None for k, v in metrics.items()}
         return {"wav": wav_bytes(out, voc.sample_rate), "original": wav_bytes(ref, voc.sample_rate),
@@ -443,17 +446,20 @@ def speech_controls(unused: dict[str, str]) -> dict:
     return {"controls": [c for c in SPEECH_CONTROLS if c not in unused], "unused": unused}
 
 
-def speech_answer(chunks: list, sample_rate: int, elapsed: float) -> dict:
-    """A stream's chunks joined into Speak's answer: the wav, its timings and the text as the model read it (each
+def speech_answer(chunks: list, sample_rate: int, hop_length: int, elapsed: float) -> dict:
+    """A stream's chunks joined into Speak's answer: the wav, its timings, the text as the model read it (each
     spoken sentence normalised as the front-end does: Latin script, numbers in words), which is what a listener
-    should compare the audio with."""
+    should compare the audio with, and its hop comb (`speech.buzz`: a young model's buzz at the frame rate sounds
+    like one pitch whatever the voice; None when too short to tell)."""
     from tts.text import normalize
 
     wav = np.concatenate([c.audio for c in chunks])
     seconds = len(wav) / sample_rate
+    comb = hop_comb_db(wav, sample_rate, hop_length)
     return {"wav": wav_bytes(wav, sample_rate), "sample_rate": sample_rate, "seconds": seconds, "elapsed": elapsed,
             "rtf": elapsed / max(seconds, 1e-9), "sentences": len(chunks),
-            "spoken": " ".join(normalize(c.text) for c in chunks)}
+            "spoken": " ".join(normalize(c.text) for c in chunks),
+            "metrics": {"hop_comb_db": comb if math.isfinite(comb) else None}}
 
 
 def wav_bytes(wav: np.ndarray, sr: int) -> bytes:

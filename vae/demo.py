@@ -28,7 +28,14 @@ from PIL import Image
 
 from common import exit_codes
 from common.atomic_write import save_png, write_text
-from common.demo import Figure, demo_threads, record_demo_settings, report, trained_with_other_settings
+from common.demo import (
+    Figure,
+    demo_threads,
+    record_demo_settings,
+    report,
+    steps_figure,
+    trained_with_other_settings,
+)
 from vae.data import image_to_tensor, list_images, open_image_rgb
 from vae.losses import backbone_cache_path
 from vae.metrics import psnr, save_grid
@@ -175,7 +182,8 @@ def demo(argv: list[str] | None) -> int:
     cached = backbone_cache_path("vgg").is_file()
     print(f"LPIPS is off in the demo (perceptual_weight 0): it never downloads VGG16, and the backbone is "
           f"{'cached' if cached else 'not cached'} here. Real runs use --perceptual_weight 1.0.")
-    finished = (run / "vae_final.pt").is_file() and read_metrics(run)
+    # summary.json: the steps trained against those planned (a run from before the trainer wrote it is trained again)
+    finished = (run / "vae_final.pt").is_file() and read_metrics(run) and (run / "summary.json").is_file()
     settings = [*extra, *([] if args.minutes is None else [f"--minutes={args.minutes}"])]
     retrain = trained_with_other_settings(run, settings)
     if finished and not args.force and not retrain:
@@ -210,8 +218,10 @@ def demo(argv: list[str] | None) -> int:
     print(f"held-out PSNR at step {first['step']:4d}: {first['psnr']:6.2f} dB  (SSIM {first['ssim']:.3f})")
     print(f"held-out PSNR at step {last['step']:4d}: {last['psnr']:6.2f} dB  (SSIM {last['ssim']:.3f})  "
           f"rise {rise:+.2f} dB")
+    summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
     plausible = report([Figure(f"mean PSNR of the {len(val_files)} whole 64 px held-out images",
-                               psnr(x, rec).mean().item(), MIN_PSNR_DB, "higher", "dB")],
+                               psnr(x, rec).mean().item(), MIN_PSNR_DB, "higher", "dB"),
+                        steps_figure(summary["step"], summary["planned"], summary["stopped"])],
                        "reconstruction of the held-out images")
     print(f"picture (top: held-out input, bottom: reconstruction): {grid}")
     ok = True

@@ -207,9 +207,12 @@ class VAETrainer:
         cadence = Cadence.of(cfg, data.total_steps, validate_every=cfg.validate_every if data.val_files else 0,
                              validate_at_end=bool(data.val_files), steps_per_epoch=data.steps_per_epoch,
                              batches_per_step=cfg.accumulation_steps)
-        return loop.fit(self, cadence, stop, self.checkpoints, best_by=cfg.best_by,
-                        samples_per_step=data.samples_per_step, after_step=self._samples_on_cadence,
-                        epoch_end=self._epoch_checkpoint, run_end=self._export)
+        result = loop.fit(self, cadence, stop, self.checkpoints, best_by=cfg.best_by,
+                          samples_per_step=data.samples_per_step, after_step=self._samples_on_cadence,
+                          epoch_end=self._epoch_checkpoint, run_end=self._export)
+        if main:
+            result.save(self.out_dir / "summary.json")
+        return result
 
     def batches(self) -> Iterator[list[torch.Tensor]]:
         """The current epoch's optimizer steps from the run's position, each a list of `accumulation_steps`

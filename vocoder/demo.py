@@ -8,13 +8,18 @@ copy-synthesis of held-out readers it never heard, and an exported generator.
    (``data/demo/vocoder_wavs``, 6 random files held out), and one line says so;
 2. ``prepare_data`` binarizes them (the held-out readers via ``test_prefixes``);
 3. ``demo.yaml`` trains ~5 CPU minutes (2000 generator-only steps, then 250 with the critic) -> ``runs/vocoder_demo`` (TensorBoard in logs/);
-4. the held-out files are copy-synthesised -> ``runs/vocoder_demo/copysyn/`` (``*_gt.wav`` beside);
-5. the generator is exported -> ``runs/vocoder_demo/export/`` (the TTS voice-cloning demo uses it).
+4. the held-out files are copy-synthesised -> ``runs/vocoder_demo/copysyn/`` (``*_gt.wav`` beside), with best.pt
+   when it is from the critic phase (ranked from one step after ``discriminator_train_start_steps``,
+   ``common.checkpoint.ranking_start``), else the checkpoint the run finished with; every picture names the step
+   read from the checkpoint loaded;
+5. that generator is exported -> ``runs/vocoder_demo/export/`` (the TTS voice-cloning demo uses it).
 
 It prints the held-out multi-resolution STFT distance at step 0 and at the end (it must fall
 clearly), writes ``copysyn/<file>.png`` (ground-truth and generated mel side by side) for every
 held-out file, and judges the copy-synthesis with ``speech.mcd``: each file's level within
-6 dB of its ground truth and the mean MCD-DTW below ``MAX_MCD``. Exit status 1 when any fails. Every
+6 dB of its ground truth and the mean MCD-DTW below ``MAX_MCD``, the mean hop comb (a buzz at the frame rate,
+``speech.buzz``) below ``BUZZ_DB``, and the steps trained against the plan (a run cut short by ``max_minutes`` fails:
+its thresholds were measured at the planned steps). Exit status 1 when any fails. Every
 stage is resumable: a second run reuses the corpus and the dataset and continues (or skips) training.
 """
 
@@ -32,6 +37,7 @@ import torch
 
 from common import exit_codes
 from common.atomic_write import write_text
+from common.checkpoint import load_checkpoint, read_best_record
 from common.config import load_config
 from common.demo import (
     add_demo_overrides,
@@ -39,10 +45,12 @@ from common.demo import (
     demo_threads,
     record_demo_settings,
     report,
+    steps_figure,
     trained_with_other_settings,
 )
 from common.log import save_figure
 from speech.audio import MelSpectrogram, load_audio, save_wav
+from speech.buzz import hop_comb_db, hop_comb_figure
 from speech.demo_recordings import HELD_OUT_READERS, LICENCE, RecordingsUnavailable, make_recordings_corpus
 from speech.demo_speech import DEMO_SPEAKERS, UZBEK_SENTENCES, make_corpus
 from speech.mcd import compare_speech, speech_figures
@@ -110,6 +118,16 @@ def demo_dataset(cfg: VocoderConfig, espeak: bool, recordings: str | Path, wavs:
     return make_dataset(cfg, sentences, wavs, prepared), prepared
 
 
+def demo_checkpoint(ckpt_dir: Path, ranked_from: int, final: Path) -> Path:
+    """What the demo copy-synthesises, pictures and exports: best.pt when it was ranked within the phase the run
+    ends in (its best.json step at or after `ranked_from`, `common.checkpoint.ranking_start`), else the checkpoint
+    the run finished with. A best.pt from before the critics (an older run's, or one ranked across the switch) is
+    a generator that never trained with them."""
+    best = ckpt_dir / "best.pt"
+    step = read_best_record(ckpt_dir / "best.json", print).get("step", -1)
+    return best if best.is_file() and step >= ranked_from else final
+
+
 def main(argv: list[str] | None = None) -> int:
     return exit_codes.run_main(lambda: demo(argv))
 
@@ -154,15 +172,17 @@ def demo(argv: list[str] | None) -> int:
     start, end = valid[0], valid[-1]
 
     print("[4/5] copy-synthesis of the held-out files")
-    best = run / "checkpoints" / "best.pt"
-    ckpt = best if best.is_file() else Path(result.last_good)
-    voc = load_vocoder(ckpt)
+    ckpt = demo_checkpoint(run / "checkpoints", trainer.checkpoints.store.save_best_after, Path(result.last_good))
+    state = load_checkpoint(ckpt)
+    step = int(state["counters"]["step"])  # the step of the weights loaded, for every title and the summary
+    print(f"    {ckpt.name}: step {step}")
+    voc = load_vocoder(ckpt, ckpt=state)
     out_dir = run / "copysyn"
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
     audio_s = compute_s = 0.0
     mel = MelSpectrogram(**voc.mel_kwargs)
-    pairs, pictures = [], []
+    pairs, pictures, combs = [], [], []
     for name in manifest["valid"]:
         src = Path(manifest["items"][name]["source"])
         wav, _ = load_audio(src, sr=voc.sample_rate)
@@ -175,9 +195,11 @@ def demo(argv: list[str] | None) -> int:
         save_wav(out_dir / f"{stem}_gt.wav", wav[: len(out)], voc.sample_rate)
         pair = compare_speech(stem, out, wav[: len(out)], mel)
         pairs.append(pair)
+        combs.append(hop_comb_db(out, voc.sample_rate, voc.hop_length))
         pictures.append(save_figure(plot_spectrograms(
-            [("ground truth", pair.ref_mel), (f"generated ({pair.level_db:+.1f} dB, MCD {pair.mcd:.2f} dB)", pair.gen_mel)],
-            title=f"vocoder copy-synthesis, held-out {stem} (step {end['step']})",
+            [("ground truth", pair.ref_mel), (f"generated ({pair.level_db:+.1f} dB, MCD {pair.mcd:.2f} dB, "
+                                              f"hop comb {combs[-1]:.1f} dB)", pair.gen_mel)],
+            title=f"vocoder copy-synthesis, held-out {stem} (step {step})",
             hop_seconds=voc.hop_length / voc.sample_rate), out_dir / f"{stem}.png"))
     rtf = compute_s / max(audio_s, 1e-9)
 
@@ -185,8 +207,11 @@ def demo(argv: list[str] | None) -> int:
     export(ckpt, run / "export")
 
     drop = end["mrstft"] / start["mrstft"]
-    figures = speech_figures(pairs, MAX_MCD)
+    figures = [*speech_figures(pairs, MAX_MCD), hop_comb_figure(combs), steps_figure(result.step, result.planned,
+                                                                                      result.stopped)]
     summary = {"mrstft_step0": start["mrstft"], "mrstft_final": end["mrstft"], "final_step": end["step"],
+               "checkpoint_step": step, "steps_trained": result.step, "steps_planned": result.planned,
+               "stopped": result.stopped,
                "ratio": drop, "train_seconds_this_run": round(train_s, 1), "copysyn_rtf": rtf,
                "plausibility": {f.name: {"value": f.value, "limit": f.limit, "ok": f.ok} for f in figures},
                "pictures": [str(p) for p in pictures],

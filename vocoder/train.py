@@ -27,9 +27,8 @@ from pathlib import Path
 import torch
 
 from common import distributed, exit_codes, loop
-from common.atomic_write import write_text
 from common.best_by import BestCheckpoints
-from common.checkpoint import RunCheckpoints, resolve_resume
+from common.checkpoint import RunCheckpoints, ranking_start, ranking_start_note, resolve_resume
 from common.config import ConfigError, save_config
 from common.guards import DivergenceGuard, NonFiniteGuard
 from common.log import Printer, Progress, RunLogger, report_lr_plan
@@ -84,8 +83,13 @@ class VocoderTrainer:
         self.generator = build_generator(cfg).to(self.device)
         self.discriminator = build_discriminator(cfg).to(self.device)
         self.models = {"generator": self.generator, "discriminator": self.discriminator}
+        note = ranking_start_note(cfg.save_best_after, cfg.discriminator_train_start_steps,
+                                  "discriminator_train_start_steps")
+        if note:
+            self.printer(note)
         store = BestCheckpoints(self.run_dir / "checkpoints", cfg.best_by, "mrstft", self.printer,
-                                keep_last=cfg.save_n_checkpoints, save_best_after=cfg.save_best_after, prefix="model")
+                                keep_last=cfg.save_n_checkpoints, prefix="model",
+                                save_best_after=ranking_start(cfg.save_best_after, cfg.discriminator_train_start_steps))
         resume_path = resolve_resume(resume, store.dir, store)
         if resume_path is None:  # a new run: weights from elsewhere, if asked
             load_start_weights(cfg, init_from, self.generator, self.discriminator, self.printer)
@@ -240,7 +244,7 @@ class VocoderTrainer:
         result = loop.fit(self, Cadence.of(cfg, cfg.max_updates), stop, self.checkpoints, best_by=cfg.best_by,
                           samples_per_step=cfg.batch_size * self.info.world_size, desc="vocoder")
         if self.info.is_main:
-            write_text(self.run_dir / "summary.json", json.dumps(result.to_dict(), indent=1))
+            result.save(self.run_dir / "summary.json")
         return result
 
 

@@ -1,6 +1,7 @@
 """Validation of a vocoder (rank 0): the held-out MR-STFT distance and mel L1 on whole files, the pitch
 errors of the copy-synthesis against the recording (F0 RMSE in cents, V/UV error, periodicity error:
-`speech.pitch_metrics`), PESQ when asked (wide band, slow on a CPU), and the audio and mel plots of the first
+`speech.pitch_metrics`), the copy-synthesis's hop comb (a buzz at the frame rate, `speech.buzz`: logged, never
+ranked), PESQ when asked (wide band, slow on a CPU), and the audio and mel plots of the first
 few files for TensorBoard.
 
 Functions of explicit arguments (generator, files, precision, losses → metrics), so the trainer
@@ -20,6 +21,7 @@ from torch import nn
 from common.log import RunLogger
 from common.precision import Precision
 from speech.audio import MelSpectrogram
+from speech.buzz import hop_comb_db
 from speech.pitch_metrics import nanmean, pitch_errors
 from speech.plots import plot_spectrogram
 from vocoder.losses import MultiResolutionSTFTLoss
@@ -63,10 +65,11 @@ def validate(generator: nn.Module, valid_set, precision: Precision, stft: MultiR
              input_mel: MelSpectrogram, seed: int, limit: int | None = None,
              num_plots: int = 0, pitch: tuple[int, int, float, float] | None = None,
              pesq: bool = False) -> tuple[dict, list[Plot]]:
-    """({"mrstft", "mel_l1"[, "f0_rmse", "vuv_error", "periodicity"][, "pesq"]} means over the first
-    `limit` files of `valid_set` (all when None), the first `num_plots` files' `Plot`s). `pitch` =
+    """({"mrstft", "mel_l1"[, "f0_rmse", "vuv_error", "periodicity", "hop_comb_db"][, "pesq"]} means over the
+    first `limit` files of `valid_set` (all when None), the first `num_plots` files' `Plot`s). `pitch` =
     (sample rate, hop length, f0_min, f0_max) adds the pitch errors of each file's copy-synthesis against
-    its recording (files with no frame voiced in both are left out of the F0 RMSE mean); `pesq` adds
+    its recording (files with no frame voiced in both are left out of the F0 RMSE mean) and its hop comb
+    (`speech.buzz.hop_comb_db`, dB; recordings score ~0-5, a frame-rate buzz 15 and more); `pesq` adds
     wide-band PESQ (`pesq_wb`, needs `pitch` for the sample rate). Runs under a forked RNG seeded with
     `seed`: the metric is repeatable and training randomness is untouched (a resumed run that skips a
     validation stays bit-exact)."""
@@ -91,6 +94,7 @@ def validate(generator: nn.Module, valid_set, precision: Precision, stft: MultiR
                 out_np, real_np = wav[0].cpu().numpy(), real[0].float().cpu().numpy()
                 for k, v in pitch_errors(out_np, real_np, sr, hop, f0_min, f0_max).items():
                     extra.setdefault(k, []).append(v)
+                extra.setdefault("hop_comb_db", []).append(hop_comb_db(out_np, sr, hop))
                 if pesq:
                     extra.setdefault("pesq", []).append(pesq_wb(out_np, real_np, sr))
             if i < num_plots:

@@ -169,3 +169,16 @@ def test_figure_sides_and_non_finite_values():
     assert not Figure("d", float("nan"), 3.0, "lower").ok
     with pytest.raises(ValueError, match="better"):
         Figure("e", 1.0, 1.0, "bigger")
+
+
+def test_a_figure_shown_but_not_judged_passes_and_says_why():
+    fig = Figure("mean hop comb", 17.0, 10.0, "lower", "dB", not_judged="a buzz expected at this length")
+    said: list[str] = []
+    assert fig.ok and demo.report([fig], "demo", said.append)
+    assert said[1].endswith("not judged: a buzz expected at this length")
+
+
+def test_the_steps_figure_passes_a_full_run_and_fails_a_short_one_with_its_reason():
+    assert demo.steps_figure(1700, 1700, None).ok
+    short = demo.steps_figure(959, 1700, "time limit")
+    assert not short.ok and "stopped by max_minutes, thresholds are for 1700" in short.line()

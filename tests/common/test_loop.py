@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from common import loop
+from common.demo import report, steps_figure
 from common.distributed import DistInfo
 from common.guards import DivergenceGuard, NonFiniteGuard
 from common.log import Printer
@@ -111,6 +112,21 @@ def test_planned_epochs_end_without_another_fetch_and_the_last_one_counts():
     assert ended == [1, 2] and (t.epoch, t.batch_in_epoch) == (2, 0)
     assert [e for e in t.events if e[0] in ("validate", "save")] == [("save", 2, None), ("save", 4, None),
                                                                      ("validate", 6), ("save", 6, 0.5)]
+
+
+def test_a_time_boxed_run_that_stops_early_says_so_in_its_summary_and_its_demo_figure(tmp_path):
+    """Under load a demo hit max_minutes at step 959 of its 1700 and nothing said so: the result carries the
+    plan, summary.json keeps it, and the demo's steps figure fails naming the reason."""
+    t = Recorder(per_epoch=10)
+    result = fit(t, loop.Cadence(total_steps=9, log_every=100), RunStop(time_limit_minutes=1e-9))
+    assert (result.step, result.planned, result.stopped) == (1, 9, TIME_LIMIT)
+    result.save(tmp_path / "summary.json")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    said: list[str] = []
+    assert not report([steps_figure(summary["step"], summary["planned"], summary["stopped"])], "demo", said.append)
+    assert "stopped by max_minutes, thresholds are for 9" in said[1] and "FAIL" in said[1]
+    full = fit(Recorder(per_epoch=10), loop.Cadence(total_steps=3, log_every=100), RunStop())
+    assert steps_figure(full.step, full.planned, full.stopped).ok
 
 
 def test_a_step_s_sample_count_reaches_the_bar_and_not_the_log():

@@ -52,6 +52,7 @@ def test_speak_returns_a_wav_with_its_real_time_factor(client):
     wav, sr = _wav(r.content)
     assert sr == 22050 and len(wav) > 1000 and abs(len(wav) / sr - float(r.headers["x-audio-seconds"])) < 0.01
     assert float(r.headers["x-real-time-factor"]) > 0 and r.headers["x-sentences"] == "2"
+    assert "x-hop-comb-db" in r.headers  # the speech's buzz at the frame rate (speech.buzz); empty when too short
 
 
 def test_speak_with_the_cloning_model_a_reference_and_a_chosen_vocoder(client):
@@ -70,7 +71,7 @@ def test_vocode_gives_the_copy_synthesis_spectrograms_and_metrics(client):
     wav, sr = _wav(base64.b64decode(j["wav"]))
     assert sr == 22050 and len(wav) > 0.9 * sr
     assert base64.b64decode(j["spectrograms_png"])[:4] == b"\x89PNG"
-    assert set(j["metrics"]) == {"mcd_dtw_db", "level_db", "f0_rmse", "vuv_error", "periodicity"}
+    assert set(j["metrics"]) == {"mcd_dtw_db", "level_db", "f0_rmse", "vuv_error", "periodicity", "hop_comb_db"}
     assert j["metrics"]["mcd_dtw_db"] > 0 and j["rtf"] > 0
 
 

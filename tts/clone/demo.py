@@ -44,10 +44,12 @@ from common.demo import (
     prepared_with,
     record_demo_settings,
     report,
+    steps_figure,
     trained_with_other_settings,
 )
 from common.log import save_figure
 from speech.audio import MelSpectrogram, save_wav
+from speech.buzz import hop_comb_db, hop_comb_figure
 from speech.demo_speech import espeak_available, require_espeak
 from speech.mcd import compare_mels, compare_speech, speech_figures
 from speech.plots import plot_spectrograms
@@ -160,15 +162,16 @@ def unseen_voice(prepared: Path, out_dir: Path, text: str) -> tuple[str, Path] |
     return spk["name"], path
 
 
-def held_out_check(model, cfg, prepared: Path, vocoder, out_dir: Path) -> tuple[list, list[Path]]:
+def held_out_check(model, cfg, prepared: Path, vocoder, out_dir: Path) -> tuple[list, list[Path], list[float]]:
     """Each held-out sentence spoken with another held-out clip of its speaker as the reference,
-    against its recording; (plausibility figures, pictures reference | target | output)."""
+    against its recording; (plausibility figures, pictures reference | target | output, each output's hop comb
+    (`speech.buzz`; none without a vocoder))."""
     evals, _ = read_manifest(prepared / "eval.jsonl")
     by_speaker: dict[str, list[dict]] = {}
     for row in evals:
         by_speaker.setdefault(row["speaker"], []).append(row)
     mel_module = MelSpectrogram(**cfg.audio.mel_kwargs)
-    pairs, pictures = [], []
+    pairs, pictures, combs = [], [], []
     for row in evals:
         others = [r for r in by_speaker[row["speaker"]] if r["id"] != row["id"]]
         ref_row = others[0] if others else row  # a lone held-out clip of a speaker must be its own reference
@@ -181,6 +184,7 @@ def held_out_check(model, cfg, prepared: Path, vocoder, out_dir: Path) -> tuple[
             save_wav(out_dir / f"{name}.wav", res["wav"], vocoder.sample_rate)
             save_wav(out_dir / f"{name}_gt.wav", target.wav, cfg.audio.sample_rate)
             pair = compare_speech(name, res["wav"], target.wav, mel_module)
+            combs.append(hop_comb_db(res["wav"], vocoder.sample_rate, vocoder.hop_length))
         else:
             pair = compare_mels(name, res["mel"].float().cpu().numpy(), target.mel[0].float().numpy())
         pairs.append(pair)
@@ -189,7 +193,7 @@ def held_out_check(model, cfg, prepared: Path, vocoder, out_dir: Path) -> tuple[
              (f"output ({pair.level_db:+.1f} dB, MCD {pair.mcd:.2f} dB)", pair.gen_mel)],
             title=f"voice cloning, held-out: {text[:60]}",
             hop_seconds=cfg.audio.hop_length / cfg.audio.sample_rate), out_dir / f"{name}.png"))
-    return speech_figures(pairs, MAX_MCD), pictures
+    return speech_figures(pairs, MAX_MCD), pictures, combs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -238,7 +242,9 @@ def demo(argv: list[str] | None) -> int:
     samples = RUN_DIR / "samples"
     check = speaker_check(model, cfg, prepared, vocoder, samples)
     write_text(RUN_DIR / "speaker_check.json", json.dumps(check, indent=1, ensure_ascii=False))
-    figures, pictures = held_out_check(model, cfg, prepared, vocoder, samples)
+    figures, pictures, combs = held_out_check(model, cfg, prepared, vocoder, samples)
+    figures += [hop_comb_figure(combs)] if combs else []
+    figures.append(steps_figure(summary["step"], summary.get("planned", summary["step"]), summary["stopped"]))
 
     first, last = summary["history"][0], summary["history"][-1]
     print(f"\nvoice-cloning demo ({summary['n_params'] / 1e6:.2f} M parameters, {summary['step']} steps, "

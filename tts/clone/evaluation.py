@@ -6,8 +6,9 @@ vocoder or Griffin-Lim), and the plateau notice that reads the validation histor
 utterances spoken free-running (predicted durations and f0) in the voice of another clip of their
 speaker, through the vocoder (Griffin-Lim without one: then the figures judge the mel through a rough
 inversion), against the recording: `mcd` (dB, DTW-aligned), `f0_rmse` (cents), `vuv_error`,
-`periodicity` along the same DTW path (`speech.mcd`), and `speaker_sim` (cosine of speaker
-embeddings, `speech.speaker_similarity`, the `val.speaker_encoder` key)."""
+`periodicity` along the same DTW path (`speech.mcd`), `hop_comb_db` (the output's buzz at the frame rate,
+`speech.buzz`: logged, not ranked) and `speaker_sim` (cosine of speaker embeddings, `speech.speaker_similarity`,
+the `val.speaker_encoder` key)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch
 from common.log import RunLogger
 from common.precision import Precision
 from speech.audio import MelSpectrogram, load_audio
+from speech.buzz import hop_comb_db
 from speech.mcd import aligned_pitch_errors, mcd_dtw_path
 from speech.plots import plot_alignment, plot_spectrogram
 from tts.clone.config import CloneConfig
@@ -151,7 +153,8 @@ def synthesis_metrics(model: VoiceCloneTTS, items: list[dict], cfg: CloneConfig,
                            if len(syn) > a.n_fft else rec_mel[:, :0])
                 mcd, path = mcd_dtw_path(rec_mel, syn_mel)
                 row = {"mcd": mcd, **aligned_pitch_errors(syn, rec, a.sample_rate, a.hop_length, path, a.f0_min,
-                                                          a.f0_max)}
+                                                          a.f0_max),
+                       "hop_comb_db": hop_comb_db(syn, a.sample_rate, a.hop_length)}
                 if speaker_encoder is not None:
                     row["speaker_sim"] = speaker_encoder.similarity(syn, rec, a.sample_rate) if len(path) else math.nan
                 rows.append(row)

@@ -112,7 +112,7 @@ def demo(argv: list[str] | None) -> int:
     results = {}
     for label, ckpt in (("before", vocoder_ckpt), ("after", tuned_ckpt)):
         torch.manual_seed(0)  # the NSF source's noise: the same draw for both vocoders
-        figures, _ = held_out_check(model, cfg, PREPARED_DIR, load_matching_vocoder(ckpt, cfg.audio), out / label)
+        figures, _, _ = held_out_check(model, cfg, PREPARED_DIR, load_matching_vocoder(ckpt, cfg.audio), out / label)
         levels = [f.value for f in figures[:-1]]
         results[label] = {"vocoder": str(ckpt), "mean_mcd_dtw_db": figures[-1].value,
                           "mean_level_db": float(np.mean(levels)), "mean_abs_level_db": float(np.mean(np.abs(levels))),

@@ -20,6 +20,9 @@
   differs) and **periodicity** (RMSE of the voicing-confidence tracks) of the synthesised utterance
   against the recording, frame pairs taken along the MCD's DTW path
   (``speech.mcd.aligned_pitch_errors``, from ``speech.pitch_metrics``). Lower is better.
+- **hop_comb_db** (dB) of the synthesised utterance alone (``speech.buzz``): its power on the harmonics of
+  sr / hop over the power between them. Recordings score about 0-5 dB; a young decoder's buzz at the frame rate,
+  which Praat tracks as an f0 of exactly sr / hop and MCD barely sees, 15 dB and more. Logged, not ranked.
 - **speaker_sim** (cosine, -1..1, higher is better): the speaker embeddings of the synthesised
   utterance and of the recording (``speech.speaker_similarity``; the ``speaker_encoder`` key), only
   when an encoder is given.
@@ -41,6 +44,7 @@ from common.atomic_write import append_text
 from common.data import make_loader
 from common.log import RunLogger
 from speech.audio import MelSpectrogram, save_wav
+from speech.buzz import hop_comb_db
 from speech.mcd import aligned_pitch_errors, mcd_dtw_path
 from speech.plots import plot_alignment, plot_spectrogram
 from tts.alignment import alignment_posterior
@@ -125,7 +129,8 @@ def evaluate(model, dataset, mel: MelSpectrogram, device: torch.device, max_item
                 mcd, dtw_path = mcd_dtw_path(ref, syn)
                 syn_np, ref_np = syn_wav[0].cpu().numpy(), ref_wav[0].float().numpy()
                 row = {"mcd": mcd, "align_sharpness": sharp, "dur_mae": dur_mae, "dur_err": dur_err,
-                       **aligned_pitch_errors(syn_np, ref_np, mel.sample_rate, model.hop_length, dtw_path)}
+                       **aligned_pitch_errors(syn_np, ref_np, mel.sample_rate, model.hop_length, dtw_path),
+                       "hop_comb_db": hop_comb_db(syn_np, mel.sample_rate, model.hop_length)}
                 if speaker_encoder is not None:
                     row["speaker_sim"] = (speaker_encoder.similarity(syn_np, ref_np, mel.sample_rate)
                                           if len(dtw_path) else float("nan"))

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 
 from common import exit_codes, loop
 from common.best_by import BestCheckpoints
-from common.checkpoint import RunCheckpoints, resolve_resume
+from common.checkpoint import RunCheckpoints, ranking_start, ranking_start_note, resolve_resume
 from common.config import ConfigError, format_config, save_config
 from common.distributed import DistInfo, cleanup, setup_distributed, wrap_ddp
 from common.guards import DivergenceGuard, NonFiniteGuard
@@ -99,8 +99,13 @@ class VitsTrainer:
         for line in (self.precision.report() + notes + apply_layout_and_compile(
                 self.generator, self.discriminator, cfg.channels_last, cfg.compile and not why_not)):
             self.printer(line)
+        note = ranking_start_note(cfg.save_best_after, cfg.discriminator_train_start_steps,
+                                  "discriminator_train_start_steps")
+        if note:
+            self.printer(note)
         store = BestCheckpoints(self.run_dir / "checkpoints", cfg.best_by, "score", self.printer,
-                                keep_last=cfg.save_n_checkpoints, save_best_after=cfg.save_best_after, prefix="vits")
+                                keep_last=cfg.save_n_checkpoints, prefix="vits",
+                                save_best_after=ranking_start(cfg.save_best_after, cfg.discriminator_train_start_steps))
         path = resolve_resume(resume, store.dir, store)
         if path is None and source is not None:  # a published voice (Piper, MMS), planned by `plan_source_start`
             load_start(source, self.generator, self.discriminator)
@@ -276,9 +281,12 @@ class VitsTrainer:
         stop = RunStop.of(cfg, cfg, "VITS training", last_good=lambda: self.checkpoints.last_good,
                           lr_hint="--set lr=<lower>")
         cadence = Cadence.of(cfg, total, validate_from_epoch=cfg.test_delay_epochs, validate_at_end=cfg.run_eval)
-        return loop.fit(self, cadence, stop, self.checkpoints, best_by=cfg.best_by,
-                        samples_per_step=self.batch_size * self.info.world_size, show_progress=cfg.progress_bar,
-                        desc="vits")
+        result = loop.fit(self, cadence, stop, self.checkpoints, best_by=cfg.best_by,
+                          samples_per_step=self.batch_size * self.info.world_size, show_progress=cfg.progress_bar,
+                          desc="vits")
+        if self.info.is_main:
+            result.save(self.run_dir / "summary.json")
+        return result
 
 
 def main(argv: list[str] | None = None) -> int:
