@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn.utils.parametrizations import spectral_norm, weight_norm
 
 from speech.audio import magnitude
-from vocoder.model import LRELU_SLOPE, get_padding
+from vocoder.model import get_padding, leaky_relu_fresh
 
 DISCRIMINATOR_NAMES = ("mpd", "fast_mpd", "mrd", "msd")
 
@@ -34,10 +34,11 @@ Output = tuple[list[torch.Tensor], list[list[torch.Tensor]]]
 
 def conv_stack(convs: nn.ModuleList, conv_post: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The HiFi-GAN critics' forward: leaky-ReLU convs, then ``conv_post``; returns (flattened
-    logits, every layer's output for feature matching)."""
+    logits, every layer's output for feature matching). The leaky ReLU runs in place on the conv's
+    output (`vocoder.model.leaky_relu_fresh`): the feature map and the next conv's input are that one tensor."""
     fmap = []
     for conv in convs:
-        x = F.leaky_relu(conv(x), LRELU_SLOPE)
+        x = leaky_relu_fresh(conv(x))
         fmap.append(x)
     x = conv_post(x)
     fmap.append(x)

@@ -30,6 +30,12 @@ from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import weight_norm
 
 LRELU_SLOPE = 0.1
+# Leaky ReLU in place where its input is a fresh result nothing else reads (a conv's output, a sum):
+# the values and gradients are bitwise the same (with a positive slope the output has the input's sign,
+# which is all the backward needs), and autograd keeps one tensor where it kept two (the input for
+# the leaky ReLU's backward and the output for the next conv's). False: every call out of place, as
+# before; bench/vocoder_memory.py and tests/vocoder/test_memory.py switch it off to measure the saving.
+INPLACE_LEAKY_RELU = True
 
 
 @dataclass
@@ -85,6 +91,13 @@ def source_rate(args: GeneratorArgs) -> float:
     if args.mini_nsf:
         return args.sampling_rate / math.prod(args.upsample_rates[2:])
     return float(args.sampling_rate)
+
+
+def leaky_relu_fresh(x: torch.Tensor, slope: float = LRELU_SLOPE) -> torch.Tensor:
+    """Leaky ReLU of ``x``, in place (``INPLACE_LEAKY_RELU``): only for an ``x`` that nothing else
+    reads afterwards and that autograd does not keep (a conv's or a sum's output; never a residual
+    branch's input, a leaf or a caller's tensor)."""
+    return F.leaky_relu(x, slope, inplace=INPLACE_LEAKY_RELU)
 
 
 def get_padding(kernel_size: int, dilation: int = 1) -> int:
@@ -156,8 +169,8 @@ class ResBlock1(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         for c1, c2 in zip(self.convs1, self.convs2):
-            y = c1(masked(F.leaky_relu(x, LRELU_SLOPE), mask))
-            y = c2(masked(F.leaky_relu(y, LRELU_SLOPE), mask))
+            y = c1(masked(F.leaky_relu(x, LRELU_SLOPE), mask))  # out of place: x is the residual
+            y = c2(masked(leaky_relu_fresh(y), mask))
             x = x + y
         return x
 
@@ -172,7 +185,7 @@ class ResBlock2(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         for c in self.convs:
-            x = x + c(masked(F.leaky_relu(x, LRELU_SLOPE), mask))
+            x = x + c(masked(F.leaky_relu(x, LRELU_SLOPE), mask))  # out of place: x is the residual
         return x
 
 
@@ -320,13 +333,13 @@ class Generator(UpsamplingStack):
             # Regulariser on the mel embedding; training only, so inference stays deterministic.
             x = x + self.noise_sigma * torch.randn_like(x)
         for i in range(self.num_upsamples):
-            x = self.ups[i](F.leaky_relu(x, LRELU_SLOPE))
+            x = self.ups[i](leaky_relu_fresh(x))  # x: conv_pre's output or the last fusion's mean
             if not self.mini_nsf:
                 x = x + self.noise_convs[i](har)
             elif i == 1:
                 x = x + self.source_conv(har)
             x = self.fuse(i, x)
-        x = self.conv_post(F.leaky_relu(x))  # default slope 0.01 here, as in HiFi-GAN
+        x = self.conv_post(leaky_relu_fresh(x, 0.01))  # default slope 0.01 here, as in HiFi-GAN
         return torch.tanh(x)
 
     def remove_weight_norm(self) -> None:

@@ -161,6 +161,10 @@ class VocoderTrainer:
             d_norm, _ = step_optimizer(loss_d, self.d_opt, self.discriminator.parameters(), self.precision.scaler,
                                        cfg.clip_grad_norm, self.guards["discriminator"])
             logs.update(d_logs, loss_d=loss_d.detach(), grad_norm_d=d_norm)
+            # The critic outputs (logits and every feature map of 2B items) are spent: without this they
+            # would stay alive through the whole generator update (3.3 GiB of the fp32 peak at
+            # base_hifi_gpu.yaml's b16 x 48 frames; bench/README.md, "Memory").
+            del out, d_real, d_fake, loss_d
 
         # ---- generator update (critics frozen, called without DDP: their grads are not needed)
         with frozen(self.discriminator):

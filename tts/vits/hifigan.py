@@ -14,10 +14,9 @@ runs after weight_norm and never reaches the weight a forward uses); tested in t
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from vocoder.model import LRELU_SLOPE, UpsamplingStack, masked
+from vocoder.model import UpsamplingStack, leaky_relu_fresh, masked
 
 
 class Generator(UpsamplingStack):
@@ -42,8 +41,8 @@ class Generator(UpsamplingStack):
         if g is not None and hasattr(self, "cond"):
             x = x + self.cond(g)
         for i, (up, rate) in enumerate(zip(self.ups, self.upsample_rates)):
-            x = up(masked(F.leaky_relu(x, LRELU_SLOPE), mask))
+            x = up(masked(leaky_relu_fresh(x), mask))  # in place: x is conv_pre's (+ cond) or the fusion's output
             mask = None if mask is None else mask.repeat_interleave(rate, dim=-1)
             x = self.fuse(i, x, mask)
-        x = self.conv_post(masked(F.leaky_relu(x), mask))  # default slope 0.01 here, as in HiFi-GAN
+        x = self.conv_post(masked(leaky_relu_fresh(x, 0.01), mask))  # default slope 0.01 here, as in HiFi-GAN
         return torch.tanh(x)
