@@ -40,7 +40,6 @@ from common.guards import saving_blocked
 from common.log import resumed_trackers
 from common.training import apply_optimizer_overrides, optimizer_overrides
 
-
 T = TypeVar("T")
 
 

@@ -28,8 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common import exit_codes
-from common import distributed
+from common import distributed, exit_codes
 from common.distributed import any_rank
 from common.guards import NonFiniteError, nonfinite_stop_message
 from common.hardware import OutOfMemory, is_oom, oom_message

@@ -33,8 +33,8 @@ from common.checkpoint import CheckpointError, checkpoint_kind, describe_kind, l
 from common.errors import UserError
 from common.precision import Precision
 from speech import pitch_metrics as pm
-from speech.buzz import hop_comb_db
 from speech.audio import AudioError, MelSpectrogram, load_audio, to_int16
+from speech.buzz import hop_comb_db
 from speech.f0 import check_f0_extractor
 from speech.mcd import compare_speech
 from speech.plots import plot_spectrograms

@@ -8,7 +8,8 @@ import json
 from common.checkpoint import CheckpointManager, ranking_start, ranking_start_note
 from common.config import load_config
 from vocoder.config import VocoderConfig
-from vocoder.demo import CONFIG as VOCODER_DEMO, demo_checkpoint
+from vocoder.demo import CONFIG as VOCODER_DEMO
+from vocoder.demo import demo_checkpoint
 
 
 def test_the_ranking_starts_after_the_critics_start_whatever_save_best_after_asks():
