@@ -4,7 +4,8 @@ common/ is model-agnostic: it names no trainer. Two repo-wide jobs still concern
 lists what `--preset` sets in each one, and a checkpoint given to the wrong script is refused naming the
 trainer that wrote it and the scripts that take it. For those, each trainer package declares itself in its
 `__init__.py` as `TRAINER = TrainerInfo(...)`, and pyproject.toml lists those packages
-(`[tool.trainers] packages`, in the order `make check` prints them). They are read on those paths alone
+(`[tool.trainers] packages`, in the order `make check` prints them; an installed copy, which has no
+pyproject.toml, reads the same list from its entry points, group `trainers.packages`). They are read on those paths alone
 (the hardware report, a refusal message), once per process, never in a training step.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.metadata
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = REPO / "pyproject.toml"
+ENTRY_POINT_GROUP = "trainers.packages"
 
 
 @dataclass(frozen=True)
@@ -45,9 +48,12 @@ class TrainerInfo:
 
 
 def trainer_packages(pyproject: Path = PYPROJECT) -> list[str]:
-    """The trainer packages pyproject.toml lists (`[tool.trainers] packages`); [] without the file."""
+    """The trainer packages pyproject.toml lists (`[tool.trainers] packages`); without the file (`pip install .`
+    copies only the packages) those the installed distribution declares as entry points of the group
+    `trainers.packages`, in the order of their names; [] when neither is there."""
     if not pyproject.is_file():
-        return []
+        found = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+        return [ep.value for ep in sorted(found, key=lambda ep: ep.name)]
     with open(pyproject, "rb") as f:
         return list(tomllib.load(f).get("tool", {}).get("trainers", {}).get("packages", []))
 

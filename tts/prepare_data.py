@@ -54,6 +54,7 @@ import torch
 from common import exit_codes
 from common.atomic_write import atomic_output, write_text
 from common.config import load_config
+from common.model_card import DATA_SOURCE, add_data_licence_flag, data_source
 from common.prepared import array_problem, open_npy
 from common.run_dir import check_apart, check_output_dir, check_prepared_settings
 from common.workers import RUN_ERRORS, process_pool
@@ -339,11 +340,13 @@ def _read_state(path: Path) -> dict | None:
 def prepare(metadata: str | Path, audio_dir: str | Path | None, output_dir: str | Path, cfg: TrainConfig | None = None,
             num_workers: int = 1, fmt: str = "auto", speaker: str = DEFAULT_SPEAKER, quiet: bool = False,
             speaker_from_path: bool = False, overwrite: bool = False, text_kind: str = "auto",
-            columns: tuple[str | None, str | None, str | None] = (None, None, None), encoding: str = "utf-8") -> dict:
+            columns: tuple[str | None, str | None, str | None] = (None, None, None), encoding: str = "utf-8",
+            data_licence: str | None = None) -> dict:
     """Runs the whole preparation and returns the report (also written to OUT/report.json). A folder
     prepared with other audio settings is refused (OutputPathError) unless `overwrite`, which moves its
     files aside first (`common.run_dir.check_prepared_settings`). `audio_dir` may be None for a datasets
-    table whose audio is in it; `text_kind`, `columns` and `encoding`: tts.metadata.parse_metadata's. The prepared
+    table whose audio is in it; `text_kind`, `columns` and `encoding`: tts.metadata.parse_metadata's; `data_licence`
+    and the inputs go into the report's `data_source` (`common.model_card`), which the checkpoints and exports carry. The prepared
     files of an item are named after its id by tts.metadata.file_names (one name per id, valid everywhere)."""
     cfg = cfg or TrainConfig()
     metadata, out = Path(metadata), Path(output_dir)
@@ -448,16 +451,18 @@ def prepare(metadata: str | Path, audio_dir: str | Path | None, output_dir: str 
         new = cache.fill([r["text"] for r in records if "ids" not in r])  # given phonemes / ids: nothing to run
         if not quiet:
             print(f"phonemes: {new} new utterance(s) phonemized with espeak-ng -v {cfg.espeak_voice} → {cache.path}")
-    report = _write_report(out, metadata, fmt, rows, problems, notes, train, evals, speakers, levels)
+    report = _write_report(out, metadata, fmt, rows, problems, notes, train, evals, speakers, levels,
+                           data_source([metadata, audio_dir], data_licence))
     _print_summary(problems, notes, len(train), len(evals), report["hours"], quiet=quiet)
     return report
 
 
 def _write_report(out: Path, metadata: Path, fmt: str, rows: list[Row], problems: list[Problem],
                   notes: list[Problem], train: list[dict], evals: list[dict], speakers: dict,
-                  levels: dict[str, dict] | None = None) -> dict:
+                  levels: dict[str, dict] | None = None, source: dict | None = None) -> dict:
     """report.json, and report.txt: the dropped lines, and the trimmed seconds and level of every file read
-    (`levels`: speech.trim.trim_and_level's, or the earlier report's for the files an earlier run made)."""
+    (`levels`: speech.trim.trim_and_level's, or the earlier report's for the files an earlier run made; `source`:
+    `common.model_card.data_source`'s record of the inputs)."""
     kinds = Counter(re.sub(r"\s*[(:].*$", "", p.reason) for p in problems)
     report = {
         "metadata": str(metadata), "format": fmt, "layout": describe(fmt, rows), "rows_parsed": len(rows),
@@ -469,6 +474,8 @@ def _write_report(out: Path, metadata: Path, fmt: str, rows: list[Row], problems
     levels = levels or {}
     report["trimmed_seconds"] = round(sum(v.get("trimmed_seconds", 0.0) for v in levels.values()), 3)
     report["levels"] = levels
+    if source is not None:
+        report[DATA_SOURCE] = source
     write_text(out / "report.json", json.dumps(report, ensure_ascii=False, indent=1))
     lines = [f"{report['kept']} of {len(rows)} lines kept, {len(problems)} dropped"]
     lines += [f"DROPPED {p.file}:{p.line} [{p.id}]: {p.reason}" for p in problems]
@@ -521,6 +528,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="prepare again into a folder prepared with other audio settings (its old files are moved aside)")
     p.add_argument("--no_trim", action="store_true",
                    help="keep leading/trailing silence (default: trimmed with Silero VAD, data.trim_silence)")
+    add_data_licence_flag(p)
     args = p.parse_args(argv)
 
     def body() -> int:
@@ -532,7 +540,8 @@ def main(argv: list[str] | None = None) -> int:
         check_output_dir(args.output_dir, "--output_dir")
         prepare(args.metadata, args.audio_dir, args.output_dir, cfg, args.num_workers, args.format, args.speaker,
                 speaker_from_path=args.speaker_from_path, overwrite=args.overwrite, text_kind=args.text_kind,
-                columns=(args.audio_column, args.text_column, args.speaker_column), encoding=args.encoding)
+                columns=(args.audio_column, args.text_column, args.speaker_column), encoding=args.encoding,
+                data_licence=args.data_licence)
         return exit_codes.OK
     return exit_codes.run_main(body)
 

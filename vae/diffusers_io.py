@@ -24,6 +24,7 @@ from common.checkpoint import TRAINER_FIELD, CheckpointError, load_checkpoint, s
 from common.config import config_to_dict
 from common.errors import InputNotFoundError
 from common.log import RunLogger
+from common.model_card import write_model_card
 from common.precision import Precision
 from common.safetensors_io import load_safetensors, save_safetensors
 from vae.config import VAEConfig
@@ -304,10 +305,17 @@ def export_factors(cfg: VAEConfig, out_dir: Path, measured: dict[str, float | No
     return (old if cfg.export_factors == "init" else measured), lines
 
 
+# the config keys the model card lists first
+CARD_KEYS = ("image_size", "channels", "z_channels", "layers_per_block", "batch_size", "learning_rate", "kl_weight",
+             "perceptual_weight", "precision", "seed")
+
+
 def export_final(cfg: VAEConfig, model: AutoencoderKL, precision: Precision, train_files: list[Path], out_dir: Path,
-                 writer: RunLogger, gstep: int, metrics: dict, eval_batch: int = 4, ema: bool = False) -> None:
+                 writer: RunLogger, gstep: int, metrics: dict, eval_batch: int = 4, ema: bool = False,
+                 data: dict | None = None, best_psnr: float | None = None) -> None:
     """Latent statistics (scaling factor), `vae_final.pt` and, with `export_diffusers`, the diffusers folder
-    of `model` (`ema`: it holds the EMA weights, said in the log line)."""
+    of `model` (`ema`: it holds the EMA weights, said in the log line) with its model card README.md
+    (`common.model_card`; `data`: the run's `data_source`, `best_psnr` and `metrics` its held-out figures)."""
     device = next(model.parameters()).device
     n = min(cfg.latent_stats_images, len(train_files))
     batches = eval_loader(train_files, cfg.image_size, cfg.max_pixels, cfg.seed, batch_size=eval_batch, limit=n)
@@ -329,5 +337,11 @@ def export_final(cfg: VAEConfig, model: AutoencoderKL, precision: Precision, tra
         for line in notes:
             print(line)
         folder = save_diffusers(model, out_dir / "diffusers", sample_size=cfg.image_size, **factors)
+        held_out = [f"final validation (step {gstep}): " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()
+                                                                    if isinstance(v, int | float))] if metrics else []
+        held_out += [f"best held-out PSNR {best_psnr:.4g} dB"] if best_psnr is not None else []
+        write_model_card(folder, trainer="vae", step=gstep, config=config_to_dict(cfg), held_out=held_out, data=data,
+                         source=str(out_dir / "vae_final.pt"), export="vae/train_vae.py (the end of the run)",
+                         key_config=CARD_KEYS)
         print(f"saved diffusers AutoencoderKL folder {folder} (AutoencoderKL.from_pretrained('{folder}')), "
               + ", ".join(f"{k} {v:.5f}" for k, v in factors.items() if v is not None))

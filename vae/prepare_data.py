@@ -31,6 +31,7 @@ from tqdm import tqdm
 from common import exit_codes
 from common.atomic_write import atomic_output, write_text
 from common.errors import ConfigError
+from common.model_card import DATA_SOURCE, add_data_licence_flag, data_source
 from common.run_dir import (
     check_apart,
     check_output_dir,
@@ -213,7 +214,8 @@ def preprocess(args: argparse.Namespace) -> int:
     skipped = [r for r in records if r["status"] == "skipped"]
     ok.sort(key=lambda r: r["path"])
     manifest = {"settings": settings, "files": [{"path": r["path"], "source": r["source"], "width": r["width"],
-                                                 "height": r["height"]} for r in ok]}
+                                                 "height": r["height"]} for r in ok],
+                DATA_SOURCE: data_source([src_root], args.data_licence)}  # carried into checkpoints and exports
     write_text(out_root / "manifest.json", json.dumps(manifest, indent=1) + "\n")
     report = {
         "input_dir": str(src_root), "output_dir": str(out_root), "settings": settings,
@@ -341,11 +343,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num_workers", type=int, default=min(8, os.cpu_count() or 1))
     p.add_argument("--overwrite", action="store_true",
                    help="preprocess again into a folder prepared with other settings (its old files are moved aside)")
+    add_data_licence_flag(p)
     return p
 
 
 # the flags one mode reads and the other would accept and ignore
-MODE_FLAGS = {"preprocess": ("--output_dir", "--resize_mode", "--format", "--background", "--overwrite"),
+MODE_FLAGS = {"preprocess": ("--output_dir", "--resize_mode", "--format", "--background", "--overwrite",
+                             "--data_licence"),
               "validate": ("--output_file",)}
 
 

@@ -36,6 +36,7 @@ from common.distributed import DistInfo
 from common.guards import saving_blocked
 from common.log import Printer, Progress, RunLogger, peak_memory_gib, resumed_trackers
 from common.loop import Cadence, RunResult
+from common.model_card import DATA_SOURCE, read_data_source
 from common.presets import apply_preset
 from common.run_dir import prepare_run_dir, tensorboard_dir
 from common.stopping import TIME_LIMIT, RunStop, exit_code
@@ -73,6 +74,7 @@ class VAETrainer:
         self.step = self.epoch = self.batch_in_epoch = self.steps_before_stage = 0
         self.stage, self.stages = 1, [{"stage": 1, "image_size": cfg.image_size, "first_step": 0, "first_epoch": 0}]
         self.best_psnr: float | None = None
+        self.data_source = read_data_source(cfg.data_path)  # of the prepared images (common.model_card)
         self.trackers: dict = {}  # the W&B / MLflow run ids a resumed checkpoint holds
         self.last_best: float | None = None  # the latest validation's best_by metric (ranks the epoch checkpoints)
         self.last_val: tuple[int, dict] = (-1, {})  # (global step, metrics) of the latest validation
@@ -125,13 +127,15 @@ class VAETrainer:
                 "num_train": len(self.data.train_files)}
 
     def state(self) -> dict:
-        return {"arch": self.core.vae.arch(), "best_psnr": self.best_psnr, "stages": self.stages}
+        return {"arch": self.core.vae.arch(), "best_psnr": self.best_psnr, "stages": self.stages,
+                **({DATA_SOURCE: self.data_source} if self.data_source else {})}
 
     def load_state(self, ckpt: dict) -> None:
         """The stage and its history; a changed batch size, GPU count or dataset restarts the data order at
         the beginning of the epoch (everything else continues exactly)."""
         c, extra = ckpt.get("counters", {}), ckpt.get("extra", {})
         self.best_psnr = extra.get("best_psnr")
+        self.data_source = self.data_source or extra.get(DATA_SOURCE)
         self.stages = list(extra.get("stages", self.stages))
         self.stage, self.steps_before_stage = int(c.get("stage", 1)), int(c.get("steps_before_stage", 0))
         if (c.get("samples_per_step"), c.get("num_train")) != (self.data.samples_per_step, len(self.data.train_files)):
@@ -267,7 +271,8 @@ class VAETrainer:
             self._save_samples()
             if reason in (None, TIME_LIMIT) and self.checkpoints.last_good is not None:
                 export_final(self.cfg, self.core.eval_model, self.precision, self.data.train_files, self.out_dir,
-                             self.writer, self.global_step, m, self.eval_batch, ema=self.core.ema is not None)
+                             self.writer, self.global_step, m, self.eval_batch, ema=self.core.ema is not None,
+                             data=self.data_source, best_psnr=self.best_psnr)
         distributed.barrier()
 
 

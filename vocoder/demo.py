@@ -74,6 +74,10 @@ MAX_MCD = 3.3  # mean copy-synthesis MCD-DTW over the held-out clips, dB: see ME
 # reader saying other words: <= 3.3 dB, 0.28 dB (9 %) beyond the worst run and 0.2 dB below that.
 
 
+# what the export's card says of the espeak-ng part of the demo data (no recording of anyone)
+ESPEAK_DATA = "synthetic speech espeak-ng made from this repository's Uzbek sentences"
+
+
 def make_dataset(cfg: VocoderConfig, sentences: int = 24, wavs: str | Path = REPO / "data" / "demo" / "vocoder_wavs",
                  data: str | Path = REPO / "data" / "demo" / "vocoder_bin") -> dict:
     """Steps 1-2 with espeak-ng speech: the corpus and its binarized dataset (both reused when
@@ -81,7 +85,7 @@ def make_dataset(cfg: VocoderConfig, sentences: int = 24, wavs: str | Path = REP
     print(f"[1/5] speech corpus: {sentences} Uzbek sentences x {len(DEMO_SPEAKERS)} espeak-ng voices")
     make_corpus(UZBEK_SENTENCES[:sentences], wavs, DEMO_SPEAKERS, cfg.audio.sample_rate, num_workers=2)
     print("[2/5] binarize (mel + f0)")
-    return prepare(cfg, [wavs], data, log=lambda m: print("   ", m))
+    return prepare(cfg, [wavs], data, log=lambda m: print("   ", m), data_licence=ESPEAK_DATA)
 
 
 def make_recordings_dataset(cfg: VocoderConfig, recordings: str | Path, data: str | Path,
@@ -99,7 +103,8 @@ def make_recordings_dataset(cfg: VocoderConfig, recordings: str | Path, data: st
         make_corpus(UZBEK_SENTENCES[:sentences], wavs, DEMO_SPEAKERS, cfg.audio.sample_rate, num_workers=2)
         roots.append(wavs)
     print("[2/5] binarize (mel + f0)")
-    return prepare(cfg, roots, data, log=lambda m: print("   ", m))
+    licence = LICENCE + (f"; plus {ESPEAK_DATA}" if sentences > 0 else "")  # into the checkpoints and the export's card
+    return prepare(cfg, roots, data, log=lambda m: print("   ", m), data_licence=licence)
 
 
 def demo_dataset(cfg: VocoderConfig, espeak: bool, recordings: str | Path, wavs: str | Path,

@@ -12,6 +12,7 @@ DiffSinger's ``vocoder_ckpt`` at ``model.ckpt``. ``--onnx`` also writes ``<out>/
 ``waveform`` [1, samples]) and ``vocoder.yaml`` in the layout of an OpenUtau vocoder package.
 ``--oudep`` (implies ``--onnx``) also writes ``<out>.oudep`` beside the folder: the OpenUtau
 dependency package a user drops onto OpenUtau's window to install the vocoder (`write_oudep`).
+``<out>/README.md`` is the model card (`common.model_card`): steps, held-out figures, data and licences.
 
 The checkpoint layouts it reads and the names it writes live in ``vocoder/layouts.py``.
 """
@@ -31,12 +32,16 @@ import torch
 from common import exit_codes
 from common.atomic_write import atomic_output, write_text
 from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind, save_atomic
+from common.model_card import checkpoint_facts, write_model_card
 from common.run_dir import check_apart, check_output_dir
 from vocoder.layouts import generator_args, split_checkpoint, to_legacy_names
 from vocoder.model import Generator, remove_all_weight_norm
 
 # what vocoder.yaml needs (OpenUtau checks each against the acoustic model before it renders)
 MEL_KEYS = ("sampling_rate", "num_mels", "hop_size", "n_fft", "win_size", "fmin", "fmax")
+# the config keys the model card lists first
+CARD_KEYS = ("audio.sample_rate", "audio.hop_length", "audio.n_mels", "pe", "model_args.upsample_initial_channel",
+             "model_args.mini_nsf", "batch_size", "crop_mel_frames", "generator_optimizer_args.lr", "precision")
 
 
 def export(ckpt_path: str | Path, out_dir: str | Path, onnx: bool = False, oudep: bool = False) -> Path:
@@ -64,6 +69,7 @@ def export(ckpt_path: str | Path, out_dir: str | Path, onnx: bool = False, oudep
         export_onnx(generator, info, out)
     if oudep:
         write_oudep(out, info)
+    write_model_card(out, **checkpoint_facts(obj, ckpt_path), export="vocoder/export.py", key_config=CARD_KEYS)
     return out
 
 
@@ -165,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         check_apart(args.out, "--out", {"--ckpt": args.ckpt}, "_export")  # beside the checkpoint's folder: fine
         check_output_dir(args.out, "--out")  # first: a bad --out is told before the checkpoint is read
         out = export(args.ckpt, args.out, args.onnx, args.oudep)
-        print(f"exported generator -> {out / 'model.ckpt'} + {out / 'config.json'}"
+        print(f"exported generator -> {out / 'model.ckpt'} + {out / 'config.json'} + {out / 'README.md'}"
               + (f" + {out / 'model.onnx'}" if args.onnx or args.oudep else "")
               + (f"; OpenUtau package {oudep_path(out)}" if args.oudep else ""))
         return 0

@@ -51,6 +51,7 @@ from common import exit_codes
 from common.atomic_write import atomic_output, remove_stale_temp_folders, write_text
 from common.config import add_config_args, load_config
 from common.errors import UserError
+from common.model_card import DATA_SOURCE, add_data_licence_flag, data_source
 from common.prepared import npy_problem
 from common.run_dir import check_apart, check_output_dir, check_prepared_settings, outside
 from common.workers import RUN_ERRORS, process_pool
@@ -329,12 +330,13 @@ def split_items(ids: list[str], val_num: int, shuffle: bool, seed: int,
 
 def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, num_workers: int | None = None,
             log=print, overwrite: bool = False, mel_dir: str | Path | None = None,
-            mels: dict[Path, Path] | None = None) -> dict:
+            mels: dict[Path, Path] | None = None, data_licence: str | None = None) -> dict:
     """Run the whole binarization; returns the manifest. Raises PrepareError when nothing is usable,
     MelDirError (before anything is written) when the `mel_dir` folder does not fit (`vocoder.gta_mels`);
     `mels`: `check_mel_dir`'s {audio: mel} when the caller already judged the folder (not judged twice).
     A folder prepared with other settings is refused (OutputPathError) unless `overwrite`, which moves
-    its files aside first (`common.run_dir.check_prepared_settings`)."""
+    its files aside first (`common.run_dir.check_prepared_settings`). `data_licence` and the inputs go into
+    the manifest's `data_source` (`common.model_card`), which the checkpoints and exports carry."""
     roots = [Path(p) for p in inputs]
     missing = [str(r) for r in roots if not r.exists()]
     if not roots:
@@ -447,6 +449,7 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
         "train": train,
         "valid": valid,
         "total_seconds": round(sum(results[i]["seconds"] for i in good), 2),
+        DATA_SOURCE: data_source([*roots, mel_dir], data_licence),
     }
     write_text(out / MANIFEST, json.dumps(manifest, indent=1))
     log(f"prepare: {len(good)} items ({manifest['total_seconds']:.1f} s of audio): {len(train)} train, "
@@ -465,6 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "ones: <name>.npy [n_mels, frames] per audio file + mel_settings.json (vocoder/gta_mels.py)")
     p.add_argument("--overwrite", action="store_true",
                    help="prepare again into a folder prepared with other settings (its old files are moved aside)")
+    add_data_licence_flag(p)
     return p
 
 
@@ -487,7 +491,8 @@ def main(argv: list[str] | None = None) -> int:
             mels = check_mel_dir(Path(args.mel_dir), find_audio(roots), cfg.audio)
         check_apart(output, "--output", {"--input": list(inputs or []), "--mel_dir": args.mel_dir})
         check_output_dir(output, "--output")
-        prepare(cfg, inputs, output, args.num_workers, overwrite=args.overwrite, mel_dir=args.mel_dir, mels=mels)
+        prepare(cfg, inputs, output, args.num_workers, overwrite=args.overwrite, mel_dir=args.mel_dir, mels=mels,
+                data_licence=args.data_licence)
         return exit_codes.OK
     return exit_codes.run_main(body)
 

@@ -33,6 +33,7 @@ from common.config import ConfigError, save_config
 from common.guards import DivergenceGuard, NonFiniteGuard
 from common.log import Printer, Progress, RunLogger, report_lr_plan
 from common.loop import Cadence, RunResult
+from common.model_card import DATA_SOURCE, read_data_source
 from common.precision import Precision
 from common.run_dir import tensorboard_dir
 from common.schedulers import lr_curve
@@ -78,6 +79,7 @@ class VocoderTrainer:
                                    cudnn_benchmark=cfg.cudnn_benchmark, compile=cfg.compile)
         self.train_set, self.valid_set, self.sampler, self.loader = build_data(cfg, data_dir, self.info.world_size,
                                                                                 self.device)
+        self.data_source = read_data_source(data_dir)  # carried in the checkpoints into every export's card
         # ---- per-rank seed, models (DDP broadcasts rank 0's initial weights), their weights from elsewhere
         torch.manual_seed(cfg.seed + 1000 * self.info.rank)
         self.generator = build_generator(cfg).to(self.device)
@@ -127,11 +129,13 @@ class VocoderTrainer:
 
     # ------------------------------------------------------------------ checkpoint: this trainer's part
     def state(self) -> dict:
-        return {"export": export_info(self.cfg), "history": self.history}
+        return {"export": export_info(self.cfg), "history": self.history,
+                **({DATA_SOURCE: self.data_source} if self.data_source else {})}
 
     def load_state(self, ckpt: dict) -> None:
         legacy = json.loads(ckpt.get("counters", {}).get("history", "{}"))  # written before the one layout
         self.history = ckpt.get("extra", {}).get("history", legacy)
+        self.data_source = self.data_source or ckpt.get("extra", {}).get(DATA_SOURCE)
 
     # ------------------------------------------------------------------ one step
     def _generate(self, mel: torch.Tensor, f0: torch.Tensor) -> tuple[torch.Tensor, dict]:

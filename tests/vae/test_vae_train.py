@@ -70,6 +70,8 @@ def test_guide_flags_override_config_and_resolved_config_is_saved(image_dir, tmp
     assert (out / "lr_schedule.png").is_file()
     assert sorted(p.name for p in (out / "samples").iterdir())[-1] == "step_0000002.png"
     diff_cfg = json.loads((out / "diffusers" / "config.json").read_text())
+    card = (out / "diffusers" / "README.md").read_text(encoding="utf-8")  # the model card (common.model_card)
+    assert "trainer: `vae`" in card and "steps trained: " in card and "code: MIT" in card and "z_channels`: 8" in card
     assert diff_cfg["latent_channels"] == 8 and diff_cfg["block_out_channels"] == [16, 32]
     stats = json.loads((out / "latent_stats.json").read_text())
     assert len(stats["per_channel_std"]) == 8 and stats["scaling_factor"] == pytest.approx(1 / stats["std"])

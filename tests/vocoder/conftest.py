@@ -51,5 +51,6 @@ def tiny_data(tmp_path_factory) -> Path:
     """Five 1-second tones at 22.05 kHz prepared with demo.yaml's audio settings (4 train, 1 valid)."""
     root = tmp_path_factory.mktemp("vocoder_tiny")
     write_tones(root / "wavs", 5, 22050)
-    prepare(tiny_config(), [root / "wavs"], root / "bin", num_workers=0, log=lambda *a: None)
+    prepare(tiny_config(), [root / "wavs"], root / "bin", num_workers=0, log=lambda *a: None,
+            data_licence="CC0 (tones made by the tests)")  # carried to the exports' README.md
     return root / "bin"

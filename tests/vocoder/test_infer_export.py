@@ -79,6 +79,9 @@ def test_inference_api_contract(trained):
 def test_infer_and_export_cli(trained, tmp_path, capsys):
     assert export_main(["--ckpt", str(trained), "--out", str(tmp_path / "exp"), "--onnx"]) == 0
     assert (tmp_path / "exp" / "model.onnx").is_file() and (tmp_path / "exp" / "vocoder.yaml").is_file()
+    card = (tmp_path / "exp" / "README.md").read_text(encoding="utf-8")  # prepare -> checkpoint -> card
+    assert "trainer: `vocoder`" in card and f"steps trained: {load_checkpoint(trained)['counters']['step']}" in card
+    assert "data licence: CC0 (tones made by the tests)" in card and "code: MIT" in card
     wavs = tmp_path / "in"
     wavs.mkdir()
     sf.write(wavs / "a.wav", voiced_tone(0.5, 44100), 44100)  # resampled to the model's 22.05 kHz

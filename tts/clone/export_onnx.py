@@ -9,6 +9,7 @@ log-mel with `OUT.json`'s ``audio`` settings, as `tts.clone.data.load_reference`
 ``ref_lengths`` [B] int64 and ``length_scale`` [1] float32 (>1 speaks slower); outputs ``mel``
 [B, n_mels, T] (the vocoder's units), ``f0`` [B, T] in Hz and ``mel_lengths`` [B] int64.
 The vocoder exports separately (`vocoder/export.py --onnx`); mel + f0 are exactly its inputs.
+``OUT.README.md`` is the model card (`common.model_card`): steps, held-out figures, data and licences.
 
 The check runs the same inputs through PyTorch and onnxruntime (when installed) and fails when
 the mels differ by more than ``--tolerance`` (log-mel units) or f0 by more than that fraction.
@@ -29,6 +30,8 @@ from torch import nn
 
 from common import exit_codes
 from common.atomic_write import atomic_output, write_text
+from common.checkpoint import load_checkpoint
+from common.model_card import card_path, checkpoint_facts, write_model_card
 from common.run_dir import check_apart, check_output_file, refuse_to_replace
 from tts.clone.config import CloneConfig
 from tts.clone.data import load_reference
@@ -38,6 +41,9 @@ from tts.text import SYMBOLS
 
 INPUTS = ["text", "text_lengths", "ref_mel", "ref_lengths", "length_scale"]
 OUTPUTS = ["mel", "f0", "mel_lengths"]
+# the config keys the model card lists first
+CARD_KEYS = ("model.size", "audio.sample_rate", "audio.hop_length", "audio.n_mels", "audio.f0_method",
+             "train.batch_size", "optim.optimizer", "optim.lr", "train.precision", "train.seed")
 CHECK_SENTENCES = ["Salom, dunyo!", "Toshkentda 2024-yil 5-sentabrda havo 25 daraja boʻldi."]
 
 
@@ -127,10 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     args.tolerance = 1e-3 if args.tolerance is None else args.tolerance
 
     def body() -> int:
-        for written in (args.out, args.out + ".json"):
+        for written in (args.out, args.out + ".json", card_path(args.out)):
             check_apart(written, "--out", {"--checkpoint": args.checkpoint, "--reference": args.reference}, "_onnx")
         check_output_file(args.out, "--out")
-        for existing in (args.out, args.out + ".json"):
+        for existing in (args.out, args.out + ".json", card_path(args.out)):
             refuse_to_replace(existing, args.overwrite, "--out")
         model, cfg = load_clone_model(args.checkpoint, "cpu")
         ref_mel = (load_reference(args.reference, cfg.audio, cfg.data).mel if args.reference else
@@ -139,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.time()
         out = export(model, args.out, args.opset)
         write_text(str(out) + ".json", json.dumps(metadata(cfg), ensure_ascii=False, indent=1))
-        print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) and {out}.json in {time.time() - t0:.1f} s")
+        card = write_model_card(out, **checkpoint_facts(load_checkpoint(args.checkpoint), args.checkpoint),
+                                export="tts/export_clone_onnx.py", key_config=CARD_KEYS)
+        print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB), {out}.json and {card} in {time.time() - t0:.1f} s")
         if args.no_check:
             return 0
         try:

@@ -44,6 +44,7 @@ from common.distributed import all_reduce_mean, cleanup, no_sync, setup_distribu
 from common.guards import DivergenceGuard, NonFiniteError, NonFiniteGuard
 from common.log import Printer, Progress, RunLogger, report_lr_plan
 from common.loop import Cadence, RunResult
+from common.model_card import DATA_SOURCE, read_data_source
 from common.precision import Precision
 from common.presets import apply_preset
 from common.run_dir import prepare_run_dir, tensorboard_dir
@@ -88,6 +89,7 @@ class CloneTrainer:
 
         # ---- data; the model and where it starts (resume: exact; a new run: feature statistics, --init_from)
         self.data = CloneData(cfg, device, self.run_dir, self.printer)
+        self.data_source = read_data_source(cfg.data.train)  # of the prepared data (common.model_card)
         self.steps_per_epoch, self.total_steps = planned_steps(t, len(self.data.sampler), len(self.data.train_items))
         self.model = VoiceCloneTTS(cfg.model, len(SYMBOLS), cfg.audio.n_mels).to(device)
         self.models = {"model": self.model}
@@ -140,12 +142,14 @@ class CloneTrainer:
 
     # ------------------------------------------------------------------ checkpoint: this trainer's part
     def state(self) -> dict:
-        return {"plateau": self.plateau.state_dict(), "history": self.history, "train_s": self.train_time}
+        return {"plateau": self.plateau.state_dict(), "history": self.history, "train_s": self.train_time,
+                **({DATA_SOURCE: self.data_source} if self.data_source else {})}
 
     def load_state(self, ckpt: dict) -> None:
         extra = ckpt.get("extra", {})
         self.plateau.load_state_dict(extra["plateau"])
         self.history = list(extra["history"])
+        self.data_source = self.data_source or extra.get(DATA_SOURCE)
         self.train_time = float(extra.get("train_s", ckpt.get("counters", {}).get("train_s", 0.0)))
 
     # ------------------------------------------------------------------ one step

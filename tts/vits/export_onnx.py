@@ -16,7 +16,8 @@ the noise scales at 0 (deterministic) and fails when they differ by more than ``
 ``hop_length``. Piper builds ``^ _ p1 _ p2 ... _ $`` from the map; we map ``^`` and ``$`` to no id
 and ``_`` to the blank (no id without ``data.add_blank``), which is exactly our model's input. Our
 own keys (symbols, add_blank, speakers, model, and ``licence`` when the run started from a published
-voice that declares one) are kept beside them. Piper reads the text as given
+voice that declares one) are kept beside them. ``OUT.README.md`` is the model card (`common.model_card`):
+steps, held-out figures, the data's sources and licence, the weights' and the code's licences. Piper reads the text as given
 (no Uzbek normaliser): feed it normalised Latin text. A ``text`` model's digraph tokens (sh, ch,
 oʻ, gʻ) cannot be a Piper map key (one codepoint each), so Piper reads them as two letters: voices
 meant for Piper are trained with ``phoneme_type: espeak``.
@@ -38,6 +39,7 @@ from torch import nn
 from common import exit_codes
 from common.atomic_write import atomic_output, write_text
 from common.checkpoint import load_checkpoint
+from common.model_card import card_path, checkpoint_facts, write_model_card
 from common.run_dir import check_apart, check_output_file, refuse_to_replace
 from tts.text.phonemes import Frontend
 from tts.text.symbols import PAD
@@ -46,6 +48,9 @@ from tts.vits.model import VITS
 from tts.vits.synthesize import load_generator, text_to_input
 
 PIPER_BOS, PIPER_EOS = "^", "$"
+# the config keys the model card lists first
+CARD_KEYS = ("model", "phoneme_type", "espeak_voice", "audio.sample_rate", "audio.hop_length", "data.add_blank",
+             "batch_size", "lr", "precision", "seed")
 
 
 class OnnxVits(nn.Module):
@@ -148,10 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     args.tolerance = 1e-3 if args.tolerance is None else args.tolerance
 
     def body() -> int:
-        for written in (args.out, args.out + ".json"):
+        for written in (args.out, args.out + ".json", card_path(args.out)):
             check_apart(written, "--out", {"--checkpoint": args.checkpoint}, "_onnx")
         check_output_file(args.out, "--out")
-        for existing in (args.out, args.out + ".json"):
+        for existing in (args.out, args.out + ".json", card_path(args.out)):
             refuse_to_replace(existing, args.overwrite, "--out")
         ckpt = load_checkpoint(args.checkpoint)
         model, cfg, speakers = load_generator(args.checkpoint, "cpu", remove_wn=True, ckpt=ckpt)
@@ -160,8 +165,10 @@ def main(argv: list[str] | None = None) -> int:
         meta = piper_config(cfg, speakers, licence)
         out = export(model, args.out, args.opset)
         write_text(str(out) + ".json", json.dumps(meta, ensure_ascii=False, indent=1))
-        print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) and {out}.json (Piper voice config, phoneme_type "
-              f"{meta['phoneme_type']}) in {time.time() - t0:.1f} s")
+        card = write_model_card(out, **checkpoint_facts(ckpt, args.checkpoint), export="tts/export_onnx.py",
+                                key_config=CARD_KEYS)
+        print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB), {out}.json (Piper voice config, phoneme_type "
+              f"{meta['phoneme_type']}) and {card} in {time.time() - t0:.1f} s")
         if licence:
             print(f"licence of the weights: {licence} (written into {out}.json)")
         if meta["phoneme_type"] == "text":

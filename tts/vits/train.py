@@ -33,6 +33,7 @@ from common.distributed import DistInfo, cleanup, setup_distributed, wrap_ddp
 from common.guards import DivergenceGuard, NonFiniteGuard
 from common.log import Printer, Progress, RunLogger, report_lr_plan
 from common.loop import Cadence, RunResult
+from common.model_card import DATA_SOURCE, read_data_source
 from common.muon import build_optimizer
 from common.precision import Precision, compile_unavailable
 from common.run_dir import tensorboard_dir
@@ -72,6 +73,8 @@ class VitsTrainer:
                  source: SourceStart | None = None, init_ckpt: dict | None = None):
         self.cfg, self.info = cfg, info
         self.licence: str | None = None  # of the weights the run started from (published voices declare one)
+        self.data_source = read_data_source(cfg.data_dir)  # of the prepared data (common.model_card)
+        self.last_valid: dict = {}  # the latest held-out metrics and their step, for the exports' cards
         self.device = info.device
         if not cfg.data_dir:
             raise ConfigError("no data folder: pass --data_dir (a folder made by tts/prepare_data.py)")
@@ -148,10 +151,15 @@ class VitsTrainer:
     # ------------------------------------------------------------------ checkpoint: this trainer's part
     def state(self) -> dict:
         return {"speakers": self.speakers, **Frontend.of(self.cfg).to_checkpoint(),
-                **({"licence": self.licence} if self.licence else {})}
+                **({"licence": self.licence} if self.licence else {}),
+                **({DATA_SOURCE: self.data_source} if self.data_source else {}),
+                **({"valid": self.last_valid} if self.last_valid else {})}
 
     def load_state(self, ckpt: dict) -> None:
-        self.licence = ckpt.get("extra", {}).get("licence")
+        extra = ckpt.get("extra", {})
+        self.licence = extra.get("licence")
+        self.data_source = self.data_source or extra.get(DATA_SOURCE)
+        self.last_valid = extra.get("valid", {})
 
     # ------------------------------------------------------------------ one step
     def _generator_losses(self, out: dict, y_d_g, fmap_r, fmap_g, mel_y, mel_hat, y, y_hat) -> dict[str, torch.Tensor]:
@@ -234,6 +242,7 @@ class VitsTrainer:
                                noise_scale=cfg.noise_scale, seed=cfg.seed, batch_size=cfg.eval_batch_size,
                                num_workers=cfg.num_eval_loader_workers, speaker_encoder=self._speaker_encoder)
             record_metrics(metrics, self.step, self.writer, self.run_dir, self.printer)
+            self.last_valid = {"step": self.step, **metrics}
             speak_test_sentences(self.generator, cfg, self.speakers, self.train_set.tokens, self.mel, self.writer,
                                  self.run_dir, self.step)
         return metrics
