@@ -318,7 +318,7 @@ def test_every_f0_extractor_agrees_with_praat_on_speech(method, tmp_path):
     tone of Praat on nearly all (measured: no gross error but harvest's 2%; median 2-8 cents) and the voicing
     differs on few frames (7-13%; bench/f0_extractors.py measures the same on human recordings)."""
     from speech.f0 import F0_MODULES
-    from speech.pitch_metrics import f0_agreement, vuv_error
+    from speech.pitch_metrics import f0_errors, vuv_error
 
     try:
         check_f0_extractor(method)
@@ -333,8 +333,8 @@ def test_every_f0_extractor_agrees_with_praat_on_speech(method, tmp_path):
 
     ref, f0 = track("parselmouth"), track(method)
     assert (ref > 0).mean() > 0.4 and (f0 > 0).mean() > 0.4
-    agree = f0_agreement(f0, ref)
-    assert agree["gross"] < 0.08 and agree["median_cents"] < 20, agree
+    agree = f0_errors(f0, ref)
+    assert agree["f0_gross_error"] < 0.08 and agree["f0_median_error"] < 20, agree
     assert vuv_error(f0, ref) < 0.25
 
 

@@ -16,10 +16,13 @@
   seconds of audio on one token (off the diagonal); both score low. A learnt alignment → 1.
 - **dur_mae** (frames per token) and **dur_err** (relative error of the total length) of the
   duration predictor (its deterministic setting: noise 0) against the MAS durations.
-- **f0_rmse** (cents, on frames voiced in both), **vuv_error** (fraction of frames whose voicing
-  differs) and **periodicity** (RMSE of the voicing-confidence tracks) of the synthesised utterance
-  against the recording, frame pairs taken along the MCD's DTW path
-  (``speech.mcd.aligned_pitch_errors``, from ``speech.pitch_metrics``). Lower is better.
+- **f0_rmse**, **f0_median_error** (cents, on frames voiced in both: the RMSE and the median
+  |difference|, which a few octave jumps cannot swing), **f0_gross_error** (the share of those frames
+  more than 50 cents apart), **vuv_error** (fraction of frames whose voicing differs) and
+  **periodicity** (RMSE of the voicing-confidence tracks) of the synthesised utterance against the
+  recording, frame pairs taken along the MCD's DTW path (``speech.mcd.aligned_pitch_errors``, from
+  ``speech.pitch_metrics``; f0 tracked by the speech default extractor in the speech range: VITS
+  has no f0 settings of its own). Lower is better.
 - **speaker_sim** (cosine, -1..1, higher is better): the speaker embeddings of the synthesised
   utterance and of the recording (``speech.speaker_similarity``; the ``speaker_encoder`` key), only
   when an encoder is given.
