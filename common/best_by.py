@@ -28,6 +28,8 @@ METRICS: dict[str, str] = {
     "mrstft": "min",  # multi-resolution STFT distance (spectral convergence + log magnitude)
     "mel_l1": "min",  # L1 between log-mel spectrograms
     "f0_rmse": "min",  # F0 RMSE in cents on frames voiced in both (speech.pitch_metrics)
+    "f0_median_error": "min",  # median |f0 difference| in cents there: a few octave jumps cannot swing it
+    "f0_gross_error": "min",  # share of those frames more than 50 cents apart (misses and jumps)
     "vuv_error": "min",  # fraction of frames whose voicing differs (speech.pitch_metrics)
     "periodicity": "min",  # RMSE between periodicity tracks (speech.pitch_metrics)
     "pesq": "max",  # PESQ, wide band (1.04 .. 4.64)

@@ -260,8 +260,9 @@ class VocoderModel(Served):
 
     def vocode(self, data: bytes, job: Job, limits: Limits) -> dict:
         """An uploaded recording → its copy-synthesis, side-by-side spectrograms (PNG) and the vocoder's held-out
-        figures against the recording: level and MCD-DTW (`speech.mcd`), F0 RMSE, V/UV error and
-        periodicity (`speech.pitch_metrics`), and the copy-synthesis's hop comb (a buzz at the frame rate, `speech.buzz`)."""
+        figures against the recording: level and MCD-DTW (`speech.mcd`), F0 RMSE, median and gross F0 error, V/UV
+        error and periodicity (`speech.pitch_metrics`, tracked with the vocoder's own extractor and range), and the
+        copy-synthesis's hop comb (a buzz at the frame rate, `speech.buzz`)."""
         voc = self.model
         wav = read_upload_audio(data, voc.sample_rate, limits)
         if len(wav) < 4 * voc.hop_length:
@@ -274,7 +275,8 @@ class VocoderModel(Served):
             elapsed = time.perf_counter() - t0
         ref = wav[: len(out)]
         pair = compare_speech("upload", out, ref, self.mel)
-        pitch = pm.pitch_errors(out, ref, voc.sample_rate, voc.hop_length, voc.f0_min, voc.f0_max)
+        pitch = pm.pitch_errors(out, ref, voc.sample_rate, voc.hop_length, voc.f0_min, voc.f0_max, voc.pe,
+                                voc.pe_ckpt or None)
         seconds = len(out) / voc.sample_rate
         fig = plot_spectrograms([("recording", pair.ref_mel), (f"copy-synthesis ({self.id})", pair.gen_mel)],
                                 hop_seconds=voc.hop_length / voc.sample_rate)

@@ -36,6 +36,7 @@ LICENCE = "GPL-2 (Debian package tuxpaint-stamps-default: © 2002-2022 Bill Kend
 # unseen voice can sit outside what a few CPU minutes generalise to, so be is a training reader.
 TRAIN_READERS = ("fr", "ru", "ca", "be", "es", "el")
 HELD_OUT_READERS = ("ro", "da")
+MALE_READERS = ("fr", "ru", "ca", "da")  # the others are female (the medians above)
 MIN_SECONDS, MAX_SECONDS = 1.0, 6.0  # shorter clips are mostly one word; none is longer
 PEAK = 0.9  # every clip is peak-normalised: the readers recorded at very different levels (peaks 0.16-1.2)
 DONE = "corpus.json"

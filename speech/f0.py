@@ -26,6 +26,10 @@ F0_METHODS = ("parselmouth", "pyin", "harvest", "crepe", "fcpe", "rmvpe")
 # rmvpe runs the weights file the user gives (RVC's rmvpe.onnx) with onnxruntime (speech/rmvpe.py)
 F0_MODULES = {"parselmouth": "parselmouth", "pyin": "librosa", "harvest": "pyworld", "crepe": "torchcrepe",
               "fcpe": "torchfcpe", "rmvpe": "onnxruntime"}
+# The range speech recipes track in (singing keeps 65-1100 Hz, SingingVocoders'): a ceiling above every
+# speaking voice's register leaves an autocorrelation tracker room to jump an octave up on a low voice.
+SPEECH_F0_MIN, SPEECH_F0_MAX = 50.0, 600.0
+SPEECH_F0_METHOD = "pyin"
 
 
 def _f0_parselmouth(wav: np.ndarray, sr: int, step: float, f0_min: float, f0_max: float):

@@ -1,7 +1,13 @@
 """What a preparation's f0 extractor found: the voiced fraction, the range of voiced f0 (1st / 50th / 99th
 percentile), a histogram picture, and a warning with suggested values when `f0_min` / `f0_max` cut a
 speaker off (many voiced frames at a bound, or the 1st / 99th percentile near one: an extractor never
-reports f0 outside its bounds, so a voice beyond them piles up at the bound or goes unvoiced)."""
+reports f0 outside its bounds, so a voice beyond them piles up at the bound or goes unvoiced).
+
+It also counts the voiced frames more than an octave off their file's median f0, and warns per file (naming
+the file and its speaker) where they are many. Why: nobody speaks an octave above their own median for long,
+so such frames are the extractor's octave jumps (Praat's autocorrelation in the singing range, 65-1100 Hz,
+tracked 8-27 % of a low male reader's voiced frames above 450 Hz), and the vocoder would learn them as pitch.
+A percentile over the whole corpus hides them: it mixes every speaker's register."""
 
 from __future__ import annotations
 
@@ -14,24 +20,45 @@ import numpy as np
 
 NEAR = 1.05  # within 5% of a bound counts as "at" it
 AT_BOUND_FRACTION = 0.02  # this share of voiced frames at a bound is a cut
+OCTAVE_OFF_WARN = 0.05  # a file with this share of its voiced frames an octave off its median is warned about
+MAX_FILE_WARNINGS = 20  # the report names at most this many files (report.json lists them all)
 F0_PNG = "f0_histogram.png"
 
 
-def f0_summary(tracks: Iterable[tuple[np.ndarray, np.ndarray]], f0_min: float, f0_max: float,
-               extractor: str) -> dict:
-    """`tracks`: (f0 [frames], voiced [frames]) per item. Returns the numbers the report states: `voiced`
-    (all voiced f0 values, for the picture), `voiced_fraction`, `p1`/`p50`/`p99` (Hz, None when nothing is
-    voiced), `at_min`/`at_max` (share of voiced frames near each bound), `cut` (the bounds that cut a voice
-    off) and `suggest` (values for those bounds)."""
-    values, frames = [], 0
-    for f0, voiced in tracks:
+def octave_off_share(f0: np.ndarray, voiced: np.ndarray) -> float:
+    """The share of one file's voiced frames more than an octave (1200 cents) from the file's median voiced f0;
+    0 when nothing is voiced."""
+    v = np.asarray(f0, dtype=np.float64)[np.asarray(voiced, dtype=bool)]
+    v = v[v > 0]
+    if not v.size:
+        return 0.0
+    return float(np.mean(np.abs(np.log2(v / np.median(v))) > 1.0))
+
+
+def f0_summary(tracks: Iterable[tuple], f0_min: float, f0_max: float, extractor: str) -> dict:
+    """`tracks`: (f0 [frames], voiced [frames]) or (f0, voiced, label) per item; the label names the file and its
+    speaker in a warning ("item <i>" without one). Returns the numbers the report states: `voiced` (all voiced f0
+    values, for the picture), `voiced_fraction`, `p1`/`p50`/`p99` (Hz, None when nothing is voiced),
+    `at_min`/`at_max` (share of voiced frames near each bound), `cut` (the bounds that cut a voice off),
+    `suggest` (values for those bounds), `octave_off` (share of all voiced frames more than an octave off their
+    file's median) and `octave_off_files` ([{"file": label, "share"}] of the files at or above
+    `OCTAVE_OFF_WARN`, worst first)."""
+    values, frames, off_frames, files = [], 0, 0.0, []
+    for i, track in enumerate(tracks):
+        f0, voiced = track[0], np.asarray(track[1], dtype=bool)
+        label = track[2] if len(track) > 2 else f"item {i}"
         frames += len(voiced)
-        values.append(np.asarray(f0, dtype=np.float64)[np.asarray(voiced, dtype=bool)])
+        values.append(np.asarray(f0, dtype=np.float64)[voiced])
+        share = octave_off_share(f0, voiced)
+        off_frames += share * values[-1].size
+        if share >= OCTAVE_OFF_WARN:
+            files.append({"file": label, "share": share})
     v = np.concatenate(values) if values else np.zeros(0)
     s: dict = {"extractor": extractor, "frames": frames, "voiced_frames": int(v.size),
                "voiced_fraction": v.size / frames if frames else 0.0, "f0_min": f0_min, "f0_max": f0_max,
                "p1": None, "p50": None, "p99": None, "at_min": 0.0, "at_max": 0.0, "cut": [], "suggest": {},
-               "voiced": v}
+               "octave_off": off_frames / v.size if v.size else 0.0,
+               "octave_off_files": sorted(files, key=lambda f: -f["share"]), "voiced": v}
     if not v.size:
         return s
     p1, p50, p99 = (float(x) for x in np.percentile(v, [1, 50, 99]))
@@ -46,18 +73,31 @@ def f0_summary(tracks: Iterable[tuple[np.ndarray, np.ndarray]], f0_min: float, f
     return s
 
 
-def f0_report_lines(s: dict, key_prefix: str = "", redo: str = "prepare again") -> list[str]:
+def f0_report_lines(s: dict, key_prefix: str = "", redo: str = "prepare again", method_key: str = "pe") -> list[str]:
     """The report's lines for `f0_summary`'s result (for report.txt and the log). A cut bound's warning says
-    what to run: `redo` with `--set <key_prefix>f0_min=...` (keys inside a config block: its prefix)."""
+    what to run: `redo` with `--set <key_prefix>f0_min=...` (keys inside a config block: its prefix). A file
+    with many frames an octave off its median is named, with the extractor's key (`method_key`) to change."""
     head = (f"f0 ({s['extractor']}, f0_min {s['f0_min']:g} Hz, f0_max {s['f0_max']:g} Hz): "
             f"{100 * s['voiced_fraction']:.1f}% of {s['frames']} frames voiced")
     if s["p1"] is None:
         return [head + "; no voiced frame: f0 range unknown"]
-    lines = [head + f"; voiced f0 1st/50th/99th percentile {s['p1']:.1f} / {s['p50']:.1f} / {s['p99']:.1f} Hz"]
+    lines = [head + f"; voiced f0 1st/50th/99th percentile {s['p1']:.1f} / {s['p50']:.1f} / {s['p99']:.1f} Hz; "
+                    f"{100 * s['octave_off']:.1f}% of voiced frames more than an octave off their file's median"]
     for key, at in (("f0_min", "at_min"), ("f0_max", "at_max")):
         if key in s["cut"]:
             lines.append(f"WARNING: {key}={s[key]:g} Hz cuts a voice off ({100 * s[at]:.1f}% of voiced frames "
                          f"within 5% of it): {redo} with --set {key_prefix}{key}={s['suggest'][key]}")
+    off = s["octave_off_files"]
+    for f in off[:MAX_FILE_WARNINGS]:
+        lines.append(f"WARNING: {f['file']}: {100 * f['share']:.1f}% of its voiced frames are more than an octave "
+                     f"off its median f0 (octave jumps of {s['extractor']}, or a voice that leaves its register)")
+    if off:
+        more = f" ({len(off) - MAX_FILE_WARNINGS} more not shown; the .json lists them all)" if len(
+            off) > MAX_FILE_WARNINGS else ""
+        lines.append(f"{len(off)} file(s) with >= {100 * OCTAVE_OFF_WARN:g}% of voiced frames an octave off{more}: "
+                     f"listen to them; for speech, an extractor that does not jump octaves ({method_key}) in the "
+                     f"speech range ({key_prefix}f0_min / {key_prefix}f0_max) avoids most (bench/README.md, "
+                     f"\"f0 extractors\")")
     return lines
 
 
@@ -67,13 +107,13 @@ def summary_json(s: dict) -> dict:
 
 
 def save_f0_report(s: dict, folder: str | Path, name: str, key_prefix: str = "", redo: str = "prepare again",
-                   extra: dict | None = None) -> list[str]:
+                   extra: dict | None = None, method_key: str = "pe") -> list[str]:
     """A report of its own in `folder`: <name>.txt (the lines), <name>.json (the numbers and `extra`, e.g. what
     identifies the extractor) and <name>.png (the histogram, when a frame is voiced). Returns the lines."""
     from common.atomic_write import write_text
 
     folder = Path(folder)
-    lines = f0_report_lines(s, key_prefix, redo)
+    lines = f0_report_lines(s, key_prefix, redo, method_key)
     write_text(folder / f"{name}.txt", "\n".join(lines) + "\n")
     write_text(folder / f"{name}.json", json.dumps({**(extra or {}), **summary_json(s)}, indent=1))
     if s["voiced_frames"]:

@@ -65,22 +65,26 @@ def mcd_dtw_path(ref_log_mel: np.ndarray, syn_log_mel: np.ndarray,
 
 
 def aligned_pitch_errors(syn_wav, ref_wav, sr: int, hop_length: int, path: np.ndarray,
-                         f0_min: float | None = None, f0_max: float | None = None) -> dict[str, float]:
-    """`speech.pitch_metrics`' three figures ({"f0_rmse" (cents), "vuv_error", "periodicity"}) of a
-    synthesised waveform against its recording, frame pairs taken along a DTW `path` of their mels
-    (`mcd_dtw_path`; frame i of a waveform is its mel frame i, the grid `extract_f0` tracks on). A pair
-    whose durations differ (free-running synthesis) is compared sound for sound, not second for second.
-    NaN figures for an empty path; F0 RMSE NaN when no pair is voiced in both."""
+                         f0_min: float | None = None, f0_max: float | None = None,
+                         method: str | None = None, weights=None) -> dict[str, float]:
+    """`speech.pitch_metrics.PITCH_METRICS` of a synthesised waveform against its recording, frame pairs taken
+    along a DTW `path` of their mels (`mcd_dtw_path`; frame i of a waveform is its mel frame i, the grid
+    `extract_f0` tracks on). A pair whose durations differ (free-running synthesis) is compared sound for sound,
+    not second for second. The tracker: `method` in `f0_min`-`f0_max` Hz, the speech default (`pitch_metrics`'
+    F0_METHOD, F0_MIN, F0_MAX) for what is None. NaN figures for an empty path; the f0 figures NaN when no pair
+    is voiced in both."""
     if len(path) == 0:
         return dict.fromkeys(pm.PITCH_METRICS, float("nan"))
     lo = pm.F0_MIN if f0_min is None else f0_min
     hi = pm.F0_MAX if f0_max is None else f0_max
+    how = pm.F0_METHOD if method is None else method
     n_ref, n_syn = int(path[:, 0].max()) + 1, int(path[:, 1].max()) + 1
-    f_ref, f_syn = pm.f0_track(ref_wav, sr, hop_length, n_ref, lo, hi), pm.f0_track(syn_wav, sr, hop_length, n_syn, lo, hi)
+    f_ref = pm.f0_track(ref_wav, sr, hop_length, n_ref, lo, hi, how, weights)
+    f_syn = pm.f0_track(syn_wav, sr, hop_length, n_syn, lo, hi, how, weights)
     p_ref = pm.periodicity_track(ref_wav, sr, hop_length, n_ref, lo, hi)
     p_syn = pm.periodicity_track(syn_wav, sr, hop_length, n_syn, lo, hi)
     r, s = path[:, 0], path[:, 1]
-    return {"f0_rmse": pm.f0_rmse_cents(f_syn[s], f_ref[r]), "vuv_error": pm.vuv_error(f_syn[s], f_ref[r]),
+    return {**pm.f0_errors(f_syn[s], f_ref[r]), "vuv_error": pm.vuv_error(f_syn[s], f_ref[r]),
             "periodicity": pm.periodicity_error(p_syn[s], p_ref[r])}
 
 

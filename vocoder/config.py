@@ -42,6 +42,7 @@ from common.ranges import (
     Probability,
 )
 from speech.audio import AudioSettings
+from speech.pitch_metrics import PITCH_METRICS
 
 TASKS = {
     "nsf_HiFigan_task.nsf_HiFigan": "standard",
@@ -173,7 +174,7 @@ _SEED_AUDIO_KEYS = ("audio_sample_rate", "hop_size", "fft_size", "win_size", "au
 
 
 # What validation measures (vocoder/validation.py), the names --best_by takes; "pesq" too with valid_pesq.
-VALIDATES = ("mrstft", "mel_l1", "f0_rmse", "vuv_error", "periodicity")
+VALIDATES = ("mrstft", "mel_l1", *PITCH_METRICS)
 
 
 @dataclass

@@ -212,7 +212,9 @@ class VocoderTrainer:
             cfg = self.cfg
             result, plots = validation.validate(self.generator, self.valid_set, self.precision, self.stft,
                                                 self.input_mel, cfg.seed, limit, cfg.num_valid_plots,
-                                                (cfg.audio.sample_rate, cfg.audio.hop_length, cfg.f0_min, cfg.f0_max),
+                                                validation.PitchSettings(cfg.audio.sample_rate, cfg.audio.hop_length,
+                                                                         cfg.f0_min, cfg.f0_max, cfg.pe,
+                                                                         cfg.pe_ckpt or None),
                                                 cfg.valid_pesq)
             for plot in plots:
                 validation.log_plot(self.writer, self.step, plot, cfg.audio.sample_rate, cfg.mel_vmin, cfg.mel_vmax,
@@ -220,7 +222,8 @@ class VocoderTrainer:
             self.writer.scalars(result, self.step, prefix="valid")
             self.history.setdefault("valid", []).append({"step": self.step, **result})
             self.printer(f"step {self.step}: valid MR-STFT distance {result['mrstft']:.4f}, mel L1 {result['mel_l1']:.4f}, "
-                         f"F0 RMSE {result['f0_rmse']:.1f} cents, V/UV error {result['vuv_error']:.3f}, periodicity "
+                         f"F0 RMSE {result['f0_rmse']:.1f} cents (median {result['f0_median_error']:.1f}, "
+                         f"{100 * result['f0_gross_error']:.1f}% > 50 cents), V/UV error {result['vuv_error']:.3f}, periodicity "
                          f"error {result['periodicity']:.3f}" + (f", PESQ {result['pesq']:.2f}" if "pesq" in result else ""))
         distributed.barrier()
         return result

@@ -1,7 +1,8 @@
 """Validation of a vocoder (rank 0): the held-out MR-STFT distance and mel L1 on whole files, the pitch
-errors of the copy-synthesis against the recording (F0 RMSE in cents, V/UV error, periodicity error:
-`speech.pitch_metrics`), the copy-synthesis's hop comb (a buzz at the frame rate, `speech.buzz`: logged, never
-ranked), PESQ when asked (wide band, slow on a CPU), and the audio and mel plots of the first
+errors of the copy-synthesis against the recording (F0 RMSE, median and gross error in cents, V/UV error,
+periodicity error: `speech.pitch_metrics`, tracked with the recipe's own extractor and range), the
+copy-synthesis's hop comb (a buzz at the frame rate, `speech.buzz`: logged, never ranked), PESQ when asked (wide
+band, slow on a CPU), and the audio and mel plots of the first
 few files for TensorBoard.
 
 Functions of explicit arguments (generator, files, precision, losses → metrics), so the trainer
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -36,6 +38,19 @@ class Plot:
     real: torch.Tensor
     mel: torch.Tensor
     pred: torch.Tensor
+
+
+class PitchSettings(NamedTuple):
+    """How the validation tracks f0 in both the recording and the copy-synthesis: the recipe's own extractor
+    (`pe`, `pe_ckpt`) and range, so a speech recipe's reference track comes from the speech extractor and a
+    singing recipe's keeps the singing range."""
+
+    sample_rate: int
+    hop_length: int
+    f0_min: float
+    f0_max: float
+    method: str
+    weights: str | None = None
 
 
 PESQ_RATE = 16000  # wide-band PESQ (ITU-T P.862.2) is defined at 16 kHz
@@ -63,13 +78,13 @@ def pesq_wb(wav, ref, sample_rate: int) -> float:
 @torch.no_grad()
 def validate(generator: nn.Module, valid_set, precision: Precision, stft: MultiResolutionSTFTLoss,
              input_mel: MelSpectrogram, seed: int, limit: int | None = None,
-             num_plots: int = 0, pitch: tuple[int, int, float, float] | None = None,
+             num_plots: int = 0, pitch: PitchSettings | None = None,
              pesq: bool = False) -> tuple[dict, list[Plot]]:
-    """({"mrstft", "mel_l1"[, "f0_rmse", "vuv_error", "periodicity", "hop_comb_db"][, "pesq"]} means over the
-    first `limit` files of `valid_set` (all when None), the first `num_plots` files' `Plot`s). `pitch` =
-    (sample rate, hop length, f0_min, f0_max) adds the pitch errors of each file's copy-synthesis against
-    its recording (files with no frame voiced in both are left out of the F0 RMSE mean) and its hop comb
-    (`speech.buzz.hop_comb_db`, dB; recordings score ~0-5, a frame-rate buzz 15 and more); `pesq` adds
+    """({"mrstft", "mel_l1"[, *speech.pitch_metrics.PITCH_METRICS, "hop_comb_db"][, "pesq"]} means over the first
+    `limit` files of `valid_set` (all when None), the first `num_plots` files' `Plot`s). `pitch` adds the pitch
+    errors of each file's copy-synthesis against its recording (files with no frame voiced in both are left out of
+    the f0 figures' means) and its hop comb (`speech.buzz.hop_comb_db`, dB; recordings score ~0-5, a frame-rate
+    buzz 15 and more); `pesq` adds
     wide-band PESQ (`pesq_wb`, needs `pitch` for the sample rate). Runs under a forked RNG seeded with
     `seed`: the metric is repeatable and training randomness is untouched (a resumed run that skips a
     validation stays bit-exact)."""
@@ -90,13 +105,12 @@ def validate(generator: nn.Module, valid_set, precision: Precision, stft: MultiR
             pred_mel = input_mel(wav)
             mels.append(F.l1_loss(pred_mel, mel).item())
             if pitch is not None:
-                sr, hop, f0_min, f0_max = pitch
                 out_np, real_np = wav[0].cpu().numpy(), real[0].float().cpu().numpy()
-                for k, v in pitch_errors(out_np, real_np, sr, hop, f0_min, f0_max).items():
+                for k, v in pitch_errors(out_np, real_np, *pitch).items():
                     extra.setdefault(k, []).append(v)
-                extra.setdefault("hop_comb_db", []).append(hop_comb_db(out_np, sr, hop))
+                extra.setdefault("hop_comb_db", []).append(hop_comb_db(out_np, pitch.sample_rate, pitch.hop_length))
                 if pesq:
-                    extra.setdefault("pesq", []).append(pesq_wb(out_np, real_np, sr))
+                    extra.setdefault("pesq", []).append(pesq_wb(out_np, real_np, pitch.sample_rate))
             if i < num_plots:
                 plots.append(Plot(item["name"], wav[0], real[0], mel[0], pred_mel[0]))
     generator.train()

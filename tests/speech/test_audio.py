@@ -279,6 +279,28 @@ def test_the_f0_report_states_the_range_and_flags_a_bound_that_cuts_the_voice(tm
     assert silent["voiced_fraction"] == 0 and "no voiced frame" in f0_report_lines(silent)[0]
 
 
+def test_the_f0_report_names_a_file_whose_frames_jump_an_octave_off_its_median():
+    """A 110 Hz voice whose last fifth jumps to 300 Hz (more than an octave up): the report states the share of
+    frames an octave off the file's median and warns naming the file and speaker; a steady file is not named."""
+    from speech.f0_report import f0_report_lines, f0_summary
+
+    t = np.arange(int(SR * 1.0)) / SR
+    hz = np.where(t < 0.8, 110.0, 300.0)
+    jumpy = (0.5 * np.sin(2 * np.pi * np.cumsum(hz) / SR)).astype(np.float32)
+    n = len(jumpy) // HOP
+    f0, voiced = extract_f0(jumpy, SR, HOP, n, 50.0, 600.0)
+    steady = extract_f0(sine(110, 1.0, SR), SR, HOP, n, 50.0, 600.0)
+    s = f0_summary([(f0, voiced, "da/jumpy.wav (speaker da)"), (*steady, "da/steady.wav (speaker da)")], 50.0,
+                   600.0, "parselmouth")
+    share = float(np.mean(f0[voiced] > 220))
+    assert 0.1 < share < 0.3 and [f["file"] for f in s["octave_off_files"]] == ["da/jumpy.wav (speaker da)"]
+    assert s["octave_off_files"][0]["share"] == pytest.approx(share)
+    assert s["octave_off"] == pytest.approx(share * voiced.sum() / (voiced.sum() + steady[1].sum()))
+    lines = f0_report_lines(s, key_prefix="audio.", method_key="audio.f0_method")
+    assert "more than an octave off their file's median" in lines[0]
+    assert lines[1].startswith("WARNING: da/jumpy.wav (speaker da): ") and "audio.f0_method" in lines[2]
+
+
 # ----------------------------------------------------------------------------- demo speech
 
 
@@ -318,7 +340,7 @@ def test_every_f0_extractor_agrees_with_praat_on_speech(method, tmp_path):
     tone of Praat on nearly all (measured: no gross error but harvest's 2%; median 2-8 cents) and the voicing
     differs on few frames (7-13%; bench/f0_extractors.py measures the same on human recordings)."""
     from speech.f0 import F0_MODULES
-    from speech.pitch_metrics import f0_agreement, vuv_error
+    from speech.pitch_metrics import f0_errors, vuv_error
 
     try:
         check_f0_extractor(method)
@@ -333,8 +355,8 @@ def test_every_f0_extractor_agrees_with_praat_on_speech(method, tmp_path):
 
     ref, f0 = track("parselmouth"), track(method)
     assert (ref > 0).mean() > 0.4 and (f0 > 0).mean() > 0.4
-    agree = f0_agreement(f0, ref)
-    assert agree["gross"] < 0.08 and agree["median_cents"] < 20, agree
+    agree = f0_errors(f0, ref)
+    assert agree["f0_gross_error"] < 0.08 and agree["f0_median_error"] < 20, agree
     assert vuv_error(f0, ref) < 0.25
 
 

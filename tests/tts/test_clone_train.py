@@ -123,7 +123,7 @@ def test_training_lowers_the_validation_mel_loss_and_logs_audio(trained):
     assert (run / "lr_schedule.png").is_file()
     assert {"val/mel_l1", "train/loss", "train/data_wait_fraction"} <= set(tags["scalars"])
     # the eval items spoken free-running against their recordings (tts.clone.evaluation.synthesis_metrics)
-    synth = {"mcd", "f0_rmse", "vuv_error", "periodicity"} | ({"speaker_sim"} if resemblyzer_weights() else set())
+    synth = {"mcd", "f0_rmse", "f0_median_error", "f0_gross_error", "vuv_error", "periodicity"} | ({"speaker_sim"} if resemblyzer_weights() else set())
     assert {f"val/{k}" for k in synth} <= set(tags["scalars"]) and synth <= set(hist[-1])
     assert 0.0 <= hist[-1]["vuv_error"] <= 1.0 and hist[-1]["mcd"] > 0
 
@@ -261,7 +261,7 @@ def test_the_feature_cache_reports_its_f0_and_is_keyed_by_the_extractor_and_its_
     manifest = tmp_path / "m.jsonl"
     manifest.write_text("".join(json.dumps(dict(r, wav=str(corpus / r["wav"])), ensure_ascii=False) + "\n"
                                 for r in rows), encoding="utf-8")
-    audio = AudioConfig(22050, 1024, 1024, 256, 80, 40.0, 8000.0, f0_min=40.0, f0_max=1000.0)
+    audio = AudioConfig(22050, 1024, 1024, 256, 80, 40.0, 8000.0, f0_min=40.0, f0_max=1000.0, f0_method="parselmouth")
     log: list[str] = []
     build_features(manifest, audio, DataConfig(), tmp_path / "cache", 1, log.append)
     cache = tmp_path / "cache" / features_tag(audio)

@@ -27,6 +27,7 @@ from common.ranges import (
     Probability,
 )
 from speech.audio import AudioSettings
+from speech.f0 import SPEECH_F0_MAX, SPEECH_F0_METHOD, SPEECH_F0_MIN
 
 # size -> (text dim, layers, heads), (audio/reference dim, layers, heads), (decoder dim, layers, heads)
 SIZES: dict[str, dict[str, tuple[int, int, int]]] = {
@@ -55,11 +56,13 @@ class AudioConfig(AudioSettings):
     """The shared mel block (`speech.audio.AudioSettings`: the vocoder's 44.1 kHz values, which these
     must equal; checked when the vocoder is loaded) plus the f0 the decoder predicts."""
 
-    f0_min: PositiveFloat = 60.0
-    f0_max: PositiveFloat = 800.0
+    # speech: the speech range and extractor (speech.f0.SPEECH_F0_*: pyin, which measured no octave jump on any
+    # voice of the demo's; Praat's autocorrelation jumps octaves on low male voices, bench/README.md "f0 extractors")
+    f0_min: PositiveFloat = SPEECH_F0_MIN
+    f0_max: PositiveFloat = SPEECH_F0_MAX
     # f0 extractor: parselmouth | pyin | harvest | crepe | fcpe | rmvpe (speech.f0.extract_f0); rmvpe runs the
     # weights file f0_weights (RVC's rmvpe.onnx). Both are part of the feature cache's identity (data.features_tag)
-    f0_method: str = "parselmouth"
+    f0_method: str = SPEECH_F0_METHOD
     f0_weights: str = ""
 
 

@@ -250,16 +250,16 @@ def build_features(manifest: Path, audio: AudioConfig, data: DataConfig, cache_r
 def f0_report(items: list[dict], audio: AudioConfig, cache_dir: Path, name: str) -> list[str]:
     """The f0 the extractor found in the cached features (`speech.f0_report`), as <name>_f0.txt / .json / .png
     in the cache folder: voiced fraction, range, and a warning with suggested audio.f0_min / audio.f0_max when
-    they cut a speaker off. The .json records the extractor (and rmvpe's weights digest) the cache holds."""
+    they cut a speaker off, and one naming each file (and speaker) with many frames an octave off its median. The .json records the extractor (and rmvpe's weights digest) the cache holds."""
     def tracks():
         for item in items:
             with np.load(item["path"]) as z:
-                yield z["f0"], z["voiced"]
+                yield z["f0"], z["voiced"], f"{item['wav']} (speaker {item['speaker']})"
 
     s = f0_summary(tracks(), audio.f0_min, audio.f0_max, audio.f0_method)
     ident = features_identity(audio)
     return save_f0_report(s, cache_dir, f"{name}_f0", key_prefix="audio.", redo="train again",
-                          extra={k: v for k, v in ident.items() if k.startswith("f0_")})
+                          extra={k: v for k, v in ident.items() if k.startswith("f0_")}, method_key="audio.f0_method")
 
 
 # A cached file damaged after the start checked it: the start of the next run makes it again

@@ -5,10 +5,11 @@ vocoder or Griffin-Lim), and the plateau notice that reads the validation histor
 `synthesis_metrics` adds what the teacher-forced losses cannot see: the first `val.synth_items` eval
 utterances spoken free-running (predicted durations and f0) in the voice of another clip of their
 speaker, through the vocoder (Griffin-Lim without one: then the figures judge the mel through a rough
-inversion), against the recording: `mcd` (dB, DTW-aligned), `f0_rmse` (cents), `vuv_error`,
-`periodicity` along the same DTW path (`speech.mcd`), `hop_comb_db` (the output's buzz at the frame rate,
-`speech.buzz`: logged, not ranked) and `speaker_sim` (cosine of speaker embeddings, `speech.speaker_similarity`,
-the `val.speaker_encoder` key)."""
+inversion), against the recording: `mcd` (dB, DTW-aligned), `f0_rmse`, `f0_median_error` (cents), `f0_gross_error`
+(share > 50 cents), `vuv_error`, `periodicity` along the same DTW path (`speech.mcd`; f0 tracked with
+`audio.f0_method` in `audio.f0_min`-`f0_max`, as the features were), `hop_comb_db` (the output's buzz at the frame
+rate, `speech.buzz`: logged, not ranked) and `speaker_sim` (cosine of speaker embeddings,
+`speech.speaker_similarity`, the `val.speaker_encoder` key)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from common.precision import Precision
 from speech.audio import MelSpectrogram, load_audio
 from speech.buzz import hop_comb_db
 from speech.mcd import aligned_pitch_errors, mcd_dtw_path
+from speech.pitch_metrics import PITCH_METRICS
 from speech.plots import plot_alignment, plot_spectrogram
 from tts.clone.config import CloneConfig
 from tts.clone.data import load_item, reference_frames
@@ -112,7 +114,7 @@ def evaluate(model: VoiceCloneTTS, loader, cfg: CloneConfig, precision: Precisio
     return metrics
 
 
-SYNTH_METRICS = ("mcd", "f0_rmse", "vuv_error", "periodicity", "speaker_sim")
+SYNTH_METRICS = ("mcd", *PITCH_METRICS, "speaker_sim")
 
 
 @torch.no_grad()
@@ -153,7 +155,7 @@ def synthesis_metrics(model: VoiceCloneTTS, items: list[dict], cfg: CloneConfig,
                            if len(syn) > a.n_fft else rec_mel[:, :0])
                 mcd, path = mcd_dtw_path(rec_mel, syn_mel)
                 row = {"mcd": mcd, **aligned_pitch_errors(syn, rec, a.sample_rate, a.hop_length, path, a.f0_min,
-                                                          a.f0_max),
+                                                          a.f0_max, a.f0_method, a.f0_weights or None),
                        "hop_comb_db": hop_comb_db(syn, a.sample_rate, a.hop_length)}
                 if speaker_encoder is not None:
                     row["speaker_sim"] = speaker_encoder.similarity(syn, rec, a.sample_rate) if len(path) else math.nan

@@ -36,6 +36,7 @@ from common.ranges import (
     Probability,
 )
 from speech.audio import AudioSettings
+from speech.pitch_metrics import PITCH_METRICS
 
 
 @dataclass
@@ -161,7 +162,7 @@ class DataConfig:
 
 
 # What evaluation measures (tts/vits/evaluation.py), the names --best_by takes.
-VALIDATES = ("score", "mcd", "align_sharpness", "dur_mae", "dur_err", "f0_rmse", "vuv_error", "periodicity")
+VALIDATES = ("score", "mcd", "align_sharpness", "dur_mae", "dur_err", *PITCH_METRICS)
 
 
 @dataclass

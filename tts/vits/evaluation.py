@@ -16,10 +16,13 @@
   seconds of audio on one token (off the diagonal); both score low. A learnt alignment → 1.
 - **dur_mae** (frames per token) and **dur_err** (relative error of the total length) of the
   duration predictor (its deterministic setting: noise 0) against the MAS durations.
-- **f0_rmse** (cents, on frames voiced in both), **vuv_error** (fraction of frames whose voicing
-  differs) and **periodicity** (RMSE of the voicing-confidence tracks) of the synthesised utterance
-  against the recording, frame pairs taken along the MCD's DTW path
-  (``speech.mcd.aligned_pitch_errors``, from ``speech.pitch_metrics``). Lower is better.
+- **f0_rmse**, **f0_median_error** (cents, on frames voiced in both: the RMSE and the median
+  |difference|, which a few octave jumps cannot swing), **f0_gross_error** (the share of those frames
+  more than 50 cents apart), **vuv_error** (fraction of frames whose voicing differs) and
+  **periodicity** (RMSE of the voicing-confidence tracks) of the synthesised utterance against the
+  recording, frame pairs taken along the MCD's DTW path (``speech.mcd.aligned_pitch_errors``, from
+  ``speech.pitch_metrics``; f0 tracked by the speech default extractor in the speech range: VITS
+  has no f0 settings of its own). Lower is better.
 - **hop_comb_db** (dB) of the synthesised utterance alone (``speech.buzz``): its power on the harmonics of
   sr / hop over the power between them. Recordings score about 0-5 dB; a young decoder's buzz at the frame rate,
   which Praat tracks as an f0 of exactly sr / hop and MCD barely sees, 15 dB and more. Logged, not ranked.
