@@ -440,6 +440,7 @@ class CheckpointManager:
         self.prefix = prefix
         self.name_fn = name_fn or (lambda step: f"{prefix}_{step:08d}.pt")
         self._best_file = self.dir / "best.json"
+        self.log = log
         self.best_metric: float | None = None
         # Rotation deletes only files of this run: the ones this manager wrote, plus the earlier ones
         # of the run it resumed (`adopt`). A checkpoint from another run in the folder is never touched.
@@ -483,6 +484,14 @@ class CheckpointManager:
         best so far (its files kept aside by the caller) no longer competes with the next value."""
         self.best_metric = None
 
+    by = "metric"  # what best.pt is ranked by, as the "new best" line names it (`BestCheckpoints`: the metric's name)
+
+    @property
+    def best_path(self) -> Path | None:
+        """best.pt, where a validation has made one (the closing line names it)."""
+        path = self.dir / "best.pt"
+        return path if path.is_file() else None
+
     def is_better(self, metric: float) -> bool:
         if self.best_metric is None:
             return True
@@ -500,8 +509,11 @@ class CheckpointManager:
             self._ours.discard(old.name)
         if metric is not None and step >= self.save_best_after and np.isfinite(metric) and self.is_better(metric):
             second_name(path, self.dir / "best.pt", state)
-            self.best_metric = float(metric)
+            before, self.best_metric = self.best_metric, float(metric)
             write_text(self._best_file, json.dumps({"metric": self.best_metric, "step": step, "mode": self.mode}))
+            # a line each time, so the log says when the model last improved (and a run that stopped improving shows)
+            self.log(f"new best at step {step}: {self.by} {self.best_metric:.4g}"
+                     f"{f' (was {before:.4g})' if before is not None else ''} -> {self.dir / 'best.pt'}")
         return path
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib.util
 import os
 import sys
 import threading
@@ -45,7 +46,13 @@ def _to_numpy(x: ArrayLike) -> np.ndarray:
 
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")  # what `--logger` / the `logger` key accept, in any combination
-TRACKER_PACKAGES = {"wandb": "wandb", "mlflow": "mlflow-skinny"}  # pip names (the full `mlflow` works too)
+# What to pip install for each tracker (the hint a missing package gets). MLflow's client alone (mlflow-skinny) writes
+# the run folder's SQLite store through SQLAlchemy and sets its tables up with alembic; the full `mlflow` package
+# (which also brings `mlflow ui`) pins pyarrow below the version requirements.txt pins, so it goes into a venv of
+# its own (README, "Trackers").
+TRACKER_PACKAGES = {"wandb": "wandb", "mlflow": "mlflow-skinny sqlalchemy alembic"}
+MLFLOW_DB = "mlflow.db"  # the run folder's MLflow store: <run_dir>/logs/mlflow.db (SQLite)
+MLFLOW_OLD_STORE = "mlruns"  # the file store run folders had before: a resume keeps using it
 CHECKPOINT_KEY = "trackers"  # the checkpoint counter that holds the trackers' run ids (`RunLogger.checkpoint_state`)
 STEP_METRIC = "global_step"  # W&B's x axis: every scalar is logged with it (a resume may log steps W&B has seen)
 
@@ -102,10 +109,9 @@ class _Wandb:
     def log(self, values: dict[str, float], step: int) -> None:
         self.run.log({**values, STEP_METRIC: step})
 
-    def config(self, path: Path) -> None:
-        import yaml
-
-        self.run.config.update(yaml.safe_load(path.read_text(encoding="utf-8")) or {}, allow_val_change=True)
+    def params(self, params: dict[str, str | int | float | bool | None], path: Path) -> None:
+        """The resolved config as W&B config, by dotted keys (a resume may change a value: the latest wins)."""
+        self.run.config.update(params, allow_val_change=True)
 
     def close(self) -> None:
         self.run.finish()
@@ -122,19 +128,19 @@ def _wandb_key_found() -> bool:
 
 
 class _Mlflow:
-    """One MLflow run in a file store under `folder` (`<folder>/mlruns`), or on the server MLFLOW_TRACKING_URI
-    names; resumed by id. In the run folder's own store a resume first drops what an earlier attempt logged
-    after the checkpoint's step (as TensorBoard's `purge_step` does), so each metric stays one curve."""
+    """One MLflow run, resumed by id, in the store `mlflow_store` picks: the run folder's own SQLite file
+    (`<folder>/mlflow.db`, artifacts in `<folder>/mlartifacts`), the file store of a run folder written before
+    (`<folder>/mlruns`), or the one MLFLOW_TRACKING_URI names. In a run folder's own store a resume first drops
+    what an earlier attempt logged after the checkpoint's step (as TensorBoard's `purge_step` does), so each
+    metric stays one curve."""
 
     name = "mlflow"
 
     def __init__(self, folder: Path, run_id: str | None, run_name: str, project: str, say: Callable,
                  purge_after: int | None) -> None:
-        uri = os.environ.get("MLFLOW_TRACKING_URI")
-        own_store = not uri
-        if own_store:  # MLflow 3 keeps its file store for explicit use only; this store is the run folder's own
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-            uri = (folder / "mlruns").resolve().as_uri()
+        uri, own_store, note = mlflow_store(folder)
+        if note:
+            say(note)
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(uri)
@@ -147,12 +153,16 @@ class _Mlflow:
         if run is None:
             name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or project
             exp = self.client.get_experiment_by_name(name)
-            exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(name)
+            artifacts = (folder / "mlartifacts").resolve().as_uri() if own_store and uri.startswith("sqlite") else None
+            exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(name, artifacts)
             run = self.client.create_run(exp_id, run_name=run_name)
         else:
             self.client.update_run(run.info.run_id, status="RUNNING")
             if own_store and purge_after is not None:
-                _purge_metrics(folder / "mlruns", run.info.experiment_id, run.info.run_id, purge_after)
+                if uri.startswith("sqlite"):
+                    _purge_sqlite_metrics(folder / MLFLOW_DB, run.info.run_id, purge_after)
+                else:
+                    _purge_metrics(folder / MLFLOW_OLD_STORE, run.info.experiment_id, run.info.run_id, purge_after)
         self.id = run.info.run_id
 
     def log(self, values: dict[str, float], step: int) -> None:
@@ -161,11 +171,86 @@ class _Mlflow:
         ms = int(time.time() * 1000)
         self.client.log_batch(self.id, metrics=[Metric(k, v, ms, step) for k, v in values.items()])
 
-    def config(self, path: Path) -> None:
+    def params(self, params: dict[str, str | int | float | bool | None], path: Path) -> None:
+        """The resolved config as MLflow params (dotted keys, in batches of MLflow's 100), and config.yaml as an
+        artifact. MLflow never changes a logged param, so a resume logs only the keys the run has not seen: a
+        setting a resume changed (a longer plan) keeps its first attempt's value in the params, and config.yaml
+        (the artifact, replaced by each attempt) holds the latest."""
+        from mlflow.entities import Param
+
+        logged = self.client.get_run(self.id).data.params
+        items = [Param(k, _param_text(v)) for k, v in params.items() if k not in logged and len(k) <= MLFLOW_KEY_CHARS]
+        for i in range(0, len(items), MLFLOW_PARAMS_PER_BATCH):
+            self.client.log_batch(self.id, params=items[i:i + MLFLOW_PARAMS_PER_BATCH])
         self.client.log_artifact(self.id, str(path))
 
     def close(self) -> None:
         self.client.set_terminated(self.id)
+
+
+# MLflow's limits (mlflow.utils.validation): a param value holds at most 6000 characters, a key 250, and one
+# log_batch call at most 100 params
+MLFLOW_VALUE_CHARS, MLFLOW_KEY_CHARS, MLFLOW_PARAMS_PER_BATCH = 6000, 250, 100
+
+
+def _param_text(value: object) -> str:
+    """A param's value as MLflow stores it (a string), cut to its limit with "..." where longer."""
+    text = str(value)
+    return text if len(text) <= MLFLOW_VALUE_CHARS else text[:MLFLOW_VALUE_CHARS - 3] + "..."
+
+
+def mlflow_store(folder: Path) -> tuple[str, bool, str | None]:
+    """(tracking URI, whether it is the run folder's own store, a line to say or None) for a run whose logs
+    folder is `folder`.
+
+    - MLFLOW_TRACKING_URI set: that store, the user's choice. A file store there (a path or file://) is one that
+      MLflow 3 refuses unless MLFLOW_ALLOW_FILE_STORE=true; it was asked for by name, so that is set (where the
+      user left it unset) and one line says so.
+    - a run folder that already holds the file store (`mlruns/`, written before the SQLite store): it is kept,
+      so a resumed run continues its own MLflow run (MLFLOW_ALLOW_FILE_STORE set for it, as above).
+    - otherwise the run folder's SQLite file, `sqlite:///<folder>/mlflow.db`: what `mlflow ui
+      --backend-store-uri` opens, MLflow's own default store."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
+    if uri:
+        scheme = uri.split(":", 1)[0].lower() if ":" in uri else ""
+        if len(scheme) <= 1 or scheme == "file":  # a path (a drive letter on Windows) or file://
+            if os.environ.get("MLFLOW_ALLOW_FILE_STORE") is None:
+                os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
+                return uri, False, (f"logger: mlflow logs to the file store MLFLOW_TRACKING_URI names ({uri}), which "
+                                    "MLflow 3 deprecates (MLFLOW_ALLOW_FILE_STORE=true set for it); a sqlite:/// URI "
+                                    "is MLflow's own store")
+        return uri, False, None
+    old = folder / MLFLOW_OLD_STORE
+    if old.is_dir():
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        return old.resolve().as_uri(), True, None
+    for module in ("sqlalchemy", "alembic"):  # else MLflow says only that "sqlite" is an unsupported scheme
+        if importlib.util.find_spec(module) is None:
+            raise ModuleNotFoundError(f"No module named '{module}'", name=module)
+    folder.mkdir(parents=True, exist_ok=True)
+    return "sqlite:///" + (folder / MLFLOW_DB).resolve().as_posix(), True, None
+
+
+def _purge_sqlite_metrics(db: Path, run_id: str, after: int) -> None:
+    """Drop the points of step > `after` from the run's metrics in the run folder's SQLite store, and set each
+    metric's latest value (what MLflow's run list shows) back to its newest remaining point. SQL on MLflow's
+    tables `metrics` and `latest_metrics` (its schema since MLflow 1.x), as MLflow has no call that deletes points."""
+    import sqlite3
+
+    con = sqlite3.connect(db)
+    try:
+        with con:
+            gone = con.execute("DELETE FROM metrics WHERE run_uuid = ? AND step > ?", (run_id, after)).rowcount
+            if gone:
+                con.execute("DELETE FROM latest_metrics WHERE run_uuid = ?", (run_id,))
+                con.execute(
+                    "INSERT OR REPLACE INTO latest_metrics (key, value, timestamp, step, is_nan, run_uuid) "
+                    "SELECT key, value, timestamp, step, is_nan, run_uuid FROM metrics m WHERE run_uuid = ? AND NOT "
+                    "EXISTS (SELECT 1 FROM metrics n WHERE n.run_uuid = m.run_uuid AND n.key = m.key AND (n.step > "
+                    "m.step OR (n.step = m.step AND (n.timestamp > m.timestamp OR (n.timestamp = m.timestamp AND "
+                    "n.value > m.value)))))", (run_id,))
+    finally:
+        con.close()
 
 
 def _purge_metrics(root: Path, experiment_id: str, run_id: str, after: int) -> None:
@@ -176,6 +261,25 @@ def _purge_metrics(root: Path, experiment_id: str, run_id: str, after: int) -> N
             kept = [line for line in lines if len(line.split()) < 3 or int(line.split()[2]) <= after]
             if len(kept) != len(lines):
                 f.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+
+
+def flat_params(config: Path) -> dict[str, str | int | float | bool | None]:
+    """The resolved config (the run folder's config.yaml) as hyperparameters by dotted keys
+    (`model_args.upsample_initial_channel`): what W&B's config and MLflow's params hold, so runs can be compared
+    and filtered by any key. Lists stay one value; an empty section is one key holding {}."""
+    import yaml
+
+    out: dict[str, str | int | float | bool | None] = {}
+
+    def walk(value: object, key: str) -> None:
+        if isinstance(value, dict) and value:
+            for k, v in value.items():
+                walk(v, f"{key}.{k}" if key else str(k))
+        elif key:
+            out[key] = value if isinstance(value, str | int | float | bool | None) else str(value)
+
+    walk(yaml.safe_load(config.read_text(encoding="utf-8")) or {}, "")
+    return out
 
 
 class RunLogger:
@@ -230,7 +334,9 @@ class RunLogger:
             else:
                 tracker = _Mlflow(log_dir, run_id, run_name, project, say, purge_step)
         except ImportError as exc:
-            say(f"logger: {name} is not installed ({exc}): pip install {TRACKER_PACKAGES[name]}; "
+            module = (exc.name or name).split(".")[0]
+            what = "is not installed" if module == name else f"needs {module}, which is not installed"
+            say(f"logger: {name} {what} ({exc}): pip install {TRACKER_PACKAGES[name]}; "
                 "training goes on with TensorBoard")
             return
         except Exception as exc:  # noqa: BLE001 (a tracker must never stop a run)
@@ -249,8 +355,9 @@ class RunLogger:
         if not self._config_sent:
             self._config_sent = True
             config = self.log_dir.parent / "config.yaml"  # the run folder's (written before the first step)
-            for t in self.trackers if config.is_file() else ():
-                self._guard(t, t.config, config)
+            params = flat_params(config) if config.is_file() else None
+            for t in self.trackers if params is not None else ():
+                self._guard(t, t.params, params, config)
         for t in list(self.trackers):
             self._guard(t, t.log, values, int(step))
 

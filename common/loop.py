@@ -200,14 +200,41 @@ def fit(trainer: Trainer, cadence: Cadence, stop: RunStop, checkpoints: Any, *, 
             run_end(reason)
     finally:
         trainer.writer.close()
-    where = str(checkpoints.store.dir)
-    trainer.printer(stop.message(trainer.step, where) if reason
-                    else f"done at step {trainer.step} of {cadence.total_steps}; checkpoints in {where}")
     one = len(trainer.guards) == 1
-    return RunResult(trainer.step, reason, validations,
-                     {("steps" if one else name): g.skipped_total for name, g in trainer.guards.items()},
-                     progress.data_wait_fraction, str(checkpoints.last_good) if checkpoints.last_good else None,
-                     checkpoints.store.best_metric, time.perf_counter() - t0, cadence.total_steps)
+    result = RunResult(trainer.step, reason, validations,
+                       {("steps" if one else name): g.skipped_total for name, g in trainer.guards.items()},
+                       progress.data_wait_fraction, str(checkpoints.last_good) if checkpoints.last_good else None,
+                       checkpoints.store.best_metric, time.perf_counter() - t0, cadence.total_steps)
+    trainer.printer(closing_line(result, cadence.total_steps, stop, getattr(checkpoints.store, "best_path", None),
+                                 getattr(checkpoints.store, "by", best_by or "metric")))
+    return result
+
+
+def closing_line(result: RunResult, total_steps: int, stop: RunStop, best: Path | None, by: str) -> str:
+    """The run's last line, the same in all four trainers: the steps done, why it ended, how long it took, the
+    latest checkpoint and best.pt (with its value), and for an early stop how to continue. Why all in one line:
+    it is what a user reads after a night's run (or greps in its log) to know what they have and what is next.
+
+    e.g. "done at step 5000 of 5000 in 2 h 03 min; latest checkpoint runs/v/checkpoints/model_00005000.pt; best
+    runs/v/checkpoints/best.pt (mrstft 0.8123)", or "stopped by SIGINT at step 120 of 5000 in 4 min 10 s; ...;
+    best none yet; continue with --resume auto"."""
+    why = "done" if result.stopped is None else f"stopped by {stop.why}"
+    latest = result.last_good or "none saved"
+    best_text = "none yet" if best is None else str(best) + (
+        f" ({by} {result.best:.4g})" if result.best is not None else "")
+    tail = "" if result.stopped is None else f"; continue with {stop.resume_hint}"
+    return (f"{why} at step {result.step} of {total_steps} in {duration_text(result.wall_s)}; latest checkpoint "
+            f"{latest}; best {best_text}{tail}")
+
+
+def duration_text(seconds: float) -> str:
+    """"42 s", "3 min 05 s", "2 h 03 min": a wall time as a person reads it."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
 def _run(trainer: Trainer, c: Cadence, stop: RunStop, checkpoints: Any, progress: Progress, best_by: str | None,

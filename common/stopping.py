@@ -136,9 +136,14 @@ class RunStop:
         self.reason = SIGNAL if signalled else TIME_LIMIT if timed_out else STOP_AT_STEP if at_step else None
         return self.reason
 
+    @property
+    def why(self) -> str | None:
+        """What stopped the run, as a line says it: the signal's name, or the reason (None: not stopped)."""
+        return self.signal_name if self.reason == SIGNAL else self.reason
+
     def message(self, step: int, where: str = "") -> str:
         """The line a trainer prints when it stopped early and saved."""
-        why = self.signal_name if self.reason == SIGNAL else self.reason
+        why = self.why
         return (f"stopped by {why} at step {step}; checkpoint saved{f' in {where}' if where else ''} "
                 f"(continue with {self.resume_hint})")
 

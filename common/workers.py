@@ -27,7 +27,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from common.atomic_write import DiskFullError
 from common.errors import ConfigError
@@ -37,6 +37,32 @@ from common.errors import ConfigError
 # lets them through (`except RUN_ERRORS: raise` before `except Exception`), the pool re-raises them in the
 # main process (same type), and the script's edge prints one line (`common.exit_codes.run_main`).
 RUN_ERRORS: tuple[type[BaseException], ...] = (DiskFullError, ImportError)
+
+T = TypeVar("T")
+
+
+def file_progress(results: Iterable[T], total: int, desc: str, skipped: Callable[[T], bool],
+                  skipped_before: int = 0) -> Iterator[T]:
+    """`results` (one per file, as a prepare script's serial loop or `FilePool.map` yields them) passed through
+    behind a bar over the files: done / total, rate, ETA and how many were skipped so far (`skipped(result)`,
+    plus `skipped_before`, those refused before any work). Every prepare script shows its work through this one
+    bar, so a long corpus shows when it will end and a growing skip count is seen while it grows, not only in
+    the report at the end.
+
+    Shown only where stderr is a terminal (tqdm's `disable=None`): a log file or a pipe gets no bar lines, and
+    the script's own summary lines say the same at the end. The bar is closed (its line ended) before an error
+    leaves, so the `error:` line `run_main` prints starts a line of its own."""
+    from tqdm import tqdm  # imported where a bar is drawn
+
+    count = skipped_before
+    with tqdm(total=total, desc=desc, unit="file", disable=None, dynamic_ncols=True, mininterval=0.5) as bar:
+        bar.set_postfix_str(f"skipped {count}", refresh=False)
+        for result in results:
+            if skipped(result):
+                count += 1
+                bar.set_postfix_str(f"skipped {count}", refresh=False)
+            bar.update(1)
+            yield result
 
 
 class WorkerKilled(ConfigError):

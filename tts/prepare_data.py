@@ -57,7 +57,7 @@ from common.config import load_config
 from common.model_card import DATA_SOURCE, add_data_licence_flag, data_source
 from common.prepared import array_problem, open_npy
 from common.run_dir import check_apart, check_output_dir, check_prepared_settings
-from common.workers import RUN_ERRORS, process_pool
+from common.workers import RUN_ERRORS, file_progress, process_pool
 from speech.audio import AudioError, MelSpectrogram, check_audio, load_audio, save_wav, to_float32, to_int16
 from speech.trim import loudness, report_lines, trim_and_level
 from tts.metadata import (  # noqa: F401  (Row, resolve_audio: importable from here too, as before)
@@ -239,6 +239,11 @@ def _earlier_level(job: Job, wav: np.ndarray, sr: int) -> dict:
     return {**level, "lufs": round(lufs, 2)} if np.isfinite(lufs) else level
 
 
+def _dropped(result: Result) -> bool:
+    """Whether one line's result is dropped (the bar's skip count; `file_progress`)."""
+    return result.record is None
+
+
 def process_item(job: Job) -> Result:
     row, a, out = job.row, job.audio, Path(job.out_dir)
     res = Result(row, job.out_id)
@@ -404,12 +409,14 @@ def prepare(metadata: str | Path, audio_dir: str | Path | None, output_dir: str 
             continue
         jobs.append(Job(row, str(audio_path), out_id, str(out), cfg.audio, cfg.data, reuse))
 
+    dropped = len(problems)  # lines refused before their audio was read (empty text, no audio file)
     if num_workers > 1 and len(jobs) > 1:
         with process_pool(num_workers, initializer=_init_worker, label=lambda job: job.audio_path,
                           flag="--num_workers") as pool:
-            results = list(pool.map(process_item, jobs, chunksize=max(1, len(jobs) // (8 * num_workers))))
+            results = list(file_progress(pool.map(process_item, jobs, chunksize=max(1, len(jobs) // (8 * num_workers))),
+                                         len(jobs), "prepare", _dropped, dropped))
     else:
-        results = [process_item(j) for j in jobs]
+        results = list(file_progress(map(process_item, jobs), len(jobs), "prepare", _dropped, dropped))
     tables.close()
 
     records, levels = [], {}

@@ -26,7 +26,6 @@ from collections import Counter
 from pathlib import Path
 
 from PIL import Image
-from tqdm import tqdm
 
 from common import exit_codes
 from common.atomic_write import atomic_output, write_text
@@ -39,7 +38,7 @@ from common.run_dir import (
     check_prepared_settings,
     outside,
 )
-from common.workers import RUN_ERRORS, process_pool
+from common.workers import RUN_ERRORS, file_progress, process_pool
 from vae.data import (
     DEFAULT_MAX_PIXELS,
     SETTINGS_FILE,
@@ -135,15 +134,19 @@ def process_one(task: tuple[str, str, dict]) -> dict:
     return record
 
 
-def _run_parallel(fn, tasks: list, num_workers: int, desc: str) -> list:
-    """`fn` over `tasks` behind a progress bar that is closed (its line ended) before an error leaves, so the
-    `error:` line `run_main` prints on stderr starts a line of its own."""
+def _run_parallel(fn, tasks: list, num_workers: int, desc: str, skipped_before: int = 0) -> list:
+    """`fn` over `tasks` behind the prepare scripts' progress bar (`common.workers.file_progress`: rate, ETA, the
+    skipped count; closed before an error leaves)."""
     if num_workers <= 1 or len(tasks) < 2:
-        with tqdm(tasks, desc=desc, disable=not tasks, mininterval=1.0) as bar:
-            return [fn(t) for t in bar]
-    with process_pool(num_workers, label=lambda task: task[0], flag="--num_workers") as pool, \
-            tqdm(pool.map(fn, tasks, chunksize=4), total=len(tasks), desc=desc, mininterval=1.0) as bar:
-        return list(bar)
+        return list(file_progress(map(fn, tasks), len(tasks), desc, _skipped, skipped_before))
+    with process_pool(num_workers, label=lambda task: task[0], flag="--num_workers") as pool:
+        return list(file_progress(pool.map(fn, tasks, chunksize=4), len(tasks), desc, _skipped, skipped_before))
+
+
+def _skipped(result: object) -> bool:
+    """Whether one task's result is a skipped file (the bar's count): status "skipped" (preprocess) or "problem"
+    (validate)."""
+    return isinstance(result, dict) and result.get("status") in ("skipped", "problem")
 
 
 def _output_names(files: list[Path], root: Path, fmt: str) -> list[str]:
@@ -208,7 +211,8 @@ def preprocess(args: argparse.Namespace) -> int:
                 continue
             print(f"making {name} again: the prepared file {damage}")
         tasks.append((str(f), name, common))
-    records += _run_parallel(process_one, tasks, args.num_workers, "preprocess")
+    records += _run_parallel(process_one, tasks, args.num_workers, "preprocess",
+                             sum(r["status"] == "skipped" for r in records))
 
     ok = [r for r in records if r["status"] in ("ok", "done")]
     skipped = [r for r in records if r["status"] == "skipped"]

@@ -168,6 +168,14 @@ class LastCheckpoint:
     def best_metric(self) -> float | None:
         return self.epochs.best_metric
 
+    @property
+    def best_path(self) -> Path | None:
+        return self.epochs.best_path
+
+    @property
+    def by(self) -> str:
+        return self.epochs.by
+
     def save(self, state: dict, step: int, metric: float | None = None) -> Path:
         path = save_atomic(state, self.dir / "checkpoint_last.pt")
         self.printer(f"saved {path} at step {step}")

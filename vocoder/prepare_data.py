@@ -54,7 +54,7 @@ from common.errors import UserError
 from common.model_card import DATA_SOURCE, add_data_licence_flag, data_source
 from common.prepared import npy_problem
 from common.run_dir import check_apart, check_output_dir, check_prepared_settings, outside
-from common.workers import RUN_ERRORS, process_pool
+from common.workers import RUN_ERRORS, file_progress, process_pool
 from speech.f0_report import F0_PNG, f0_report_lines, f0_summary, save_f0_histogram, summary_json
 from speech.trim import report_lines
 from vocoder.config import VocoderConfig
@@ -296,6 +296,11 @@ def load_checked(path: Path, settings: Settings):
     return wav, sr
 
 
+def _skipped(result: dict) -> bool:
+    """Whether one file's result is a skip (the bar's count; `file_progress`)."""
+    return not result["ok"]
+
+
 def _job(args: tuple[str, str, Settings, str | None]) -> dict:
     path, item_dir, settings, gta_mel = args
     try:
@@ -394,8 +399,9 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
     log(f"prepare: {len(files)} audio files, {len(files) - len(jobs)} already done, {len(jobs)} to process "
         f"with {max(1, workers)} worker(s)")
     t0 = time.time()
+    before = sum(not r["ok"] for r in results.values())  # refused from an earlier run's output (too long)
     if workers <= 1 or len(jobs) <= 1:
-        outs = map(_job, jobs)
+        outs = file_progress(map(_job, jobs), len(jobs), "prepare", _skipped, before)
         for job, res in zip(jobs, outs):
             results[Path(job[1]).name] = res
     else:
@@ -403,7 +409,8 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
 
         with process_pool(workers, mp_context=mp.get_context("spawn"), label=lambda job: job[0],
                           flag="--num_workers") as pool:
-            for job, res in zip(jobs, pool.map(_job, jobs, chunksize=1)):
+            outs = file_progress(pool.map(_job, jobs, chunksize=1), len(jobs), "prepare", _skipped, before)
+            for job, res in zip(jobs, outs):
                 results[Path(job[1]).name] = res
     good = sorted(i for i, r in results.items() if r["ok"])
     skipped = sorted(

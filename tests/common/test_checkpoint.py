@@ -61,7 +61,9 @@ def test_atomic_save_survives_killed_process(tmp_path):
 def test_best_pt_is_a_second_name_of_the_checkpoint_not_a_second_write(tmp_path, monkeypatch):
     """A GB-sized checkpoint is written once: best.pt is a hard link to it, whole after rotation deletes
     the numbered name; where the filesystem has no hard links, best.pt is written in full."""
-    mgr = CheckpointManager(tmp_path, keep_last=1)
+    lines = []
+    mgr = CheckpointManager(tmp_path, keep_last=1, log=lines.append)
+    assert mgr.best_path is None
     mgr.save({"step": 1}, 1, metric=1.0)
     assert os.stat(tmp_path / "best.pt").st_ino == os.stat(tmp_path / "model_00000001.pt").st_ino
     mgr.save({"step": 2}, 2, metric=5.0)  # not better: model_00000001.pt rotated away, best.pt stays
@@ -77,6 +79,10 @@ def test_best_pt_is_a_second_name_of_the_checkpoint_not_a_second_write(tmp_path,
     assert load_checkpoint(tmp_path / "best.pt")["step"] == 3
     assert os.stat(tmp_path / "best.pt").st_ino != os.stat(tmp_path / "model_00000003.pt").st_ino
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+    # a "new best" line each time best.pt changes, none when it stays
+    assert lines == [f"new best at step 1: metric 1 -> {tmp_path / 'best.pt'}",
+                     f"new best at step 3: metric 0.5 (was 1) -> {tmp_path / 'best.pt'}"]
+    assert mgr.best_path == tmp_path / "best.pt"
 
 
 def test_rotation_keeps_last_n_and_best_after(tmp_path):

@@ -59,17 +59,19 @@ def test_a_full_disk_during_the_run_turns_tensorboard_off_with_one_line(tmp_path
 
 @pytest.mark.parametrize("name", ["wandb", "mlflow"])
 def test_a_full_disk_in_wandb_or_mlflow_turns_it_off_with_one_line(tmp_path, name):
-    """The trackers' own `log` / `config`, with their package's writer replaced by one that finds the disk full."""
+    """The trackers' own `log` / `params`, with their package's writer replaced by one that finds the disk full."""
     (tmp_path / "config.yaml").write_text("lr: 0.1\n")
     lines = []
     log = RunLogger(tmp_path / "logs", say=lines.append)
     if name == "wandb":
         tracker = object.__new__(common_log._Wandb)
         tracker.run = types.SimpleNamespace(log=_enospc, config=None, finish=lambda: None)
-        tracker.config = lambda path: None  # the config goes; the first scalars hit the full disk
+        tracker.params = lambda params, path: None  # the config goes; the first scalars hit the full disk
     else:
         tracker = object.__new__(common_log._Mlflow)
-        tracker.client = types.SimpleNamespace(log_artifact=_enospc, set_terminated=lambda run_id: None)
+        no_params = types.SimpleNamespace(data=types.SimpleNamespace(params={}))
+        tracker.client = types.SimpleNamespace(get_run=lambda run_id: no_params, log_batch=_enospc,
+                                               log_artifact=_enospc, set_terminated=lambda run_id: None)
     tracker.id = "run-1"
     log.trackers.append(tracker)
     log.scalar("train/loss", 1.0, 1)

@@ -5,6 +5,7 @@ and the guards `fit` refuses to run without."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -89,7 +90,17 @@ def test_the_plan_logs_validates_and_saves_on_its_cadence_and_at_its_end():
     assert [v["step"] for v in result.validations] == [2, 4, 5] and result.last_good == str(Path("ckpts/5.pt"))
     assert result.validations[0] == {"step": 2, "loss": 0.5, "mcd": 2.0}  # numbers only: summary.json takes it
     json.dumps(result.to_dict())
-    assert t.events[-1] == ("line", f"done at step 5 of 5; checkpoints in {Path('ckpts')}")  # the closing line
+    kind, line = t.events[-1]  # the closing line: steps, why it ended, wall time, latest and best checkpoints
+    assert kind == "line" and re.fullmatch(rf"done at step 5 of 5 in \d+\.\d s; latest checkpoint "
+                                           rf"{re.escape(str(Path('ckpts/5.pt')))}; best none yet", line), line
+
+
+def test_the_closing_line_names_best_pt_with_its_value_and_a_readable_wall_time():
+    result = loop.RunResult(5000, None, last_good="run/checkpoints/model_00005000.pt", best=0.81234, wall_s=7385.0)
+    assert loop.closing_line(result, 5000, RunStop(), Path("run/checkpoints/best.pt"), "mrstft") == (
+        f"done at step 5000 of 5000 in 2 h 03 min; latest checkpoint run/checkpoints/model_00005000.pt; "
+        f"best {Path('run/checkpoints/best.pt')} (mrstft 0.8123)")
+    assert [loop.duration_text(s) for s in (4.25, 42.4, 185.0)] == ["4.2 s", "42 s", "3 min 05 s"]
 
 
 def test_stop_at_step_saves_without_validating_and_a_time_limit_validates():
@@ -97,7 +108,9 @@ def test_stop_at_step_saves_without_validating_and_a_time_limit_validates():
     result = fit(t, loop.Cadence(total_steps=9, log_every=100, validate_every=100), RunStop(stop_at_step=3))
     assert result.stopped == STOP_AT_STEP
     assert [e for e in t.events if e[0] in ("validate", "save")] == [("save", 3, None)]
-    assert t.events[-1][1].startswith("stopped by stop_at_step at step 3; checkpoint saved")
+    line = t.events[-1][1]
+    assert line.startswith("stopped by stop_at_step at step 3 of 9 in ") and line.endswith(
+        f"; latest checkpoint {Path('ckpts/3.pt')}; best none yet; continue with --resume auto"), line
     t = Recorder(per_epoch=10)
     assert fit(t, loop.Cadence(total_steps=9, log_every=100), RunStop(time_limit_minutes=1e-9)).stopped == TIME_LIMIT
     assert [e for e in t.events if e[0] in ("validate", "save")] == [("validate", 1), ("save", 1, 0.5)]

@@ -249,14 +249,16 @@ class CloneTrainer:
         stop = RunStop.of(t, cfg, "voice-cloning training", last_good=lambda: self.checkpoints.last_good,
                           lr_hint="--lr <lower>")
         cadence = Cadence.of(t, self.total_steps, steps_per_epoch=self.steps_per_epoch, batches_per_step=t.grad_accum)
-        result = loop.fit(self, cadence, stop, self.checkpoints, best_by=t.best_by,
-                          samples_per_step=t.batch_size * t.grad_accum * info.world_size,
-                          show_progress=self.show_progress, desc="clone")
+        return loop.fit(self, cadence, stop, self.checkpoints, best_by=t.best_by,
+                        samples_per_step=t.batch_size * t.grad_accum * info.world_size,
+                        show_progress=self.show_progress, desc="clone", run_end=self._validation_summary)
+
+    def _validation_summary(self, reason: str | None) -> None:
+        """Hook at the run's end, before the closing line (which stays the last): how the validation mel L1 moved."""
         if self.history:
             first, last = self.history[0], self.history[-1]
             self.printer(f"validation mel L1: step {first['step']} {first['mel_l1']:.4f} -> step {last['step']} "
                          f"{last['mel_l1']:.4f}; skipped non-finite steps: {self.guards['optimizer'].skipped_total}")
-        return result
 
     def batches(self) -> Iterator[Iterator[dict]]:
         """The current epoch's optimizer steps from the run's position, each a lazy run of `grad_accum`
