@@ -79,17 +79,18 @@ ESPEAK_DATA = "synthetic speech espeak-ng made from this repository's Uzbek sent
 
 
 def make_dataset(cfg: VocoderConfig, sentences: int = 24, wavs: str | Path = REPO / "data" / "demo" / "vocoder_wavs",
-                 data: str | Path = REPO / "data" / "demo" / "vocoder_bin") -> dict:
+                 data: str | Path = REPO / "data" / "demo" / "vocoder_bin", overwrite: bool = False) -> dict:
     """Steps 1-2 with espeak-ng speech: the corpus and its binarized dataset (both reused when
-    already made); returns the manifest. bench/learning.py trains on the same data."""
+    already made); returns the manifest. bench/learning.py trains on the same data. `overwrite`: a folder
+    prepared with other settings (an older demo's) is prepared again, its files moved aside."""
     print(f"[1/5] speech corpus: {sentences} Uzbek sentences x {len(DEMO_SPEAKERS)} espeak-ng voices")
     make_corpus(UZBEK_SENTENCES[:sentences], wavs, DEMO_SPEAKERS, cfg.audio.sample_rate, num_workers=2)
     print("[2/5] binarize (mel + f0)")
-    return prepare(cfg, [wavs], data, log=lambda m: print("   ", m), data_licence=ESPEAK_DATA)
+    return prepare(cfg, [wavs], data, log=lambda m: print("   ", m), overwrite=overwrite, data_licence=ESPEAK_DATA)
 
 
 def make_recordings_dataset(cfg: VocoderConfig, recordings: str | Path, data: str | Path,
-                            wavs: str | Path, sentences: int) -> dict:
+                            wavs: str | Path, sentences: int, overwrite: bool = False) -> dict:
     """Steps 1-2 with real readers, plus `sentences` espeak-ng sentences per voice in training (the
     cloning demo vocodes espeak-ng voices through this vocoder); raises RecordingsUnavailable when
     the package cannot be had."""
@@ -104,23 +105,26 @@ def make_recordings_dataset(cfg: VocoderConfig, recordings: str | Path, data: st
         roots.append(wavs)
     print("[2/5] binarize (mel + f0)")
     licence = LICENCE + (f"; plus {ESPEAK_DATA}" if sentences > 0 else "")  # into the checkpoints and the export's card
-    return prepare(cfg, roots, data, log=lambda m: print("   ", m), data_licence=licence)
+    return prepare(cfg, roots, data, log=lambda m: print("   ", m), overwrite=overwrite, data_licence=licence)
 
 
 def demo_dataset(cfg: VocoderConfig, espeak: bool, recordings: str | Path, wavs: str | Path,
                  data: str | Path | None, sentences: int = 24) -> tuple[dict, Path]:
     """(manifest, prepared folder): the real readers (held out by reader through cfg.test_prefixes),
-    or espeak-ng speech when asked or when the package cannot be fetched (one line says why)."""
+    or espeak-ng speech when asked or when the package cannot be fetched (one line says why). The demo's own
+    folders (no `data` given) are prepared again when an older demo made them with other settings (the speech f0
+    extractor changed); a folder the user names never is."""
+    own = data is None
     if not espeak:
         cfg.test_prefixes = [f"{reader}/" for reader in HELD_OUT_READERS]
         prepared = Path(data or REPO / "data" / "demo" / "vocoder_readers_bin")
         try:
-            return make_recordings_dataset(cfg, recordings, prepared, wavs, sentences), prepared
+            return make_recordings_dataset(cfg, recordings, prepared, wavs, sentences, overwrite=own), prepared
         except RecordingsUnavailable as e:
             print(f"note: no real recordings ({e}); training on espeak-ng speech instead")
             cfg.test_prefixes = []
     prepared = Path(data or REPO / "data" / "demo" / "vocoder_bin")
-    return make_dataset(cfg, sentences, wavs, prepared), prepared
+    return make_dataset(cfg, sentences, wavs, prepared, overwrite=own), prepared
 
 
 def demo_checkpoint(ckpt_dir: Path, ranked_from: int, final: Path) -> Path:
