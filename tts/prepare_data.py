@@ -53,6 +53,7 @@ import torch
 
 from common import exit_codes
 from common.atomic_write import atomic_output, write_text
+from common.cli import FlagParser
 from common.config import load_config
 from common.prepared import array_problem, open_npy
 from common.run_dir import check_apart, check_output_dir, check_prepared_settings
@@ -493,7 +494,7 @@ def _print_summary(problems: list[Problem], notes: list[Problem], n_train: int, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = FlagParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--metadata", required=True, help="metadata.csv (LJSpeech/Piper id|text, Piper id|speaker|text), "
                    "Common Voice TSV, CSV, or a Hugging Face datasets folder (save_to_disk) / .parquet file")
     p.add_argument("--audio_dir", default=None, help="folder with the audio files (not needed when a datasets "

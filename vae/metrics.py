@@ -74,7 +74,9 @@ def evaluate(model: torch.nn.Module, batches: Iterable[torch.Tensor], device: to
 
 def grid_image(inputs: torch.Tensor, recons: torch.Tensor) -> np.ndarray:
     """Inputs on the top row, reconstructions below: HWC uint8."""
-    from torchvision.utils import make_grid  # here, not at import: torchvision costs every VAE start-up ~1.5 s
+    from torchvision.utils import (
+        make_grid,  # here, not at import: torchvision costs every VAE start-up ~1.5 s
+    )
 
     both = torch.cat([inputs.float().cpu(), recons.float().cpu()]).clamp(-1, 1)
     grid = make_grid((both + 1) / 2, nrow=inputs.shape[0], padding=2, pad_value=1.0)
