@@ -136,3 +136,15 @@ def test_a_folder_without_checkpoints_is_left_to_its_loader(tmp_path):
     (tmp_path / "export").mkdir()
     (tmp_path / "export" / "model.ckpt").write_bytes(b"x")  # an exported vocoder
     assert resolve_checkpoint_arg(tmp_path / "export") == tmp_path / "export"
+
+
+def test_an_install_hint_names_the_file_that_holds_the_package():
+    from common.errors import missing_dependency_message
+
+    def hint(name: str) -> str:
+        return missing_dependency_message(ModuleNotFoundError(f"No module named '{name}'", name=name))
+
+    fcpe = hint("torchfcpe")  # fcpe's package is pinned in requirements-test.txt only
+    assert "pip install torchfcpe==" in fcpe and "requirements-test.txt" in fcpe
+    assert "-r requirements.txt" not in fcpe
+    assert "praat-parselmouth==" in hint("parselmouth") and "-r requirements.txt" in hint("parselmouth")
