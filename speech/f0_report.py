@@ -17,21 +17,31 @@ AT_BOUND_FRACTION = 0.02  # this share of voiced frames at a bound is a cut
 F0_PNG = "f0_histogram.png"
 
 
-def f0_summary(tracks: Iterable[tuple[np.ndarray, np.ndarray]], f0_min: float, f0_max: float,
-               extractor: str) -> dict:
-    """`tracks`: (f0 [frames], voiced [frames]) per item. Returns the numbers the report states: `voiced`
+NAMED_FILES = 3  # a cut bound's warning names the files with the most frames at it, this many
+
+
+def f0_summary(tracks: Iterable[tuple], f0_min: float, f0_max: float, extractor: str) -> dict:
+    """`tracks`: (f0 [frames], voiced [frames]) per item, or (f0, voiced, name) where `name` says which speaker
+    and file it is (then a cut bound's warning names the files with the most frames at it: a user fixes a
+    speaker, or a file, not a corpus). Returns the numbers the report states: `voiced`
     (all voiced f0 values, for the picture), `voiced_fraction`, `p1`/`p50`/`p99` (Hz, None when nothing is
     voiced), `at_min`/`at_max` (share of voiced frames near each bound), `cut` (the bounds that cut a voice
-    off) and `suggest` (values for those bounds)."""
-    values, frames = [], 0
-    for f0, voiced in tracks:
+    off), `suggest` (values for those bounds) and `cut_files` ({bound: [(name, frames at it)], most first})."""
+    values, frames, at_bound = [], 0, []
+    for f0, voiced, *name in tracks:
         frames += len(voiced)
         values.append(np.asarray(f0, dtype=np.float64)[np.asarray(voiced, dtype=bool)])
+        if name:
+            at_bound.append((str(name[0]), int((values[-1] <= f0_min * NEAR).sum()),
+                             int((values[-1] >= f0_max / NEAR).sum())))
     v = np.concatenate(values) if values else np.zeros(0)
     s: dict = {"extractor": extractor, "frames": frames, "voiced_frames": int(v.size),
                "voiced_fraction": v.size / frames if frames else 0.0, "f0_min": f0_min, "f0_max": f0_max,
                "p1": None, "p50": None, "p99": None, "at_min": 0.0, "at_max": 0.0, "cut": [], "suggest": {},
-               "voiced": v}
+               "cut_files": {}, "voiced": v}
+    for key, column in (("f0_min", 1), ("f0_max", 2)):
+        most = sorted((row for row in at_bound if row[column]), key=lambda row: -row[column])[:NAMED_FILES]
+        s["cut_files"][key] = [(row[0], row[column]) for row in most]
     if not v.size:
         return s
     p1, p50, p99 = (float(x) for x in np.percentile(v, [1, 50, 99]))
@@ -56,8 +66,10 @@ def f0_report_lines(s: dict, key_prefix: str = "", redo: str = "prepare again") 
     lines = [head + f"; voiced f0 1st/50th/99th percentile {s['p1']:.1f} / {s['p50']:.1f} / {s['p99']:.1f} Hz"]
     for key, at in (("f0_min", "at_min"), ("f0_max", "at_max")):
         if key in s["cut"]:
+            files = s.get("cut_files", {}).get(key)
+            where = ("; most in " + ", ".join(f"{name} ({n} frames)" for name, n in files)) if files else ""
             lines.append(f"WARNING: {key}={s[key]:g} Hz cuts a voice off ({100 * s[at]:.1f}% of voiced frames "
-                         f"within 5% of it): {redo} with --set {key_prefix}{key}={s['suggest'][key]}")
+                         f"within 5% of it{where}): {redo} with --set {key_prefix}{key}={s['suggest'][key]}")
     return lines
 
 

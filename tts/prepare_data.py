@@ -59,7 +59,7 @@ from common.prepared import array_problem, open_npy
 from common.run_dir import check_apart, check_output_dir, check_prepared_settings
 from common.workers import RUN_ERRORS, process_pool
 from speech.audio import AudioError, MelSpectrogram, check_audio, load_audio, save_wav, to_float32, to_int16
-from speech.trim import loudness, report_lines, trim_and_level
+from speech.trim import loudness, quiet_files, report_lines, trim_and_level
 from tts.metadata import (  # noqa: F401  (Row, resolve_audio: importable from here too, as before)
     AUDIO_EXTENSIONS,
     DEFAULT_SPEAKER,
@@ -470,6 +470,7 @@ def _write_report(out: Path, metadata: Path, fmt: str, rows: list[Row], problems
     levels = levels or {}
     report["trimmed_seconds"] = round(sum(v.get("trimmed_seconds", 0.0) for v in levels.values()), 3)
     report["levels"] = levels
+    report["quiet"] = [{"file": n, "lufs": lufs, "below_median_db": below} for n, lufs, below in quiet_files(levels)]
     write_text(out / "report.json", json.dumps(report, ensure_ascii=False, indent=1))
     lines = [f"{report['kept']} of {len(rows)} lines kept, {len(problems)} dropped"]
     lines += [f"DROPPED {p.file}:{p.line} [{p.id}]: {p.reason}" for p in problems]

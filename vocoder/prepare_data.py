@@ -409,7 +409,8 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
         ({"file": str(sources[i]), "reason": r["reason"]} for i, r in results.items() if not r["ok"]),
         key=lambda d: d["file"],
     )
-    f0 = f0_summary(((np.load(items_dir / i / "f0.npy"), np.load(items_dir / i / "voiced.npy")) for i in good),
+    f0 = f0_summary(((np.load(items_dir / i / "f0.npy"), np.load(items_dir / i / "voiced.npy"), str(sources[i]))
+                     for i in good),  # named: a cut bound's warning says which files
                     settings.f0_min, settings.f0_max, settings.pe)
     if good:
         save_f0_histogram(f0, out / F0_PNG)

@@ -253,8 +253,8 @@ def f0_report(items: list[dict], audio: AudioConfig, cache_dir: Path, name: str)
     they cut a speaker off. The .json records the extractor (and rmvpe's weights digest) the cache holds."""
     def tracks():
         for item in items:
-            with np.load(item["path"]) as z:
-                yield z["f0"], z["voiced"]
+            with np.load(item["path"]) as z:  # named: a cut bound's warning says which speaker and file
+                yield z["f0"], z["voiced"], f"speaker {item['speaker']}: {item.get('wav', item['path'])}"
 
     s = f0_summary(tracks(), audio.f0_min, audio.f0_max, audio.f0_method)
     ident = features_identity(audio)
