@@ -198,6 +198,7 @@ class RunLogger:
         self.ids = dict(resume or {})  # kept for trackers not used now: a later resume with them continues
         self._config_sent = False
         self._say = say
+        self.notices: list[str] = []  # the trackers that did not start: `fit` repeats them as start-up's last lines
         self.log_dir = log_dir = Path(log_dir)
         if not enabled:
             return
@@ -230,11 +231,13 @@ class RunLogger:
             else:
                 tracker = _Mlflow(log_dir, run_id, run_name, project, say, purge_step)
         except ImportError as exc:
-            say(f"logger: {name} is not installed ({exc}): pip install {TRACKER_PACKAGES[name]}; "
-                "training goes on with TensorBoard")
+            self.notices.append(f"logger: {name} is not installed ({exc}): pip install {TRACKER_PACKAGES[name]}; "
+                                "training goes on with TensorBoard")
+            say(self.notices[-1])
             return
         except Exception as exc:  # noqa: BLE001 (a tracker must never stop a run)
-            say(f"logger: {name} did not start ({_first_line(exc)}); training goes on with TensorBoard")
+            self.notices.append(f"logger: {name} did not start ({_first_line(exc)}); training goes on with TensorBoard")
+            say(self.notices[-1])
             return
         self.trackers.append(tracker)
         self.ids[name] = tracker.id
