@@ -59,19 +59,21 @@ def test_each_set_example_in_help_loads_on_its_trainer(name):
     assert str(node) == value
 
 
-@pytest.mark.parametrize("name", ["vocoder", "clone", "vae"])
+@pytest.mark.parametrize("name", list(PARSERS))
 def test_print_config_prints_every_key_with_range_and_aliases_and_exits_0(name, capsys):
     import tts.clone.train
+    import tts.vits.train
     import vae.train_vae
     import vocoder.train
 
-    main = {"vocoder": vocoder.train.main, "clone": tts.clone.train.main, "vae": vae.train_vae.main}[name]
+    main = {"vocoder": vocoder.train.main, "vits": tts.vits.train.main, "clone": tts.clone.train.main,
+            "vae": vae.train_vae.main}[name]
     with pytest.raises(SystemExit) as e:
         main(["--print_config"])
     assert e.value.code == 0
     out = capsys.readouterr().out
-    schema = PARSERS[name][1]
-    assert out.strip() == describe_config(load_config(None, schema)).strip() or name != "vae"  # (a preset: none)
+    parser, schema, _ = PARSERS[name]
+    assert out.strip() == describe_config(load_config(parser.get_default("config"), schema)).strip()  # no preset
     lines = out.splitlines()
     assert len(lines) > 40 and all(" = " in line and line.endswith(")") for line in lines)
     if name == "vocoder":
@@ -148,3 +150,28 @@ def test_an_install_hint_names_the_file_that_holds_the_package():
     assert "pip install torchfcpe==" in fcpe and "requirements-test.txt" in fcpe
     assert "-r requirements.txt" not in fcpe
     assert "praat-parselmouth==" in hint("parselmouth") and "-r requirements.txt" in hint("parselmouth")
+
+
+def test_an_old_runs_best_json_beside_its_checkpoints_keeps_its_best_on_resume(tmp_path):
+    """A cloning / VAE run from before <run>/checkpoints/best.pt: its best so far still competes."""
+    import json
+
+    from common.checkpoint import CheckpointManager
+
+    (tmp_path / "best.json").write_text(json.dumps({"metric": 0.5, "step": 3, "mode": "min"}))
+    manager = CheckpointManager(tmp_path, best_dir=tmp_path / "checkpoints")
+    assert manager.best_metric == 0.5
+    manager.save({"x": 1}, 4, metric=0.7)  # worse: no new best
+    assert not (tmp_path / "checkpoints" / "best.pt").exists()
+    manager.save({"x": 2}, 5, metric=0.25)
+    assert (tmp_path / "checkpoints" / "best.pt").is_file()
+    assert json.loads((tmp_path / "checkpoints" / "best.json").read_text())["step"] == 5
+
+
+def test_infer_clone_takes_the_guides_spellings(tmp_path, capsys):
+    from tts.clone.infer import main
+
+    rc = main(["--ckpt", str(tmp_path / "run" / "checkpoints" / "best.pt"), "--reference", str(tmp_path / "v.wav"),
+               "--text", "Salom", "--length_scale", "1.1", "--output", str(tmp_path / "out.wav")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "checkpoint not found" in err and "unrecognized" not in err
