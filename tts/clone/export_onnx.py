@@ -1,6 +1,6 @@
 """Export the voice-cloning acoustic model (text + reference mel → mel + f0) to ONNX and check it.
 
-    python tts/export_clone_onnx.py --checkpoint runs/tts_clone/best.pt --out clone.onnx [--reference voice.wav]
+    python tts/export_clone_onnx.py --checkpoint runs/tts_clone/checkpoints/best.pt --out clone.onnx [--reference voice.wav]
 
 The graph is `VoiceCloneTTS.infer` with tensor inputs, so any ONNX runtime can drive it:
 inputs ``text`` [B, T] int64 symbol ids (normalised text, `OUT.json`'s ``symbols``),

@@ -1,9 +1,9 @@
 """Voice-cloning inference: text + a reference clip of any voice → wav, through the NSF vocoder.
 
-    python tts/infer_clone.py --checkpoint runs/tts_clone/best.pt --reference voice.wav \
+    python tts/infer_clone.py --checkpoint runs/tts_clone/checkpoints/best.pt --reference voice.wav \
         --text "Salom, dunyo!" --vocoder runs/vocoder_demo/export --output out.wav
 
-    python tts/infer_clone.py --teacher_forced --checkpoint runs/tts_clone/best.pt \
+    python tts/infer_clone.py --teacher_forced --checkpoint runs/tts_clone/checkpoints/best.pt \
         --data data/tts_prepared/train.jsonl --output data/gta_mels
 
 `--teacher_forced` writes the model's teacher-forced mels of a prepared dataset (one `<wav name>.npy`
