@@ -401,9 +401,9 @@ class CheckpointManager:
     """Keeps the last `keep_last` step checkpoints plus `best.pt` (by a metric, after
     `save_best_after` steps). The best value lives in `best.json` so it survives restarts.
 
-    `best_dir` is where best.pt and best.json go when the step checkpoints live elsewhere (the cloning and
-    VAE trainers keep theirs in the run folder itself, but every trainer's best.pt is `<run>/checkpoints/best.pt`,
-    one place users learn once). A run from before that keeps its best.json beside its checkpoints: it is
+    `best_dir` is where best.pt and best.json go when the step checkpoints live elsewhere (a trainer may keep
+    them in the run folder itself, but every trainer's best.pt is `<run>/checkpoints/best.pt`, one place users
+    learn once). A run from before that keeps its best.json beside its checkpoints: it is
     read from there when `best_dir` has none, so a resume keeps its best so far."""
 
     def __init__(
@@ -586,11 +586,11 @@ def _find_resume(arg: str, ckpt_dir: str | Path, manager: CheckpointManager, ext
 # ---------------------------------------------------------------------------------------------
 # A checkpoint named the way users name it: a file, a run folder, or a best.pt not written yet
 # ---------------------------------------------------------------------------------------------
-_STEP_NAME = re.compile(r"_(\d{8})\.pt$")  # the rotated step checkpoints: model_00001200.pt, vits_…, clone_…
+_STEP_NAME = re.compile(r"_(\d{8})\.pt$")  # the rotated step checkpoints: <prefix>_00001200.pt
 
 
 def best_in_run(run: Path) -> Path | None:
-    """A run folder's best.pt: `<run>/checkpoints/best.pt`, or where a cloning / VAE run from before kept it."""
+    """A run folder's best.pt: `<run>/checkpoints/best.pt`, or beside the checkpoints, where a run from before kept it."""
     for path in (run / RUN_BEST, run / BEST_NAME):
         if path.is_file():
             return path
@@ -645,9 +645,9 @@ def missing_checkpoint(path: Path) -> str:
 def resolve_checkpoint_arg(arg: str | Path, flag: str = "--checkpoint", log: Callable[[str], object] = print) -> Path:
     """The checkpoint a script's checkpoint flag names, the ways users name one: a file; a run folder (or its
     `checkpoints/`): its best.pt, else its newest checkpoint, with one line saying which; a `best.pt` path of a
-    run that keeps it elsewhere (a cloning or VAE run from before `checkpoints/best.pt`). A missing best.pt
+    run that keeps it elsewhere (a run from before `checkpoints/best.pt`, which kept it beside its checkpoints). A missing best.pt
     is refused by `load_checkpoint`'s message (why there is none yet, and the newest checkpoint). A folder
-    holding no `.pt` file (an exported vocoder, a diffusers VAE) comes back as it is, for its loader."""
+    holding no `.pt` file (an export, another format's folder) comes back as it is, for its loader."""
     path = Path(arg)
     if path.is_file():
         return path

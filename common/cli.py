@@ -1,7 +1,7 @@
 """The command-line parser every script uses: both spellings of a flag, `--length_scale` and `--length-scale`.
 
 Why: the guides and the tools users come from disagree on the separator (Piper and Coqui write `--length_scale`,
-the cloning guide `--length-scale`, `--checkpoint-dir`), and a flag refused for its separator sends a user to the
+other guides `--length-scale`, `--checkpoint-dir`), and a flag refused for its separator sends a user to the
 source. `FlagParser` is an `argparse.ArgumentParser` that, before parsing, rewrites a long flag it does not know
 into the other spelling when that one is known (`_` <-> `-` after the leading `--`), so every script takes both
 without doubling its help. A flag known in neither spelling is left as typed: argparse's own error names it.

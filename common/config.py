@@ -680,7 +680,7 @@ def print_config_if_asked(args: argparse.Namespace, cfg: Any) -> None:
         raise SystemExit(0)
 
 
-SET_EXAMPLE = "model_args.upsample_initial_channel=256"  # a key of the vocoder's and VITS's schemas
+SET_EXAMPLE = "model_args.upsample_initial_channel=256"  # a trainer with another schema passes its own
 
 
 def add_config_args(parser: argparse.ArgumentParser, default_config: str | None = None,
