@@ -84,3 +84,9 @@ DEMO_ARGS = $(if $(DEMO_SEED),--seed $(DEMO_SEED))
 DEMO_ENV = $(if $(DEMO_THREADS),OMP_NUM_THREADS=$(DEMO_THREADS))
 demo: setup
 	$(DEMO_ENV) $(PY) -m common.demo --slots $(DEMO_SLOTS) --log_dir runs/demo_logs $(DEMO_JOBS)
+
+# What `make demo` made and nothing else: the demos' run folders and their generated data (all under data/demo/).
+# Your own runs/ and data/ folders are never touched. A new demo adds its run folder here.
+DEMO_RUNS := runs/vocoder_demo runs/tts_demo runs/tts_clone_demo runs/vae_demo runs/gta_demo runs/demo_logs
+clean-demo:
+	rm -rf $(DEMO_RUNS) data/demo

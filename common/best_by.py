@@ -48,10 +48,6 @@ METRICS: dict[str, str] = {
     "rfid": "min",  # Fréchet distance of Inception features, reconstructions against originals
 }
 
-BEST_BY_HELP = ("the held-out metric best.pt is chosen by (config key best_by); lower or higher is better as "
-                "common/best_by.py declares (e.g. mrstft, mel_l1, f0_rmse, pesq, mcd, psnr); see the trainer's README")
-
-
 def direction(name: str) -> str:
     """"min" or "max": how `name` ranks (KeyError for a name the table does not declare)."""
     return METRICS[name]
@@ -71,9 +67,20 @@ def check_best_by(name: Any, validated: Iterable[str], unavailable: Mapping[str,
     raise ValueError(f"best_by: {name!r} is not a metric this trainer validates; give one of: {listed}")
 
 
-def add_best_by_arg(parser: argparse.ArgumentParser) -> None:
-    """`--best_by`, every trainer's flag for its `best_by` key (checked by `check_best_by` when the config loads)."""
-    parser.add_argument("--best_by", default=None, metavar="METRIC", help=BEST_BY_HELP)
+def best_by_help(validated: Iterable[str], default: str) -> str:
+    """`--best_by`'s help for a trainer, from the metrics its validation can produce (the same list its config
+    passes to `check_best_by`), so the help never offers a metric that trainer refuses."""
+    names = [m for m in validated if m in METRICS]
+    higher = [m for m in names if METRICS[m] == "max"]
+    order = (f"higher is better for {', '.join(higher)}, lower for the rest" if higher else "lower is better")
+    return (f"the held-out metric best.pt is chosen by (config key best_by, default {default}): one of "
+            f"{', '.join(names)} ({order}); some need a setting, which the error names")
+
+
+def add_best_by_arg(parser: argparse.ArgumentParser, validated: Iterable[str], default: str) -> None:
+    """`--best_by`, a trainer's flag for its `best_by` key (checked by `check_best_by` when the config loads);
+    `validated`: every metric the trainer can measure, for the help."""
+    parser.add_argument("--best_by", default=None, metavar="METRIC", help=best_by_help(validated, default))
 
 
 def best_value(result: Mapping | None, name: str) -> float | None:

@@ -129,7 +129,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
     `pathlib.PosixPath` in the hyper-parameters of older Lightning checkpoints)."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"checkpoint not found: {path}")
+        raise CheckpointError(missing_checkpoint(path))
     problem = damage(path)
     if problem is not None:
         raise CheckpointError(f"{path}: {problem}; use another checkpoint (an earlier one of the run, or a fresh copy)")
@@ -414,10 +414,20 @@ def ranking_start_note(save_best_after: int, phase_start: int, phase_key: str) -
             f"trained with them")
 
 
+BEST_NAME = "best.pt"
+BEST_DIR = "checkpoints"  # every trainer's best.pt is <run folder>/checkpoints/best.pt (RUN_BEST)
+RUN_BEST = f"{BEST_DIR}/{BEST_NAME}"
+
+
 class CheckpointManager:
     """Keeps the last `keep_last` step checkpoints plus `best.pt` (by a metric, after
     `save_best_after` steps). The best value lives in `best.json` so it survives restarts; a best recorded
-    before `save_best_after` (a resumed run whose ranking now starts later, `ranking_start`) no longer competes."""
+    before `save_best_after` (a resumed run whose ranking now starts later, `ranking_start`) no longer competes.
+
+    `best_dir` is where best.pt and best.json go when the step checkpoints live elsewhere (a trainer may keep
+    them in the run folder itself, but every trainer's best.pt is `<run>/checkpoints/best.pt`, one place users
+    learn once). A run from before that keeps its best.json beside its checkpoints: it is
+    read from there when `best_dir` has none, so a resume keeps its best so far."""
 
     def __init__(
         self,
@@ -428,6 +438,7 @@ class CheckpointManager:
         prefix: str = "model",
         name_fn: Any = None,
         log: Callable[[str], object] = print,
+        best_dir: str | Path | None = None,
     ) -> None:
         if mode not in ("min", "max"):
             raise ValueError("mode must be 'min' or 'max'")
@@ -439,13 +450,16 @@ class CheckpointManager:
         self.mode = mode
         self.prefix = prefix
         self.name_fn = name_fn or (lambda step: f"{prefix}_{step:08d}.pt")
-        self._best_file = self.dir / "best.json"
+        self.best_dir = Path(best_dir) if best_dir is not None else self.dir
+        self._best_file = self.best_dir / "best.json"
         self.log = log
         self.best_metric: float | None = None
         # Rotation deletes only files of this run: the ones this manager wrote, plus the earlier ones
         # of the run it resumed (`adopt`). A checkpoint from another run in the folder is never touched.
         self._ours: set[str] = set()
-        self.best_record: dict = read_best_record(self._best_file, log)
+        earlier = self.dir / "best.json"  # an older run's record, beside its checkpoints
+        record_file = earlier if not self._best_file.is_file() and earlier.is_file() else self._best_file
+        self.best_record: dict = read_best_record(record_file, log)
         self.best_metric = self.best_record.get("metric")
         if self.best_metric is not None and self.best_record.get("step", save_best_after) < save_best_after:
             log(f"best.pt: the best so far is from step {self.best_record['step']}, before this run ranks from "
@@ -508,7 +522,8 @@ class CheckpointManager:
                 print(f"warning: {exc}; it stays", flush=True)
             self._ours.discard(old.name)
         if metric is not None and step >= self.save_best_after and np.isfinite(metric) and self.is_better(metric):
-            second_name(path, self.dir / "best.pt", state)
+            self.best_dir.mkdir(parents=True, exist_ok=True)
+            second_name(path, self.best_dir / BEST_NAME, state)
             before, self.best_metric = self.best_metric, float(metric)
             write_text(self._best_file, json.dumps({"metric": self.best_metric, "step": step, "mode": self.mode}))
             # a line each time, so the log says when the model last improved (and a run that stopped improving shows)
@@ -604,6 +619,92 @@ def _find_resume(arg: str, ckpt_dir: str | Path, manager: CheckpointManager, ext
     path = Path(arg)
     if not path.is_file():
         raise CheckpointError(f"--resume {arg}: no such checkpoint file (use --resume auto to pick the latest in {ckpt_dir})")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# A checkpoint named the way users name it: a file, a run folder, or a best.pt not written yet
+# ---------------------------------------------------------------------------------------------
+_STEP_NAME = re.compile(r"_(\d{8})\.pt$")  # the rotated step checkpoints: <prefix>_00001200.pt
+
+
+def best_in_run(run: Path) -> Path | None:
+    """A run folder's best.pt: `<run>/checkpoints/best.pt`, or beside the checkpoints, where a run from before kept it."""
+    for path in (run / RUN_BEST, run / BEST_NAME):
+        if path.is_file():
+            return path
+    return None
+
+
+def run_checkpoints(run: Path) -> list[Path]:
+    """The checkpoint files of a run folder (`checkpoints/` and the folder itself), newest first; best.pt,
+    which is a second name of one of them, is not listed."""
+    found = [p for folder in (run / BEST_DIR, run) if folder.is_dir() for p in folder.glob("*.pt")
+             if p.name != BEST_NAME and p.is_file()]
+    return sorted(found, key=lambda p: p.stat().st_mtime_ns, reverse=True)
+
+
+def run_folder_of(path: Path) -> Path:
+    """The run folder a path in it names: `<run>/checkpoints/x` -> `<run>`, `<run>/x` -> `<run>`."""
+    return path.parent.parent if path.parent.name == BEST_DIR else path.parent
+
+
+def why_no_best(run: Path, newest: Path | None) -> str:
+    """Why a run folder has no best.pt, as far as its files say: the run's `save_best_after` (from its
+    config.yaml) against the step its newest checkpoint reached, else that no validation has ranked one yet."""
+    step = int(m.group(1)) if newest is not None and (m := _STEP_NAME.search(newest.name)) else None
+    after = None
+    try:
+        import yaml
+
+        saved = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8")) or {}
+        after = saved.get("save_best_after", (saved.get("train") or {}).get("save_best_after"))
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        pass  # no readable config: the general reason below
+    reached = f"the run has reached step {step}" if step is not None else "the run is young"
+    if isinstance(after, int) and after > 0 and (step is None or step < after):
+        return f"best.pt is written from step save_best_after={after} on and {reached}"
+    return "best.pt is written at the first validation that measures the run's best_by metric, and none has yet"
+
+
+def missing_checkpoint(path: Path) -> str:
+    """The message for a checkpoint path that is not there: for `…/best.pt`, why the run has none yet and
+    the newest checkpoint it does have; otherwise the newest checkpoint of the folder it names, if any."""
+    run = run_folder_of(path)
+    newest = run_checkpoints(run) if run.is_dir() else []
+    text = f"checkpoint not found: {path}"
+    if path.name == BEST_NAME and run.is_dir():
+        text += f" ({why_no_best(run, newest[0] if newest else None)})"
+    if newest:
+        return (f"{text}; the newest checkpoint there is {newest[0]}: pass it, or the run folder {run} "
+                "(which picks best.pt, else the newest checkpoint)")
+    return text
+
+
+def resolve_checkpoint_arg(arg: str | Path, flag: str = "--checkpoint", log: Callable[[str], object] = print) -> Path:
+    """The checkpoint a script's checkpoint flag names, the ways users name one: a file; a run folder (or its
+    `checkpoints/`): its best.pt, else its newest checkpoint, with one line saying which; a `best.pt` path of a
+    run that keeps it elsewhere (a run from before `checkpoints/best.pt`, which kept it beside its checkpoints). A missing best.pt
+    is refused by `load_checkpoint`'s message (why there is none yet, and the newest checkpoint). A folder
+    holding no `.pt` file (an export, another format's folder) comes back as it is, for its loader."""
+    path = Path(arg)
+    if path.is_file():
+        return path
+    if path.is_dir() or path.name == BEST_NAME:
+        run = path if path.is_dir() else run_folder_of(path)
+        if path.is_dir() and path.name == BEST_DIR and not (path / BEST_DIR).is_dir():
+            run = path.parent
+        if not run.is_dir():
+            return path
+        best = best_in_run(run)
+        if best is not None:
+            log(f"{flag} {arg}: using {best} (the run's best.pt)")
+            return best
+        newest = run_checkpoints(run)
+        if path.is_dir() and newest:
+            log(f"{flag} {arg}: using {newest[0]}, the run's newest checkpoint (no best.pt yet: "
+                f"{why_no_best(run, newest[0])})")
+            return newest[0]
     return path
 
 

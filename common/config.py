@@ -631,12 +631,69 @@ def save_config(cfg: Any, run_dir: str | Path, name: str = "config.yaml") -> Pat
     return write_text(Path(run_dir) / name, format_config(cfg) + "\n")
 
 
-def add_config_args(parser: argparse.ArgumentParser, default_config: str | None = None) -> None:
+def key_aliases(schema: type, prefix: str = "") -> dict[str, list[str]]:
+    """Every canonical dotted key of `schema` that has other spellings, with them: each level's `ALIASES`
+    (alias -> field, either side may be dotted) and `MULTI_KEY_ALIASES` (several keys spelling one field)."""
+    out: dict[str, list[str]] = {}
+    for alias, target in _aliases(schema).items():
+        out.setdefault(prefix + target, []).append(prefix + alias)
+    for multi in _multi_key_aliases(schema):
+        out.setdefault(prefix + multi.field, []).append(" + ".join(prefix + k for k in multi.keys))
+    for f in dataclasses.fields(schema):
+        sub = _field_schema(schema, f.name)
+        if sub is not None:
+            for key, names in key_aliases(sub, f"{prefix}{f.name}.").items():
+                out.setdefault(key, []).extend(names)
+    return out
+
+
+def describe_config(cfg: Any) -> str:
+    """The resolved config, one key a line: its dotted name, value, what it accepts (type and range, from the
+    schema's annotations) and its other spellings; `--print_config` prints it. Why every key: a user can see
+    what a run would use, and what may be written instead, without reading the schema's source."""
+    schema = type(cfg)
+    aliases = key_aliases(schema)
+    lines: list[str] = []
+
+    def walk(obj: Any, cls: type, prefix: str) -> None:
+        hints = _type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.name.startswith("_"):
+                continue
+            value, key = getattr(obj, f.name), prefix + f.name
+            if dataclasses.is_dataclass(value):
+                walk(value, type(value), key + ".")
+                continue
+            shown = json.dumps(_plain(value), ensure_ascii=False)
+            also = f"; aliases: {', '.join(aliases[key])}" if aliases.get(key) else ""
+            lines.append(f"{key} = {shown}  ({type_in_words(hints.get(f.name, type(value)))}{also})")
+
+    walk(cfg, schema, "")
+    return "\n".join(lines)
+
+
+def print_config_if_asked(args: argparse.Namespace, cfg: Any) -> None:
+    """`--print_config`: the resolved config (`describe_config`), then exit 0, as `--help` does, before any run
+    folder, data or model is touched. A trainer calls it where its config is complete (after a preset)."""
+    if getattr(args, "print_config", False):
+        print(describe_config(cfg), flush=True)
+        raise SystemExit(0)
+
+
+SET_EXAMPLE = "model_args.upsample_initial_channel=256"  # a trainer with another schema passes its own
+
+
+def add_config_args(parser: argparse.ArgumentParser, default_config: str | None = None,
+                    set_example: str = SET_EXAMPLE) -> None:
+    """`--config`, `--set` and `--print_config`. `set_example` is a `--set` that works on this trainer (the
+    tests load each trainer's example through `load_config`), so the help never shows a key it refuses."""
     parser.add_argument("--config", default=default_config, help="YAML config (base_config: inherits another)")
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="override a config key, e.g. --set model_args.upsample_initial_channel=256 (repeatable)",
+        help=f"override a config key, e.g. --set {set_example} (repeatable)",
     )
+    parser.add_argument("--print_config", action="store_true",
+                        help="print the resolved config (every key, its value, range and aliases) and exit")
 
 
 def import_from_string(dotted: str) -> Any:

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.atomic_write import write_text
+from common.cli import FlagParser
 from common.errors import ConfigError
 
 JOB_RE = re.compile(r"^(?P<name>[A-Za-z0-9_.-]+)(@(?P<needs>[A-Za-z0-9_.,-]+))?=(?P<cmd>.+)$", re.S)
@@ -289,7 +290,7 @@ def summarize(jobs: list[Job], wall_s: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Run several commands side by side on a few CPU cores, each after the "
+    p = FlagParser(description="Run several commands side by side on a few CPU cores, each after the "
                                 "jobs it needs, with each line of output prefixed by its job's name.")
     p.add_argument("--job", action="append", default=[], metavar="NAME[@NEEDS]=COMMAND", help="a job (repeat)")
     p.add_argument("--slots", type=int, default=2, help="jobs at once (default 2)")

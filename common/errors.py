@@ -45,6 +45,28 @@ PIP_NAMES = {"parselmouth": "praat-parselmouth", "PIL": "pillow", "yaml": "PyYAM
 OWN_PACKAGES = tuple(sorted(p.parent.name for p in Path(__file__).resolve().parents[1].glob("*/__init__.py")))
 
 
+REQUIREMENT_FILES = ("requirements.txt", "requirements-test.txt", "requirements-nodeps.txt")
+
+
+def pinned_requirement(pip_name: str) -> tuple[str, str] | None:
+    """(the pinned requirement, e.g. 'torchfcpe==0.0.4', and the file that holds it) for a pip name the repo's
+    requirement files list, first match in `REQUIREMENT_FILES` order; None when none lists it. Why: an install hint
+    must name the file that really holds the package (fcpe's torchfcpe is in requirements-test.txt only)."""
+    root = Path(__file__).resolve().parents[1]
+    wanted = pip_name.strip("'").split("<")[0].split("=")[0].lower().replace("_", "-")
+    for name in REQUIREMENT_FILES:
+        try:
+            lines = (root / name).read_text(encoding="utf-8").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            spec = line.split("#")[0].strip()
+            project = re.split(r"[<>=!~\[; ]", spec, maxsplit=1)[0].lower().replace("_", "-")
+            if spec and project == wanted:
+                return spec, name
+    return None
+
+
 def missing_module_name(exc: ImportError) -> str | None:
     """The module an ImportError could not import: its `name`, or the one named in "No module named 'x'"
     (an ImportError raised by hand, or re-raised from a worker process, may carry only the message)."""
@@ -63,7 +85,14 @@ def missing_dependency_message(exc: ImportError) -> str | None:
         return None
     everything = "pip install -r requirements.txt"
     if isinstance(exc, ModuleNotFoundError) and top:
-        return (f"the Python module '{top}' is not installed ({exc}); install it with "
-                f"`pip install {PIP_NAMES.get(top, top)}` (or everything the repo needs: `{everything}`)")
+        pip_name = PIP_NAMES.get(top, top)
+        pinned = pinned_requirement(pip_name)
+        if pinned is None:  # in no requirements file: the package alone
+            where = ""
+        elif pinned[1] == "requirements.txt":
+            pip_name, where = pinned[0], f" (or everything the repo needs: `{everything}`)"
+        else:  # an optional package, pinned only in another file: that file, never requirements.txt
+            pip_name, where = pinned[0], f" (pinned in {pinned[1]}: `pip install -r {pinned[1]}` installs it)"
+        return f"the Python module '{top}' is not installed ({exc}); install it with `pip install {pip_name}`{where}"
     what = f"the Python module '{top}'" if top else "a required Python module"
     return f"{what} does not import ({exc}); reinstall the pinned versions: `{everything}`"

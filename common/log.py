@@ -302,6 +302,7 @@ class RunLogger:
         self.ids = dict(resume or {})  # kept for trackers not used now: a later resume with them continues
         self._config_sent = False
         self._say = say
+        self.notices: list[str] = []  # the trackers that did not start: `fit` repeats them as start-up's last lines
         self.log_dir = log_dir = Path(log_dir)
         if not enabled:
             return
@@ -336,11 +337,13 @@ class RunLogger:
         except ImportError as exc:
             module = (exc.name or name).split(".")[0]
             what = "is not installed" if module == name else f"needs {module}, which is not installed"
-            say(f"logger: {name} {what} ({exc}): pip install {TRACKER_PACKAGES[name]}; "
-                "training goes on with TensorBoard")
+            self.notices.append(f"logger: {name} {what} ({exc}): pip install {TRACKER_PACKAGES[name]}; "
+                                "training goes on with TensorBoard")
+            say(self.notices[-1])
             return
         except Exception as exc:  # noqa: BLE001 (a tracker must never stop a run)
-            say(f"logger: {name} did not start ({_first_line(exc)}); training goes on with TensorBoard")
+            self.notices.append(f"logger: {name} did not start ({_first_line(exc)}); training goes on with TensorBoard")
+            say(self.notices[-1])
             return
         self.trackers.append(tracker)
         self.ids[name] = tracker.id

@@ -185,6 +185,8 @@ def fit(trainer: Trainer, cadence: Cadence, stop: RunStop, checkpoints: Any, *, 
     """
     check_guards(trainer.optimizers, trainer.guards, trainer.divergence)
     is_main = trainer.info.is_main
+    for notice in getattr(trainer.writer, "notices", ()):  # said once among ~90 start-up lines: again, last
+        trainer.printer(f"NOTE {notice}")
     progress = Progress(cadence.total_steps, initial=trainer.step, samples_per_step=samples_per_step,
                         enabled=is_main and show_progress, desc=desc)
     trainer.printer.bar = progress

@@ -17,12 +17,14 @@ from pathlib import Path
 import torch
 
 from common import exit_codes
+from common.checkpoint import resolve_checkpoint_arg
+from common.cli import FlagParser
 from common.errors import ConfigError
 from common.ranges import Range
 
 # What `make demo` leaves (tts/targets.mk, tts/clone_targets.mk, vocoder/targets.mk, vae/targets.mk).
-DEMO_OUTPUTS = ("runs/tts_demo/checkpoints/best.pt", "runs/tts_clone_demo/best.pt", "runs/vocoder_demo/export",
-                "runs/vae_demo/vae_final.pt")
+# A run folder stands for its best.pt (else its newest checkpoint): common.checkpoint.resolve_checkpoint_arg.
+DEMO_OUTPUTS = ("runs/tts_demo", "runs/tts_clone_demo", "runs/vocoder_demo/export", "runs/vae_demo/vae_final.pt")
 # The numbers a flag may take, checked before anything loads (one line naming the flag, exit 2). The upper
 # bounds are what still means something: --max_pixels beyond 2**28 (268 Mpx) would hold about 20 GiB for the
 # image alone (vae.reconstruct.BYTES_PER_PIXEL).
@@ -33,7 +35,7 @@ FLAG_RANGES = {"port": Range(0, 65535), "threads": Range(1, 1024), "max_upload_m
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m serve", description=__doc__.split("\n\n")[0])
+    p = FlagParser(prog="python -m serve", description=__doc__.split("\n\n")[0])
     p.add_argument("checkpoints", nargs="*", help="checkpoints / exports of any trainer (default: the demo's outputs)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only; "
                    "0.0.0.0 opens it to the network: give --token too)")
@@ -73,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         check_numbers(args)
-        paths = args.checkpoints or [p for p in DEMO_OUTPUTS if Path(p).exists()]
+        given = args.checkpoints or [p for p in DEMO_OUTPUTS if Path(p).exists()]
+        paths = [str(resolve_checkpoint_arg(p, "checkpoint")) for p in given]  # a run folder: its best.pt
         if not paths:
             raise ConfigError("no checkpoints given and no demo outputs under runs/: run `make demo` first, or give "
                               "checkpoints: python -m serve runs/uzbek_vits/checkpoints/best.pt ...")

@@ -25,6 +25,9 @@ MAX_FILE_WARNINGS = 20  # the report names at most this many files (report.json 
 F0_PNG = "f0_histogram.png"
 
 
+NAMED_FILES = 3  # a cut bound's warning names the files with the most frames at it, this many
+
+
 def octave_off_share(f0: np.ndarray, voiced: np.ndarray) -> float:
     """The share of one file's voiced frames more than an octave (1200 cents) from the file's median voiced f0;
     0 when nothing is voiced."""
@@ -37,28 +40,34 @@ def octave_off_share(f0: np.ndarray, voiced: np.ndarray) -> float:
 
 def f0_summary(tracks: Iterable[tuple], f0_min: float, f0_max: float, extractor: str) -> dict:
     """`tracks`: (f0 [frames], voiced [frames]) or (f0, voiced, label) per item; the label names the file and its
-    speaker in a warning ("item <i>" without one). Returns the numbers the report states: `voiced` (all voiced f0
-    values, for the picture), `voiced_fraction`, `p1`/`p50`/`p99` (Hz, None when nothing is voiced),
-    `at_min`/`at_max` (share of voiced frames near each bound), `cut` (the bounds that cut a voice off),
-    `suggest` (values for those bounds), `octave_off` (share of all voiced frames more than an octave off their
-    file's median) and `octave_off_files` ([{"file": label, "share"}] of the files at or above
-    `OCTAVE_OFF_WARN`, worst first)."""
-    values, frames, off_frames, files = [], 0, 0.0, []
+    speaker in a warning ("item <i>" without one): a user fixes a speaker, or a file, not a corpus. Returns the
+    numbers the report states: `voiced` (all voiced f0 values, for the picture), `voiced_fraction`,
+    `p1`/`p50`/`p99` (Hz, None when nothing is voiced), `at_min`/`at_max` (share of voiced frames near each
+    bound), `cut` (the bounds that cut a voice off), `suggest` (values for those bounds), `cut_files` ({bound:
+    [(label, frames at it)], most first, for labelled tracks}), `octave_off` (share of all voiced frames more than
+    an octave off their file's median) and `octave_off_files` ([{"file": label, "share"}] of the files at or
+    above `OCTAVE_OFF_WARN`, worst first)."""
+    values, frames, off_frames, files, at_bound = [], 0, 0.0, [], []
     for i, track in enumerate(tracks):
         f0, voiced = track[0], np.asarray(track[1], dtype=bool)
-        label = track[2] if len(track) > 2 else f"item {i}"
+        label = str(track[2]) if len(track) > 2 else f"item {i}"
         frames += len(voiced)
         values.append(np.asarray(f0, dtype=np.float64)[voiced])
         share = octave_off_share(f0, voiced)
         off_frames += share * values[-1].size
         if share >= OCTAVE_OFF_WARN:
             files.append({"file": label, "share": share})
+        if len(track) > 2:
+            at_bound.append((label, int((values[-1] <= f0_min * NEAR).sum()), int((values[-1] >= f0_max / NEAR).sum())))
     v = np.concatenate(values) if values else np.zeros(0)
     s: dict = {"extractor": extractor, "frames": frames, "voiced_frames": int(v.size),
                "voiced_fraction": v.size / frames if frames else 0.0, "f0_min": f0_min, "f0_max": f0_max,
                "p1": None, "p50": None, "p99": None, "at_min": 0.0, "at_max": 0.0, "cut": [], "suggest": {},
                "octave_off": off_frames / v.size if v.size else 0.0,
-               "octave_off_files": sorted(files, key=lambda f: -f["share"]), "voiced": v}
+               "octave_off_files": sorted(files, key=lambda f: -f["share"]), "cut_files": {}, "voiced": v}
+    for key, column in (("f0_min", 1), ("f0_max", 2)):
+        most = sorted((row for row in at_bound if row[column]), key=lambda row: -row[column])[:NAMED_FILES]
+        s["cut_files"][key] = [(row[0], row[column]) for row in most]
     if not v.size:
         return s
     p1, p50, p99 = (float(x) for x in np.percentile(v, [1, 50, 99]))
@@ -85,8 +94,10 @@ def f0_report_lines(s: dict, key_prefix: str = "", redo: str = "prepare again", 
                     f"{100 * s['octave_off']:.1f}% of voiced frames more than an octave off their file's median"]
     for key, at in (("f0_min", "at_min"), ("f0_max", "at_max")):
         if key in s["cut"]:
+            files = s.get("cut_files", {}).get(key)
+            where = ("; most in " + ", ".join(f"{name} ({n} frames)" for name, n in files)) if files else ""
             lines.append(f"WARNING: {key}={s[key]:g} Hz cuts a voice off ({100 * s[at]:.1f}% of voiced frames "
-                         f"within 5% of it): {redo} with --set {key_prefix}{key}={s['suggest'][key]}")
+                         f"within 5% of it{where}): {redo} with --set {key_prefix}{key}={s['suggest'][key]}")
     off = s["octave_off_files"]
     for f in off[:MAX_FILE_WARNINGS]:
         lines.append(f"WARNING: {f['file']}: {100 * f['share']:.1f}% of its voiced frames are more than an octave "

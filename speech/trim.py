@@ -100,8 +100,23 @@ def trim_and_level(wav: np.ndarray, sr: int, trim: bool, margin: float = DEFAULT
     return wav, info
 
 
+QUIET_DB = 20.0  # a file this many dB (LUFS) or more below the corpus median is flagged QUIET in the report
+
+
+def quiet_files(per_file: dict[str, dict], below_db: float = QUIET_DB) -> list[tuple[str, float, float]]:
+    """(file, its level, dB below the median) for each file whose level (`lufs`, measured before any loudness
+    target) is `below_db` or more below the median of the files measured. Why: a file 20 dB quieter than the rest
+    is usually a wrong gain or a wrong file, and one loud-normalised file hides it in the prepared data."""
+    levels = {name: info["lufs"] for name, info in per_file.items() if isinstance(info.get("lufs"), (int, float))}
+    if len(levels) < 2:
+        return []
+    median = float(np.median(list(levels.values())))
+    return [(name, lufs, round(median - lufs, 2)) for name, lufs in sorted(levels.items()) if median - lufs >= below_db]
+
+
 def report_lines(per_file: dict[str, dict]) -> list[str]:
-    """report.txt's lines for `trim_and_level`'s infos by file: trimmed seconds and level of each, the total."""
+    """report.txt's lines for `trim_and_level`'s infos by file: trimmed seconds and level of each, the total,
+    and a QUIET line for each file `quiet_files` flags."""
     lines = []
     for name, info in sorted(per_file.items()):
         gain = f", gain {info['gain_db']:+.2f} dB" if "gain_db" in info else ""
@@ -109,4 +124,7 @@ def report_lines(per_file: dict[str, dict]) -> list[str]:
         lines.append(f"TRIMMED {info.get('trimmed_seconds', 0.0):.3f} s, level {level}{gain}: {name}")
     total = sum(info.get("trimmed_seconds", 0.0) for info in per_file.values())
     lines.append(f"trimmed {total:.3f} s in total from {len(per_file)} file(s)")
+    lines += [f"QUIET {name}: level {lufs:.2f} LUFS, {below:.1f} dB below the corpus median (flagged at "
+              f"{QUIET_DB:g} dB or more): check its gain, or that it is the right file"
+              for name, lufs, below in quiet_files(per_file)]
     return lines

@@ -53,9 +53,9 @@ def test_best_pt_is_chosen_by_the_named_metric_in_its_direction(name, data, tmp_
     run = tmp_path / "run"
     steps = 8 if name == "vae" else 2  # the VAE: two epochs of 4 steps (its best ranks per-epoch checkpoints)
     assert trainer.main([*trainer.argv(data, run, steps), *extra, "--best_by", metric]) == 0
-    best = json.loads((trainer.ckpt_dir(run) / "best.json").read_text())
+    best = json.loads((run / "checkpoints" / "best.json").read_text())  # one place in every trainer's run folder
     assert best["by"] == metric and best["mode"] == METRICS[metric], best
-    assert (trainer.ckpt_dir(run) / "best.pt").is_file()
+    assert (run / "checkpoints" / "best.pt").is_file()
     ranked = _validations(name, run)
     if name == "vae":  # the VAE ranks its per-epoch checkpoints only, by the validation at each epoch's end
         ranked = [v for v in ranked if v["step"] in (4, 8)]

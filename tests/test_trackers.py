@@ -219,9 +219,13 @@ def test_a_missing_tracker_package_is_one_line_and_tensorboard_goes_on(data, tmp
     trainer = TRAINERS["vocoder"]
     run = tmp_path / "run"
     assert trainer.main([*trainer.argv(data, run, 2), "--logger", "wandb"]) == 0
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("logger: wandb ")]
+    out = capsys.readouterr().out.splitlines()
+    lines = [line for line in out if line.startswith("logger: wandb ")]
     assert lines == ["logger: wandb is not installed (No module named 'wandb'): pip install wandb; "
                      "training goes on with TensorBoard"]
+    # said again as start-up's last line, after the config and the sizes, where a user still reads
+    note = out.index("NOTE " + lines[0])
+    assert note > max(i for i, line in enumerate(out) if line.startswith("run dir: "))
     assert list((run / "logs").glob("events.out.tfevents.*"))
     assert not (run / "logs" / "wandb").exists()
     assert _ckpt_ids(trainer, run) == {}

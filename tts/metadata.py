@@ -94,6 +94,15 @@ def _kept(char: str) -> bool:
     return unicodedata.category(char)[0] in "LNM" or char in "_-."
 
 
+def audio_id(field: str) -> str:
+    """The id of a metadata row whose first field names its audio (LJSpeech, Piper): the name without a trailing
+    audio extension, so that `utt00.wav|…` is id `utt00` and its prepared files `utt00.wav`, never `utt00.wav.wav`
+    (the audio itself is still found by the name as written, `resolve_audio`)."""
+    name = field.strip()
+    suffix = Path(name).suffix
+    return name[: -len(suffix)] if suffix and suffix.lower() in AUDIO_EXTENSIONS and len(name) > len(suffix) else name
+
+
 def file_stem(id_: str, mark: bool = False) -> str:
     """The file name (without extension) of the prepared files of metadata id ``id_``: the id itself when it is a
     safe name everywhere, else its safe form (NFC; other characters → '_'; cut to NAME_BYTES; no leading '.';
@@ -340,7 +349,7 @@ def _read_lines(path: Path, lines: list[tuple[int, str]], fmt: str, speaker: str
         for n, t in body:
             parts = t.split("|")
             if fmt == "ljspeech" and len(parts) in (2, 3):
-                rows.append(Row(n, parts[0].strip(), parts[0].strip(), parts[1], speaker))
+                rows.append(Row(n, audio_id(parts[0]), parts[0].strip(), parts[1], speaker))
             elif fmt != "ljspeech" and len(parts) == len(fields):
                 spk = parts[1].strip() if "speaker" in fields else speaker
                 ids, why = parse_ids(parts[-1]) if fmt.endswith("_ids") else (None, None)
@@ -349,7 +358,7 @@ def _read_lines(path: Path, lines: list[tuple[int, str]], fmt: str, speaker: str
                                             f"phoneme_ids field {len(fields)} not read: {why}"))
                     continue
                 text = parts[-2] if ids is not None else parts[-1]
-                rows.append(Row(n, parts[0].strip(), parts[0].strip(), text, spk or speaker, ids=ids))
+                rows.append(Row(n, audio_id(parts[0]), parts[0].strip(), text, spk or speaker, ids=ids))
             else:
                 want = "2 or 3" if fmt == "ljspeech" else str(len(fields))
                 problems.append(Problem(src, n, parts[0] or None, f"expected {want} '|'-separated fields "

@@ -53,13 +53,14 @@ import torch
 
 from common import exit_codes
 from common.atomic_write import atomic_output, write_text
+from common.cli import FlagParser
 from common.config import load_config
 from common.model_card import DATA_SOURCE, add_data_licence_flag, data_source
 from common.prepared import array_problem, open_npy
 from common.run_dir import check_apart, check_output_dir, check_prepared_settings
 from common.workers import RUN_ERRORS, file_progress, process_pool
 from speech.audio import AudioError, MelSpectrogram, check_audio, load_audio, save_wav, to_float32, to_int16
-from speech.trim import loudness, report_lines, trim_and_level
+from speech.trim import loudness, quiet_files, report_lines, trim_and_level
 from tts.metadata import (  # noqa: F401  (Row, resolve_audio: importable from here too, as before)
     AUDIO_EXTENSIONS,
     DEFAULT_SPEAKER,
@@ -483,6 +484,7 @@ def _write_report(out: Path, metadata: Path, fmt: str, rows: list[Row], problems
     report["levels"] = levels
     if source is not None:
         report[DATA_SOURCE] = source
+    report["quiet"] = [{"file": n, "lufs": lufs, "below_median_db": below} for n, lufs, below in quiet_files(levels)]
     write_text(out / "report.json", json.dumps(report, ensure_ascii=False, indent=1))
     lines = [f"{report['kept']} of {len(rows)} lines kept, {len(problems)} dropped"]
     lines += [f"DROPPED {p.file}:{p.line} [{p.id}]: {p.reason}" for p in problems]
@@ -507,7 +509,7 @@ def _print_summary(problems: list[Problem], notes: list[Problem], n_train: int, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = FlagParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--metadata", required=True, help="metadata.csv (LJSpeech/Piper id|text, Piper id|speaker|text), "
                    "Common Voice TSV, CSV, or a Hugging Face datasets folder (save_to_disk) / .parquet file")
     p.add_argument("--audio_dir", default=None, help="folder with the audio files (not needed when a datasets "

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from common import exit_codes
+from common.cli import FlagParser
 from common.hardware import (
     arch_support,
     hardware_report,
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
 def check(argv: list[str] | None) -> int:
     """The checks and their report; `main` runs them through `common.exit_codes.run_main` (a user error: one
     line, exit 2; a bug: its traceback)."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = FlagParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--perceptual_weights", default=None, help="check this VGG16 file instead of the cache")
     args = p.parse_args(argv)
     lines, ok = report(args.perceptual_weights)

@@ -28,6 +28,7 @@ from common.ranges import (
 from vae.rfid import WEIGHTS_NAME, hub_weights
 
 DECODER_ONLY_FLAG = "--train_decoder_only"  # named in the messages of vae/decoder_only.py and vae/pretrained.py
+VALIDATES = ("psnr", "ssim", "l1", "lpips", "rfid")  # what vae/metrics.py measures (lpips, rfid: with their settings)
 
 
 @dataclass
@@ -156,7 +157,7 @@ class VAEConfig(CadenceKeys):
             rfid = self.rfid_weights != "off" and (Path(self.rfid_weights).expanduser().is_file() if self.rfid_weights
                                                    else hub_weights() is not None)
             self.best_by = check_best_by(
-                self.best_by, ("psnr", "ssim", "l1") + ("lpips",) * (self.perceptual_weight > 0) + ("rfid",) * rfid,
+                self.best_by, VALIDATES[:3] + ("lpips",) * (self.perceptual_weight > 0) + ("rfid",) * rfid,
                 {"lpips": "it needs perceptual_weight > 0",
                  "rfid": f"it needs Inception weights: rfid_weights naming pytorch-fid's {WEIGHTS_NAME}, none found"})
         except ValueError as exc:

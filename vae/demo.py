@@ -28,6 +28,7 @@ from PIL import Image
 
 from common import exit_codes
 from common.atomic_write import save_png, write_text
+from common.cli import FlagParser
 from common.demo import (
     Figure,
     demo_threads,
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def demo(argv: list[str] | None) -> int:
     """The demo's steps; `main` runs them through `common.exit_codes.run_main` (what the user can fix: one line, 2)."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = FlagParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data_root", default="data/demo")
     p.add_argument("--output_dir", default="runs/vae_demo")
     p.add_argument("--config", default="vae/configs/demo.yaml")

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 
+from common.best_by import best_by_help
+from common.cli import FlagParser
 from common.config import ConfigError, add_config_args, config_sources, explicit_keys, load_config
 from common.presets import add_preset_arg
 from common.run_dir import add_run_args
-from vae.config import VAEConfig
+from vae.config import VALIDATES, VAEConfig
 from vae.memory import add_profile_args
 
 VALUE_FLAGS: dict[str, type] = {
@@ -34,8 +36,10 @@ BOOL_FLAGS = ("mixed_precision", "use_bf16", "use_torch_compile", "enable_tf32",
 
 def add_guide_flags(p: argparse.ArgumentParser) -> None:
     """`--<key> VALUE` for every value flag, `--channels W ...`, `--<key>` / `--no-<key>` for switches."""
+    own_help = {"best_by": best_by_help(VALIDATES, VAEConfig.best_by)}  # the metrics the VAE measures
     for name, tp in VALUE_FLAGS.items():
-        p.add_argument(f"--{name}", type=tp, default=None, help=f"config key {VAEConfig.ALIASES.get(name, name)}")
+        p.add_argument(f"--{name}", type=tp, default=None,
+                       help=own_help.get(name, f"config key {VAEConfig.ALIASES.get(name, name)}"))
     p.add_argument("--channels", type=int, nargs="+", default=None, help="block widths, e.g. 128 256 512 512")
     for name in BOOL_FLAGS:
         p.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=None)
@@ -56,8 +60,8 @@ def resolve_config(args: argparse.Namespace) -> VAEConfig:
 
 def build_parser(description: str = "Train an SD/FLUX-style KL autoencoder.") -> argparse.ArgumentParser:
     """`vae/train_vae.py`'s command line: config, run folder, the guide's flags, memory profiling, presets."""
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_config_args(p)
+    p = FlagParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_args(p, set_example="ema_decay=0.9999")
     add_run_args(p, run_aliases=("--output_dir",), resume_aliases=("--resume_from",),
                  run_help="config key output_dir: checkpoints, samples, logs (alias --output_dir)")
     add_guide_flags(p)

@@ -29,6 +29,7 @@ from PIL import Image
 
 from common import exit_codes
 from common.atomic_write import atomic_output, write_text
+from common.cli import FlagParser
 from common.errors import ConfigError
 from common.model_card import DATA_SOURCE, add_data_licence_flag, data_source
 from common.run_dir import (
@@ -330,7 +331,7 @@ def validate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = FlagParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=("preprocess", "validate"), required=True)
     p.add_argument("--input_dir", required=True, help="folder of images (searched recursively; never modified)")
     p.add_argument("--output_dir", help="preprocess: where images/, manifest.json and the report go")

@@ -27,6 +27,8 @@ from PIL import Image
 
 from common import exit_codes
 from common.atomic_write import atomic_output
+from common.checkpoint import resolve_checkpoint_arg
+from common.cli import FlagParser
 from common.errors import ConfigError
 from common.precision import Precision
 from common.run_dir import (
@@ -238,8 +240,8 @@ def image_format(path: str | Path) -> str | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="checkpoint_*.pt, vae_final.pt or a diffusers folder")
+    p = FlagParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", "--ckpt", dest="checkpoint", required=True, help="checkpoint_*.pt, vae_final.pt, a run folder (best.pt, else the newest) or a diffusers folder")
     p.add_argument("--input", required=True, help="an image file or a folder of images")
     p.add_argument("--output", required=True, help="output file (single input) or folder")
     p.add_argument("--overwrite", action="store_true", help="replace output images that exist (else refused)")
@@ -260,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.checkpoint = str(resolve_checkpoint_arg(args.checkpoint))  # a run folder: its best.pt, else the newest
     return exit_codes.run_main(lambda: run(args))
 
 

@@ -18,7 +18,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from common import distributed
 from common.atomic_write import replace
 from common.best_by import BestCheckpoints
-from common.checkpoint import restore_state, save_atomic
+from common.checkpoint import BEST_DIR, restore_state, save_atomic
 from common.config import format_config, save_config
 from common.log import RunLogger, report_lr_plan
 from common.schedulers import build_scheduler, lr_curve
@@ -103,6 +103,8 @@ def keep_stage_files(out_dir: Path, stage: int, image_size: int | None) -> list[
     kept = []
     for name, suffix in (("checkpoint_last.pt", "last.pt"), ("best.pt", "best.pt"), ("best.json", "best.json")):
         src, dst = out_dir / name, out_dir / f"stage{stage}_{image_size}px_{suffix}"
+        if name.startswith("best") and (out_dir / BEST_DIR / name).is_file():  # else a run from before checkpoints/
+            src = out_dir / BEST_DIR / name
         if src.is_file() and not dst.exists():
             replace(src, dst)
             kept.append(dst.name)

@@ -30,8 +30,8 @@ import torch
 from common import distributed, exit_codes, loop
 from common.atomic_write import append_text, save_png
 from common.best_by import BestCheckpoints, best_value
-from common.checkpoint import RunCheckpoints, load_checkpoint, resolve_resume
-from common.config import ConfigError
+from common.checkpoint import BEST_DIR, RunCheckpoints, load_checkpoint, resolve_resume
+from common.config import ConfigError, print_config_if_asked
 from common.distributed import DistInfo
 from common.guards import saving_blocked
 from common.log import Printer, Progress, RunLogger, peak_memory_gib, resumed_trackers
@@ -86,7 +86,8 @@ class VAETrainer:
         # ---- per-rank noise (the models are seeded alike on every rank by `train`), then where the run starts
         torch.manual_seed(cfg.seed + info.rank)
         self.epochs = BestCheckpoints(out_dir, cfg.best_by, "psnr", self.printer, keep_last=cfg.save_n_checkpoints,
-                                      name_fn=lambda n: f"checkpoint_epoch_{n}.pt")
+                                      name_fn=lambda n: f"checkpoint_epoch_{n}.pt",
+                                      best_dir=out_dir / BEST_DIR)  # best.pt where every trainer puts it
         self.checkpoints = RunCheckpoints(self, LastCheckpoint(out_dir, self.epochs, self.printer), "vae",
                                           ema=lambda: {"vae": core.ema} if core.ema else None,
                                           optimizer_spec=cfg.optimizer_spec("disc" in self.optimizers),
@@ -309,6 +310,7 @@ def run(args: argparse.Namespace) -> int:
     """The config, then `--profile_memory` or training; failures reach `main` as exceptions."""
     cfg = resolve_config(args)
     apply_preset(cfg, args.preset, CARD_PRESETS)
+    print_config_if_asked(args, cfg)
     resolutions, batches = profile_grid(args)
     if args.profile_memory:
         return profile_memory(new_step, cfg, resolutions, batches)

@@ -10,7 +10,15 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from common.best_by import add_best_by_arg
-from common.config import ConfigError, add_config_args, format_config, load_config, note_prepare_keys
+from common.cli import FlagParser
+from common.config import (
+    ConfigError,
+    add_config_args,
+    format_config,
+    load_config,
+    note_prepare_keys,
+    print_config_if_asked,
+)
 from common.data import ResumableSampler, make_loader
 from common.log import add_logger_arg
 from common.muon import build_optimizer
@@ -20,7 +28,7 @@ from common.run_dir import add_run_args, prepare_run_dir
 from common.schedulers import lr_lambda
 from common.training import count_parameters
 from speech.audio import MelSpectrogram
-from vocoder.config import OptimizerArgs, VocoderConfig
+from vocoder.config import VALIDATES, OptimizerArgs, VocoderConfig
 from vocoder.data import VocoderDataset, collate, load_manifest
 from vocoder.discriminators import Discriminators, build_discriminators
 from vocoder.layouts import export_info, generator_args
@@ -87,7 +95,7 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: VocoderConfig, bas
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Train an NSF-HiFiGAN vocoder.",
+    p = FlagParser(description="Train an NSF-HiFiGAN vocoder.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_args(p, default_config=str(Path(__file__).parent / "configs" / "base_hifi_gpu.yaml"))
     p.add_argument("--data_dir", default=None, help="prepared dataset (default: binary_data_dir)")
@@ -96,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shortcut for --set precision=... (32-true|16-mixed|bf16-mixed|auto)")
     p.add_argument("--device", default=None, help="force a device, e.g. cpu (default: cuda if available)")
     add_logger_arg(p)
-    add_best_by_arg(p)
+    add_best_by_arg(p, (*VALIDATES, "pesq"), VocoderConfig.best_by)
     add_preset_arg(p)
     return p
 
@@ -109,6 +117,7 @@ def resolve_run(args: argparse.Namespace) -> tuple[VocoderConfig, Path]:
                       extra={"precision": args.precision, "binary_data_dir": args.data_dir, "logger": args.logger,
                              "best_by": args.best_by})
     apply_preset(cfg, args.preset, CARD_PRESETS)
+    print_config_if_asked(args, cfg)
     note_prepare_keys(cfg, VocoderConfig.PREPARE_ONLY, "vocoder/prepare_data.py")
     if not cfg.binary_data_dir:
         raise ConfigError("no dataset: pass --data_dir (a folder made by vocoder/prepare_data.py) or set binary_data_dir")

@@ -25,7 +25,6 @@ stage is resumable: a second run reuses the corpus and the dataset and continues
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -38,6 +37,7 @@ import torch
 from common import exit_codes
 from common.atomic_write import write_text
 from common.checkpoint import load_checkpoint, read_best_record
+from common.cli import FlagParser
 from common.config import load_config
 from common.demo import (
     add_demo_overrides,
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def demo(argv: list[str] | None) -> int:
     """The demo's steps; `main` runs them through `common.exit_codes.run_main` (what the user can fix: one line, 2)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = FlagParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--espeak", action="store_true", help="train on espeak-ng speech, not the real readers")
     p.add_argument("--sentences", type=int, default=24, help="espeak-ng sentences per voice (6 voices), beside the "
                    "real readers in training (all the speech with --espeak or without the package)")

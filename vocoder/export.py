@@ -19,7 +19,6 @@ The checkpoint layouts it reads and the names it writes live in ``vocoder/layout
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -31,7 +30,14 @@ import torch
 
 from common import exit_codes
 from common.atomic_write import atomic_output, write_text
-from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind, save_atomic
+from common.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    refuse_other_kind,
+    resolve_checkpoint_arg,
+    save_atomic,
+)
+from common.cli import FlagParser
 from common.model_card import checkpoint_facts, write_model_card
 from common.run_dir import check_apart, check_output_dir
 from vocoder.layouts import generator_args, split_checkpoint, to_legacy_names
@@ -158,13 +164,14 @@ def write_oudep(out: Path, info: dict, version: str = "1.0") -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Export a vocoder generator for DiffSinger / OpenUtau.")
-    p.add_argument("--ckpt", required=True, help="training checkpoint (.pt) of vocoder/train.py")
+    p = FlagParser(description="Export a vocoder generator for DiffSinger / OpenUtau.")
+    p.add_argument("--ckpt", "--checkpoint", dest="ckpt", required=True, help="training checkpoint (.pt) of vocoder/train.py, or its run folder (best.pt, else the newest)")
     p.add_argument("--out", required=True, help="output folder (model.ckpt + config.json)")
     p.add_argument("--onnx", action="store_true", help="also write model.onnx + vocoder.yaml (OpenUtau)")
     p.add_argument("--oudep", action="store_true",
                    help="also write <out>.oudep beside the folder: the OpenUtau dependency package (implies --onnx)")
     args = p.parse_args(argv)
+    args.ckpt = str(resolve_checkpoint_arg(args.ckpt, "--ckpt"))  # a run folder: its best.pt, else the newest
     made = not Path(args.out).exists()
 
     def body() -> int:

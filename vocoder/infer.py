@@ -19,7 +19,6 @@ A ``.wav`` (or any audio) input is copy-synthesised (its mel and f0 re-synthesis
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -30,7 +29,8 @@ import numpy as np
 import torch
 
 from common import exit_codes
-from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind
+from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind, resolve_checkpoint_arg
+from common.cli import FlagParser
 from common.errors import ConfigError
 from common.run_dir import check_apart, check_output_dir, refuse_to_replace
 from speech.audio import MelSpectrogram, load_audio, save_wav
@@ -208,8 +208,8 @@ def synthesize_files(voc: VocoderInference, files: list[Path], out_dir: Path, lo
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Vocode wav (copy-synthesis) or mel+f0 .npz files.")
-    p.add_argument("--model", required=True, help="training checkpoint .pt or exported vocoder folder")
+    p = FlagParser(description="Vocode wav (copy-synthesis) or mel+f0 .npz files.")
+    p.add_argument("--model", "--checkpoint", "--ckpt", dest="model", required=True, help="training checkpoint .pt or exported vocoder folder")
     p.add_argument("--input", nargs="+", required=True, help="audio files, .npz (mel, f0) files or folders")
     p.add_argument("--output", required=True, help="output folder for the wavs")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -217,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pe_ckpt", default=None, help="rmvpe's weights for the f0 of audio inputs, where the model's "
                    "pe is rmvpe (default: the file its export or checkpoint recorded)")
     args = p.parse_args(argv)
+    args.model = str(resolve_checkpoint_arg(args.model, "--model"))  # a run folder: its best.pt, else the newest
 
     def body() -> int:
         check_apart(args.output, "--output", {"--input": args.input, "--model": args.model}, "_vocoded")  # first

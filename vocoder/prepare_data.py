@@ -49,7 +49,8 @@ import numpy as np
 
 from common import exit_codes
 from common.atomic_write import atomic_output, remove_stale_temp_folders, write_text
-from common.config import add_config_args, load_config
+from common.cli import FlagParser
+from common.config import add_config_args, load_config, print_config_if_asked
 from common.errors import UserError
 from common.model_card import DATA_SOURCE, add_data_licence_flag, data_source
 from common.prepared import npy_problem
@@ -466,7 +467,7 @@ def prepare(cfg: VocoderConfig, inputs: list[str | Path], output: str | Path, nu
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = FlagParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_args(p, default_config=str(Path(__file__).parent / "configs" / "base_hifi_gpu.yaml"))
     p.add_argument("--input", nargs="+", default=None, help="audio folder(s) (default: data_input_path)")
@@ -485,6 +486,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         cfg = load_config(args.config, VocoderConfig, args.overrides)
+        print_config_if_asked(args, cfg)
         check_extractor(cfg)
         inputs = args.input or cfg.data_input_path
         output = args.output or cfg.binary_data_dir

@@ -170,10 +170,10 @@ def test_prepare_scripts_stopped_by_sigterm_say_so_and_exit_130(module, patched,
 
 @pytest.mark.parametrize("exc, words", [
     (ModuleNotFoundError("No module named 'parselmouth'"),  # raised by hand: only the message names it
-     ["error: the Python module 'parselmouth' is not installed", "`pip install praat-parselmouth`",
+     ["error: the Python module 'parselmouth' is not installed", "`pip install praat-parselmouth==",
       "`pip install -r requirements.txt`"]),
-    (ModuleNotFoundError("No module named 'soxr'", name="soxr"), ["'soxr' is not installed", "`pip install soxr`"]),
-    (ModuleNotFoundError("No module named 'yaml.cyaml'", name="yaml.cyaml"), ["`pip install PyYAML`"]),
+    (ModuleNotFoundError("No module named 'soxr'", name="soxr"), ["'soxr' is not installed", "`pip install soxr=="]),
+    (ModuleNotFoundError("No module named 'yaml.cyaml'", name="yaml.cyaml"), ["`pip install PyYAML=="]),
     (ImportError("cannot import name 'x' from 'librosa'", name="librosa"),
      ["error: the Python module 'librosa' does not import", "`pip install -r requirements.txt`"]),
     (ImportError("numba needs numpy 2.3 or less"), ["a required Python module does not import (numba needs"]),

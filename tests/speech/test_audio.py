@@ -275,6 +275,11 @@ def test_the_f0_report_states_the_range_and_flags_a_bound_that_cuts_the_voice(tm
     assert lines[1].startswith("WARNING: f0_max=225 Hz cuts a voice off") and "--set f0_max=" in lines[1]
     s = f0_summary([track], 215.0, 1100.0, "parselmouth")  # f0_min just under it
     assert s["cut"] == ["f0_min"] and s["suggest"]["f0_min"] < 150
+    # named tracks: the warning says which speaker and file hold the frames at the bound, most first
+    quiet = (np.zeros(n, np.float32), np.zeros(n, bool), "speaker bob: wavs/b.wav")
+    named = f0_summary([quiet, (*extract_f0(x, SR, HOP, n, 65.0, 225.0), "speaker anna: wavs/a.wav")], 65.0, 225.0,
+                       "parselmouth")
+    assert "most in speaker anna: wavs/a.wav (" in f0_report_lines(named)[1] and "bob" not in f0_report_lines(named)[1]
     silent = f0_summary([(np.zeros(n, np.float32), np.zeros(n, bool))], 65.0, 1100.0, "crepe")
     assert silent["voiced_fraction"] == 0 and "no voiced frame" in f0_report_lines(silent)[0]
 

@@ -127,3 +127,13 @@ def test_vocoder_prepare_trim_and_loudness(tmp_path, padded):
     text = (tmp_path / "out" / "report.txt").read_text()
     assert "SKIPPED" in text and "silent.wav" in text
     assert "in total from 2 file(s)" in text and "LUFS" in text
+
+
+def test_a_file_20_db_below_the_corpus_median_is_flagged_quiet():
+    from speech.trim import QUIET_DB, quiet_files, report_lines
+
+    levels = {"a.wav": {"lufs": -23.0}, "b.wav": {"lufs": -24.0}, "c.wav": {"lufs": -22.5},
+              "soft.wav": {"lufs": -23.0 - QUIET_DB - 1}, "near.wav": {"lufs": -23.0 - QUIET_DB + 1}, "x.wav": {}}
+    assert [name for name, _, _ in quiet_files(levels)] == ["soft.wav"]
+    quiet = [line for line in report_lines(levels) if line.startswith("QUIET")]
+    assert len(quiet) == 1 and quiet[0].startswith("QUIET soft.wav: level -44.00 LUFS, 20.0 dB below the corpus median")  # median -24

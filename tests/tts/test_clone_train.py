@@ -113,7 +113,7 @@ def test_training_lowers_the_validation_mel_loss_and_logs_audio(trained):
     assert json.loads(json.dumps(s))["validations"][-1]["step"] == 16  # the demo writes it as summary.json
     assert hist[-1]["mel_l1"] < 0.8 * hist[0]["mel_l1"], hist
     run = trained["run"]
-    assert (run / "best.pt").is_file() and (run / "config.yaml").is_file()
+    assert (run / "checkpoints" / "best.pt").is_file() and (run / "config.yaml").is_file()
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(run / "logs"), size_guidance={"audio": 0, "images": 0}).Reload()
@@ -146,7 +146,7 @@ def test_resume_is_bitwise_exact(corpus, tmp_path):
 
 
 def test_init_from_loads_weights_only_into_a_new_run_and_names_mismatched_tensors(trained, corpus, tmp_path):
-    source = trained["run"] / "best.pt"
+    source = trained["run"] / "checkpoints" / "best.pt"
     lines: list[str] = []
     res = resolved(corpus, tmp_path / "ft", "--set", "train.max_updates=3", "--set", "train.val_check_interval=3",
                    "--set", "val.at_start=false", "--set", "model.ffn_mult=3")  # the feed-forward shapes change
@@ -317,7 +317,7 @@ def test_bad_reference_clips_are_refused_with_a_clear_reason(tmp_path):
 
 
 def test_infer_clone_speaks_through_a_fresh_tiny_vocoder(trained, corpus, vocoder_dir, tmp_path, capsys):
-    ckpt = trained["run"] / "best.pt"
+    ckpt = trained["run"] / "checkpoints" / "best.pt"
     ref = sorted((corpus / "wavs").glob("*.wav"))[0]
     out = tmp_path / "out.wav"
     rc = infer_clone.main(["--checkpoint", str(ckpt), "--reference", str(ref), "--text", "Бугун ҳаво яхши, 25 daraja.",
@@ -362,7 +362,7 @@ def test_teacher_forced_mels_have_the_frames_the_vocoder_prepares(trained, corpu
     from vocoder.prepare_data import main as vocoder_prepare
 
     out = tmp_path / "gta"
-    argv = ["--teacher_forced", "--checkpoint", str(trained["run"] / "best.pt"), "--data", str(corpus),
+    argv = ["--teacher_forced", "--checkpoint", str(trained["run"] / "checkpoints" / "best.pt"), "--data", str(corpus),
             "--output", str(out), "--device", "cpu"]
     assert infer_clone.main(argv) == 0
     rows = [r for m in ("train.jsonl", "eval.jsonl") for r in read_manifest(corpus / m)[0]]

@@ -228,3 +228,14 @@ def test_parquet_is_read_in_batches_of_the_needed_columns(tmp_path, monkeypatch)
     for r in _records(tmp_path / "out"):
         assert len(r["metadata_id"]) == 298 and len(Path(r["wav"]).stem.encode()) <= NAME_BYTES + 9
         assert (tmp_path / "out" / r["wav"]).is_file()
+
+
+@pytest.mark.parametrize("fmt_line", ["utt00.wav|Bugun havo.", "utt00.WAV|anna|Bugun havo."])
+def test_an_id_that_keeps_its_audio_extension_is_the_name_without_it(tmp_path, fmt_line):
+    """Piper / LJSpeech metadata often keeps `.wav` in the id: the id (and so every prepared file) is `utt00`,
+    never `utt00.wav.wav`; the audio is still found by the name as written."""
+    meta = tmp_path / "metadata.csv"
+    meta.write_text(fmt_line + "\n", encoding="utf-8")
+    rows, problems, _ = parse_metadata(meta, "auto")
+    assert not problems and rows[0].id == "utt00" and rows[0].audio == fmt_line.split("|")[0]
+    assert metadata.audio_id("utt00.tar") == "utt00.tar" and metadata.audio_id(".wav") == ".wav"

@@ -364,8 +364,8 @@ def test_resolution_stages_continue_counters_and_keep_every_stage_file(image_dir
     out = tmp_path / "run"  # one output_dir for both stages, as in the guide
     assert run(image_dir, out, "--num_epochs", "2", "--image_size", "32", "--no-export_diffusers") == 0
     stage1 = load_checkpoint(out / "checkpoint_last.pt")
-    best = json.loads((out / "best.json").read_text())
-    (out / "best.json").write_text(json.dumps({**best, "metric": 99.0}))  # a stage-1 best no stage-2 PSNR beats
+    best = json.loads((out / "checkpoints" / "best.json").read_text())  # every trainer's best: <run>/checkpoints/
+    (out / "checkpoints" / "best.json").write_text(json.dumps({**best, "metric": 99.0}))  # a stage-1 best no stage-2 PSNR beats
     capsys.readouterr()
     assert run(image_dir, out, "--num_epochs", "2", "--image_size", "40", "--no-export_diffusers",
                "--resume_from", str(out / "checkpoint_epoch_2.pt")) == 0
@@ -374,10 +374,10 @@ def test_resolution_stages_continue_counters_and_keep_every_stage_file(image_dir
     # Epoch numbers continue (3, 4), so stage 2 overwrote nothing of stage 1 and rotation (keep 2) kept
     # the newest, not stage 1's higher numbers; stage 1's last and best checkpoints are kept under stage
     # names (best.pt is per stage: PSNR at another crop size is not comparable).
-    assert sorted(p.name for p in out.glob("*.pt")) == ["best.pt", "checkpoint_epoch_3.pt", "checkpoint_epoch_4.pt",
+    assert sorted(p.name for p in out.glob("*.pt")) == ["checkpoint_epoch_3.pt", "checkpoint_epoch_4.pt",
                                                         "checkpoint_last.pt", "stage1_32px_best.pt",
                                                         "stage1_32px_last.pt", "vae_final.pt"]
-    assert load_checkpoint(out / "best.pt")["counters"]["image_size"] == 40
+    assert load_checkpoint(out / "checkpoints" / "best.pt")["counters"]["image_size"] == 40
     assert same_state(load_checkpoint(out / "stage1_32px_last.pt")["models"], stage1["models"])
     c = load_checkpoint(out / "checkpoint_last.pt")
     assert (c["counters"]["epoch"], c["counters"]["global_step"], c["counters"]["stage"]) == (4, 16, 2)

@@ -24,7 +24,6 @@ Exit status 1 when any check fails. Idempotent: a finished run is reported, not 
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import shutil
@@ -37,6 +36,8 @@ import torch
 
 from common import exit_codes
 from common.atomic_write import write_text
+from common.checkpoint import resolve_checkpoint_arg
+from common.cli import FlagParser
 from common.demo import (
     add_demo_overrides,
     demo_overrides,
@@ -202,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def demo(argv: list[str] | None) -> int:
     """The demo's steps; `main` runs them through `common.exit_codes.run_main` (a missing espeak-ng: one line, 2)."""
-    p = argparse.ArgumentParser(description="Voice-cloning TTS CPU demo")
+    p = FlagParser(description="Voice-cloning TTS CPU demo")
     p.add_argument("--retrain", action="store_true", help=f"delete {RUN_DIR} and train again")
     add_demo_overrides(p, "clone_demo.yaml", "train.seed")
     args = p.parse_args(argv)
@@ -237,7 +238,7 @@ def demo(argv: list[str] | None) -> int:
         print(f"{RUN_DIR} already trained (use --retrain to train again)")
 
     print("== 3/3 speaker check on held-out references ==")
-    model, cfg = load_clone_model(RUN_DIR / "best.pt", "cpu")
+    model, cfg = load_clone_model(resolve_checkpoint_arg(RUN_DIR, "the demo run"), "cpu")
     vocoder = load_matching_vocoder(vocoder_path, cfg.audio, "cpu") if vocoder_path else None
     samples = RUN_DIR / "samples"
     check = speaker_check(model, cfg, prepared, vocoder, samples)

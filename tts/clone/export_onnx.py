@@ -1,6 +1,6 @@
 """Export the voice-cloning acoustic model (text + reference mel → mel + f0) to ONNX and check it.
 
-    python tts/export_clone_onnx.py --checkpoint runs/tts_clone/best.pt --out clone.onnx [--reference voice.wav]
+    python tts/export_clone_onnx.py --checkpoint runs/tts_clone/checkpoints/best.pt --out clone.onnx [--reference voice.wav]
 
 The graph is `VoiceCloneTTS.infer` with tensor inputs, so any ONNX runtime can drive it:
 inputs ``text`` [B, T] int64 symbol ids (normalised text, `OUT.json`'s ``symbols``),
@@ -17,7 +17,6 @@ the mels differ by more than ``--tolerance`` (log-mel units) or f0 by more than 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -30,7 +29,8 @@ from torch import nn
 
 from common import exit_codes
 from common.atomic_write import atomic_output, write_text
-from common.checkpoint import load_checkpoint
+from common.checkpoint import load_checkpoint, resolve_checkpoint_arg
+from common.cli import FlagParser
 from common.model_card import card_path, checkpoint_facts, write_model_card
 from common.run_dir import check_apart, check_output_file, refuse_to_replace
 from tts.clone.config import CloneConfig
@@ -118,8 +118,8 @@ def check(model: VoiceCloneTTS, onnx_path: str | Path, ref_mel: torch.Tensor,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", required=True, help="checkpoint of tts/train_main.py (e.g. best.pt)")
+    p = FlagParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", "--ckpt", dest="checkpoint", required=True, help="checkpoint of tts/train_main.py, or its run folder (best.pt, else the newest)")
     p.add_argument("--out", required=True, help="model.onnx (model.onnx.json is written beside it)")
     p.add_argument("--overwrite", action="store_true", help="replace --out and its .json if it exists")
     p.add_argument("--reference", help="a clip to check with (default: a synthetic reference mel)")
@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tolerance", type=float, default=None, help="max |ONNX - PyTorch| (log-mel; f0 relative; default 1e-3)")
     p.add_argument("--no_check", action="store_true", help="skip the onnxruntime comparison")
     args = p.parse_args(argv)
+    args.checkpoint = str(resolve_checkpoint_arg(args.checkpoint))  # a run folder: its best.pt, else the newest
     unused = [f for f, v in (("--tolerance", args.tolerance), ("--reference", args.reference)) if v is not None]
     if args.no_check and unused:  # they only shape the check
         p.error(f"{', '.join(unused)} with --no_check: the check they set is skipped; drop one")

@@ -19,7 +19,6 @@ without GTA mels.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -31,6 +30,8 @@ import torch
 
 from common import exit_codes
 from common.atomic_write import write_text
+from common.checkpoint import RUN_BEST, best_in_run
+from common.cli import FlagParser
 from common.config import load_config
 from common.demo import demo_threads
 from speech.mel_files import MEL_SETTINGS_FILE
@@ -55,14 +56,14 @@ FINE_TUNE = [f"max_updates={STEPS}", f"generator_optimizer_args.lr={LR}", f"disc
 
 def ensure_demos() -> Path:
     """The vocoder demo's checkpoint and the cloning demo's model, each made by its demo when missing."""
-    vocoder_ckpt = VOCODER_RUN / "checkpoints" / "best.pt"
+    vocoder_ckpt = VOCODER_RUN / RUN_BEST
     if not vocoder_ckpt.is_file():
         from vocoder import demo as vocoder_demo
         vocoder_demo.main([])
-    if not (CLONE_RUN / "best.pt").is_file():
+    if best_in_run(CLONE_RUN) is None:
         from tts.clone import demo as clone_demo
         clone_demo.main([])
-    for need in (vocoder_ckpt, CLONE_RUN / "best.pt"):
+    for need in (vocoder_ckpt, best_in_run(CLONE_RUN) or CLONE_RUN / RUN_BEST):
         if not need.is_file():
             raise SystemExit(f"error: {need} is missing after its demo ran; see the demo's output above")
     return vocoder_ckpt
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def demo(argv: list[str] | None) -> int:
     """The demo's steps; `main` runs them through `common.exit_codes.run_main` (what the user can fix: one line, 2)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = FlagParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--again", action="store_true", help=f"delete {OUT} and fine-tune again")
     p.add_argument("--control", action="store_true", help=f"computed mels instead of GTA ones, into {OUT}_control")
     p.add_argument("--seed", type=int, default=None, help=f"the fine-tune's seed (its crops), into {OUT}_seed<N>")
@@ -106,7 +107,7 @@ def demo(argv: list[str] | None) -> int:
     t0 = time.time()
     print("[1/5] the vocoder and cloning demos' outputs")
     vocoder_ckpt = ensure_demos()
-    model, cfg = load_clone_model(CLONE_RUN / "best.pt", "cpu")
+    model, cfg = load_clone_model(best_in_run(CLONE_RUN), "cpu")
     tuned_ckpt = fine_tune(model, cfg, vocoder_ckpt, out, args.again, not args.control, args.seed)
     print("[5/5] held-out sentences through the original and the fine-tuned vocoder")
     results = {}

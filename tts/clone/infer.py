@@ -1,9 +1,9 @@
 """Voice-cloning inference: text + a reference clip of any voice → wav, through the NSF vocoder.
 
-    python tts/infer_clone.py --checkpoint runs/tts_clone/best.pt --reference voice.wav \
+    python tts/infer_clone.py --checkpoint runs/tts_clone/checkpoints/best.pt --reference voice.wav \
         --text "Salom, dunyo!" --vocoder runs/vocoder_demo/export --output out.wav
 
-    python tts/infer_clone.py --teacher_forced --checkpoint runs/tts_clone/best.pt \
+    python tts/infer_clone.py --teacher_forced --checkpoint runs/tts_clone/checkpoints/best.pt \
         --data data/tts_prepared/train.jsonl --output data/gta_mels
 
 `--teacher_forced` writes the model's teacher-forced mels of a prepared dataset (one `<wav name>.npy`
@@ -28,7 +28,15 @@ import numpy as np
 import torch
 
 from common import exit_codes
-from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind, saved_config
+from common.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    refuse_other_kind,
+    resolve_checkpoint_arg,
+    run_folder_of,
+    saved_config,
+)
+from common.cli import FlagParser
 from common.errors import UserError
 from common.run_dir import check_apart, check_output_file, refuse_to_replace
 from speech.audio import save_wav
@@ -126,8 +134,8 @@ def stream(model: VoiceCloneTTS, sentences: Sequence[tuple[str, str]], reference
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Text + reference voice clip → wav (voice-cloning TTS + NSF vocoder).")
-    p.add_argument("--checkpoint", required=True, help="checkpoint of tts/train_main.py (e.g. best.pt)")
+    p = FlagParser(description="Text + reference voice clip → wav (voice-cloning TTS + NSF vocoder).")
+    p.add_argument("--checkpoint", "--ckpt", dest="checkpoint", required=True, help="checkpoint of tts/train_main.py, or its run folder (best.pt, else the newest)")
     p.add_argument("--reference", help="a few seconds of the target voice (wav/flac/ogg/mp3)")
     p.add_argument("--text", help="text to speak (Uzbek, Latin or Cyrillic)")
     p.add_argument("--vocoder", default=None, help="exported vocoder folder or checkpoint "
@@ -142,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--length-scale", type=float, default=1.0, help=">1 speaks slower, <1 faster")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args(argv)
+    args.checkpoint = str(resolve_checkpoint_arg(args.checkpoint))  # a run folder: its best.pt, else the newest
     # each mode's flags only: one the mode never reads would be accepted and change nothing
     other = ([f for f, v in (("--reference", args.reference), ("--text", args.text), ("--vocoder", args.vocoder),
                              ("--length-scale", args.length_scale != 1.0)) if v]
@@ -200,7 +209,7 @@ def main_teacher_forced(p: argparse.ArgumentParser, args: argparse.Namespace) ->
         model, cfg = load_clone_model(args.checkpoint, args.device)
         check_output_dir(args.output, "--output")
         write_teacher_forced_mels(model, cfg, args.data, args.output,
-                                  feature_cache_root(cfg, Path(args.checkpoint).parent), args.overwrite)
+                                  feature_cache_root(cfg, run_folder_of(Path(args.checkpoint))), args.overwrite)
         return 0
 
     return exit_codes.run_main(body)

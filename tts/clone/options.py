@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from common.best_by import BEST_BY_HELP
+from common.best_by import best_by_help
+from common.cli import FlagParser
 from common.config import add_config_args, config_sources, explicit_keys, load_config, mark_explicit
 from common.errors import UserError
 from common.log import LOGGER_HELP
@@ -38,7 +39,7 @@ from common.precision import PRECISIONS as PRECISION_NAMES
 from common.precision import Precision
 from common.presets import add_preset_arg, apply_settings, get_key
 from common.run_dir import add_run_args
-from tts.clone.config import SIZES, CloneConfig
+from tts.clone.config import SIZES, VALIDATES, CloneConfig
 from tts.clone.presets import FAST_CONVERGENCE, cap_gpu_memory, fast_convergence_schedule
 
 AGGRESSIVE_LR_FACTOR = 2.0      # --aggressive-lr: base LR × 2 ...
@@ -66,7 +67,7 @@ FLAGS: dict[str, tuple[str, dict]] = {
     "--precision": ("train.precision", dict(choices=PRECISIONS,
                                             help="default auto (bf16-mixed on a bf16 GPU, else 32-true)")),
     "--logger": ("train.logger", dict(metavar="NAMES", help=LOGGER_HELP)),
-    "--best_by": ("train.best_by", dict(metavar="METRIC", help=BEST_BY_HELP)),
+    "--best_by": ("train.best_by", dict(metavar="METRIC", help=best_by_help(VALIDATES, CloneConfig().train.best_by))),
 }
 RUN_DIR_FLAG = "--checkpoint-dir"  # common.run_dir's --run_dir, under the guide's name
 KEY_FLAGS = {key: flag for flag, (key, _) in FLAGS.items()} | {"train.checkpoint_dir": RUN_DIR_FLAG}
@@ -78,7 +79,7 @@ class UsageError(UserError, ValueError):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Train the voice-cloning TTS model (see tts/CLONE.md).")
+    p = FlagParser(description="Train the voice-cloning TTS model (see tts/CLONE.md).")
     for flag, (_, kwargs) in FLAGS.items():
         p.add_argument(flag, **kwargs)
     p.add_argument("--aggressive-lr", action="store_true",
@@ -90,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "steps, log every 50")
     add_run_args(p, run_aliases=(RUN_DIR_FLAG,), run_dest="checkpoint_dir",
                  run_help="run folder: checkpoints, TensorBoard logs, config.yaml (alias --checkpoint-dir)")
-    add_config_args(p)
+    add_config_args(p, set_example="train.batch_size=16")
     add_preset_arg(p)
     return p
 

@@ -7,7 +7,7 @@ mel, so every output frame is the model's mel for the same instant of the record
 the utterance: a crop of another utterance of the same speaker (`CloneDataset`, a fixed draw per
 utterance, so running twice writes the same files).
 
-    python tts/infer_clone.py --teacher_forced --checkpoint runs/tts_clone/best.pt \
+    python tts/infer_clone.py --teacher_forced --checkpoint runs/tts_clone/checkpoints/best.pt \
         --data data/tts_prepared/train.jsonl --output data/gta_mels
 """
 

@@ -32,6 +32,7 @@ import torch
 from common import exit_codes, loop
 from common.best_by import BestCheckpoints
 from common.checkpoint import (
+    BEST_DIR,
     CheckpointError,
     RunCheckpoints,
     load_checkpoint,
@@ -39,7 +40,7 @@ from common.checkpoint import (
     refuse_other_kind,
     resolve_resume,
 )
-from common.config import save_config
+from common.config import print_config_if_asked, save_config
 from common.distributed import all_reduce_mean, cleanup, no_sync, setup_distributed
 from common.guards import DivergenceGuard, NonFiniteError, NonFiniteGuard
 from common.log import Printer, Progress, RunLogger, report_lr_plan
@@ -97,7 +98,8 @@ class CloneTrainer:
         self.precision = Precision(t.precision, device, tf32=t.tf32 and on_cuda,
                                    cudnn_benchmark=t.cudnn_benchmark and on_cuda, compile=t.compile)
         store = BestCheckpoints(self.run_dir, t.best_by, "mel_l1", self.printer, keep_last=t.save_n_checkpoints,
-                                save_best_after=t.save_best_after, prefix="clone")
+                                save_best_after=t.save_best_after, prefix="clone",
+                                best_dir=self.run_dir / BEST_DIR)  # best.pt where every trainer puts it
         resume_path = resolve_resume(resume, self.run_dir, store)
         if resume_path is None:
             self.model.set_stats(*feature_stats(self.data.train_items, cfg.data.stats_items))
@@ -303,6 +305,7 @@ def run(args: argparse.Namespace) -> int:
     """The run the options ask for; failures reach `main` as exceptions (`common.exit_codes.run_main`)."""
     res = resolve_config(args)
     apply_preset(res.cfg, args.preset, CARD_PRESETS)
+    print_config_if_asked(args, res.cfg)
     data = res.cfg.data  # the prepared folders, never moved aside by --overwrite (a jsonl's folder holds its audio)
     folders = [p if p.is_dir() else p.parent for p in (Path(x) for x in (data.train, data.val) if x)]
     prepare_run_dir(res.cfg.train.checkpoint_dir, None, args.resume, args.overwrite, args.init_from,

@@ -12,7 +12,8 @@ import torch
 
 from common.best_by import add_best_by_arg
 from common.checkpoint import load_checkpoint, load_matching, refuse_other_kind
-from common.config import ConfigError, add_config_args, load_config, note_prepare_keys
+from common.cli import FlagParser
+from common.config import ConfigError, add_config_args, load_config, note_prepare_keys, print_config_if_asked
 from common.data import BucketBatchSampler, BucketShapes, make_loader
 from common.log import add_logger_arg
 from common.presets import add_preset_arg, apply_preset
@@ -20,7 +21,7 @@ from common.run_dir import add_run_args, prepare_run_dir
 from common.training import count_parameters
 from speech.audio import MelSpectrogram
 from tts.text.phonemes import Frontend
-from tts.vits.config import DataConfig, TrainConfig
+from tts.vits.config import VALIDATES, DataConfig, TrainConfig
 from tts.vits.data import DataError, VitsDataset, collate, read_speakers
 from tts.vits.discriminator import MultiPeriodDiscriminator
 from tts.vits.model import VITS
@@ -121,7 +122,12 @@ def init_from_own(init_from: str, ckpt: dict | None, generator: torch.nn.Module,
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="Train the Uzbek VITS model.")
+    return build_parser().parse_args(argv)
+
+
+def build_parser() -> FlagParser:
+    """tts/train.py's command line."""
+    p = FlagParser(description="Train the Uzbek VITS model.")
     add_config_args(p, default_config=None)
     p.add_argument("--data_dir", default=None, help="prepared dataset folder (tts/prepare_data.py --output_dir)")
     add_run_args(p, run_help="where checkpoints, TensorBoard logs and samples go (default: runs/<run_name>)")
@@ -133,9 +139,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the speaker of a multi-speaker --init_from voice a single-speaker run keeps (default: "
                         "the mean of its speakers)")
     add_logger_arg(p)
-    add_best_by_arg(p)
+    add_best_by_arg(p, (*VALIDATES, "speaker_sim"), TrainConfig.best_by)
     add_preset_arg(p)
-    return p.parse_args(argv)
+    return p
 
 
 def read_own_init(path: str) -> dict:
@@ -180,6 +186,7 @@ def resolve_run(args: argparse.Namespace) -> tuple[TrainConfig, SourceStart | No
                                                                            "logger": args.logger,
                                                                            "best_by": args.best_by})
     apply_preset(cfg, args.preset, CARD_PRESETS)
+    print_config_if_asked(args, cfg)
     note_prepare_keys(cfg, DataConfig.PREPARE_ONLY, "tts/prepare_data.py")
     source = plan_source_start(cfg, args)
     own = read_own_init(args.init_from) if args.init_from and source is None else None

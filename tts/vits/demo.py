@@ -18,7 +18,6 @@ Idempotent: the corpus and prepared data are reused; a finished run is reported,
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -29,6 +28,7 @@ import torch
 
 from common import exit_codes
 from common.atomic_write import write_text
+from common.cli import FlagParser
 from common.config import load_config
 from common.demo import (
     Figure,
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def demo(argv: list[str] | None) -> int:
     """The demo's steps; `main` runs them through `common.exit_codes.run_main` (a missing espeak-ng: one line, 2)."""
-    p = argparse.ArgumentParser(description="Uzbek VITS CPU demo")
+    p = FlagParser(description="Uzbek VITS CPU demo")
     p.add_argument("--retrain", action="store_true", help="delete runs/tts_demo and train again")
     p.add_argument("--data_only", action="store_true",
                    help="make the corpus and the prepared folder, then stop (make demo starts the cloning demo on it)")

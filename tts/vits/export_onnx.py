@@ -25,7 +25,6 @@ meant for Piper are trained with ``phoneme_type: espeak``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -38,7 +37,8 @@ from torch import nn
 
 from common import exit_codes
 from common.atomic_write import atomic_output, write_text
-from common.checkpoint import load_checkpoint
+from common.checkpoint import load_checkpoint, resolve_checkpoint_arg
+from common.cli import FlagParser
 from common.model_card import card_path, checkpoint_facts, write_model_card
 from common.run_dir import check_apart, check_output_file, refuse_to_replace
 from tts.text.phonemes import Frontend
@@ -140,14 +140,15 @@ def check(model: VITS, onnx_path: str | Path, sentences: list[str], add_blank: b
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", required=True)
+    p = FlagParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", "--ckpt", dest="checkpoint", required=True)
     p.add_argument("--out", required=True, help="model.onnx (model.onnx.json is written beside it)")
     p.add_argument("--overwrite", action="store_true", help="replace --out and its .json if it exists")
     p.add_argument("--opset", type=int, default=17)
     p.add_argument("--tolerance", type=float, default=None, help="max |ONNX - PyTorch| sample difference (default 1e-3)")
     p.add_argument("--no_check", action="store_true")
     args = p.parse_args(argv)
+    args.checkpoint = str(resolve_checkpoint_arg(args.checkpoint))  # a run folder: its best.pt, else the newest
     if args.no_check and args.tolerance is not None:  # it only shapes the check
         p.error("--tolerance with --no_check: the check it sets is skipped; drop one")
     args.tolerance = 1e-3 if args.tolerance is None else args.tolerance

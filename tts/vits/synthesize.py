@@ -17,7 +17,6 @@ audio seconds), text processing included. Unknown characters are dropped with a 
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 import warnings
@@ -30,7 +29,14 @@ import torch
 
 from common import exit_codes
 from common.atomic_write import atomic_output
-from common.checkpoint import CheckpointError, load_checkpoint, refuse_other_kind, saved_config
+from common.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    refuse_other_kind,
+    resolve_checkpoint_arg,
+    saved_config,
+)
+from common.cli import FlagParser
 from common.config import ConfigError, load_config
 from common.run_dir import check_apart, check_output_dir, check_output_file, refuse_to_replace
 from speech.audio import to_int16
@@ -147,8 +153,8 @@ def read_text_file(path: str | Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", required=True)
+    p = FlagParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", "--ckpt", dest="checkpoint", required=True)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="text to speak (any length: split into sentences)")
     src.add_argument("--text_file", help="UTF-8 text file; paragraphs are separated by blank lines")
@@ -168,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads)")
     args = p.parse_args(argv)
+    args.checkpoint = str(resolve_checkpoint_arg(args.checkpoint))  # a run folder: its best.pt, else the newest
     if args.threads:
         torch.set_num_threads(args.threads)
     def body() -> int:
