@@ -140,7 +140,7 @@ def section_step_profile(chk: Check, sec: Section) -> None:
             f"; GPU busy {summary['busy_ms_per_step']:.1f} ms, **idle {100 * idle:.1f} %**" if cuda else ""),
         f"- {'kernels' if cuda else 'CPU ops (kernels = ops on the CPU dry run)'} per step: "
         f"**{summary['kernels_per_step']:.0f}**",
-        f"- host syncs per step: " + (f"**{summary['sync_calls_per_step']:g}** sync calls "
+        "- host syncs per step: " + (f"**{summary['sync_calls_per_step']:g}** sync calls "
                                      f"({', '.join(f'{k} {v:g}' for k, v in summary['sync_calls_by_name'].items() if v)}"
                                      f"), {summary['d2h_copies_per_step']:g} device-to-host copies; "
                                      f"set_sync_debug_mode('warn'): {summary['sync_debug_warnings_per_step']} "

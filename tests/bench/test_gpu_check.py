@@ -439,3 +439,30 @@ def test_bad_passes_or_reference_dir_are_refused(tmp_path, argv, capsys):
         gpu_check.main(["--out", str(tmp_path / "r"), "--dry-run", *argv])
     assert e.value.code == 2
     assert ("--passes" if "--passes" in argv else "--reference-dir") in capsys.readouterr().err
+
+
+def test_the_cuda_profile_summary_counts_kernels_idle_time_and_syncs_inside_the_steps():
+    """The CUDA branch of the profile summary on hand-made events (no GPU here): kernels only (copies and
+    the record_function ranges' device twins are not kernels), the union of device intervals as busy time,
+    host syncs counted inside the step ranges only."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from bench.gpu.profiling import STEP_RANGE, summarize_profile
+
+    def ev(name, start, end, device=DeviceType.CUDA, annotation=False):
+        span = SimpleNamespace(start=start, end=end, elapsed_us=lambda: end - start)
+        return SimpleNamespace(name=name, device_type=device, time_range=span, is_user_annotation=annotation,
+                               self_cpu_time_total=end - start)
+
+    cpu = DeviceType.CPU
+    events = [ev(STEP_RANGE, 0, 1000, cpu, True), ev(STEP_RANGE, 0, 1000, annotation=True),
+              ev("conv_kernel", 100, 400), ev("conv_kernel", 300, 500), ev("elementwise", 600, 700),
+              ev("Memcpy DtoH (Device -> Pageable)", 800, 810),
+              ev("cudaStreamSynchronize", 500, 800, cpu), ev("cudaDeviceSynchronize", 1500, 1600, cpu)]
+    s = summarize_profile(events, steps=1, wall_s=0.002, cuda=True)
+    assert s["kernels_per_step"] == 3 and [r["name"] for r in s["top"]] == ["conv_kernel", "elementwise"]
+    assert s["top"][0]["self_ms_per_step"] == pytest.approx(0.5) and s["top"][0]["calls_per_step"] == 2
+    assert s["busy_ms_per_step"] == pytest.approx(0.51) and s["gpu_idle_share"] == pytest.approx(1 - 0.51 / 2)
+    assert s["sync_calls_per_step"] == 1 and s["d2h_copies_per_step"] == 1  # the sync after the steps is outside
