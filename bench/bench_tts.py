@@ -119,9 +119,10 @@ def inference_rtf(preset: str, device: torch.device, repeats: int = 2):
     return rtf_pt, rtf_ort, secs
 
 
-def synthetic_corpus(root: Path, n: int, seconds: float = 2.0) -> Path:
+def synthetic_corpus(root: Path, n: int, seconds: float = 2.0, text: str = "bugun havo juda yaxshi edi") -> Path:
     """`n` sine-tone utterances (one text, one speaker, 22.05 kHz) prepared by tts/prepare_data.py into
-    `root/p` (1 held out): a corpus for timing the VITS and cloning loops, not for learning anything."""
+    `root/p` (1 held out): a corpus for timing the VITS and cloning loops, not for learning anything.
+    Longer items need a longer `text`: prepare_data drops items spoken slower than 4 letters a second."""
     import soundfile as sf
 
     from tts.prepare_data import prepare
@@ -132,7 +133,7 @@ def synthetic_corpus(root: Path, n: int, seconds: float = 2.0) -> Path:
     for i in range(n):
         sf.write(root / "a" / f"{i}.wav", (0.3 * np.sin(2 * np.pi * (100 + 5 * (i % 40)) * t)).astype(np.float32),
                  22050)
-        lines.append(f"{i}|bugun havo juda yaxshi edi")
+        lines.append(f"{i}|{text}")
     (root / "m.csv").write_text("\n".join(lines) + "\n")
     cfg = TrainConfig()
     cfg.data.eval_split_size = 1

@@ -4,13 +4,18 @@
     python -m bench.gpu [--out DIR] [--budget-minutes 8] [--compile-minutes 2.5] [--sections a,b]
     python -m bench.gpu --out /tmp/gc --dry-run        # the same run on the CPU, tiny sizes
 
-Seven sections, most valuable first, each with its share of what is left of the budget when it starts:
-1 environment, 2 step tables per trainer (`--passes`: 0 shipped and plain configs, 1 each speed key alone,
-2 compiled rows; key by key across the trainers; fraction of the card's peak FLOP/s; rows where cuDNN
-autotunes in a process of their own), 3 batch size (the finder, steps at its pick, a forced OOM through
-the trainer's own exit path: exit code 4 and the advice), 4 inference speed (vocoder, VITS, tiled VAE
-reconstruction at 2048 px), 5 the VAE's `--profile_memory` table, 6 openvpi/SingingVocoders' own step
-beside ours (only with `--reference-dir` or `.ref/SingingVocoders`), 7 `pytest -m cuda` (tests/cuda). A section stops between measurements when its budget is spent and says what it
+Eleven sections, most valuable first, each with its share of what is left of the budget when it starts:
+1 environment; the questions of "Fast on the card" (`FAST_ON_THE_CARD`): 2 openvpi/SingingVocoders at its
+own defaults beside our fastest shipped vocoder config in audio-seconds per second (only with
+`--reference-dir` or `.ref/SingingVocoders`), 3 a vocoder bf16 step under torch.profiler (top kernels, GPU
+idle share, kernels and host syncs per step), 4 the vocoder's peak memory with its largest allocations'
+stacks (TF32 and IEEE fp32), 5 the alignment search's share of a VITS step at 8-s items, 6 the VAE at
+1024 px with and without channels_last and gradient checkpointing; then 7 step tables per trainer
+(`--passes`: 0 shipped and plain configs, 1 each speed key alone, 2 compiled rows; key by key across the
+trainers; fraction of the card's peak FLOP/s; rows where cuDNN autotunes in a process of their own), 8 batch
+size (the finder, steps at its pick, a forced OOM through the trainer's own exit path: exit code 4 and the
+advice), 9 inference speed (vocoder, VITS, tiled VAE reconstruction at 2048 px), 10 the VAE's
+`--profile_memory` table, 11 `pytest -m cuda` (tests/cuda). A section stops between measurements when its budget is spent and says what it
 skipped; a compiled measurement starts only when the time it needs is left (--compile-minutes caps them
 all); an exception is written to errors.log and the next section runs. report.md and report.json are
 rewritten after every measurement and on SIGINT / SIGTERM (exit 130), so a run stopped at a command's
@@ -22,8 +27,9 @@ own steps, loaders, finder, exit path), marks what a CPU cannot measure as "n/a 
 and simulates the OOM by raising torch.cuda.OutOfMemoryError from the trainer's step.
 tests/bench/test_gpu_check.py runs it in `make test`, so the harness cannot rot while no GPU is lent.
 
-Files, all in bench/gpu/: this one (the run, the report, sections 1, 5, 7), training.py (2, 3), row.py (one row in
-its own process), inference.py (4), reference.py (6), base.py (budgets, the run's state), trainers.py (the four
+Files, all in bench/gpu/: this one (the run, the report, sections 1, 10, 11), reference.py (2), profiling.py (3,
+4), mas_share.py (5), vae_1024.py (6), training.py (7, 8), row.py (one row in its own process), inference.py (9),
+base.py (budgets, the run's state), trainers.py (the four
 trainers: configs, tiny sizes, synthetic data, their real step and loader), peak_flops.py, wheels.txt (what a CUDA
 image lacks); __main__.py makes `python -m bench.gpu` this module's `main`; shell/gpu_check.sh (the interpreter and
 the offline wheels).
@@ -53,9 +59,12 @@ import torch
 
 from bench.gpu.base import Check, OverBudget, Section, Stopped
 from bench.gpu.inference import section_inference
+from bench.gpu.mas_share import section_vits_mas
+from bench.gpu.profiling import section_step_profile, section_vocoder_memory
 from bench.gpu.reference import section_reference
 from bench.gpu.trainers import TRAINERS
 from bench.gpu.training import section_batch_size, section_step_tables
+from bench.gpu.vae_1024 import section_vae_1024
 from common.atomic_write import write_text
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,8 +73,12 @@ REPO = Path(__file__).resolve().parents[2]
 # is left of the run when it starts.
 DEFAULT_BUDGET_MINUTES = 8.0
 DEFAULT_COMPILE_MINUTES = 2.5
-BUDGET_SHARES = {"environment": 0.25, "step_tables": 3.25, "batch_size": 1.5, "inference": 1.0,
-                 "profile_memory": 0.5, "pytest_cuda": 1.5, "reference": 0.75}
+BUDGET_SHARES = {"environment": 0.25, "reference": 1.0, "step_profile": 0.75, "vocoder_memory": 0.75,
+                 "vits_mas": 0.75, "vae_1024": 1.25, "step_tables": 3.25, "batch_size": 1.5, "inference": 1.0,
+                 "profile_memory": 0.5, "pytest_cuda": 1.5}
+# The questions of "Fast on the card" (issue item 6), most valuable first: one call of `--sections` these fits
+# 8 minutes (bench/README.md gives the lent machine's call).
+FAST_ON_THE_CARD = ("environment", "reference", "step_profile", "vocoder_memory", "vits_mas", "vae_1024")
 REFERENCE_DIR = REPO / ".ref" / "SingingVocoders"  # ignored; fetched by hand and carried (bench/README.md)
 MAX_FILES = 8
 
@@ -105,7 +118,7 @@ def section_environment(chk: Check, sec: Section) -> None:
         sec.partial("check_compatibility says NOT ready: read its lines above")
 
 
-# ---------------------------------------------------------------------------------------- 2 pytest -m cuda
+# ---------------------------------------------------------------------------------------- 11 pytest -m cuda
 PYTEST_COUNTS = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)")
 
 
@@ -140,7 +153,7 @@ def section_pytest(chk: Check, sec: Section) -> None:
         sec.partial("no pytest summary line: read pytest_cuda.log")
 
 
-# ---------------------------------------------------------------------------------------- 6 --profile_memory
+# ---------------------------------------------------------------------------------------- 10 --profile_memory
 def section_profile_memory(chk: Check, sec: Section) -> None:
     """`vae/train_vae.py --profile_memory` (vae.memory.profile_memory with the trainer's own step)."""
     from vae.memory import profile_memory
@@ -174,12 +187,16 @@ def section_profile_memory(chk: Check, sec: Section) -> None:
 
 SECTIONS: dict[str, tuple[str, Callable[[Check, Section], None]]] = {
     "environment": ("1. Environment", section_environment),
-    "step_tables": ("2. Training step tables", section_step_tables),
-    "batch_size": ("3. Batch size: finder, steps at its pick, forced OOM", section_batch_size),
-    "inference": ("4. Inference speed", section_inference),
-    "profile_memory": ("5. VAE --profile_memory", section_profile_memory),
-    "reference": ("6. SingingVocoders' step beside ours", section_reference),
-    "pytest_cuda": ("7. pytest -m cuda", section_pytest),
+    "reference": ("2. SingingVocoders at its defaults beside our fastest config (audio s / s)", section_reference),
+    "step_profile": ("3. Vocoder bf16 step under torch.profiler", section_step_profile),
+    "vocoder_memory": ("4. Vocoder peak memory: largest allocations and their stacks", section_vocoder_memory),
+    "vits_mas": ("5. VITS at 8-s items: the alignment search's share of the step", section_vits_mas),
+    "vae_1024": ("6. VAE at 1024 px: channels_last and gradient checkpointing", section_vae_1024),
+    "step_tables": ("7. Training step tables", section_step_tables),
+    "batch_size": ("8. Batch size: finder, steps at its pick, forced OOM", section_batch_size),
+    "inference": ("9. Inference speed", section_inference),
+    "profile_memory": ("10. VAE --profile_memory", section_profile_memory),
+    "pytest_cuda": ("11. pytest -m cuda", section_pytest),
 }
 
 
@@ -311,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--passes", default="0,1,2", help="the step tables' passes: 0 shipped configs and plain, "
                    "1 each speed key alone, 2 compiled (plain runs with 1 or 2: × plain needs it in the same run)")
     p.add_argument("--reference-dir", default=str(REFERENCE_DIR) if REFERENCE_DIR.is_dir() else None,
-                   help="an openvpi/SingingVocoders checkout: section 7 times its step beside ours (default "
+                   help="an openvpi/SingingVocoders checkout: section 2 times its step beside ours (default "
                         ".ref/SingingVocoders when present; without one the section is skipped)")
     p.add_argument("--sections", default="", help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)")
     args = p.parse_args(argv)

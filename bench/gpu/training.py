@@ -1,4 +1,4 @@
-"""`make gpu-check` sections 3 and 4: each trainer's step table (base and RTX 5090 configs, each speed
+"""`make gpu-check` sections 7 and 8: each trainer's step table (base and RTX 5090 configs, each speed
 key alone, fraction of the card's peak FLOP/s) and its batch size (the finder, steps at its pick, a
 forced out-of-memory through the trainer's own exit path). bench/gpu/check.py runs them."""
 
@@ -167,7 +167,7 @@ def _table_markdown(name: str, table: dict[str, dict]) -> list[str]:
             *[f"- peak used: {n}" for n in sorted(notes) if n], ""]
 
 
-# ---------------------------------------------------------------------------------------- 4 batch size
+# ---------------------------------------------------------------------------------------- 8 batch size
 OOM_ADVICE = "Try, in this order"
 
 

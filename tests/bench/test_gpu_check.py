@@ -19,7 +19,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.s
 
 
 # A stand-in for an openvpi/SingingVocoders checkout (the real one is never committed): the names and
-# call signatures section 7 uses, with tiny networks, so the section's own code runs end to end.
+# call signatures the reference section uses, with tiny networks, so the section's own code runs end to end.
 STAND_IN = {
     "models/nsf_HiFigan/models.py": """
 import torch
@@ -189,8 +189,10 @@ def test_an_unknown_section_is_refused_not_skipped(tmp_path, capsys):
 def test_default_fits_one_command_on_the_lent_machine_most_valuable_first(dry_run, monkeypatch):
     """One command there may run 10 minutes; pytest (slowest to say anything new) comes last."""
     assert gpu_check.DEFAULT_BUDGET_MINUTES + 1 <= 9 and gpu_check.DEFAULT_COMPILE_MINUTES < gpu_check.DEFAULT_BUDGET_MINUTES
-    assert list(gpu_check.SECTIONS) == ["environment", "step_tables", "batch_size", "inference", "profile_memory",
-                                        "reference", "pytest_cuda"]
+    assert list(gpu_check.SECTIONS) == ["environment", "reference", "step_profile", "vocoder_memory", "vits_mas",
+                                        "vae_1024", "step_tables", "batch_size", "inference", "profile_memory",
+                                        "pytest_cuda"]
+    assert list(gpu_check.SECTIONS)[:len(gpu_check.FAST_ON_THE_CARD)] == list(gpu_check.FAST_ON_THE_CARD)
     sections = json.loads((dry_run[1] / "report.json").read_text())["sections"]
     # a section that finishes early leaves its time to the ones after it: the last gets more than its share
     share = gpu_check.BUDGET_SHARES["pytest_cuda"] / sum(gpu_check.BUDGET_SHARES.values())
@@ -226,7 +228,8 @@ def test_a_run_stopped_by_a_signal_keeps_its_report(tmp_path):
     from tests.child_env import child_env
 
     out = tmp_path / "stopped"
-    proc = subprocess.Popen([sys.executable, "-m", "bench.gpu", "--dry-run", "--out", str(out)], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "bench.gpu", "--dry-run", "--out", str(out), "--sections",
+                             "environment,step_tables,pytest_cuda"], cwd=REPO,
                             env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         t_end = time.monotonic() + 120
@@ -301,17 +304,96 @@ def test_the_shell_entry_uses_the_torch_it_is_given(tmp_path):
     assert json.loads((tmp_path / "r" / "report.json").read_text())["sections"]["environment"]["status"] == "ok"
 
 
-def test_section_7_times_the_reference_beside_ours_on_the_same_batches(dry_run):
+def test_the_reference_section_gives_the_2x_denominator_in_audio_seconds_per_second(dry_run):
     sec = json.loads((dry_run[1] / "report.json").read_text())["sections"]["reference"]
-    rows = sec["data"]["rows"]
-    fp32 = rows["fp32 (IEEE)"]
-    assert fp32["step_s"]["ours"] > 0 and fp32["step_s"]["SingingVocoders"] > 0
-    assert fp32["theirs_over_ours"] == pytest.approx(fp32["step_s"]["SingingVocoders"] / fp32["step_s"]["ours"])
-    assert fp32["precision"] == "32-true" and fp32["params"].startswith("generator ")
-    assert rows["TF32"]["skipped"].startswith("n/a on CPU")
+    d = sec["data"]
+    ours, theirs = d["rows"]["ours (5090 config as shipped)"], d["rows"]["SingingVocoders (its defaults)"]
+    assert ours["audio_s_per_s"] > 0 and theirs["audio_s_per_s"] > 0 and d["audio_s_per_step"] > 0
+    assert d["ours_over_theirs"] == pytest.approx(ours["audio_s_per_s"] / theirs["audio_s_per_s"])
+    assert d["denominator_audio_s_per_s"] == theirs["audio_s_per_s"] and d["target"] == 2.0
+    assert d["ours"]["config"] == TRAINERS["vocoder"].rtx.name and d["ours"]["precision"] == "16-mixed"
+    assert d["theirs"]["precision"] == "32-true" and d["theirs"]["conv"] == "tf32" and d["theirs"]["matmul"] == "ieee"
+    assert d["theirs"]["cudnn_benchmark"] is False
 
 
-def test_without_a_checkout_section_7_is_skipped_and_says_how_to_get_one(tmp_path):
+def test_their_flags_set_pytorchs_defaults_around_their_step_and_restore_ours():
+    from bench.gpu.reference import their_flags
+
+    saved = (torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision,
+             torch.backends.cudnn.benchmark)
+    try:
+        torch.backends.cudnn.conv.fp32_precision = torch.backends.cuda.matmul.fp32_precision = "tf32"
+        torch.backends.cudnn.benchmark = True
+        with their_flags():
+            assert torch.backends.cudnn.conv.fp32_precision == "tf32"
+            assert torch.backends.cuda.matmul.fp32_precision == "ieee" and not torch.backends.cudnn.benchmark
+        assert torch.backends.cuda.matmul.fp32_precision == "tf32" and torch.backends.cudnn.benchmark
+    finally:
+        (torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision,
+         torch.backends.cudnn.benchmark) = saved
+
+
+def test_step_profile_section_says_cpu_dry_run(dry_run):
+    sec = json.loads((dry_run[1] / "report.json").read_text())["sections"]["step_profile"]
+    d = sec["data"]
+    assert d["what"] == "CPU ops (CPU dry run)" and d["config"].endswith("precision=bf16-mixed")
+    assert d["kernels_per_step"] > 100 and d["wall_ms_per_step"] > 0
+    assert len(d["top"]) == 15 and d["top"][0]["self_ms_per_step"] >= d["top"][-1]["self_ms_per_step"]
+    assert any("convolution" in r["name"] for r in d["top"])
+    assert d["gpu_idle_share"] is None and d["sync_calls_per_step"] is None
+    assert d["sync_debug_warnings_per_step"].startswith("n/a on CPU")
+    md = (dry_run[1] / "report.md").read_text()
+    assert "CPU dry run" in md and "top op by self CPU time (CPU dry run)" in md
+
+
+def test_memory_section_is_na_on_cpu_and_says_the_critic_update_is_one_call(dry_run):
+    d = json.loads((dry_run[1] / "report.json").read_text())["sections"]["vocoder_memory"]["data"]
+    assert d["rows"]["TF32"]["skipped"].startswith("n/a on CPU")
+    fp32 = d["rows"]["IEEE fp32"]
+    assert fp32["skipped"].startswith("n/a on CPU") and fp32["top"] == [] and fp32["peak_above_start_bytes"] == 0
+    assert "no switch for two" in d["critic_update"]
+
+
+def test_peak_allocations_replays_the_trace_to_its_peak():
+    from bench.gpu.profiling import REPO as ROOT
+    from bench.gpu.profiling import _intervals_union_us, peak_allocations
+
+    def frame(path, line, name):
+        return {"filename": str(path), "line": line, "name": name}
+
+    conv = [frame("/site-packages/torch/nn/modules/conv.py", 370, "_conv_forward"),
+            frame(ROOT / "vocoder/discriminators.py", 88, "forward"), frame(ROOT / "bench/gpu/row.py", 1, "x")]
+    mib = 2**20
+    trace = [{"action": "alloc", "addr": 1, "size": 10 * mib, "frames": conv},
+             {"action": "alloc", "addr": 2, "size": 30 * mib, "frames": []},
+             {"action": "free_requested", "addr": 2, "size": 30 * mib},
+             {"action": "free_completed", "addr": 2, "size": 30 * mib},
+             {"action": "alloc", "addr": 3, "size": 5 * mib, "frames": conv}]
+    found = peak_allocations(trace, top=5)
+    assert found["peak_above_start_bytes"] == 40 * mib and found["live_at_peak"] == 2
+    assert [a["mib"] for a in found["top"]] == [30.0, 10.0]
+    assert found["top"][1]["stack"] == "conv.py:370 _conv_forward < discriminators.py:88 forward"
+    assert found["top"][0]["stack"] == "(no Python frame)"
+    assert _intervals_union_us([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17
+
+
+def test_vits_mas_share_runs_at_8_second_items(dry_run):
+    d = json.loads((dry_run[1] / "report.json").read_text())["sections"]["vits_mas"]["data"]
+    assert d["item_seconds"] == 8.0 and d["frames"] >= 8 * 22050 // 256 and d["implementation"] == "maximum_path_numba"
+    assert d["mas_shape"][-1] == d["frames"] and all(ms > 0 for ms in d["mas_ms"])
+    assert 0 < d["mas_share"] < 1 and d["mas_ms_at_median"] / 1e3 < d["median_step_s"]
+
+
+def test_vae_1024_rows_toggle_channels_last_and_checkpointing(dry_run):
+    d = json.loads((dry_run[1] / "report.json").read_text())["sections"]["vae_1024"]["data"]
+    assert d["config"] == "standard_1024.yaml"
+    assert list(d["rows"]) == ["as shipped (channels_last, checkpointing)", "channels_last off", "checkpointing off",
+                               "both off"]
+    for row in d["rows"].values():
+        assert row["step_s"] > 0 and row["images_per_s"] > 0 and row["peak_gib"] is None
+
+
+def test_without_a_checkout_the_reference_section_is_skipped_and_says_how_to_get_one(tmp_path):
     report = gpu_check.run(tmp_path / "r", True, 1.0, ["environment", "reference"], 0.0, reference_dir=None)
     sec = report["sections"]["reference"]
     assert sec["status"] == "skipped" and "--reference-dir" in sec["notes"][0]
@@ -357,3 +439,30 @@ def test_bad_passes_or_reference_dir_are_refused(tmp_path, argv, capsys):
         gpu_check.main(["--out", str(tmp_path / "r"), "--dry-run", *argv])
     assert e.value.code == 2
     assert ("--passes" if "--passes" in argv else "--reference-dir") in capsys.readouterr().err
+
+
+def test_the_cuda_profile_summary_counts_kernels_idle_time_and_syncs_inside_the_steps():
+    """The CUDA branch of the profile summary on hand-made events (no GPU here): kernels only (copies and
+    the record_function ranges' device twins are not kernels), the union of device intervals as busy time,
+    host syncs counted inside the step ranges only."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from bench.gpu.profiling import STEP_RANGE, summarize_profile
+
+    def ev(name, start, end, device=DeviceType.CUDA, annotation=False):
+        span = SimpleNamespace(start=start, end=end, elapsed_us=lambda: end - start)
+        return SimpleNamespace(name=name, device_type=device, time_range=span, is_user_annotation=annotation,
+                               self_cpu_time_total=end - start)
+
+    cpu = DeviceType.CPU
+    events = [ev(STEP_RANGE, 0, 1000, cpu, True), ev(STEP_RANGE, 0, 1000, annotation=True),
+              ev("conv_kernel", 100, 400), ev("conv_kernel", 300, 500), ev("elementwise", 600, 700),
+              ev("Memcpy DtoH (Device -> Pageable)", 800, 810),
+              ev("cudaStreamSynchronize", 500, 800, cpu), ev("cudaDeviceSynchronize", 1500, 1600, cpu)]
+    s = summarize_profile(events, steps=1, wall_s=0.002, cuda=True)
+    assert s["kernels_per_step"] == 3 and [r["name"] for r in s["top"]] == ["conv_kernel", "elementwise"]
+    assert s["top"][0]["self_ms_per_step"] == pytest.approx(0.5) and s["top"][0]["calls_per_step"] == 2
+    assert s["busy_ms_per_step"] == pytest.approx(0.51) and s["gpu_idle_share"] == pytest.approx(1 - 0.51 / 2)
+    assert s["sync_calls_per_step"] == 1 and s["d2h_copies_per_step"] == 1  # the sync after the steps is outside
