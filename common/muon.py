@@ -411,10 +411,10 @@ def step_kept_where(finite: Tensor, tensors: list[Tensor], update: Callable[[], 
 
 
 def fused_adamw_default(parameters: Iterable[Tensor]) -> bool:
-    """`fused_adamw: null` (auto): torch's fused AdamW when every parameter is on CUDA. Why: it takes the
-    skip (`found_inf`) and the fp16 scale itself, with no copy of the state and no host sync; on the CPU
-    the per-tensor path stays (the trainer digests pin its numerics, and it measured faster there:
-    bench/README.md, "Optimizer step")."""
+    """Whether AdamW runs fused by default (`fused=None`): when every parameter is on CUDA. Why: the fused
+    kernel takes the skip (`found_inf`) and the fp16 scale itself, with no copy of the state and no host
+    sync. On the CPU torch's own default (per-tensor) stays: the trainer digests pin its numerics (CPU
+    timings: bench/README.md, "Optimizer step"; a GPU run must confirm fused is the faster there)."""
     params = list(parameters)
     return bool(params) and all(p.is_cuda for p in params)
 
@@ -586,7 +586,8 @@ def build_optimizer(cls_name: str, model: nn.Module, *, key: str = "optimizer_cl
 
     `cls_name`: an alias (AdamW, Adam, MuonAdamW, Muon_AdamW) or `torch.optim.<Name>` / `common.muon.<Name>`
     of a torch.optim.Optimizer subclass (`optimizer_class`; anything else: ConfigError naming `key`, exit 2).
-    `beta1`/`beta2` (the seed configs' spelling) become `betas`.
+    `beta1`/`beta2` (the seed configs' spelling) become `betas`. AdamW/Adam (and MuonAdamW's AdamW half)
+    on CUDA run torch's fused kernel unless `fused`/`foreach` is given (`fused_adamw_default`).
     """
     cls = optimizer_class(cls_name, key)
 
@@ -603,6 +604,9 @@ def build_optimizer(cls_name: str, model: nn.Module, *, key: str = "optimizer_cl
         target = [p for p in model.parameters() if p.requires_grad]
         if not target:
             raise ValueError(f"{cls_name}: the model has no trainable parameters")
+        if cls in (torch.optim.AdamW, torch.optim.Adam) and not {"fused", "foreach"} & set(kwargs) \
+                and fused_adamw_default(target):
+            kwargs["fused"] = True  # skips a non-finite step on the device (fused_adamw_default)
     try:
         return cls(target, **kwargs)
     except TypeError as exc:
