@@ -25,48 +25,118 @@ class NonFiniteError(RuntimeError):
 
 
 class NonFiniteGuard:
+    """Counts the non-finite (skipped) steps of one optimizer and stops a run whose steps stay non-finite.
+
+    Why on the device: deciding a skip and counting it on the host costs every step a host sync (the GPU
+    drains its queue, and CUDA graphs and overlap become impossible). `record(finite)` takes the step's
+    0-d bool tensor and updates device counters with torch ops only: the consecutive count, the total,
+    and the longest streak since the last judgement. The host reads them only when someone asks:
+    `settle()` (at every log point, through `common.loop.health`, and at every save and run end, through
+    `saving_blocked` / `check_run_ended_good`) copies them once, and raises `NonFiniteError` when a
+    streak reached `max_consecutive` since the last judgement. So a streak is judged up to `log_every`
+    steps (or `save_every`, whichever comes first) after it reached the limit, not at that very step, as
+    `DivergenceGuard` judges a step late; the steps in between are skipped too (no weight or optimizer
+    moment changes; the LR schedule counts them, as it counts every skip), and no checkpoint is written
+    meanwhile, because a save reads the counters first. `check` / `check_step` are the immediate host forms (record, then settle).
+    """
+
     def __init__(self, max_consecutive: int = 20) -> None:
         self.max_consecutive = max_consecutive
-        self.consecutive = 0
-        self.skipped_total = 0
+        self._host = (0, 0)  # (consecutive, skipped_total) as last read; the device counters start from it
+        self._counts: torch.Tensor | None = None  # int64 [consecutive, total, longest streak since judged]
 
-    def check(self, finite: bool | torch.Tensor) -> bool:
-        """Records one step; returns whether it was finite. Raises NonFiniteError after
-        `max_consecutive` non-finite steps in a row."""
-        if isinstance(finite, torch.Tensor):
-            finite = bool(torch.isfinite(finite).all())
-        if finite:
-            self.consecutive = 0
-            return True
-        self.consecutive += 1
-        self.skipped_total += 1
-        if self.consecutive >= self.max_consecutive:
+    def _device_counts(self, device: torch.device) -> torch.Tensor:
+        if self._counts is None or self._counts.device != device:
+            consecutive, total = self._read() if self._counts is not None else self._host
+            counts = torch.zeros(3, dtype=torch.long, device=device)
+            for i, value in enumerate((consecutive, total, consecutive)):
+                if value:
+                    counts[i].fill_(value)  # a scalar kernel argument: no host-to-device copy to wait for
+            self._counts = counts
+        return self._counts
+
+    @torch.no_grad()
+    def record(self, finite: torch.Tensor, scaler: torch.amp.GradScaler | None = None) -> None:
+        """Records one step from its 0-d bool `finite`, with device ops only (no host sync). With an
+        enabled fp16 `scaler` whose scale is still above 1, a non-finite step is the scaler backing off
+        (it lowers its scale and retries): counted as skipped, not towards the streak (nor resetting it)."""
+        counts = self._device_counts(finite.device)
+        bad = (~finite).long()
+        counted = bad
+        if scaler is not None and scaler.is_enabled():
+            # compared now, in stream order: scaler.update() changes the scale tensor in place later
+            scale = scaler._get_scale_async()  # None until the scaler's first scale(): then its init_scale
+            backoff = (scale.to(finite.device) > 1.0 if scale is not None
+                       else torch.tensor(scaler.get_scale() > 1.0, device=finite.device))
+            counted = bad * (~backoff).long()
+        consecutive = torch.where(finite, 0, counts[0] + counted)
+        counts.copy_(torch.stack([consecutive, counts[1] + bad, torch.maximum(counts[2], consecutive)]))
+
+    def _read(self) -> tuple[int, int]:
+        """(consecutive, skipped_total) now: one host read of the device counters (a sync)."""
+        if self._counts is not None:
+            consecutive, total, _ = self._counts.tolist()
+            self._host = (consecutive, total)
+        return self._host
+
+    def settle(self) -> bool:
+        """Judges what was recorded since the last judgement (one host sync: at a log point, a save, the
+        end of a run). Raises `NonFiniteError` when a streak reached `max_consecutive`; returns whether
+        the newest step was finite (no streak now)."""
+        if self._counts is not None:
+            consecutive, total, longest = self._counts.tolist()
+            self._host = (consecutive, total)
+        else:
+            (consecutive, total), longest = self._host, self._host[0]
+        if longest >= self.max_consecutive:  # kept: reading again raises again
             raise NonFiniteError(
-                f"{self.consecutive} consecutive steps had non-finite losses/gradients "
-                f"({self.skipped_total} skipped in total); stopping. Likely fixes: a lower learning rate, "
+                f"{longest} consecutive steps had non-finite losses/gradients "
+                f"({total} skipped in total); stopping. Likely fixes: a lower learning rate, "
                 "fp32/bf16 instead of fp16, or gradient clipping."
             )
-        return False
+        if self._counts is not None:
+            self._counts[2].copy_(self._counts[0])  # a new window: the longest streak since this judgement
+        return consecutive == 0
+
+    def check(self, finite: bool | torch.Tensor) -> bool:
+        """Records one step and judges it at once (a host sync): returns whether it was finite; raises
+        NonFiniteError at `max_consecutive` non-finite steps in a row."""
+        return self.check_step(finite)
+
+    def check_step(self, finite: bool | torch.Tensor, scaler: torch.amp.GradScaler | None = None) -> bool:
+        """`record` (with the fp16 scaler's back-off rule) and `settle` at once (a host sync)."""
+        if isinstance(finite, torch.Tensor):
+            finite = torch.isfinite(finite).all()
+        else:
+            device = self._counts.device if self._counts is not None else "cpu"
+            finite = torch.tensor(bool(finite), device=device)
+        self.record(finite, scaler)
+        self.settle()
+        return bool(finite)
+
+    @property
+    def consecutive(self) -> int:
+        """The current streak of counted non-finite steps (reads the device: a sync; never raises)."""
+        return self._read()[0]
+
+    @property
+    def skipped_total(self) -> int:
+        """Every skipped step so far, fp16 back-offs included (reads the device: a sync; never raises)."""
+        return self._read()[1]
 
     @property
     def in_streak(self) -> bool:
-        """True while the newest step(s) were non-finite: the state is not known to be good."""
+        """True while the newest step(s) were non-finite: the state is not known to be good (reads the
+        device counters: a sync, as a save may take; never raises)."""
         return self.consecutive > 0
 
-    def check_step(self, finite: bool, scaler: torch.amp.GradScaler | None = None) -> bool:
-        """Like `check`, but an fp16 loss-scale back-off (the scaler can still lower its scale
-        and retry) is counted as a skip without counting towards divergence."""
-        if not finite and scaler is not None and scaler.is_enabled() and scaler.get_scale() > 1.0:
-            self.skipped_total += 1
-            return False
-        return self.check(finite)
-
     def state_dict(self) -> dict:
-        return {"consecutive": self.consecutive, "skipped_total": self.skipped_total}
+        consecutive, total = self._read()
+        return {"consecutive": consecutive, "skipped_total": total}
 
     def load_state_dict(self, state: dict) -> None:
-        self.consecutive = state["consecutive"]
-        self.skipped_total = state["skipped_total"]
+        self._host = (int(state["consecutive"]), int(state["skipped_total"]))
+        self._counts = None  # made again from these at the next record, on that step's device
 
 
 # Finite divergence: a step whose weight norm or loss is more than GROWTH_FACTOR x the median of the last
@@ -200,10 +270,9 @@ def saving_blocked(*guards: NonFiniteGuard | DivergenceGuard | None) -> bool:
 
 
 def _judged_in_streak(g: NonFiniteGuard | DivergenceGuard) -> bool:
-    """`g.in_streak` as of now: a DivergenceGuard first settles (its one host sync; at `max_consecutive`
-    it raises `NonFiniteError`)."""
-    if isinstance(g, DivergenceGuard):
-        g.settle()
+    """`g.in_streak` as of now: the guard first settles (its one host sync; at `max_consecutive` it
+    raises `NonFiniteError`)."""
+    g.settle()
     return g.in_streak
 
 

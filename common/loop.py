@@ -23,6 +23,11 @@ The cadence, after every optimizer step (the same rule for every trainer; docs/c
 6. An epoch ends when its batches run out or, where `steps_per_epoch` is given, after that many steps
    (without fetching another batch); an epoch that ends on the run's last step counts as ended.
 
+Non-finite steps are counted on the device (`NonFiniteGuard.record`, no host sync per step); the counters
+are read, and a streak of `max_consecutive` judged (`NonFiniteError`, exit 3), at each log point (`health`),
+at each save (`saving_blocked`) and where the run ends (`check_run_ended_good`): up to `log_every` steps
+after the streak reached its limit.
+
 Health scalars, the same names in every trainer (written with the step's own logs at each log point):
 `lr` and `skipped_steps` for a trainer with one optimizer, `lr_<name>` and `skipped_<name>` per optimizer
 for one with several (`lr_generator`, `skipped_discriminator`, ...), `data_wait_fraction` and `samples_per_s`.
@@ -161,6 +166,7 @@ def health(trainer: Trainer, progress: Progress) -> dict[str, float]:
     for name, opt in trainer.optimizers.items():
         out["lr" if one else f"lr_{name}"] = float(opt.param_groups[0]["lr"])
     for name, guard in trainer.guards.items():
+        guard.settle()  # the log point is where the device's skip counters are read and a streak judged
         out["skipped_steps" if one else f"skipped_{name}"] = guard.skipped_total
     out["data_wait_fraction"] = progress.data_wait_fraction
     out["samples_per_s"] = progress.samples_per_second() or 0.0

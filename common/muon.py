@@ -42,7 +42,7 @@ import functools
 import inspect
 import math
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -64,22 +64,31 @@ NS_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 def zeropower_via_newtonschulz(
     g: Tensor, ns_coefficients: Sequence[float], ns_steps: int, eps: float, dtype: torch.dtype = torch.bfloat16
 ) -> Tensor:
-    """Approximately orthogonalise a 2-D matrix (U S V^T -> U S' V^T, S' ~ 1), same ops as torch's."""
-    if g.ndim != 2:
-        raise ValueError(f"Newton–Schulz needs a 2-D matrix, got shape {tuple(g.shape)}")
+    """Approximately orthogonalise a 2-D matrix (U S V^T -> U S' V^T, S' ~ 1), same ops as torch's; or
+    each matrix of a [n, rows, cols] stack at once (`batched_ns`: one bmm per product instead of n
+    small matmuls), each normalised by its own Frobenius norm."""
+    if g.ndim not in (2, 3):
+        raise ValueError(f"Newton–Schulz needs a 2-D matrix (or a 3-D stack of them), got shape {tuple(g.shape)}")
     if dtype == torch.float16:
         raise ValueError("Newton–Schulz must not run in float16 (overflows); use bfloat16 or float32")
     a, b, c = ns_coefficients
     x = g.to(dtype, copy=True)  # a copy: never normalise the caller's momentum buffer in place
-    tall = g.size(0) > g.size(1)
+    tall = g.size(-2) > g.size(-1)
     if tall:
-        x = x.T
-    x.div_(x.norm().clamp(min=eps))  # spectral norm <= Frobenius norm <= 1
-    for _ in range(ns_steps):
-        gram = x @ x.T
-        poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)
-        x = torch.addmm(x, poly, x, beta=a)
-    return x.T if tall else x
+        x = x.mT
+    if x.ndim == 2:
+        x.div_(x.norm().clamp(min=eps))  # spectral norm <= Frobenius norm <= 1
+        for _ in range(ns_steps):
+            gram = x @ x.T
+            poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)
+            x = torch.addmm(x, poly, x, beta=a)
+    else:
+        x.div_(torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True).clamp(min=eps))
+        for _ in range(ns_steps):
+            gram = torch.bmm(x, x.mT)
+            poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+            x = torch.baddbmm(x, poly, x, beta=a)
+    return x.mT if tall else x
 
 
 def adjust_lr(lr: float, adjust_lr_fn: str | None, rows: int, cols: int) -> float:
@@ -112,30 +121,70 @@ def ns_compute_dtype(t: Tensor, ns_dtype: str) -> torch.dtype:
     return dtype
 
 
-def _muon_group_step(state: dict, group: dict) -> None:
-    """One Muon step over a param group (torch.optim.Muon's `_single_tensor_muon`, for N-D weights)."""
+def _muon_group_step(state: dict, group: dict, finite: Tensor | None = None, grad_scale: Tensor | None = None,
+                     batched_ns: bool = False) -> None:
+    """One Muon step over a param group (torch.optim.Muon's `_single_tensor_muon`, for N-D weights).
+
+    `finite` (a 0-d bool tensor; None: always step) decides on the device whether the step counts: a
+    skipped step lerps the momentum towards itself (it stays bitwise as it was, a NaN gradient never
+    reaches it), multiplies the weights by 1 and adds a zero update. With `finite` true the arithmetic
+    is bitwise that of the unmasked step. `grad_scale`: gradients still multiplied by an fp16 loss scale
+    (`GradScaler.step` on an optimizer that unscales by itself). `batched_ns`: Newton–Schulz on a stack
+    of the weights of one shape at once (`zeropower_via_newtonschulz`)."""
     lr = float(group["lr"])
     weight_decay, momentum = group["weight_decay"], group["momentum"]
+    decay: float | Tensor = 1 - lr * weight_decay
+    if finite is not None:
+        decay = torch.where(finite, decay, 1.0)  # fp32 weights: bitwise the scalar multiply (test_muon)
+    ns = (group["ns_coefficients"], group["ns_steps"], group["eps"])
+
+    def apply(p: Tensor, matrix: Tensor, ortho: Tensor) -> None:
+        step_lr = adjust_lr(lr, group["adjust_lr_fn"], matrix.shape[0], matrix.shape[1])
+        p.mul_(decay)
+        ortho = ortho.reshape(p.shape)
+        p.add_(ortho if finite is None else torch.where(finite, ortho, 0.0), alpha=-step_lr)
+
+    work = []  # batched_ns: (weight, its (rows, cols) update, NS dtype)
     for p in group["params"]:
         if p.grad is None:
             continue
         grad = p.grad
         if grad.is_sparse or torch.is_complex(p):
             raise RuntimeError("Muon supports only dense real gradients")
+        if grad_scale is not None:
+            grad = grad / grad_scale.to(grad.device)
         st = state[p]
         if "momentum_buffer" not in st:
             st["momentum_buffer"] = torch.zeros_like(grad, memory_format=torch.preserve_format)
         buf = st["momentum_buffer"]
-        buf.lerp_(grad, 1 - momentum)
+        buf.lerp_(grad if finite is None else torch.where(finite, grad, buf), 1 - momentum)
         update = grad.lerp(buf, momentum) if group["nesterov"] else buf
         matrix = update.reshape(update.shape[0], -1)
-        ortho = zeropower_via_newtonschulz(
-            matrix, group["ns_coefficients"], group["ns_steps"], group["eps"],
-            ns_compute_dtype(matrix, group["ns_dtype"]),
-        )
-        step_lr = adjust_lr(lr, group["adjust_lr_fn"], matrix.shape[0], matrix.shape[1])
-        p.mul_(1 - lr * weight_decay)
-        p.add_(ortho.reshape(p.shape), alpha=-step_lr)
+        dtype = ns_compute_dtype(matrix, group["ns_dtype"])
+        if batched_ns:  # orthogonalised below, with the other weights of its shape
+            work.append((p, matrix, dtype))
+        else:  # one weight at a time: its update tensors live only this long
+            apply(p, matrix, zeropower_via_newtonschulz(matrix, *ns, dtype))
+    orthos = _batched_newton_schulz([(m, d) for _, m, d in work], ns)
+    for (p, matrix, _), ortho in zip(work, orthos):
+        apply(p, matrix, ortho)
+
+
+def _batched_newton_schulz(work: list[tuple[Tensor, torch.dtype]], ns: tuple) -> list[Tensor]:
+    """NS of every (matrix, dtype) in `work`, the matrices of one shape, dtype and device stacked and
+    orthogonalised as one [n, rows, cols] batch; returned in `work`'s order."""
+    out: list[Tensor | None] = [None] * len(work)
+    by_kind: dict[tuple, list[int]] = {}
+    for i, (m, dtype) in enumerate(work):
+        by_kind.setdefault((tuple(m.shape), m.dtype, m.device, dtype), []).append(i)
+    for (_, _, _, dtype), index in by_kind.items():
+        if len(index) == 1:
+            out[index[0]] = zeropower_via_newtonschulz(work[index[0]][0], *ns, dtype)
+            continue
+        stacked = zeropower_via_newtonschulz(torch.stack([work[i][0] for i in index]), *ns, dtype)
+        for j, i in enumerate(index):
+            out[i] = stacked[j]
+    return out  # type: ignore[return-value]
 
 
 def _check_muon_args(lr: float, momentum: float, weight_decay: float, ns_coefficients: Sequence[float],
@@ -161,7 +210,11 @@ class Muon(Optimizer):
 
     Only for hidden >=2-D weights; biases, norms, embeddings, first/last layers belong to AdamW (use
     `MuonAdamW`). `ns_dtype` ("bfloat16" as torch, or "float32") is the extra knob; fp16 is refused.
+    `batched_ns`: Newton–Schulz on all weights of one shape as one batch (`_batched_newton_schulz`).
+    Skips a non-finite step on the device (`skip_inputs`).
     """
+
+    _step_supports_amp_scaling = True  # GradScaler.step hands over found_inf (and grad_scale): no host sync
 
     def __init__(
         self,
@@ -175,8 +228,10 @@ class Muon(Optimizer):
         ns_steps: int = 5,
         adjust_lr_fn: str | None = None,
         ns_dtype: str = "bfloat16",
+        batched_ns: bool = False,
     ) -> None:
         _check_muon_args(lr, momentum, weight_decay, ns_coefficients, ns_steps, adjust_lr_fn, ns_dtype)
+        self.batched_ns = bool(batched_ns)  # an attribute, not a group key: a resume follows this run's config
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                         ns_coefficients=tuple(ns_coefficients), eps=eps, ns_steps=ns_steps,
                         adjust_lr_fn=adjust_lr_fn, ns_dtype=ns_dtype)
@@ -195,8 +250,9 @@ class Muon(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        finite, grad_scale = skip_inputs(self)
         for group in self.param_groups:
-            _muon_group_step(self.state, group)
+            _muon_group_step(self.state, group, finite, grad_scale, self.batched_ns)
         return loss
 
 
@@ -332,13 +388,51 @@ def _scalar_dtype() -> torch.dtype:
     return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
 
 
+def skip_inputs(optimizer: Optimizer) -> tuple[Tensor | None, Tensor | None]:
+    """(finite, grad_scale) for an optimizer with `_step_supports_amp_scaling`: `GradScaler.step` (and
+    `common.training.step_optimizer`) set `found_inf` (a float tensor, nonzero: skip this step) and
+    `grad_scale` (None when the gradients are already unscaled) as attributes for the step's duration."""
+    found_inf = getattr(optimizer, "found_inf", None)
+    return (None if found_inf is None else found_inf == 0), getattr(optimizer, "grad_scale", None)
+
+
+def step_kept_where(finite: Tensor, tensors: list[Tensor], update: Callable[[], None]) -> None:
+    """Runs `update` (which changes `tensors` in place) and keeps its result only where the 0-d bool
+    `finite` is true: copies before, `torch.where` after, so the skip is decided on the device and a
+    finite step is bitwise the plain one (where picks its result unchanged). Costs one copy of the
+    tensors and a pass over them. A tensor on another device than `finite` (torch keeps a non-fused
+    Adam's step counts on the CPU) gets `finite` copied over, which waits for the device: the fused
+    kernels, which skip by themselves, are the sync-free way there."""
+    saved = [t.clone() for t in tensors]
+    update()
+    for t, old in zip(tensors, saved):
+        keep = finite if t.device == finite.device else finite.to(t.device)
+        t.copy_(torch.where(keep, t, old))
+
+
+def fused_adamw_default(parameters: Iterable[Tensor]) -> bool:
+    """Whether AdamW runs fused by default (`fused=None`): when every parameter is on CUDA. Why: the fused
+    kernel takes the skip (`found_inf`) and the fp16 scale itself, with no copy of the state and no host
+    sync. On the CPU torch's own default (per-tensor) stays: the trainer digests pin its numerics (CPU
+    timings: bench/README.md, "Optimizer step"; a GPU run must confirm fused is the faster there)."""
+    params = list(parameters)
+    return bool(params) and all(p.is_cuda for p in params)
+
+
 class MuonAdamW(Optimizer):
     """Muon on hidden >=2-D weights (param_groups[0]) + torch's AdamW on the rest (param_groups[1]).
 
     `lr`, `betas`, `eps`, `weight_decay` are AdamW's; Muon uses `muon_lr` (default `lr`: with
     adjust_lr_fn="match_rms_adamw" Muon reuses AdamW's lr and weight decay, Moonshot's recipe) and
     `muon_weight_decay` (default `weight_decay`). See `split_params` for who goes where.
+
+    A non-finite step is skipped on the device (`skip_inputs`: `found_inf` from `step_optimizer` or
+    `GradScaler.step`), so the step never waits for the host. `fused` (None: on CUDA, `fused_adamw_default`)
+    runs the AdamW half in torch's fused kernel, which takes `found_inf` itself; its numerics are the fused
+    kernel's, not the per-tensor path's (the CPU default, which the digests pin). `batched_ns`: see `Muon`.
     """
+
+    _step_supports_amp_scaling = True  # GradScaler.step hands over found_inf (and grad_scale): no host sync
 
     def __init__(
         self,
@@ -356,6 +450,8 @@ class MuonAdamW(Optimizer):
         exclude: Sequence[str] = (),
         ns_coefficients: tuple[float, float, float] = DEFAULT_NS_COEFFICIENTS,
         ns_dtype: str = "bfloat16",
+        batched_ns: bool = False,
+        fused: bool | None = None,
     ) -> None:
         muon_lr = lr if muon_lr is None else muon_lr
         muon_weight_decay = weight_decay if muon_weight_decay is None else muon_weight_decay
@@ -378,6 +474,9 @@ class MuonAdamW(Optimizer):
                  use_muon=False, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay),
         ]
         super().__init__(groups, dict(lr=lr))
+        # attributes, not group keys: a resume follows this run's config, not the checkpoint's
+        self.batched_ns = bool(batched_ns)
+        self.fused = fused_adamw_default(model.parameters()) if fused is None else bool(fused)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -385,15 +484,17 @@ class MuonAdamW(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        finite, grad_scale = skip_inputs(self)
         for group in self.param_groups:
             if group["use_muon"]:
-                _muon_group_step(self.state, group)
+                _muon_group_step(self.state, group, finite, grad_scale, self.batched_ns)
             else:
-                self._adamw_group_step(group)
+                self._adamw_group_step(group, finite, grad_scale)
         return loss
 
-    def _adamw_group_step(self, group: dict) -> None:
-        """torch.optim.AdamW's step (same state keys, same functional kernel, same foreach default)."""
+    def _adamw_group_step(self, group: dict, finite: Tensor | None = None, grad_scale: Tensor | None = None) -> None:
+        """torch.optim.AdamW's step (same state keys, same functional kernel, same foreach default); a
+        skipped step (`finite` false) leaves weights, moments and step counts bitwise as they were."""
         params, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
         for p in group["params"]:
             if p.grad is None:
@@ -402,9 +503,14 @@ class MuonAdamW(Optimizer):
                 raise RuntimeError("AdamW does not support sparse gradients")
             st = self.state[p]
             if not st:
-                st["step"] = torch.tensor(0.0, dtype=_scalar_dtype())
+                # the fused kernel keeps the step count beside the weight; torch's other paths on the CPU
+                st["step"] = (torch.zeros((), dtype=torch.float32, device=p.device) if self.fused
+                              else torch.tensor(0.0, dtype=_scalar_dtype()))
                 st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            want = p.device if self.fused else torch.device("cpu")
+            if st["step"].device != want:  # a checkpoint of the other kind (once, after a resume)
+                st["step"] = st["step"].to(want, torch.float32 if self.fused else _scalar_dtype())
             params.append(p)
             grads.append(p.grad)
             exp_avgs.append(st["exp_avg"])
@@ -413,12 +519,24 @@ class MuonAdamW(Optimizer):
         if not params:
             return
         beta1, beta2 = group["betas"]
-        functional_adamw(
-            params, grads, exp_avgs, exp_avg_sqs, [], steps,
-            has_complex=any(torch.is_complex(p) for p in params),
-            amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
-            eps=group["eps"], maximize=False,
-        )
+
+        def update(**skip: Any) -> None:
+            functional_adamw(
+                params, grads, exp_avgs, exp_avg_sqs, [], steps, **skip,
+                has_complex=any(torch.is_complex(p) for p in params),
+                amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
+                eps=group["eps"], maximize=False,
+            )
+
+        if self.fused:  # the kernel unscales and skips by itself
+            update(fused=True, grad_scale=grad_scale, found_inf=None if finite is None else (~finite).float())
+            return
+        if grad_scale is not None:
+            torch._foreach_div_(grads, grad_scale.to(grads[0].device))
+        if finite is None:
+            update()
+        else:
+            step_kept_where(finite, [*params, *exp_avgs, *exp_avg_sqs, *steps], update)
 
 
 Muon_AdamW = MuonAdamW
@@ -468,7 +586,8 @@ def build_optimizer(cls_name: str, model: nn.Module, *, key: str = "optimizer_cl
 
     `cls_name`: an alias (AdamW, Adam, MuonAdamW, Muon_AdamW) or `torch.optim.<Name>` / `common.muon.<Name>`
     of a torch.optim.Optimizer subclass (`optimizer_class`; anything else: ConfigError naming `key`, exit 2).
-    `beta1`/`beta2` (the seed configs' spelling) become `betas`.
+    `beta1`/`beta2` (the seed configs' spelling) become `betas`. AdamW/Adam (and MuonAdamW's AdamW half)
+    on CUDA run torch's fused kernel unless `fused`/`foreach` is given (`fused_adamw_default`).
     """
     cls = optimizer_class(cls_name, key)
 
@@ -485,6 +604,9 @@ def build_optimizer(cls_name: str, model: nn.Module, *, key: str = "optimizer_cl
         target = [p for p in model.parameters() if p.requires_grad]
         if not target:
             raise ValueError(f"{cls_name}: the model has no trainable parameters")
+        if cls in (torch.optim.AdamW, torch.optim.Adam) and not {"fused", "foreach"} & set(kwargs) \
+                and fused_adamw_default(target):
+            kwargs["fused"] = True  # skips a non-finite step on the device (fused_adamw_default)
     try:
         return cls(target, **kwargs)
     except TypeError as exc:

@@ -18,6 +18,7 @@ from torch.nn.utils import parametrize
 from common.config import explicit_keys
 from common.distributed import unwrap as _unwrap
 from common.guards import NonFiniteGuard
+from common.muon import step_kept_where
 
 
 class BufferSnapshot:
@@ -157,31 +158,57 @@ def step_optimizer(
     scaler: torch.amp.GradScaler | None = None,
     clip_grad_norm: float | None = None,
     guard: NonFiniteGuard | None = None,
-) -> tuple[torch.Tensor, bool]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Backward (unless `loss` is None: gradients already accumulated), unscale, clip, step.
 
-    Returns (grad norm before clipping, whether the optimizer stepped). A non-finite gradient
-    norm skips the step entirely: gradients are zeroed and no optimizer state is touched. The
-    caller calls `scaler.update()` once per iteration (after all its optimizers).
+    Returns (grad norm before clipping, whether the optimizer stepped: a 0-d bool tensor on the device).
+    A non-finite gradient norm skips the step entirely: no weight, moment or step count changes, and the
+    gradients are zeroed. The skip is decided on the device, never by the host (`step_if_finite`), and
+    `guard.record` counts it there too, so the step makes no host sync (test_training's dispatch check;
+    tests/cuda/test_no_sync.py on a GPU). The caller calls `scaler.update()` once per iteration (after
+    all its optimizers).
     """
     params = [p for p in parameters if p.requires_grad]
     if loss is not None:
         backward(loss, scaler)
     use_scaler = scaler is not None and scaler.is_enabled()
     if use_scaler:
-        scaler.unscale_(optimizer)
+        scaler.unscale_(optimizer)  # records its found_inf for scaler.update(); the norm below covers it
     grads = [p for p in params if p.grad is not None]
     max_norm = float(clip_grad_norm) if clip_grad_norm else float("inf")
     norm = torch.nn.utils.clip_grad_norm_(grads, max_norm) if grads else torch.zeros(())
-    finite = bool(torch.isfinite(norm))  # the step's one host sync
+    finite = torch.isfinite(norm)
     if guard is not None:
-        guard.check_step(finite, scaler)
-    if use_scaler:
-        scaler.step(optimizer)  # skips by itself when unscale_ found inf/NaN
-    elif finite:
-        optimizer.step()
+        guard.record(finite, scaler if use_scaler else None)
+    step_if_finite(optimizer, finite)
     optimizer.zero_grad(set_to_none=True)
     return norm.detach(), finite
+
+
+@torch.no_grad()
+def step_if_finite(optimizer: torch.optim.Optimizer, finite: torch.Tensor) -> None:
+    """`optimizer.step()`, kept only where the 0-d bool `finite` is true, decided on the device.
+
+    An optimizer that skips by itself (`_step_supports_amp_scaling`: torch's fused Adam/AdamW/SGD, our
+    Muon and MuonAdamW) gets `found_inf` as `GradScaler.step` would hand it over (the gradients are
+    already unscaled, so no `grad_scale`). Any other (torch's per-tensor and foreach AdamW) steps and
+    then keeps the old weights and state where `finite` is false (`common.muon.step_kept_where`: bitwise
+    the plain step when finite). Its first step, which creates the state, is decided on the host once:
+    there is no state to keep yet."""
+    if getattr(optimizer, "_step_supports_amp_scaling", False):
+        optimizer.found_inf, optimizer.grad_scale = (~finite).float(), None
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf, optimizer.grad_scale
+        return
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if any(not optimizer.state.get(p) for p in params):
+        if bool(finite):  # the optimizer's first step: one host sync
+            optimizer.step()
+        return
+    state = [v for p in params for v in optimizer.state[p].values() if isinstance(v, torch.Tensor)]
+    step_kept_where(finite, [*params, *state], optimizer.step)
 
 
 Out = TypeVar("Out")

@@ -116,7 +116,10 @@ class VAEStep:
             logvar.grad.copy_(all_reduce_mean(logvar.grad))  # not inside the DDP module: average by hand
         clip = cfg.clip_grad_norm or None
         self.divergence.observe(logs[f"rec_{cfg.rec_loss}"])  # the weights that made this loss, before the update
-        g_norm, stepped = step_optimizer(None, self.g_opt, self.g_params, scaler, clip, self.guard)
+        g_norm, g_finite = step_optimizer(None, self.g_opt, self.g_params, scaler, clip, self.guard)
+        # The VAE's one host sync left per step: whether the critic, the BatchNorm statistics and the EMA
+        # follow this step is still decided here (step_optimizer itself decides and counts on the device).
+        stepped = bool(g_finite)
         logs["grad_norm"] = g_norm
         d_finite = True
         if gan and stepped:  # a skipped generator step skips the whole step
@@ -128,6 +131,7 @@ class VAEStep:
                 for k, v in parts.items():
                     logs[k] = logs.get(k, 0) + v / n
             d_norm, d_finite = step_optimizer(None, self.d_opt, self.disc.parameters(), scaler, clip, self.d_guard)
+            d_finite = bool(d_finite)
             logs["disc_grad_norm"] = d_norm
         if not (stepped and d_finite):
             self.buffers.restore()  # no BatchNorm statistics from a skipped step
