@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from common.guards import NonFiniteError, NonFiniteGuard, saving_blocked
-from common.muon import MuonAdamW, zeropower_via_newtonschulz, DEFAULT_NS_COEFFICIENTS
+from common.muon import DEFAULT_NS_COEFFICIENTS, MuonAdamW, zeropower_via_newtonschulz
 from common.training import step_optimizer
 
 
@@ -135,7 +135,7 @@ def test_muon_masked_step_is_bitwise_the_plain_step():
     twin.load_state_dict(model.state_dict())
     opts = [MuonAdamW(m, lr=1e-2, weight_decay=0.1, nesterov=True) for m in (model, twin)]
     for _ in range(3):
-        for m, opt in zip((model, twin), opts):
+        for m in (model, twin):
             _loss(m).backward()
         opts[0].step()
         opts[0].zero_grad()
