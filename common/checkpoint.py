@@ -392,13 +392,14 @@ def read_best_record(path: Path, log: Callable[[str], object] = print) -> dict:
         "is chosen again from the next validation on")
     return {}
 
+
 def ranking_start(save_best_after: int, phase_start: int) -> int:
     """The first step whose checkpoint may become best.pt: `save_best_after`, but never a checkpoint from before
     the run's last training phase (a GAN recipe's critics switching on at `phase_start`).
 
     Why: a held-out distance such as MR-STFT often rises while the critics teach what it does not measure (pitch,
     sharpness); ranked across the switch, best.pt stays the last generator-only checkpoint, which is not what
-    the recipe trains (the vocoder demo's best.pt was step 1800 of a run whose critics start at 2000). The
+    the recipe trains (a demo's best.pt was step 1800 of a run whose critics start at 2000). The
     checkpoint at step `phase_start` has had no step with the critics yet (the step that sees
     ``step >= phase_start`` is the next one), so the ranking starts one step after it. 0: no later phase."""
     return max(save_best_after, phase_start + 1) if phase_start > 0 else save_best_after

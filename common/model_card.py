@@ -8,8 +8,8 @@ the code's licence. The facts are recorded where they arise and carried with the
   `--data_licence` text (`add_data_licence_flag`) and the LICENSE / COPYING files found at the top of each
   input folder (their first line);
 - each trainer reads it back from the prepared folder (`read_data_source`) and keeps it in its checkpoints'
-  `extra` under `DATA_SOURCE`, the way a published voice's `licence` travels (tts/vits/published);
-- each export writes `write_model_card(...)`: `README.md` inside a folder export (the vocoder's, the VAE's
+  `extra` under `DATA_SOURCE`, the way a published voice's `licence` travels (`extra["licence"]`);
+- each export writes `write_model_card(...)`: `README.md` inside a folder export (a generator folder, a
   diffusers folder), `<file>.README.md` beside a file export (`model.onnx.README.md`, as `model.onnx.json`).
 """
 
@@ -63,7 +63,7 @@ def data_source(inputs: Iterable[str | Path | None], data_licence: str | None = 
 
 def read_data_source(prepared: str | Path | None) -> dict | None:
     """The `data_source` a prepare recorded in the folder `prepared` (a file in it: its folder); None when the
-    folder records none (prepared before this was recorded, or never prepared: the VAE reads plain folders)."""
+    folder records none (prepared before this was recorded, or never prepared: a trainer may read plain folders)."""
     if not prepared:
         return None
     folder = Path(prepared) if Path(prepared).is_dir() else Path(prepared).parent
@@ -84,9 +84,9 @@ def card_path(out: str | Path) -> Path:
 
 
 def held_out_figures(ckpt: dict, ckpt_path: str | Path | None = None) -> list[str]:
-    """The held-out figures a checkpoint records, one line each: the last validation in its `extra` (the
-    vocoder's and cloning's `history`, VITS's `valid`), the VAE's best PSNR, and best.json beside the file
-    (the best value of the metric best.pt is chosen by, and its step)."""
+    """The held-out figures a checkpoint records, one line each: the last validation in its `extra` (the last
+    entry of a `history` list, or a `valid` dict), a recorded `best_psnr`, and best.json beside the file (the
+    best value of the metric best.pt is chosen by, and its step)."""
     extra = ckpt.get("extra", {})
     lines = []
     history = extra.get("history", ckpt.get("counters", {}).get("history"))

@@ -16,6 +16,7 @@ import torch
 
 from common.config import ConfigError, load_config
 from speech.audio import AudioSettings, MelSpectrogram
+from speech.f0 import SPEECH_F0_MAX
 from tts.clone.config import CloneConfig
 from tts.vits.config import TrainConfig
 from vocoder.config import VocoderConfig
@@ -84,4 +85,4 @@ def test_vits_and_clone_read_every_seed_spelling(tmp_path):
                  "mel_fmin: 10, mel_fmax: 7000}\n")
     assert _values(load_config(f, TrainConfig)) == (16000, 512, 512, 128, 64, 10.0, 7000.0)
     clone = load_config(None, CloneConfig, ["audio.hop_size=256", "audio.audio_num_mel_bins=80"])
-    assert (clone.audio.hop_length, clone.audio.n_mels, clone.audio.f0_max) == (256, 80, 800.0)
+    assert (clone.audio.hop_length, clone.audio.n_mels, clone.audio.f0_max) == (256, 80, SPEECH_F0_MAX)

@@ -133,6 +133,7 @@ def test_the_wheel_installs_commands_metadata_and_licence(tmp_path):
              "from common.trainers import trainer_packages; "
              "print(sorted(ep.name for ep in entry_points(group='console_scripts') if ep.dist.name == 'trainers' "
              "and importlib.util.find_spec(ep.module).origin.startswith(sys.argv[1]))); print(trainer_packages())")
-    out = subprocess.run([sys.executable, "-c", probe, str(site)], env={**os.environ, "PYTHONPATH": str(site)},
-                         cwd=tmp_path, capture_output=True, text=True, check=True).stdout.splitlines()
+    env = dict(os.environ)  # the installed copy first (not this checkout), then whatever the environment had
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    out = subprocess.run([sys.executable, "-c", probe, str(site)], env=env, cwd=tmp_path, capture_output=True, text=True, check=True).stdout.splitlines()
     assert out == [str(sorted(PYPROJECT["project"]["scripts"])), str(PYPROJECT["tool"]["trainers"]["packages"])]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from common.workers import file_progress
+from tests.child_env import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 # 6 files, every even-numbered one skipped, and 1 refused before the work: 4 skipped in all
@@ -22,7 +23,7 @@ CHILD = ("from common.workers import file_progress\n"
 
 
 def _child(stderr: int) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     return subprocess.run([sys.executable, "-c", CHILD], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                           stderr=stderr, env=env, cwd=ROOT, timeout=60)
 

@@ -199,7 +199,7 @@ def test_rmvpe_runs_the_given_weights_and_they_are_the_prepared_folders_identity
     with pytest.raises(DatasetError, match=f"pe_ckpt_sha256: data {weights_digest(a)} vs config {weights_digest(b)}"):
         load_manifest(tmp_path / "bin", tiny_config("pe=rmvpe", f"pe_ckpt={b}"))
     args = ["--config", str(DEMO_YAML), "--input", str(tmp_path / "w"), "--output", str(tmp_path / "o")]
-    for sets, words in (([f"pe_ckpt={a}"], "pe_ckpt (f0_extractor_weights) is set but pe is 'parselmouth'"),
+    for sets, words in (([f"pe_ckpt={a}"], "pe_ckpt (f0_extractor_weights) is set but pe is 'pyin'"),
                         (["pe=rmvpe"], "pe_ckpt (f0_extractor_weights): the f0 extractor rmvpe needs its weights"),
                         (["pe=rmvpe", "pe_ckpt=no.onnx"], "pe_ckpt (f0_extractor_weights): rmvpe weights file no.onnx "
                                                           "does not exist")):
@@ -252,7 +252,7 @@ def test_a_module_missing_in_a_worker_process_stops_the_run_too(tmp_path, monkey
     monkeypatch.delitem(sys.modules, "parselmouth", raising=False)
     d = _five_tones(tmp_path / "wavs")
     rc = prepare_main(["--config", str(DEMO_YAML), "--input", str(d), "--output", str(tmp_path / "o"),
-                       "--num_workers", "2"])
+                       "--num_workers", "2", "--set", "pe=parselmouth"])  # the demo's speech recipe tracks with pyin
     err = capsys.readouterr().err
     assert rc == 2, err
     assert "'parselmouth' is not installed" in err and "pip install praat-parselmouth" in err
