@@ -13,7 +13,7 @@ For one trainer: its demo data (made by the demo's own data functions, reused wh
 fixed recipe (the demo config + learning_base.RECIPE), a fixed seed, and ONE stored sequence of batches that
 both settings train on, interleaved step by step in this process (so machine load hits both alike;
 the same RNG seed before each step, so noise draws match too). Prints the held-out metric curve
-(vocoder: MR-STFT distance, its log-magnitude part, mel L1 and MCD-DTW; VITS: MCD-DTW and alignment sharpness of
+(vocoder: MR-STFT distance, its log-magnitude part, mel L1, MCD-DTW, F0 RMSE and V/UV error; VITS: MCD-DTW and alignment sharpness of
 tts/vits/evaluation.py; VAE: PSNR / SSIM, LPIPS when its VGG backbone is cached) and the median step time.
 
 ``--compare KEY=A,B``: ``init=old,new`` compares initialisations (``new`` = the models' deliberate
