@@ -13,7 +13,7 @@ For one trainer: its demo data (made by the demo's own data functions, reused wh
 fixed recipe (the demo config + learning_base.RECIPE), a fixed seed, and ONE stored sequence of batches that
 both settings train on, interleaved step by step in this process (so machine load hits both alike;
 the same RNG seed before each step, so noise draws match too). Prints the held-out metric curve
-(vocoder: MR-STFT distance, its log-magnitude part, mel L1 and MCD-DTW; VITS: MCD-DTW and alignment sharpness of
+(vocoder: MR-STFT distance, its log-magnitude part, mel L1, MCD-DTW, F0 RMSE and V/UV error; VITS: MCD-DTW and alignment sharpness of
 tts/vits/evaluation.py; VAE: PSNR / SSIM, LPIPS when its VGG backbone is cached) and the median step time.
 
 ``--compare KEY=A,B``: ``init=old,new`` compares initialisations (``new`` = the models' deliberate
@@ -88,14 +88,19 @@ EVAL_STFT = ([1024, 2048, 512], [120, 240, 50], [600, 1200, 240])
 @torch.no_grad()
 def vocoder_held_out(generator: torch.nn.Module, tr, limit: int | None, seed: int) -> dict:
     """One function for every vocoder under test (ours or the reference's): whole held-out files
-    of ``tr.valid_set`` through ``generator(mel, f0)`` under a fixed RNG; MR-STFT, log-magnitude
-    L1, mel L1 and MCD-DTW (speech.mcd's measure) against the ground truth."""
+    of ``tr.valid_set`` through ``generator(mel, f0)`` (fp32, no autocast: every setting is judged by
+    the same inference) under a fixed RNG; MR-STFT, log-magnitude L1, mel L1, MCD-DTW (speech.mcd's
+    measure) and the pitch errors of validation (F0 RMSE in cents, V/UV error: speech.pitch_metrics)
+    against the ground truth. F0 RMSE is the mean over the files with a frame voiced in both."""
     from speech.mcd import compare_speech
+    from speech.pitch_metrics import nanmean, pitch_errors
     from vocoder.losses import MultiResolutionSTFTLoss
 
     stft = MultiResolutionSTFTLoss(*EVAL_STFT)
     items = [tr.valid_set[i] for i in range(len(tr.valid_set) if not limit else min(limit, len(tr.valid_set)))]
     sums = dict.fromkeys(("mrstft", "logmag", "mel_l1", "mcd"), 0.0)
+    pitch: dict[str, list[float]] = {"f0_rmse": [], "vuv_error": []}
+    a = tr.cfg.audio
     generator.eval()
     with torch.random.fork_rng():
         torch.manual_seed(seed)
@@ -107,8 +112,12 @@ def vocoder_held_out(generator: torch.nn.Module, tr, limit: int | None, seed: in
             sums["logmag"] += float(mag)
             sums["mel_l1"] += float(torch.nn.functional.l1_loss(tr.input_mel(wav), item["mel"][None]))
             sums["mcd"] += compare_speech("", wav[0].numpy(), real[0].numpy(), tr.input_mel).mcd
+            errors = pitch_errors(wav[0].numpy(), real[0].numpy(), a.sample_rate, a.hop_length, tr.cfg.f0_min,
+                                  tr.cfg.f0_max)
+            for k in pitch:
+                pitch[k].append(errors[k])
     generator.train()
-    return {k: v / len(items) for k, v in sums.items()}
+    return {k: v / len(items) for k, v in sums.items()} | {k: nanmean(v) for k, v in pitch.items()}
 
 
 def vocoder_runners(key: str, values: list[str], args, tmp: Path) -> tuple[list[Runner], list]:

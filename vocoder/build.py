@@ -45,7 +45,7 @@ def build_discriminator(cfg: VocoderConfig) -> Discriminators:
     m = cfg.model_args
     return build_discriminators(cfg.discriminator_names, m.discriminator_periods, m.fast_mpd_strides,
                                 m.fast_mpd_kernel_size, m.fast_mpd_init_channel, m.mrd_fft_sizes,
-                                m.mrd_hop_sizes, m.mrd_win_lengths, m.mrd_channels)
+                                m.mrd_hop_sizes, m.mrd_win_lengths, m.mrd_channels, cfg.mpd_channels_last)
 
 
 def build_data(cfg: VocoderConfig, data_dir: str | Path, world_size: int, device: torch.device) -> tuple:

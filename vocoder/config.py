@@ -288,7 +288,14 @@ class VocoderConfig(CadenceKeys):
     # with; off: IEEE fp32 convs, 2.55x slower for base_hifi_gpu.yaml on an H200 (bench/README.md)
     tf32: bool = True
     cudnn_benchmark: bool = True  # CUDA only; crops have a fixed shape
-    compile: bool = False  # torch.compile the generator and critics (fixed-shape crops)
+    # torch.compile the generator and the critics (fixed-shape crops; Precision.prepare_model). Off: 1.04x on the
+    # CPU in bf16 after ~400 s of compiling, 1.01x in fp32 on an H200 after 123 s (bench/README.md, "Fast-path keys")
+    compile: bool = False
+    # The MPD's 2-D convs (the only 4-D ones besides the MRD's) on channels_last (NHWC) activations
+    # (vocoder/discriminators.py). Same numbers in fp32 (tests/vocoder/test_fast_path.py). Off: slower on the CPU
+    # (0.85x fp32, 0.93x bf16), and a CPU figure cannot decide a GPU default; gpu-check's vocoder "plain +
+    # channels_last" row measures it on a card (bench/README.md, "Fast-path keys of the vocoder").
+    mpd_channels_last: bool = False
 
     # ---- loop, logging, checkpoints (all in steps = one D + one G update)
     max_updates: PositiveInt = 150000
@@ -331,6 +338,9 @@ class VocoderConfig(CadenceKeys):
             raise ValueError(f"audio.win_length (win_size, {a.win_length}) must be <= audio.n_fft (fft_size, {a.n_fft})")
         if self.pc_aug and not self.model_args.mini_nsf:
             raise ValueError("pc_aug needs model_args.mini_nsf: true (the pitch-shift cycle uses the mini-NSF source)")
+        if self.mpd_channels_last and "mpd" not in self.discriminator_names:  # it would change nothing
+            raise ValueError(f"mpd_channels_last: the critics are {self.discriminator_names}, with no mpd; drop the "
+                             "key, or add mpd to model_args.discriminators")
         if self.aug_min > self.aug_max:
             raise ValueError(f"aug_min ({self.aug_min}) must be <= aug_max ({self.aug_max})")
         for name in ("generator_optimizer_args", "discriminator_optimizer_args"):

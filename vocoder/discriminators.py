@@ -32,13 +32,21 @@ DISCRIMINATOR_NAMES = ("mpd", "fast_mpd", "mrd", "msd")
 Output = tuple[list[torch.Tensor], list[list[torch.Tensor]]]
 
 
-def conv_stack(convs: nn.ModuleList, conv_post: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def conv_stack(convs: nn.ModuleList, conv_post: nn.Module, x: torch.Tensor,
+               memory_format: torch.memory_format | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The HiFi-GAN critics' forward: leaky-ReLU convs, then ``conv_post``; returns (flattened
     logits, every layer's output for feature matching). The leaky ReLU runs in place on the conv's
-    output (`vocoder.model.leaky_relu_fresh`): the feature map and the next conv's input are that one tensor."""
+    output (`vocoder.model.leaky_relu_fresh`): the feature map and the next conv's input are that one tensor.
+    ``memory_format`` (channels_last): each conv's output in that layout. Converting the input is not enough:
+    with one input channel a [B, 1, H, W] tensor is contiguous in both layouts and the conv answers in the
+    default one; from the first output on (32 channels) each conv keeps its input's layout, so only the
+    first conversion copies."""
     fmap = []
     for conv in convs:
-        x = leaky_relu_fresh(conv(x))
+        x = conv(x)
+        if memory_format is not None:
+            x = x.contiguous(memory_format=memory_format)
+        x = leaky_relu_fresh(x)
         fmap.append(x)
     x = conv_post(x)
     fmap.append(x)
@@ -50,9 +58,15 @@ class PeriodDiscriminator(nn.Module):
     so each column sees every p-th sample (periodic structure of that period)."""
 
     def __init__(self, period: int, kernel_size: int = 5, stride: int = 3,
-                 channels: tuple[int, ...] = (32, 128, 512, 1024, 1024), use_spectral_norm: bool = False):
+                 channels: tuple[int, ...] = (32, 128, 512, 1024, 1024), use_spectral_norm: bool = False,
+                 channels_last: bool = False):
         super().__init__()
         self.period = period
+        # The 2-D convs' activations in channels_last (NHWC) memory, so they run their NHWC kernels (the
+        # vocoder's key `mpd_channels_last`). Weights stay as they are: weight norm recomputes each weight
+        # per call as a new contiguous tensor whatever the layout of its parameters, and the conv backends
+        # (oneDNN, cuDNN) reorder weights to the input's layout themselves.
+        self.channels_last = channels_last
         norm = spectral_norm if use_spectral_norm else weight_norm
         pad = get_padding(kernel_size)
         chans = (1, *channels)
@@ -68,14 +82,14 @@ class PeriodDiscriminator(nn.Module):
         if t % self.period:
             x = F.pad(x, (0, self.period - t % self.period), mode="reflect")
         x = x.view(b, c, -1, self.period)
-        return conv_stack(self.convs, self.conv_post, x)
+        return conv_stack(self.convs, self.conv_post, x, torch.channels_last if self.channels_last else None)
 
 
 class MultiPeriodDiscriminator(nn.Module):
-    def __init__(self, periods: list[int]):
+    def __init__(self, periods: list[int], channels_last: bool = False):
         super().__init__()
         self.periods = list(periods)
-        self.discriminators = nn.ModuleList(PeriodDiscriminator(p) for p in periods)
+        self.discriminators = nn.ModuleList(PeriodDiscriminator(p, channels_last=channels_last) for p in periods)
 
     def forward(self, y: torch.Tensor) -> Output:
         outs = [d(y) for d in self.discriminators]
@@ -256,7 +270,10 @@ class Discriminators(nn.ModuleDict):
 def build_discriminators(names: list[str], periods: list[int], fast_mpd_strides: list[int],
                          fast_mpd_kernel_size: int, fast_mpd_init_channel: int,
                          mrd_fft_sizes: list[int], mrd_hop_sizes: list[int],
-                         mrd_win_lengths: list[int], mrd_channels: int = 32) -> Discriminators:
+                         mrd_win_lengths: list[int], mrd_channels: int = 32,
+                         mpd_channels_last: bool = False) -> Discriminators:
+    """The critics ``names`` lists, in that order. ``mpd_channels_last``: the MPD's 2-D convs on NHWC
+    activations (`PeriodDiscriminator`'s ``channels_last``)."""
     unknown = [n for n in names if n not in DISCRIMINATOR_NAMES]
     if unknown or not names:
         raise ValueError(f"model_args.discriminators: {unknown or 'empty list'} not valid; "
@@ -264,7 +281,7 @@ def build_discriminators(names: list[str], periods: list[int], fast_mpd_strides:
     parts: dict[str, nn.Module] = {}
     for name in names:
         if name == "mpd":
-            parts[name] = MultiPeriodDiscriminator(periods)
+            parts[name] = MultiPeriodDiscriminator(periods, channels_last=mpd_channels_last)
         elif name == "fast_mpd":
             parts[name] = FastMultiPeriodDiscriminator(periods, fast_mpd_strides, fast_mpd_kernel_size,
                                                        fast_mpd_init_channel)

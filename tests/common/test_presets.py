@@ -28,7 +28,7 @@ CONFIGS = {  # a shipped recipe per trainer: the preset must change it (it sits 
 # each trainer's own table (common/ holds none): the preset line names the trainer as its table does
 PRESETS = {"vocoder": VOCODER_PRESETS, "tts": VITS_PRESETS, "tts_clone": CLONE_PRESETS, "vae": VAE_PRESETS}
 EXPECTED_5090 = {
-    "vocoder": {"batch_size": 32, "num_workers": 12, "crop_mel_frames": 80, "precision": "16-mixed"},
+    "vocoder": {"batch_size": 32, "num_workers": 12, "crop_mel_frames": 80, "precision": "bf16-mixed"},
     "tts": {"batch_size": 96, "num_workers": 8, "model_args.segment_frames": 32, "precision": "bf16-mixed"},
     "tts_clone": {"train.batch_size": 48, "train.num_workers": 12, "data.ref_seconds": 3.0,
                   "train.precision": "bf16-mixed"},
