@@ -529,7 +529,7 @@ class CheckpointManager:
             write_text(self._best_file, json.dumps({"metric": self.best_metric, "step": step, "mode": self.mode}))
             # a line each time, so the log says when the model last improved (and a run that stopped improving shows)
             self.log(f"new best at step {step}: {self.by} {self.best_metric:.4g}"
-                     f"{f' (was {before:.4g})' if before is not None else ''} -> {self.dir / 'best.pt'}")
+                     f"{f' (was {before:.4g})' if before is not None else ''} -> {self.best_dir / BEST_NAME}")
         return path
 
 

@@ -269,3 +269,13 @@ def test_a_rank_above_0_takes_rank_0s_resume_and_a_folder_it_cannot_see_is_refus
     rank0_answer = ("--resume auto: no intact checkpoint in X", None)  # rank 0's refusal is every rank's
     with pytest.raises(CheckpointError, match="no intact checkpoint in X"):
         resolve_resume("auto", tmp_path, CheckpointManager(tmp_path))
+
+
+def test_the_new_best_line_names_the_best_pt_it_wrote(tmp_path):
+    """With `best_dir` (cloning and the VAE keep their step files in the run folder, best.pt in checkpoints/),
+    the line names the file written, not one beside the step checkpoints."""
+    lines = []
+    mgr = CheckpointManager(tmp_path, keep_last=2, best_dir=tmp_path / "checkpoints", log=lines.append)
+    mgr.save({"step": 1}, 1, metric=1.0)
+    assert (tmp_path / "checkpoints" / "best.pt").is_file() and not (tmp_path / "best.pt").exists()
+    assert lines == [f"new best at step 1: metric 1 -> {tmp_path / 'checkpoints' / 'best.pt'}"]
