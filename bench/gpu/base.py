@@ -59,6 +59,19 @@ class Section:
         if time.monotonic() > self.deadline:
             raise OverBudget(f"{what}: skipped, the section's {self.budget_s:.0f} s budget is used up")
 
+    def timed_steps_left(self, i: int, warmup: int, steps: int, what: str) -> int | None:
+        """Before step `i` of `warmup` untimed + `steps` timed ones: None while the budget lasts, else the number of
+        timed steps already done (the loop stops there and reports them; a note says so). Over budget before any
+        timed step: OverBudget, as `check_time`."""
+        try:
+            self.check_time(f"{what} {i}")
+        except OverBudget as e:
+            if i <= warmup:  # no timed step yet: nothing to report
+                raise
+            self.partial(f"{e}: {i - warmup} of {steps} timed steps")
+            return i - warmup
+        return None
+
     def left_s(self) -> float:
         return self.deadline - time.monotonic()
 

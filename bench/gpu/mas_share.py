@@ -14,7 +14,7 @@ from unittest import mock
 
 import torch
 
-from bench.gpu.base import Check, OverBudget, Section
+from bench.gpu.base import Check, Section
 from bench.gpu.trainers import TRAINERS, build, tile_batch
 
 ITEM_SECONDS = 8.0
@@ -72,13 +72,9 @@ def section_vits_mas(chk: Check, sec: Section) -> None:
     step_s, mas_ms = [], []
     with mock.patch.object(vits_model, "maximum_path", timer):
         for i in range(warmup + steps):
-            try:
-                sec.check_time(f"VITS step {i}")
-            except OverBudget as e:
-                if i <= warmup:  # no timed step yet: nothing to report
-                    raise
-                sec.partial(f"{e}: {i - warmup} of {steps} timed steps")
-                steps = i - warmup
+            done = sec.timed_steps_left(i, warmup, steps, "VITS step")
+            if done is not None:
+                steps = done
                 break
             chk.sync()
             t0 = time.perf_counter()

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import torch
 
-from bench.gpu.base import Check, OverBudget, Section, fmt
+from bench.gpu.base import Check, Section, fmt
 from bench.gpu.trainers import TRAINERS, build
 
 # PyTorch's defaults, as SingingVocoders trains (it sets none of these): TF32 convs, IEEE matmuls, no autotuning
@@ -88,13 +88,9 @@ def section_reference(chk: Check, sec: Section) -> None:
     audio_s = 0.0
     sr = ours.trainer.cfg.audio.sample_rate
     for i in range(warmup + steps):
-        try:
-            sec.check_time(f"reference step {i}")
-        except OverBudget as e:
-            if i <= warmup:  # no timed step yet: nothing to report
-                raise
-            sec.partial(f"{e}: {i - warmup} of {steps} timed steps")
-            steps = i - warmup
+        done = sec.timed_steps_left(i, warmup, steps, "reference step")
+        if done is not None:
+            steps = done
             break
         batch = next(it)
         for name, step in sides.items():  # interleaved, the same batch: drift in the card's clocks hits both
