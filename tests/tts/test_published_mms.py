@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
-from transformers import VitsConfig, VitsModel
 
 from common.checkpoint import CheckpointError
 from common.safetensors_io import load_safetensors, save_safetensors
@@ -23,6 +23,9 @@ from tts.vits.losses import discriminator_loss, feature_loss, generator_loss, kl
 from tts.vits.model import VITS
 from tts.vits.published import mms
 from tts.vits.published.mms import map_symbols
+
+if TYPE_CHECKING:  # imported where used: transformers costs every test worker ~2 s at collection, run or not
+    from transformers import VitsConfig, VitsModel
 
 # MMS-like: row 0 is the blank (here also a letter, as in MMS vocabularies), Cyrillic letters, space, hyphen
 VOCAB = ["к", "а", "б", "е", "ш", "щ", "ў", "ю", " ", "-", "ь", "ғ"]
@@ -34,10 +37,14 @@ def _small_config(**over) -> VitsConfig:
                 upsample_kernel_sizes=[8, 4], resblock_kernel_sizes=[3, 5], resblock_dilation_sizes=[[1, 3], [1, 3]],
                 prior_encoder_num_flows=2, prior_encoder_num_wavenet_layers=2, posterior_encoder_num_wavenet_layers=2,
                 duration_predictor_filter_channels=16, sampling_rate=16000)
+    from transformers import VitsConfig
+
     return VitsConfig(**{**base, **over})
 
 
 def _save(folder: Path, config: VitsConfig, seed: int = 0) -> VitsModel:
+    from transformers import VitsModel
+
     torch.manual_seed(seed)
     model = VitsModel(config).eval()
     with torch.no_grad():  # durations of a few frames per token (random weights give any), a nonzero flow
@@ -191,6 +198,8 @@ def test_hub_files_with_torch_old_weight_norm_names_read_the_same(tmp_path):
 def test_recipe_and_mms_shape_agree():
     """MMS-TTS (transformers' VitsConfig defaults are facebook/mms-tts-eng's) is vits_base at 16 kHz, and
     finetune_mms_uzb.yaml prepares data with the audio settings the folder fixes."""
+    from transformers import VitsConfig
+
     from common.config import load_config
     from tts.vits.config import TrainConfig
     from tts.vits.published.mms import shape_from_config

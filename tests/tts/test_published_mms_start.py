@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import VitsConfig, VitsModel
 
 from common.config import load_config
 from common.distributed import setup_distributed
@@ -24,9 +24,14 @@ FAST = ["model=tiny", "batch_size=2", "num_workers=0", "persistent_workers=false
         "save_step=100", "val_check_interval=0", "data.num_buckets=2", "max_minutes=null", "progress_bar=false",
         "model_args.segment_frames=8", "max_steps=1"]
 
+if TYPE_CHECKING:  # imported where used: transformers costs every test worker ~2 s at collection, run or not
+    from transformers import VitsModel
+
 
 def _mms_folder(folder: Path) -> VitsModel:
     """A small MMS-like VitsModel at the test corpus' audio settings (22.05 kHz, n_fft 1024, hop 256)."""
+    from transformers import VitsConfig, VitsModel
+
     config = VitsConfig(vocab_size=len(VOCAB), hidden_size=16, num_hidden_layers=2, ffn_dim=24, flow_size=8,
                         spectrogram_bins=513, upsample_initial_channel=16, upsample_rates=[8, 8, 4],
                         upsample_kernel_sizes=[16, 16, 8], resblock_kernel_sizes=[3], resblock_dilation_sizes=[[1, 3]],

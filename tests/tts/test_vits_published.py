@@ -12,11 +12,10 @@ import pathlib
 import random
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import lightning
 import pytest
 import torch
-from piper.train.vits.lightning import VitsModel
 
 from common.checkpoint import load_checkpoint
 from common.config import load_config
@@ -45,11 +44,17 @@ FAST = ["model=tiny", "batch_size=2", "num_workers=0", "persistent_workers=false
 SAYS = ["s", "a", "l", "o", "m", " ", "d", "u", "n", "ˈ", "ɑ", "ː", "."]  # what both models are given
 CACHED = ["salom", "dunˈɑː", "bugun", "kitob", "ʃoi", "men", "bu", "ʘ"]  # phonemes of TEXTS (no espeak-ng needed)
 
+if TYPE_CHECKING:  # imported where used: piper's Lightning module costs every test worker ~2 s at collection
+    from piper.train.vits.lightning import VitsModel
+
 
 def piper_voice(folder: Path, speakers: dict[str, int] | None = None, seed: int = 0, critics: bool = True) -> Path:
     """A tiny piper VitsModel with random weights, saved by Lightning, and its config.json beside it.
     Without `critics`, the file is re-saved without piper's full-size discriminator (model_d.*: 47 M
     weights that piper's code does not let a small voice shrink), to keep the tests quick."""
+    import lightning
+    from piper.train.vits.lightning import VitsModel
+
     torch.manual_seed(seed)
     n = len(speakers or {}) or 1
     model = VitsModel(num_symbols=len(PHONES), num_speakers=n, sample_rate=22050, hidden_channels=16,
@@ -100,6 +105,8 @@ def variant(ckpt: Path, folder: Path, permute: list[int] | None = None, **config
 
 @functools.cache
 def piper_model(ckpt: Path) -> VitsModel:
+    from piper.train.vits.lightning import VitsModel
+
     return VitsModel.load_from_checkpoint(ckpt, map_location="cpu", weights_only=False, strict=False).eval()
 
 

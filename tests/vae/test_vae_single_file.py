@@ -6,6 +6,7 @@ files: one line naming the file and what to give instead, exit 2, nothing writte
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import sys
@@ -22,7 +23,10 @@ from common.safetensors_io import save_safetensors
 from vae.pretrained import init_weights
 from vae.single_file import ldm_to_ours_key
 
-diffusers = pytest.importorskip("diffusers", reason="diffusers is a test dependency (requirements-test.txt)")
+# diffusers is found at collection and imported by the tests that compare with it: importing it costs every test
+# worker ~1 s whether or not it runs them
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("diffusers") is None,
+                                reason="diffusers is a test dependency (requirements-test.txt)")
 
 CH, CH_MULT, BLOCKS = 32, (1, 2, 2, 2), 1  # four levels (f8) like SD/FLUX, narrow and one block per level
 CHANNELS = [CH * m for m in CH_MULT]
@@ -110,6 +114,8 @@ def write_file(layout: str, folder) -> tuple:
     else:
         save_safetensors(vae, path)
     cfg_dir = folder / f"{layout}_config"
+    import diffusers
+
     diffusers.AutoencoderKL(block_out_channels=CHANNELS, latent_channels=z, layers_per_block=BLOCKS,
                             down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
                             use_quant_conv=quant, use_post_quant_conv=quant).save_config(cfg_dir)
@@ -123,6 +129,8 @@ def run_cfg(z: int, quant: bool) -> tv.VAEConfig:
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_single_file_loads_like_diffusers_from_single_file(tmp_path, layout):
     path, cfg_dir, z, quant, (scale, shift) = write_file(layout, tmp_path)
+    import diffusers
+
     theirs = diffusers.AutoencoderKL.from_single_file(str(path), config=str(cfg_dir), local_files_only=True).eval()
     t = tv.VAEStep(run_cfg(z, quant), torch.device("cpu"))
     lines = init_weights(t.models, t.cfg, path, tmp_path / "run")
