@@ -108,14 +108,19 @@ def test_vocode_shows_spectrograms_and_metrics(browser_page, tmp_path):
     _shot(page, "vocode")
 
 
-def test_reconstruct_shows_the_image_beside_its_reconstruction(browser_page, tmp_path):
-    page = browser_page
+def _reconstruct(page, tmp_path: Path, width: int, height: int) -> None:
+    """Upload a `width` x `height` PNG on the Reconstruct tab and wait for its reconstruction."""
     page.click("nav button[data-tab='reconstruct']")
     image = tmp_path / "picture.png"
-    image.write_bytes(png_bytes(96, 64))
+    image.write_bytes(png_bytes(width, height))
     page.set_input_files("#reconstruct-file", str(image))
     page.click("#reconstruct-go")
     page.wait_for_selector("#reconstruct-result img.recon")
+
+
+def test_reconstruct_shows_the_image_beside_its_reconstruction(browser_page, tmp_path):
+    page = browser_page
+    _reconstruct(page, tmp_path, 96, 64)
     page.wait_for_function("document.querySelector('#reconstruct-result img.recon').naturalWidth === 96")
     assert "PSNR" in page.inner_text("#reconstruct-result")
     _shot(page, "reconstruct")
@@ -182,11 +187,6 @@ def test_another_site_cannot_post_and_the_token_comes_in_the_address(browser_pag
             other.goto(f"{url}/#token=tok-123")
             other.wait_for_selector("body[data-ready='1']")
             assert other.evaluate("location.hash") == "" and other.inner_text("#page-error") == ""
-            other.click("nav button[data-tab='reconstruct']")
-            image = tmp_path / "picture.png"
-            image.write_bytes(png_bytes(32, 32))
-            other.set_input_files("#reconstruct-file", str(image))
-            other.click("#reconstruct-go")
-            other.wait_for_selector("#reconstruct-result img.recon")
+            _reconstruct(other, tmp_path, 32, 32)
     finally:
         other.close()
