@@ -12,6 +12,7 @@ Also the one message for a missing third-party module (`missing_dependency_messa
 from __future__ import annotations
 
 import re
+import stat
 from pathlib import Path
 
 
@@ -20,6 +21,16 @@ class UserError(Exception):
 
     The message is the whole text the user sees (the CLI prints `error: <message>`, serve answers it as
     the 4xx body), so it is worded once, where the problem is found, and never rewritten by a caller."""
+
+
+_FILE_KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+               (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
+
+
+def file_kind(mode: int) -> str:
+    """What a path whose `st_mode` is `mode` is, in a refusal's words ("a folder", "a FIFO (named pipe)", ...), for
+    a path that had to be a regular file (a run's lock, a model file)."""
+    return next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
 
 
 class ConfigError(UserError, ValueError):

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from common.errors import UserError
+from common.errors import UserError, file_kind
 
 TRUST_CODE_ENV = "TRUST_CODE_FILES"  # "1" (or "true"/"yes"): TorchScript and .pt2 files may run their code
 CODE_SUFFIXES = {".pt2": "a torch.export program (.pt2)", ".jit": "a TorchScript module",
@@ -52,8 +52,7 @@ def regular_file(path: str | os.PathLike, what: str) -> Path:
     except OSError as exc:
         raise ModelFileError(f"{what} {p} cannot be read ({exc.strerror or exc})") from None
     if not stat.S_ISREG(mode):
-        kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
-        raise ModelFileError(f"{what} {p} is {kind}; give the weights file itself")
+        raise ModelFileError(f"{what} {p} is {file_kind(mode)}; give the weights file itself")
     return p
 
 

@@ -48,7 +48,7 @@ import sys
 import time
 from pathlib import Path
 
-from common.errors import ConfigError
+from common.errors import ConfigError, file_kind
 
 try:  # POSIX
     import fcntl
@@ -195,13 +195,8 @@ def _read(path: Path, wait_s: float = 2.0) -> dict | None:
         time.sleep(0.1)
 
 
-_KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
-
-
 def _not_regular(path: Path, mode: int) -> LockFileError:
-    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
-    return LockFileError(f"{path} is {kind}, not a lock file this code wrote; the run refuses to open it: remove it "
+    return LockFileError(f"{path} is {file_kind(mode)}, not a lock file this code wrote; the run refuses to open it: remove it "
                          f"(the run makes its own {LOCK_NAME}) and run again")
 
 
