@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from common.errors import ConfigError
-from common.workers import ignore_stop_signals
+from common.workers import end_ignoring_workers_at_exit, ignore_stop_signals
 
 SampleKey = tuple[int, int, int]  # (index, seed, epoch)
 
@@ -219,7 +219,8 @@ def make_loader(
     """A DataLoader with the config's settings applied honestly: prefetch and persistent workers
     only exist with workers, pin_memory only helps with CUDA, and an explicit generator keeps the
     global RNG untouched (a DataLoader without one draws from it at every `iter()`). Its workers
-    leave SIGINT/SIGTERM to the trainer, which saves first (`common.workers`)."""
+    leave SIGINT/SIGTERM to the trainer, which saves first, and are killed when the process ends
+    (`common.workers`)."""
     kwargs: dict[str, Any] = {
         "num_workers": num_workers,
         "pin_memory": bool(pin_memory and torch.cuda.is_available()),
@@ -228,6 +229,7 @@ def make_loader(
     }
     if num_workers > 0:
         kwargs["worker_init_fn"] = ignore_stop_signals
+        end_ignoring_workers_at_exit()
         kwargs["prefetch_factor"] = prefetch_factor
         kwargs["persistent_workers"] = persistent_workers
     if batch_sampler is not None:

@@ -17,7 +17,9 @@ file out of the input).
 
 from __future__ import annotations
 
+import atexit
 import functools
+import multiprocessing
 import os
 import shutil
 import signal
@@ -74,6 +76,28 @@ def ignore_stop_signals(*_: Any) -> None:
     """SIGINT and SIGTERM ignored in this (worker) process: a DataLoader `worker_init_fn`, a pool initializer."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
+
+
+def end_ignoring_workers_at_exit() -> None:
+    """Called where loader workers that ignore SIGTERM are started (`common.data.make_loader`): at the
+    process's exit, its daemonic children (DataLoader workers) are killed. multiprocessing's own exit hook
+    stops them with SIGTERM, which they ignore, then waits for them: a process that still held a loader with
+    persistent workers when it ended (a trainer kept alive by a reference cycle) waited forever."""
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        atexit.register(_kill_daemonic_children)  # runs before multiprocessing's hook (atexit is last in, first out)
+        _exit_hook_registered = True
+
+
+_exit_hook_registered = False
+
+
+def _kill_daemonic_children() -> None:
+    children = [c for c in multiprocessing.active_children() if c.daemon]
+    if children and hasattr(signal, "SIGCHLD"):  # torch's SIGCHLD handler would call each a failed worker
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for child in children:
+        child.kill()
 
 
 def _start_worker(initializer: Callable[[], None] | None) -> None:

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +17,10 @@ import soundfile as sf
 
 from common import workers
 from common.workers import WorkerKilled, process_pool
+from tests.child_env import child_env
 from tests.common.killing_worker import MARK, KillOnMarkedFile
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _slow_square(x: int) -> int:
@@ -110,3 +116,26 @@ def test_vocoder_prepare_with_a_killed_worker_says_so(tmp_path, monkeypatch, cap
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: a worker process was killed (SIGKILL) while preparing ") and "\n" not in err
     assert f"{MARK}.wav" in err and "--num_workers 1 (now 2)" in err
+
+
+HOLDS_A_LOADER = """
+import sys
+from common.data import make_loader
+loader = make_loader(list(range(16)), batch_size=4, num_workers=2, persistent_workers=True)
+for _ in range(2):
+    for batch in loader:
+        pass
+KEEP = loader  # alive at exit, as a trainer in a reference cycle is
+print("trained", flush=True)
+"""
+
+
+def test_a_process_that_ends_holding_a_persistent_loader_exits(tmp_path):
+    """Loader workers ignore SIGTERM (the trainer decides), which multiprocessing's own exit hook sends them
+    before it waits for them: without `end_ignoring_workers_at_exit` this child never ended."""
+    script = tmp_path / "holds.py"
+    script.write_text(HOLDS_A_LOADER)
+    done = subprocess.run([sys.executable, str(script)], cwd=REPO, env=child_env(), capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "trained", done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "killed by signal" not in done.stderr, done.stderr[-2000:]
