@@ -31,6 +31,7 @@ from common import exit_codes
 from common.atomic_write import DiskFullError
 from common.checkpoint import CheckpointManager, load_checkpoint, save_atomic
 from tests.child_env import child_env
+from tests.tts.test_clone_train import TINY_YAML as CLONE_TINY
 from tests.tts.test_vits_train import TINY_YAML as VITS_TINY
 from tests.tts.test_vits_train import _corpus
 from tests.vae.helpers import TINY_CONFIG as VAE_TINY
@@ -91,7 +92,8 @@ TRAINERS = {
         lambda r: r / "checkpoints", "vits_09999999.pt"),
     "clone": Trainer(
         "clone", "tts/train_main.py", _clone_main,
-        lambda d, r, n: ["--train-data", str(d["tts"]), "--checkpoint-dir", str(r), "--model-size", "tiny",
+        lambda d, r, n: ["--config", str(CLONE_TINY), "--train-data", str(d["tts"]), "--checkpoint-dir", str(r),
+                         "--model-size", "tiny",
                          "--batch-size", "2", "--num-workers", "0", "--precision", "32-true", "--scheduler", "constant",
                          *_sets(["train.log_interval=1", f"train.max_updates={n}", "train.val_check_interval=100000",
                                  "train.save_interval=100000", "val.at_start=false", "data.num_buckets=1",

@@ -34,8 +34,9 @@ def _flop_columns(chk: Check, row: dict, flops: dict[str, int] | None) -> None:
         row["fraction_of_peak"], row["peak_note"] = None, "n/a on CPU: no card peak to compare with"
 
 
-def step_rows(spec: TrainerSpec, cuda: bool) -> list[tuple[str, str, list[str] | str]]:
-    """(label, config, overrides or the reason it is not measured) for one trainer's table."""
+def step_rows(spec: TrainerSpec, cuda: bool, dry: bool = False) -> list[tuple[str, str, list[str] | str]]:
+    """(label, config, overrides or the reason it is not measured) for one trainer's table (`dry`: the dry
+    run's, with `spec.dry_options` where a row needs them)."""
     compile_off = [o.replace("=true", "=false") for o in spec.options["torch.compile"]]
     shipped = [] if cuda else compile_off  # a shipped config that compiles is not compiled on the CPU
     rows: list[tuple[str, str, list[str] | str]] = [
@@ -47,7 +48,8 @@ def step_rows(spec: TrainerSpec, cuda: bool) -> list[tuple[str, str, list[str] |
         elif not cuda and label in NA_CPU:
             rows.append((f"plain + {label}", "base", NA_CPU[label]))
         else:
-            rows.append((f"plain + {label}", "base", [*spec.plain, *change]))
+            rows.append((f"plain + {label}", "base", [*spec.plain, *(spec.dry_options.get(label, change) if dry
+                                                                      else change)]))
     return rows
 
 
@@ -83,7 +85,7 @@ def section_step_tables(chk: Check, sec: Section) -> None:
                      f"speed key alone, compiled; within a pass key by key across the trainers. "
                      + ("DRY RUN: the tests' tiny sizes on the CPU; the times say nothing about a GPU." if chk.dry
                         else "Real config sizes."), ""]
-    plan = {name: step_rows(spec, chk.device.type == "cuda") for name, spec in TRAINERS.items()}
+    plan = {name: step_rows(spec, chk.device.type == "cuda", chk.dry) for name, spec in TRAINERS.items()}
     order = run_order(plan, chk.passes)
     tables: dict[str, dict[str, dict]] = {
         name: {label: {"skipped": "not reached" if (name, i) in order else "not selected (--passes)"}

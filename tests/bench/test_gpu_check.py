@@ -417,6 +417,18 @@ def test_passes_run_key_by_key_across_the_trainers_with_plain_beside_them():
     assert not autotunes("plain: base with every speed key off") and not autotunes("plain + TF32")
 
 
+def test_the_vocoder_channels_last_row_measures_base_critics_on_a_gpu_and_the_mpd_alone_in_the_dry_run():
+    from bench.gpu.training import step_rows
+
+    def row(**kw):
+        (change,) = [c for label, _, c in step_rows(TRAINERS["vocoder"], **kw) if label == "plain + channels_last"]
+        return change
+
+    assert row(cuda=True)[-2:] == ["model_args.discriminators=[mpd,msd]", "mpd_channels_last=true"]
+    assert row(cuda=False, dry=True)[-2:] == ["model_args.discriminators=[mpd]", "mpd_channels_last=true"]
+    assert row(cuda=True, dry=True) == row(cuda=False, dry=True)  # what the dry run measures either way
+
+
 def test_a_row_measured_in_its_own_process_is_the_same_row(tmp_path):
     """The GPU path for autotuning rows, on the CPU: the child builds the trainer from the parent's
     synthetic data and hands its row back."""
