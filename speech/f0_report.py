@@ -120,16 +120,30 @@ def summary_json(s: dict) -> dict:
 def save_f0_report(s: dict, folder: str | Path, name: str, key_prefix: str = "", redo: str = "prepare again",
                    extra: dict | None = None, method_key: str = "pe") -> list[str]:
     """A report of its own in `folder`: <name>.txt (the lines), <name>.json (the numbers and `extra`, e.g. what
-    identifies the extractor) and <name>.png (the histogram, when a frame is voiced). Returns the lines."""
+    identifies the extractor) and <name>.png (the histogram, when a frame is voiced). Returns the lines. A
+    report whose three files already say the same is left as it is: each start of a run on a feature cache
+    reports the same f0, and drawing the histogram again took half a second."""
     from common.atomic_write import write_text
 
     folder = Path(folder)
     lines = f0_report_lines(s, key_prefix, redo, method_key)
-    write_text(folder / f"{name}.txt", "\n".join(lines) + "\n")
-    write_text(folder / f"{name}.json", json.dumps({**(extra or {}), **summary_json(s)}, indent=1))
-    if s["voiced_frames"]:
-        save_f0_histogram(s, folder / f"{name}.png")
+    text, numbers = "\n".join(lines) + "\n", json.dumps({**(extra or {}), **summary_json(s)}, indent=1)
+    files = {folder / f"{name}.txt": text, folder / f"{name}.json": numbers}
+    png = folder / f"{name}.png" if s["voiced_frames"] else None
+    if all(_holds(p, t) for p, t in files.items()) and (png is None or png.is_file()):
+        return lines
+    for path, content in files.items():
+        write_text(path, content)
+    if png is not None:
+        save_f0_histogram(s, png)
     return lines
+
+
+def _holds(path: Path, text: str) -> bool:
+    try:
+        return path.read_text(encoding="utf-8") == text
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def save_f0_histogram(s: dict, path: str | Path) -> Path:

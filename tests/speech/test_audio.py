@@ -3,6 +3,7 @@ librosa reference, f0 accuracy and alignment, and espeak-ng demo speech."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import librosa
@@ -282,6 +283,24 @@ def test_the_f0_report_states_the_range_and_flags_a_bound_that_cuts_the_voice(tm
     assert "most in speaker anna: wavs/a.wav (" in f0_report_lines(named)[1] and "bob" not in f0_report_lines(named)[1]
     silent = f0_summary([(np.zeros(n, np.float32), np.zeros(n, bool))], 65.0, 1100.0, "crepe")
     assert silent["voiced_fraction"] == 0 and "no voiced frame" in f0_report_lines(silent)[0]
+
+
+def test_an_unchanged_f0_report_is_not_drawn_again_and_a_changed_one_is(tmp_path):
+    from speech.f0_report import f0_summary, save_f0_report
+
+    x = sine(220, 0.5, SR)
+    track = extract_f0(x, SR, HOP, len(x) // HOP, 65.0, 1100.0)
+    files = [tmp_path / f"r.{ext}" for ext in ("txt", "json", "png")]
+    lines = save_f0_report(f0_summary([track], 65.0, 1100.0, "parselmouth"), tmp_path, "r")
+    first = [p.stat().st_mtime_ns for p in files]
+    assert save_f0_report(f0_summary([track], 65.0, 1100.0, "parselmouth"), tmp_path, "r") == lines
+    assert [p.stat().st_mtime_ns for p in files] == first  # the same report: nothing written
+    files[2].unlink()  # a missing histogram is drawn again
+    save_f0_report(f0_summary([track], 65.0, 1100.0, "parselmouth"), tmp_path, "r")
+    assert files[2].is_file()
+    s = f0_summary([track], 65.0, 225.0, "parselmouth")  # another range: another report
+    assert save_f0_report(s, tmp_path, "r") != lines and "f0_max=225" in files[0].read_text()
+    assert json.loads(files[1].read_text())["f0_max"] == 225.0
 
 
 def test_the_f0_report_names_a_file_whose_frames_jump_an_octave_off_its_median():
