@@ -36,7 +36,7 @@ from tests.tts.test_vits_train import TINY_YAML as VITS_TINY
 from tests.tts.test_vits_train import _corpus
 from tests.vae.helpers import TINY_CONFIG as VAE_TINY
 from tests.vae.helpers import write_images
-from tests.vocoder.conftest import DEMO_YAML, TINY_YAML, tiny_config, write_tones
+from tests.vocoder.conftest import TINY_YAML, tiny_config, write_tones
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -278,7 +278,7 @@ def _prepare_inputs(name: str, data: dict[str, Path], tmp: Path) -> list[str]:
     """Enough input files that a Ctrl-C after the third file leaves some undone, also with two workers
     (a process pool already holds the next few jobs when the signal comes, and those still run)."""
     if name == "vocoder":  # one worker (the vocoder's pool spawns, so it would not be slowed down)
-        return ["--config", str(DEMO_YAML), "--set", "val_num=1", "--input", str(data["vocoder"].parent / "wavs"),
+        return ["--config", str(TINY_YAML), "--set", "val_num=1", "--input", str(data["vocoder"].parent / "wavs"),
                 "--num_workers", "0"]
     if name == "tts":
         raw, audio = data["tts"].parent, tmp / "audio"

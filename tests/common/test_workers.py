@@ -102,14 +102,14 @@ def test_vae_prepare_with_a_killed_worker_says_so(tmp_path, monkeypatch, capsys)
 
 
 def test_vocoder_prepare_with_a_killed_worker_says_so(tmp_path, monkeypatch, capsys):
-    from tests.vocoder.conftest import DEMO_YAML
+    from tests.vocoder.conftest import TINY_YAML
     from vocoder.prepare_data import main
 
     src = tmp_path / "w"
     src.mkdir()
     for i, name in enumerate(["v0", MARK, "v2"]):
         sf.write(src / f"{name}.wav", _tone(0.8, 22050, 150 + 20 * i), 22050)
-    argv = ["--config", str(DEMO_YAML), "--input", str(src), "--output", str(tmp_path / "bin"), "--num_workers", "2",
+    argv = ["--config", str(TINY_YAML), "--input", str(src), "--output", str(tmp_path / "bin"), "--num_workers", "2",
             "--set", "val_num=1"]
     monkeypatch.setattr(workers, "_Tracked", KillOnMarkedFile)  # its workers are spawned: the wrapper is pickled
     assert main(argv) == 2

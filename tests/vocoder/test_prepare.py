@@ -13,7 +13,7 @@ import soundfile as sf
 from vocoder.prepare_data import main as prepare_main
 from vocoder.prepare_data import prepare
 
-from .conftest import DEMO_YAML, tiny_config, voiced_tone
+from .conftest import DEMO_YAML, TINY_YAML, tiny_config, voiced_tone
 
 SR = 22050
 
@@ -55,7 +55,7 @@ BAD = {"silence": "silent", "nan_samples": "non-finite", "zero_length": "empty",
 def test_robustness_set(robustness_set, tmp_path):
     before = _digest(robustness_set)
     out = tmp_path / "bin"
-    rc = prepare_main(["--config", str(DEMO_YAML), "--input", str(robustness_set), "--output", str(out),
+    rc = prepare_main(["--config", str(TINY_YAML), "--input", str(robustness_set), "--output", str(out),
                        "--num_workers", "0", "--set", "val_num=1"])
     assert rc == 0
     manifest = json.loads((out / "manifest.json").read_text())
@@ -89,15 +89,15 @@ def test_nothing_usable_is_a_clear_error(tmp_path, capsys):
     d.mkdir()
     (d / "a.wav").write_text("nope")
     sf.write(d / "b.wav", np.zeros(SR, np.float32), SR)
-    rc = prepare_main(["--config", str(DEMO_YAML), "--input", str(d), "--output", str(tmp_path / "o"),
+    rc = prepare_main(["--config", str(TINY_YAML), "--input", str(d), "--output", str(tmp_path / "o"),
                        "--num_workers", "0"])
     err = capsys.readouterr().err
     assert rc != 0 and "no usable audio" in err and "report.txt" in err
     (tmp_path / "empty").mkdir()
-    rc = prepare_main(["--config", str(DEMO_YAML), "--input", str(tmp_path / "empty"), "--output",
+    rc = prepare_main(["--config", str(TINY_YAML), "--input", str(tmp_path / "empty"), "--output",
                        str(tmp_path / "o2"), "--num_workers", "0"])
     assert rc != 0 and "no audio files" in capsys.readouterr().err
-    rc = prepare_main(["--config", str(DEMO_YAML), "--input", str(tmp_path / "missing"), "--output",
+    rc = prepare_main(["--config", str(TINY_YAML), "--input", str(tmp_path / "missing"), "--output",
                        str(tmp_path / "o3")])
     assert rc != 0 and "not found" in capsys.readouterr().err
 
@@ -164,12 +164,12 @@ def test_a_missing_f0_package_is_one_line_before_any_file(tmp_path, monkeypatch,
     monkeypatch.setitem(sys.modules, "torchfcpe", None)  # `import torchfcpe` raises ModuleNotFoundError
     (tmp_path / "w").mkdir()
     sf.write(tmp_path / "w" / "a.wav", voiced_tone(0.5, SR), SR)
-    rc = prepare_main(["--config", str(DEMO_YAML), "--input", str(tmp_path / "w"), "--output", str(tmp_path / "o"),
+    rc = prepare_main(["--config", str(TINY_YAML), "--input", str(tmp_path / "w"), "--output", str(tmp_path / "o"),
                        "--set", "f0_extractor=fcpe"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "'torchfcpe' is not installed" in err, err
     assert "pip install torchfcpe" in err and not (tmp_path / "o").exists()
-    rc = prepare_main(["--config", str(DEMO_YAML), "--input", str(tmp_path / "w"), "--output", str(tmp_path / "o"),
+    rc = prepare_main(["--config", str(TINY_YAML), "--input", str(tmp_path / "w"), "--output", str(tmp_path / "o"),
                        "--set", "pe=swipe"])
     err = capsys.readouterr().err
     assert rc == 2 and "unknown f0 extractor 'swipe'; valid: parselmouth, pyin, harvest, crepe, fcpe, rmvpe" in err
@@ -232,7 +232,7 @@ def test_a_missing_module_stops_the_run_instead_of_calling_every_file_bad(tmp_pa
 
     monkeypatch.setattr(speech.f0, "extract_f0", no_parselmouth)
     d = _five_tones(tmp_path / "wavs")
-    rc = prepare_main(["--config", str(DEMO_YAML), "--input", str(d), "--output", str(tmp_path / "o"),
+    rc = prepare_main(["--config", str(TINY_YAML), "--input", str(d), "--output", str(tmp_path / "o"),
                        "--num_workers", "0"])
     err = capsys.readouterr().err
     assert rc == 2, err
@@ -251,7 +251,7 @@ def test_a_module_missing_in_a_worker_process_stops_the_run_too(tmp_path, monkey
     monkeypatch.syspath_prepend(str(fake))
     monkeypatch.delitem(sys.modules, "parselmouth", raising=False)
     d = _five_tones(tmp_path / "wavs")
-    rc = prepare_main(["--config", str(DEMO_YAML), "--input", str(d), "--output", str(tmp_path / "o"),
+    rc = prepare_main(["--config", str(TINY_YAML), "--input", str(d), "--output", str(tmp_path / "o"),
                        "--num_workers", "2", "--set", "pe=parselmouth"])  # the demo's speech recipe tracks with pyin
     err = capsys.readouterr().err
     assert rc == 2, err
