@@ -56,10 +56,13 @@ class NonFiniteGuard:
         return self._counts
 
     @torch.no_grad()
-    def record(self, finite: torch.Tensor, scaler: torch.amp.GradScaler | None = None) -> None:
+    def record(self, finite: torch.Tensor, scaler: torch.amp.GradScaler | None = None,
+               where: torch.Tensor | None = None) -> None:
         """Records one step from its 0-d bool `finite`, with device ops only (no host sync). With an
         enabled fp16 `scaler` whose scale is still above 1, a non-finite step is the scaler backing off
-        (it lowers its scale and retries): counted as skipped, not towards the streak (nor resetting it)."""
+        (it lowers its scale and retries): counted as skipped, not towards the streak (nor resetting it).
+        `where` (a 0-d bool): the step counts only where it is true (a critic whose step was called off
+        because the generator's was skipped: that skip is not the critic's, and changes nothing here)."""
         counts = self._device_counts(finite.device)
         bad = (~finite).long()
         counted = bad
@@ -70,7 +73,8 @@ class NonFiniteGuard:
                        else torch.tensor(scaler.get_scale() > 1.0, device=finite.device))
             counted = bad * (~backoff).long()
         consecutive = torch.where(finite, 0, counts[0] + counted)
-        counts.copy_(torch.stack([consecutive, counts[1] + bad, torch.maximum(counts[2], consecutive)]))
+        new = torch.stack([consecutive, counts[1] + bad, torch.maximum(counts[2], consecutive)])
+        counts.copy_(new if where is None else torch.where(where.to(counts.device), new, counts))
 
     def _read(self) -> tuple[int, int]:
         """(consecutive, skipped_total) now: one host read of the device counters (a sync)."""

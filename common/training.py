@@ -38,6 +38,12 @@ class BufferSnapshot:
         for buf, saved in zip(self.buffers, self.saved):
             buf.copy_(saved)
 
+    @torch.no_grad()
+    def keep_where(self, kept: torch.Tensor) -> None:
+        """`restore()` where the 0-d bool `kept` is false, decided on the device (no host sync)."""
+        for buf, saved in zip(self.buffers, self.saved):
+            buf.copy_(torch.where(kept.to(buf.device), buf, saved))
+
 
 # Hyper-parameters an optimizer keeps in its param groups (and so in a checkpoint).
 # muon_weight_decay: the weight decay of MuonAdamW's Muon groups only (after weight_decay, which sets all)
@@ -158,6 +164,7 @@ def step_optimizer(
     scaler: torch.amp.GradScaler | None = None,
     clip_grad_norm: float | None = None,
     guard: NonFiniteGuard | None = None,
+    also: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Backward (unless `loss` is None: gradients already accumulated), unscale, clip, step.
 
@@ -166,7 +173,9 @@ def step_optimizer(
     gradients are zeroed. The skip is decided on the device, never by the host (`step_if_finite`), and
     `guard.record` counts it there too, so the step makes no host sync (test_training's dispatch check;
     tests/cuda/test_no_sync.py on a GPU). The caller calls `scaler.update()` once per iteration (after
-    all its optimizers).
+    all its optimizers). `also` (a 0-d bool on the device): step only where it is true too, e.g. a critic
+    whose generator's step was skipped; the guard then records nothing for this step (the skip is not
+    this optimizer's), and the returned flag is false.
     """
     params = [p for p in parameters if p.requires_grad]
     if loss is not None:
@@ -179,10 +188,11 @@ def step_optimizer(
     norm = torch.nn.utils.clip_grad_norm_(grads, max_norm) if grads else torch.zeros(())
     finite = torch.isfinite(norm)
     if guard is not None:
-        guard.record(finite, scaler if use_scaler else None)
-    step_if_finite(optimizer, finite)
+        guard.record(finite, scaler if use_scaler else None, where=also)
+    stepped = finite if also is None else finite & also.to(finite.device)
+    step_if_finite(optimizer, stepped)
     optimizer.zero_grad(set_to_none=True)
-    return norm.detach(), finite
+    return norm.detach(), stepped
 
 
 @torch.no_grad()
@@ -273,16 +283,38 @@ class EMA:
         if not self.shadow:
             raise ValueError(f"EMA: no state-dict entry of the model starts with {self.only}")
         self._model: nn.Module | None = None
+        self._applied: torch.Tensor | None = None  # updates kept on the device since `updates` was read
 
     @torch.no_grad()
-    def update(self, model: nn.Module) -> None:
-        self.num_updates += 1
+    def update(self, model: nn.Module, where: torch.Tensor | None = None) -> None:
+        """One EMA step towards `model`; with `where` (a 0-d bool on the device), kept only where it is true,
+        decided on the device: a trainer whose step was skipped leaves the average as it was, with no host
+        sync (`common.muon.step_kept_where`: bitwise the plain update when true)."""
         current = _unwrap(model).state_dict()
         floats = [k for k, v in self.shadow.items() if current[k].dtype.is_floating_point]
-        torch._foreach_lerp_([self.shadow[k] for k in floats], [current[k].detach().float() for k in floats], 1.0 - self.decay)
-        for k, v in self.shadow.items():
-            if not current[k].dtype.is_floating_point:
-                v.copy_(current[k])
+
+        def step() -> None:
+            torch._foreach_lerp_([self.shadow[k] for k in floats], [current[k].detach().float() for k in floats],
+                                 1.0 - self.decay)
+            for k, v in self.shadow.items():
+                if not current[k].dtype.is_floating_point:
+                    v.copy_(current[k])
+
+        if where is None:
+            self.num_updates += 1
+            step()
+            return
+        step_kept_where(where, list(self.shadow.values()), step)
+        applied = where.to(torch.int64)
+        self._applied = applied if self._applied is None else self._applied + applied
+
+    @property
+    def updates(self) -> int:
+        """How many updates the average holds (reads the device's count of kept ones: at save time only)."""
+        if self._applied is not None:
+            self.num_updates += int(self._applied)
+            self._applied = None
+        return self.num_updates
 
     @torch.no_grad()
     def copy_to(self, model: nn.Module) -> None:
@@ -302,7 +334,7 @@ class EMA:
         return self._model
 
     def state_dict(self) -> dict:
-        return {"decay": self.decay, "num_updates": self.num_updates, "shadow": self.shadow}
+        return {"decay": self.decay, "num_updates": self.updates, "shadow": self.shadow}
 
     def load_state_dict(self, state: dict) -> None:
         """A saved EMA of other entries (a decoder-only run's into a full one, or the reverse) is a
@@ -313,7 +345,7 @@ class EMA:
             raise ValueError(f"the saved EMA holds other entries than this model's EMA ({len(missing)} missing, "
                              f"e.g. {missing[:2]}; {len(extra)} extra, e.g. {extra[:2]})")
         self.decay = state["decay"]
-        self.num_updates = state["num_updates"]
+        self.num_updates, self._applied = state["num_updates"], None
         self.shadow = {k: v.float().clone() for k, v in state["shadow"].items()}
 
 

@@ -94,7 +94,8 @@ class VAEStep:
         cfg, scaler = self.cfg, self.precision.scaler
         n = len(micro_batches)
         gan = self.disc is not None and self.loss.gan_active(global_step)
-        grad_scale = float(scaler.get_scale()) if scaler.is_enabled() else 1.0
+        # the scale as a tensor (GradScaler.scale of a one): get_scale() reads it on the host
+        grad_scale = scaler.scale(torch.ones((), device=self.device)) if scaler.is_enabled() else 1.0
         logs: dict[str, torch.Tensor] = {}
         recs = []
         self.buffers.take()
@@ -116,13 +117,12 @@ class VAEStep:
             logvar.grad.copy_(all_reduce_mean(logvar.grad))  # not inside the DDP module: average by hand
         clip = cfg.clip_grad_norm or None
         self.divergence.observe(logs[f"rec_{cfg.rec_loss}"])  # the weights that made this loss, before the update
-        g_norm, g_finite = step_optimizer(None, self.g_opt, self.g_params, scaler, clip, self.guard)
-        # The VAE's one host sync left per step: whether the critic, the BatchNorm statistics and the EMA
-        # follow this step is still decided here (step_optimizer itself decides and counts on the device).
-        stepped = bool(g_finite)
+        g_norm, stepped = step_optimizer(None, self.g_opt, self.g_params, scaler, clip, self.guard)
         logs["grad_norm"] = g_norm
-        d_finite = True
-        if gan and stepped:  # a skipped generator step skips the whole step
+        # What follows the generator's step is decided on the device, never by the host (no sync in a step):
+        # a skipped generator step skips the critic's step, the BatchNorm statistics and the EMA too.
+        kept = stepped
+        if gan:
             for i, (x, x_rec) in enumerate(recs):
                 with no_sync(self.disc_ddp, i < n - 1):
                     with self.precision.autocast():
@@ -130,16 +130,16 @@ class VAEStep:
                     backward(d_loss / n, scaler)
                 for k, v in parts.items():
                     logs[k] = logs.get(k, 0) + v / n
-            d_norm, d_finite = step_optimizer(None, self.d_opt, self.disc.parameters(), scaler, clip, self.d_guard)
-            d_finite = bool(d_finite)
+            d_norm, d_finite = step_optimizer(None, self.d_opt, self.disc.parameters(), scaler, clip, self.d_guard,
+                                              also=stepped)
             logs["disc_grad_norm"] = d_norm
-        if not (stepped and d_finite):
-            self.buffers.restore()  # no BatchNorm statistics from a skipped step
+            kept = stepped & d_finite
+        self.buffers.keep_where(kept)  # no BatchNorm statistics from a skipped step
         scaler.update()
         step_schedulers(self.schedulers.values())
-        if stepped and self.ema is not None:
-            self.ema.update(self.vae)
-        logs["stepped"] = stepped
+        if self.ema is not None:
+            self.ema.update(self.vae, where=stepped)
+        logs["stepped"] = stepped  # a 0-d bool on the device: read at log time
         return logs
 
 

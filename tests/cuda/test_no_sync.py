@@ -2,8 +2,9 @@
 "Fast on the card, round 1"). Each trainer is built at the tests' tiny size (bench/gpu/trainers.py, as
 the other CUDA tests), trains two steps to create its optimizer state, and then every `step_optimizer`
 call of two more steps runs under `torch.cuda.set_sync_debug_mode("error")`, so a `.item()`, `bool()`
-or blocking copy inside it raises. What the rest of a step still syncs (the VITS/cloning alignment's
-round trip, the VAE's critic and EMA gating) is left to its own items; bench/gpu counts syncs per step."""
+or blocking copy inside it raises. The VAE's whole step (its critic, BatchNorm and EMA gating decided on
+the device too) runs under the same mode below, as tests/vae/test_vae_step_on_device.py checks it on the
+CPU; bench/gpu counts syncs per step of the others."""
 
 from __future__ import annotations
 
@@ -53,3 +54,23 @@ def test_step_optimizer_makes_no_host_sync(trainer, precision, tiny_data, tmp_pa
         st.step(next(batches))
     torch.cuda.synchronize()
     assert calls[0] >= 2, "no optimizer step was checked"
+
+
+@pytest.mark.parametrize("precision", ["32-true", "16-mixed"])
+def test_the_vae_gan_step_makes_no_host_sync(precision):
+    from tests.vae.helpers import tiny_cfg
+    from vae.step import VAEStep
+
+    step = VAEStep(tiny_cfg(disc_start=0, precision=precision), CUDA, total_steps=8)
+    x = torch.rand(2, 3, 32, 32, device=CUDA) * 2 - 1
+    for s in range(2):  # the optimizers' state is made here
+        step.train_step([x], s)
+    for s in (2, 3):
+        step.divergence.settle()  # its one-step-late read of a copy long done (common.guards), outside the check
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            logs = step.train_step([x], s)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert bool(logs["stepped"])
