@@ -300,6 +300,21 @@ def make_state(
     return state
 
 
+# How an optimizer runs (torch's fused or foreach kernels, `fused` keys) is this run's choice, not the checkpoint's
+KERNEL_KEYS = ("fused", "foreach")
+
+
+def this_runs_kernels(optimizer: torch.optim.Optimizer, saved: dict) -> dict:
+    """`saved` (an optimizer's state dict) with each param group's kernel flags set to `optimizer`'s: torch's
+    `load_state_dict` puts the saved groups back whole, so a `fused` key changed on resume changed nothing
+    (and the step counts are placed for the kernel that runs now: on the device for fused)."""
+    groups = saved.get("param_groups") if isinstance(saved, dict) else None
+    if not isinstance(groups, list) or len(groups) != len(optimizer.param_groups):
+        return saved  # load_state_dict says what does not fit
+    return {**saved, "param_groups": [{**g, **{k: now[k] for k in KERNEL_KEYS if k in now}} if isinstance(g, dict)
+                                      else g for g, now in zip(groups, optimizer.param_groups)]}
+
+
 def restore_state(
     ckpt: dict,
     models: dict[str, nn.Module],
@@ -329,8 +344,9 @@ def restore_state(
             if name not in ckpt.get(group, {}):
                 raise CheckpointError(f"cannot resume from {source}: it has no {kind} state for '{name}'; "
                                       "start a new run from its weights with --init_from")
+            saved = ckpt[group][name]
             try:
-                obj.load_state_dict(ckpt[group][name])
+                obj.load_state_dict(this_runs_kernels(obj, saved) if kind == "optimizer" else saved)
             except (RuntimeError, ValueError, KeyError, TypeError) as exc:
                 raise does_not_fit(source, f"its {kind} state for '{name}' does not fit",
                                    str(exc).strip().splitlines()[0][:300], ckpt) from None

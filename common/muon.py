@@ -581,15 +581,26 @@ def optimizer_class(cls_name: Any, key: str = "optimizer_cls") -> type[Optimizer
     raise ConfigError(f"{key}: unknown optimizer class {cls_name!r}; use {accepted_optimizers()}")
 
 
-def build_optimizer(cls_name: str, model: nn.Module, *, key: str = "optimizer_cls", **kwargs: Any) -> Optimizer:
+FUSED_OPTIMIZERS = ("AdamW", "Adam", "MuonAdamW")  # the ones with torch's fused kernel (MuonAdamW: its AdamW half)
+
+
+def build_optimizer(cls_name: str, model: nn.Module, *, key: str = "optimizer_cls", fused: bool | None = None,
+                    fused_key: str = "fused", **kwargs: Any) -> Optimizer:
     """The optimizer a config names (`optimizer_cls` + its args) over `model`'s trainable parameters.
 
     `cls_name`: an alias (AdamW, Adam, MuonAdamW, Muon_AdamW) or `torch.optim.<Name>` / `common.muon.<Name>`
     of a torch.optim.Optimizer subclass (`optimizer_class`; anything else: ConfigError naming `key`, exit 2).
-    `beta1`/`beta2` (the seed configs' spelling) become `betas`. AdamW/Adam (and MuonAdamW's AdamW half)
-    on CUDA run torch's fused kernel unless `fused`/`foreach` is given (`fused_adamw_default`).
+    `beta1`/`beta2` (the seed configs' spelling) become `betas`. `fused` (a trainer's key, named `fused_key` in
+    messages): None = AdamW/Adam (and MuonAdamW's AdamW half) run torch's fused kernel on CUDA and the
+    per-tensor path elsewhere (`fused_adamw_default`); True/False = that kernel or not, on any device; True
+    for an optimizer without one is a ConfigError naming the key.
     """
     cls = optimizer_class(cls_name, key)
+    if fused is not None:
+        if cls not in (torch.optim.AdamW, torch.optim.Adam, MuonAdamW):
+            raise ConfigError(f"{fused_key}={str(bool(fused)).lower()}: {cls_name} has no fused kernel; the key is "
+                              f"for {', '.join(FUSED_OPTIMIZERS)} (remove it, or set {key} to one of them)")
+        kwargs["fused"] = bool(fused)
 
     if "beta1" in kwargs or "beta2" in kwargs:
         if "betas" in kwargs:

@@ -69,15 +69,17 @@ def build_losses(cfg: VocoderConfig, device: torch.device) -> tuple[MelLoss, Mel
     return mel_loss, MelSpectrogram(**cfg.audio.mel_kwargs).to(device), stft
 
 
-def build_optimizer_from_args(args: OptimizerArgs, model: torch.nn.Module) -> torch.optim.Optimizer | None:
-    """The config's optimizer over the model's trainable parameters (None if all are frozen).
-    beta1/beta2 reach AdamW and the AdamW half of Muon_AdamW alike."""
+def build_optimizer_from_args(args: OptimizerArgs, model: torch.nn.Module,
+                              key: str = "generator_optimizer_args") -> torch.optim.Optimizer | None:
+    """The config's optimizer (the config's `key` block) over the model's trainable parameters (None if all
+    are frozen). beta1/beta2 reach AdamW and the AdamW half of Muon_AdamW alike."""
     if not any(p.requires_grad for p in model.parameters()):
         return None
     kwargs = dict(lr=args.lr, beta1=args.beta1, beta2=args.beta2, eps=args.eps, weight_decay=args.weight_decay)
     if args.is_muon and args.muon_weight_decay is not None:
         kwargs["muon_weight_decay"] = args.muon_weight_decay
-    return build_optimizer(args.optimizer_cls, model, **kwargs)
+    return build_optimizer(args.optimizer_cls, model, key=f"{key}.optimizer_cls", fused=args.fused,
+                           fused_key=f"{key}.fused", **kwargs)
 
 
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: VocoderConfig, base_lr: float) -> LambdaLR:

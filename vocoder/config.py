@@ -115,6 +115,7 @@ class OptimizerArgs:
     eps: PositiveFloat = 1e-8
     weight_decay: NonNegativeFloat = 0.0
     muon_weight_decay: NonNegativeFloat | None = None  # Muon_AdamW only; None = weight_decay
+    fused: bool | None = None  # torch's fused AdamW kernel: null = on CUDA only (common.muon.fused_adamw_default), true/false = on any device / never
 
     def __post_init__(self) -> None:
         # The seeds name their own copy of the optimizer; ours lives in common.muon.

@@ -104,7 +104,8 @@ class VocoderTrainer:
         self._critics = self.precision.prepare_model(self.discriminator) if self.info.enabled else self.discriminator_ddp
         # ---- optimizers, schedules, guards (by network name, as the checkpoint holds them)
         self.g_opt = build_optimizer_from_args(cfg.generator_optimizer_args, self.generator)
-        self.d_opt = build_optimizer_from_args(cfg.discriminator_optimizer_args, self.discriminator)
+        self.d_opt = build_optimizer_from_args(cfg.discriminator_optimizer_args, self.discriminator,
+                                               "discriminator_optimizer_args")
         if self.g_opt is None:
             raise ConfigError("every generator parameter is frozen: nothing to train")
         self.g_sched = build_lr_scheduler(self.g_opt, cfg, cfg.generator_optimizer_args.lr)

@@ -412,3 +412,43 @@ def test_optimizer_cls_takes_the_documented_spellings_and_imports_nothing(tmp_pa
     assert not (tmp_path / "imported").exists() and "evil_optim" not in sys.modules
     with pytest.raises(ConfigError, match="^generator_optimizer_args.optimizer_cls: unknown optimizer class"):
         build_optimizer("os.system", model, key="generator_optimizer_args.optimizer_cls", lr=1e-3)
+
+
+def test_the_fused_key_picks_the_kernel_on_any_device_and_is_refused_where_there_is_none():
+    """`fused` (each trainer's key: common.muon.build_optimizer): None = torch's fused kernel on CUDA only,
+    True/False = that kernel or not on any device (the CPU has one too); an optimizer without one refuses."""
+    from common.config import ConfigError
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    assert not build_optimizer("AdamW", model, lr=1e-3).defaults["fused"]  # on the CPU: the per-tensor path
+    assert build_optimizer("AdamW", model, lr=1e-3, fused=True).defaults["fused"] is True
+    assert build_optimizer("Adam", model, lr=1e-3, fused=False).defaults["fused"] is False
+    assert build_optimizer("MuonAdamW", model, lr=1e-3, fused=True).fused is True
+    assert build_optimizer("MuonAdamW", model, lr=1e-3).fused is False
+    with pytest.raises(ConfigError) as e:
+        build_optimizer("torch.optim.SGD", model, lr=1e-3, fused=True, fused_key="optim.fused", key="optim.optimizer")
+    assert str(e.value) == ("optim.fused=true: torch.optim.SGD has no fused kernel; the key is for AdamW, Adam, "
+                            "MuonAdamW (remove it, or set optim.optimizer to one of them)")
+
+
+def test_a_resumed_optimizer_runs_the_kernel_this_run_asks_for():
+    """torch's load_state_dict puts the saved param groups back whole: without `this_runs_kernels` a `fused`
+    key changed on resume changed nothing. The state (moments, step counts) carries over; its math is equal."""
+    from common.checkpoint import this_runs_kernels
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    plain = build_optimizer("AdamW", model, lr=1e-2, fused=False)
+    model(torch.randn(5, 4)).square().mean().backward()
+    plain.step()
+    fused = build_optimizer("AdamW", model, lr=1e-2, fused=True)
+    fused.load_state_dict(this_runs_kernels(fused, plain.state_dict()))
+    assert fused.param_groups[0]["fused"] is True
+    assert all(st["step"].device == p.device and st["step"].dtype == torch.float32
+               for p, st in fused.state.items())  # where the fused kernel keeps its step count
+    before = [p.detach().clone() for p in model.parameters()]
+    fused.step()  # takes the carried-over moments (the gradients are still there)
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    again = build_optimizer("AdamW", model, lr=1e-2, fused=True)
+    again.load_state_dict(plain.state_dict())
+    assert again.param_groups[0]["fused"] is False  # what torch alone does

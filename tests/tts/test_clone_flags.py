@@ -217,3 +217,21 @@ def test_run_folder_errors_name_the_flag_the_user_typed(flag, tmp_path, capsys):
     assert err.startswith(f"error: {flag} {taken}: this is an existing file, not a folder") and "Traceback" not in err
     other = {"--checkpoint-dir": "--run_dir", "--run_dir": "--checkpoint-dir"}[flag]
     assert other not in err
+
+
+def test_optim_fused_reaches_the_optimizer():
+    """optim.fused (common.muon.build_optimizer; the refusal for an optimizer without a kernel is tested in
+    tests/common/test_muon.py) reaches the AdamW and MuonAdamW the trainer builds."""
+    import torch
+
+    from tts.clone.build import build_clone_optimizer
+    from tts.clone.config import CloneConfig
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    cfg = CloneConfig()
+    cfg.optim.fused = True
+    assert build_clone_optimizer(cfg, model).defaults["fused"] is True
+    cfg.optim.optimizer = "muon_adamw"
+    assert build_clone_optimizer(cfg, model).fused is True
+    cfg.optim.fused = None
+    assert build_clone_optimizer(cfg, model).fused is False  # the CPU default

@@ -421,3 +421,17 @@ def test_a_prepare_only_data_key_on_the_training_command_line_is_noted(data_one,
     assert train_mod.main(_args(data_one, tmp_path / "r", "data.max_audio_len=8", steps=1)) == 0
     assert ("note: data.max_audio_len (--set data.max_audio_len=8): read when the data is prepared "
             "(tts/prepare_data.py)") in capsys.readouterr().out
+
+
+def test_optimizer_fused_reaches_both_optimizers_and_a_resume_with_it_changed(data_one, tmp_path):
+    """optimizer_fused (common.muon.build_optimizer): torch's fused AdamW kernel; set on a resume it takes
+    effect (the saved param groups would otherwise bring the old kernel back: common.checkpoint.this_runs_kernels)."""
+    run = tmp_path / "r"
+    assert train_mod.main(_args(data_one, run, "save_step=1", steps=1)) == 0
+    groups = lambda step: [g for name in ("generator", "discriminator")  # noqa: E731
+                           for g in load_checkpoint(run / "checkpoints" / f"vits_{step:08d}.pt")["optimizers"][name]
+                           ["param_groups"]]
+    assert not any(g["fused"] for g in groups(1))  # the CPU default: the per-tensor path
+    assert train_mod.main(_args(data_one, run, "save_step=1", "optimizer_fused=true", steps=2)
+                          + ["--resume", "auto"]) == 0
+    assert all(g["fused"] is True for g in groups(2))

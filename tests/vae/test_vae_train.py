@@ -481,3 +481,10 @@ def test_a_data_folder_prepared_again_at_another_size_stops_the_run(image_dir, t
     monkeypatch.setattr(tv.VAETrainer, "_samples_on_cadence", lambda self: steps.append(self.step) if self.step != 2
                         else prepare_main([*prepare, "--target_size", "40"]))
     assert run(data, tmp_path / "run2", "--num_epochs", "1", "--no-export_diffusers") == 0
+
+
+def test_optimizer_fused_reaches_the_vae_and_critic_optimizers():
+    on = tv.VAEStep(tiny_cfg(optimizer_fused=True), torch.device("cpu"))
+    assert on.g_opt.defaults["fused"] is True and on.d_opt.defaults["fused"] is True
+    off = tv.VAEStep(tiny_cfg(), torch.device("cpu"))
+    assert not off.g_opt.defaults["fused"] and not off.d_opt.defaults["fused"]  # the CPU default

@@ -421,3 +421,14 @@ def test_a_prepare_only_key_on_the_training_command_line_is_noted_and_a_changed_
     printed = capsys.readouterr()
     assert f"note: val_num (--set val_num=3), pe (--set {key}={value}): read when the data is prepared" in printed.out
     assert rc == 2 and f"pe: data parselmouth vs config {value}" in printed.err
+
+
+def test_fused_reaches_each_optimizer_and_names_its_block_when_refused():
+    from common.config import ConfigError
+
+    g = build_generator(tiny_config())
+    assert build_optimizer_from_args(OptimizerArgs(fused=True), g).defaults["fused"] is True
+    assert build_optimizer_from_args(OptimizerArgs(optimizer_cls="Muon_AdamW", fused=True), g).fused is True
+    with pytest.raises(ConfigError, match="^discriminator_optimizer_args.fused=true: torch.optim.SGD has no fused"):
+        build_optimizer_from_args(OptimizerArgs(optimizer_cls="torch.optim.SGD", fused=True), g,
+                                  "discriminator_optimizer_args")

@@ -51,4 +51,5 @@ def build_clone_scheduler(optimizer: torch.optim.Optimizer, s: SchedulerConfig, 
 def build_clone_optimizer(cfg: CloneConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     o = cfg.optim
     return build_optimizer({"adamw": "AdamW", "muon_adamw": "MuonAdamW"}[o.optimizer], model, lr=o.lr,
-                           betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
+                           betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay, fused=o.fused,
+                           fused_key="optim.fused", key="optim.optimizer")

@@ -125,7 +125,8 @@ class VitsTrainer:
         self.discriminator_ddp = wrap_ddp(self.discriminator, info)
 
         # optimizers, schedules, one guard each
-        opt_kw = {"betas": tuple(cfg.betas), "eps": cfg.eps, "weight_decay": cfg.weight_decay}
+        opt_kw = {"betas": tuple(cfg.betas), "eps": cfg.eps, "weight_decay": cfg.weight_decay,
+                  "fused": cfg.optimizer_fused, "fused_key": "optimizer_fused"}
         self.g_opt = build_optimizer(cfg.optimizer_cls, self.generator, lr=cfg.lr_gen or cfg.lr, **opt_kw)
         self.d_opt = build_optimizer(cfg.optimizer_cls, self.discriminator, lr=cfg.lr_disc or cfg.lr, **opt_kw)
         sched_kw = schedule_kwargs(cfg, self.steps_per_epoch)
