@@ -2,9 +2,8 @@
 "Fast on the card, round 1"). Each trainer is built at the tests' tiny size (bench/gpu/trainers.py, as
 the other CUDA tests), trains two steps to create its optimizer state, and then every `step_optimizer`
 call of two more steps runs under `torch.cuda.set_sync_debug_mode("error")`, so a `.item()`, `bool()`
-or blocking copy inside it raises. The VAE's whole step (its critic, BatchNorm and EMA gating decided on
-the device too) runs under the same mode below, as tests/vae/test_vae_step_on_device.py checks it on the
-CPU; bench/gpu counts syncs per step of the others."""
+or blocking copy inside it raises; then each trainer's whole step runs under the same mode (as
+tests/test_whole_step_on_device.py checks it on the CPU); bench/gpu counts syncs per step."""
 
 from __future__ import annotations
 
@@ -56,21 +55,27 @@ def test_step_optimizer_makes_no_host_sync(trainer, precision, tiny_data, tmp_pa
     assert calls[0] >= 2, "no optimizer step was checked"
 
 
-@pytest.mark.parametrize("precision", ["32-true", "16-mixed"])
-def test_the_vae_gan_step_makes_no_host_sync(precision):
-    from tests.vae.helpers import tiny_cfg
-    from vae.step import VAEStep
 
-    step = VAEStep(tiny_cfg(disc_start=0, precision=precision), CUDA, total_steps=8)
-    x = torch.rand(2, 3, 32, 32, device=CUDA) * 2 - 1
-    for s in range(2):  # the optimizers' state is made here
-        step.train_step([x], s)
-    for s in (2, 3):
-        step.divergence.settle()  # its one-step-late read of a copy long done (common.guards), outside the check
+@pytest.mark.parametrize("precision", ["32-true", "16-mixed"])
+@pytest.mark.parametrize("trainer", list(TRAINERS))
+def test_a_whole_training_step_makes_no_host_sync(trainer, precision, tiny_data, tmp_path):
+    """The whole step under sync debug mode "error" (tests/test_whole_step_on_device.py checks the same on the
+    CPU at the dispatcher): the VAE's critic, BatchNorm and EMA gating and VITS/cloning's alignment search
+    (its device implementation on CUDA) included."""
+    st = build(TRAINERS[trainer], "base", [f"{PRECISION_KEY[trainer]}={precision}"], tiny_data(trainer),
+               tmp_path / "run", CUDA, dry=True)
+    batches = st.batches()
+    for _ in range(2):  # the optimizers' state is made here
+        st.step(next(batches))
+    for _ in range(2):
+        batch = next(batches)
+        for guard in [getattr(st.trainer, "divergence", None),
+                      getattr(getattr(st.trainer, "step", None), "divergence", None)]:
+            if guard is not None:
+                guard.settle()  # its one-step-late read of a copy long done (common.guards), outside the check
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            logs = step.train_step([x], s)
+            st.step(batch)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-        assert bool(logs["stepped"])
