@@ -581,26 +581,32 @@ def optimizer_class(cls_name: Any, key: str = "optimizer_cls") -> type[Optimizer
     raise ConfigError(f"{key}: unknown optimizer class {cls_name!r}; use {accepted_optimizers()}")
 
 
-FUSED_OPTIMIZERS = ("AdamW", "Adam", "MuonAdamW")  # the ones with torch's fused kernel (MuonAdamW: its AdamW half)
+# the fast-path keys every trainer has beside its optimizer, and the optimizers that take each
+FAST_PATH_KEYS = {"fused": ("AdamW", "Adam", "MuonAdamW"),  # torch's fused AdamW kernel (MuonAdamW: its AdamW half)
+                  "batched_ns": ("MuonAdamW", "common.muon.Muon")}  # Newton-Schulz batched over weights of one shape
 
 
 def build_optimizer(cls_name: str, model: nn.Module, *, key: str = "optimizer_cls", fused: bool | None = None,
-                    fused_key: str = "fused", **kwargs: Any) -> Optimizer:
+                    batched_ns: bool | None = None, prefix: str = "", **kwargs: Any) -> Optimizer:
     """The optimizer a config names (`optimizer_cls` + its args) over `model`'s trainable parameters.
 
     `cls_name`: an alias (AdamW, Adam, MuonAdamW, Muon_AdamW) or `torch.optim.<Name>` / `common.muon.<Name>`
     of a torch.optim.Optimizer subclass (`optimizer_class`; anything else: ConfigError naming `key`, exit 2).
-    `beta1`/`beta2` (the seed configs' spelling) become `betas`. `fused` (a trainer's key, named `fused_key` in
-    messages): None = AdamW/Adam (and MuonAdamW's AdamW half) run torch's fused kernel on CUDA and the
-    per-tensor path elsewhere (`fused_adamw_default`); True/False = that kernel or not, on any device; True
-    for an optimizer without one is a ConfigError naming the key.
+    `beta1`/`beta2` (the seed configs' spelling) become `betas`. The fast-path keys (a trainer's `<prefix>fused`,
+    `<prefix>batched_ns`): `fused` None = AdamW/Adam (and MuonAdamW's AdamW half) run torch's fused kernel on
+    CUDA and the per-tensor path elsewhere (`fused_adamw_default`), True/False = that kernel or not on any
+    device; `batched_ns` (Muon's Newton-Schulz over a stack of same-shape weights) None = off. Either set for
+    an optimizer that does not take it is a ConfigError naming the key.
     """
     cls = optimizer_class(cls_name, key)
-    if fused is not None:
-        if cls not in (torch.optim.AdamW, torch.optim.Adam, MuonAdamW):
-            raise ConfigError(f"{fused_key}={str(bool(fused)).lower()}: {cls_name} has no fused kernel; the key is "
-                              f"for {', '.join(FUSED_OPTIMIZERS)} (remove it, or set {key} to one of them)")
-        kwargs["fused"] = bool(fused)
+    for name, value in (("fused", fused), ("batched_ns", batched_ns)):
+        if value is None:
+            continue
+        takes = [optimizer_class(n) for n in FAST_PATH_KEYS[name]]
+        if cls not in takes:
+            raise ConfigError(f"{prefix}{name}={str(bool(value)).lower()}: {cls_name} does not take it; the key is "
+                              f"for {', '.join(FAST_PATH_KEYS[name])} (remove it, or set {key} to one of them)")
+        kwargs[name] = bool(value)
 
     if "beta1" in kwargs or "beta2" in kwargs:
         if "betas" in kwargs:

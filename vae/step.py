@@ -55,15 +55,15 @@ class VAEStep:
         betas = (cfg.adam_beta1, cfg.adam_beta2)
         g_model = nn.ModuleDict({"vae": self.vae, "logvar": self.loss.logvar})
         self.g_params = [p for p in g_model.parameters() if p.requires_grad]
-        fused = {"fused": cfg.optimizer_fused, "fused_key": "optimizer_fused"}
+        fast = {"fused": cfg.optimizer_fused, "batched_ns": cfg.optimizer_batched_ns, "prefix": "optimizer_"}
         self.g_opt = build_optimizer(cfg.optimizer_cls, g_model, lr=cfg.learning_rate, betas=betas,
-                                     weight_decay=cfg.weight_decay, **fused)
+                                     weight_decay=cfg.weight_decay, **fast)
         self.optimizers = {"vae": self.g_opt}
         self.d_opt = None
         if self.disc is not None:
             self.d_opt = build_optimizer(cfg.optimizer_cls, self.disc, betas=betas,
                                          lr=cfg.disc_learning_rate or cfg.learning_rate, weight_decay=cfg.weight_decay,
-                                         **fused)
+                                         **fast)
             self.optimizers["disc"] = self.d_opt
         self.schedulers = build_lr_schedules(cfg, self.optimizers, max(1, int(total_steps)))
         self.ema: EMA | None = None

@@ -79,7 +79,7 @@ def build_optimizer_from_args(args: OptimizerArgs, model: torch.nn.Module,
     if args.is_muon and args.muon_weight_decay is not None:
         kwargs["muon_weight_decay"] = args.muon_weight_decay
     return build_optimizer(args.optimizer_cls, model, key=f"{key}.optimizer_cls", fused=args.fused,
-                           fused_key=f"{key}.fused", **kwargs)
+                           batched_ns=args.batched_ns, prefix=f"{key}.", **kwargs)
 
 
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: VocoderConfig, base_lr: float) -> LambdaLR:

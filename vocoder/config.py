@@ -116,6 +116,7 @@ class OptimizerArgs:
     weight_decay: NonNegativeFloat = 0.0
     muon_weight_decay: NonNegativeFloat | None = None  # Muon_AdamW only; None = weight_decay
     fused: bool | None = None  # torch's fused AdamW kernel: null = on CUDA only (common.muon.fused_adamw_default), true/false = on any device / never
+    batched_ns: bool | None = None  # Muon's Newton-Schulz batched over weights of one shape (MuonAdamW): null/false = one at a time
 
     def __post_init__(self) -> None:
         # The seeds name their own copy of the optimizer; ours lives in common.muon.

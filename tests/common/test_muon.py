@@ -414,9 +414,10 @@ def test_optimizer_cls_takes_the_documented_spellings_and_imports_nothing(tmp_pa
         build_optimizer("os.system", model, key="generator_optimizer_args.optimizer_cls", lr=1e-3)
 
 
-def test_the_fused_key_picks_the_kernel_on_any_device_and_is_refused_where_there_is_none():
-    """`fused` (each trainer's key: common.muon.build_optimizer): None = torch's fused kernel on CUDA only,
-    True/False = that kernel or not on any device (the CPU has one too); an optimizer without one refuses."""
+def test_the_fast_path_keys_reach_the_optimizer_and_are_refused_where_they_do_nothing():
+    """`fused` and `batched_ns` (each trainer's keys: common.muon.build_optimizer): fused None = torch's fused
+    kernel on CUDA only, True/False = that kernel or not on any device (the CPU has one too); batched_ns is
+    Muon's; an optimizer that does not take a key refuses it in one line naming it."""
     from common.config import ConfigError
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
@@ -425,10 +426,15 @@ def test_the_fused_key_picks_the_kernel_on_any_device_and_is_refused_where_there
     assert build_optimizer("Adam", model, lr=1e-3, fused=False).defaults["fused"] is False
     assert build_optimizer("MuonAdamW", model, lr=1e-3, fused=True).fused is True
     assert build_optimizer("MuonAdamW", model, lr=1e-3).fused is False
+    assert build_optimizer("MuonAdamW", model, lr=1e-3, batched_ns=True).batched_ns is True
+    assert build_optimizer("MuonAdamW", model, lr=1e-3).batched_ns is False
     with pytest.raises(ConfigError) as e:
-        build_optimizer("torch.optim.SGD", model, lr=1e-3, fused=True, fused_key="optim.fused", key="optim.optimizer")
-    assert str(e.value) == ("optim.fused=true: torch.optim.SGD has no fused kernel; the key is for AdamW, Adam, "
+        build_optimizer("torch.optim.SGD", model, lr=1e-3, fused=True, prefix="optim.", key="optim.optimizer")
+    assert str(e.value) == ("optim.fused=true: torch.optim.SGD does not take it; the key is for AdamW, Adam, "
                             "MuonAdamW (remove it, or set optim.optimizer to one of them)")
+    with pytest.raises(ConfigError, match=r"^optimizer_batched_ns=true: AdamW does not take it; the key is for "
+                                          r"MuonAdamW, common.muon.Muon \(remove it"):
+        build_optimizer("AdamW", model, lr=1e-3, batched_ns=True, prefix="optimizer_")
 
 
 def test_a_resumed_optimizer_runs_the_kernel_this_run_asks_for():

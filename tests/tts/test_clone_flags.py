@@ -219,8 +219,8 @@ def test_run_folder_errors_name_the_flag_the_user_typed(flag, tmp_path, capsys):
     assert other not in err
 
 
-def test_optim_fused_reaches_the_optimizer():
-    """optim.fused (common.muon.build_optimizer; the refusal for an optimizer without a kernel is tested in
+def test_optim_fused_and_batched_ns_reach_the_optimizer():
+    """optim.fused and optim.batched_ns (common.muon.build_optimizer; the refusal for an optimizer without a kernel is tested in
     tests/common/test_muon.py) reaches the AdamW and MuonAdamW the trainer builds."""
     import torch
 
@@ -233,5 +233,6 @@ def test_optim_fused_reaches_the_optimizer():
     assert build_clone_optimizer(cfg, model).defaults["fused"] is True
     cfg.optim.optimizer = "muon_adamw"
     assert build_clone_optimizer(cfg, model).fused is True
-    cfg.optim.fused = None
-    assert build_clone_optimizer(cfg, model).fused is False  # the CPU default
+    cfg.optim.fused, cfg.optim.batched_ns = None, True
+    opt = build_clone_optimizer(cfg, model)
+    assert opt.fused is False and opt.batched_ns is True  # fused: the CPU default

@@ -423,7 +423,7 @@ def test_a_prepare_only_data_key_on_the_training_command_line_is_noted(data_one,
             "(tts/prepare_data.py)") in capsys.readouterr().out
 
 
-def test_optimizer_fused_reaches_both_optimizers_and_a_resume_with_it_changed(data_one, tmp_path):
+def test_optimizer_fused_reaches_both_optimizers_and_a_resume_with_it_changed(data_one, tmp_path, capsys):
     """optimizer_fused (common.muon.build_optimizer): torch's fused AdamW kernel; set on a resume it takes
     effect (the saved param groups would otherwise bring the old kernel back: common.checkpoint.this_runs_kernels)."""
     run = tmp_path / "r"
@@ -435,3 +435,7 @@ def test_optimizer_fused_reaches_both_optimizers_and_a_resume_with_it_changed(da
     assert train_mod.main(_args(data_one, run, "save_step=1", "optimizer_fused=true", steps=2)
                           + ["--resume", "auto"]) == 0
     assert all(g["fused"] is True for g in groups(2))
+    capsys.readouterr()  # optimizer_batched_ns is Muon's: with AdamW one line, exit 2
+    assert train_mod.main(_args(data_one, tmp_path / "x", "optimizer_batched_ns=true", steps=1)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: optimizer_batched_ns=true: AdamW does not take it") and "\n" not in err, err

@@ -483,8 +483,10 @@ def test_a_data_folder_prepared_again_at_another_size_stops_the_run(image_dir, t
     assert run(data, tmp_path / "run2", "--num_epochs", "1", "--no-export_diffusers") == 0
 
 
-def test_optimizer_fused_reaches_the_vae_and_critic_optimizers():
+def test_optimizer_fused_and_batched_ns_reach_the_vae_and_critic_optimizers():
     on = tv.VAEStep(tiny_cfg(optimizer_fused=True), torch.device("cpu"))
     assert on.g_opt.defaults["fused"] is True and on.d_opt.defaults["fused"] is True
+    muon = tv.VAEStep(tiny_cfg(optimizer_cls="MuonAdamW", optimizer_batched_ns=True), torch.device("cpu"))
+    assert muon.g_opt.batched_ns and muon.d_opt.batched_ns
     off = tv.VAEStep(tiny_cfg(), torch.device("cpu"))
     assert not off.g_opt.defaults["fused"] and not off.d_opt.defaults["fused"]  # the CPU default

@@ -423,12 +423,13 @@ def test_a_prepare_only_key_on_the_training_command_line_is_noted_and_a_changed_
     assert rc == 2 and f"pe: data parselmouth vs config {value}" in printed.err
 
 
-def test_fused_reaches_each_optimizer_and_names_its_block_when_refused():
+def test_fused_and_batched_ns_reach_each_optimizer_and_name_their_block_when_refused():
     from common.config import ConfigError
 
     g = build_generator(tiny_config())
     assert build_optimizer_from_args(OptimizerArgs(fused=True), g).defaults["fused"] is True
     assert build_optimizer_from_args(OptimizerArgs(optimizer_cls="Muon_AdamW", fused=True), g).fused is True
-    with pytest.raises(ConfigError, match="^discriminator_optimizer_args.fused=true: torch.optim.SGD has no fused"):
+    assert build_optimizer_from_args(OptimizerArgs(optimizer_cls="Muon_AdamW", batched_ns=True), g).batched_ns
+    with pytest.raises(ConfigError, match="^discriminator_optimizer_args.fused=true: torch.optim.SGD does not take"):
         build_optimizer_from_args(OptimizerArgs(optimizer_cls="torch.optim.SGD", fused=True), g,
                                   "discriminator_optimizer_args")

@@ -52,4 +52,4 @@ def build_clone_optimizer(cfg: CloneConfig, model: torch.nn.Module) -> torch.opt
     o = cfg.optim
     return build_optimizer({"adamw": "AdamW", "muon_adamw": "MuonAdamW"}[o.optimizer], model, lr=o.lr,
                            betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay, fused=o.fused,
-                           fused_key="optim.fused", key="optim.optimizer")
+                           batched_ns=o.batched_ns, prefix="optim.", key="optim.optimizer")

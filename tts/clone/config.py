@@ -101,6 +101,7 @@ class OptimConfig:
     weight_decay: NonNegativeFloat = 0.01
     clip_grad_norm: NonNegativeFloat = 1.0  # 0 disables clipping (the norm is still logged)
     fused: bool | None = None  # torch's fused AdamW kernel: null = on CUDA only (common.muon.fused_adamw_default), true/false = on any device / never
+    batched_ns: bool | None = None  # Muon's Newton-Schulz batched over weights of one shape (MuonAdamW): null/false = one at a time
 
 
 @dataclass

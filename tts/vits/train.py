@@ -126,7 +126,7 @@ class VitsTrainer:
 
         # optimizers, schedules, one guard each
         opt_kw = {"betas": tuple(cfg.betas), "eps": cfg.eps, "weight_decay": cfg.weight_decay,
-                  "fused": cfg.optimizer_fused, "fused_key": "optimizer_fused"}
+                  "fused": cfg.optimizer_fused, "batched_ns": cfg.optimizer_batched_ns, "prefix": "optimizer_"}
         self.g_opt = build_optimizer(cfg.optimizer_cls, self.generator, lr=cfg.lr_gen or cfg.lr, **opt_kw)
         self.d_opt = build_optimizer(cfg.optimizer_cls, self.discriminator, lr=cfg.lr_disc or cfg.lr, **opt_kw)
         sched_kw = schedule_kwargs(cfg, self.steps_per_epoch)
