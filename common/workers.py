@@ -83,13 +83,8 @@ def end_ignoring_workers_at_exit() -> None:
     process's exit, its daemonic children (DataLoader workers) are killed. multiprocessing's own exit hook
     stops them with SIGTERM, which they ignore, then waits for them: a process that still held a loader with
     persistent workers when it ended (a trainer kept alive by a reference cycle) waited forever."""
-    global _exit_hook_registered
-    if not _exit_hook_registered:
-        atexit.register(_kill_daemonic_children)  # runs before multiprocessing's hook (atexit is last in, first out)
-        _exit_hook_registered = True
-
-
-_exit_hook_registered = False
+    atexit.unregister(_kill_daemonic_children)  # registered once, and after multiprocessing's hook: it runs first
+    atexit.register(_kill_daemonic_children)
 
 
 def _kill_daemonic_children() -> None:

@@ -28,10 +28,7 @@ def test_a_training_step_reads_nothing_on_the_host(name, tmp_path, monkeypatch):
     # torch's non-fused AdamW keeps its step counts on the host (no device sync to read them); the divergence
     # guard reads a step's numbers one step late from a copy long done (common.guards): judged before the check
     host_steps = [s["step"] for opt in st.trainer.optimizers.values() for s in opt.state.values() if "step" in s]
-    for guard in [getattr(st.trainer, "divergence", None), getattr(getattr(st.trainer, "step", None), "divergence",
-                                                                     None)]:
-        if guard is not None:
-            guard.settle()
+    st.trainer.divergence.settle()
     batch = next(batches)
     with no_host_reads(allowed=host_steps):
         st.step(batch)

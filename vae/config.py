@@ -104,8 +104,8 @@ class VAEConfig(CadenceKeys):
     adam_beta1: Fraction = 0.5                # latent-diffusion's GAN-friendly betas
     adam_beta2: Fraction = 0.9
     weight_decay: NonNegativeFloat = 0.0
-    optimizer_fused: bool | None = None       # torch's fused AdamW kernel: null = on CUDA only (common.muon.fused_adamw_default), true/false = on any device / never
-    optimizer_batched_ns: bool | None = None  # Muon's Newton-Schulz batched over weights of one shape (MuonAdamW): null/false = one at a time
+    optimizer_fused: bool | None = None       # torch's fused AdamW: null = CUDA only; true/false = any device / never (common.muon)
+    optimizer_batched_ns: bool | None = None  # MuonAdamW's Newton-Schulz batched by weight shape; null/false = off (common.muon)
     lr_scheduler: Literal["cosine_with_warmup", "constant", "warmup"] = "cosine_with_warmup"
     warmup_steps: NonNegativeInt = 500
     min_lr_ratio: Probability = 0.1

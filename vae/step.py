@@ -123,7 +123,7 @@ class VAEStep:
         logs["grad_norm"] = g_norm
         # What follows the generator's step is decided on the device, never by the host (no sync in a step):
         # a skipped generator step skips the critic's step, the BatchNorm statistics and the EMA too.
-        kept = stepped
+        kept = stepped  # the critic's step, when it runs, is called off with the generator's (also=)
         if gan:
             for i, (x, x_rec) in enumerate(recs):
                 with no_sync(self.disc_ddp, i < n - 1):
@@ -132,10 +132,9 @@ class VAEStep:
                     backward(d_loss / n, scaler)
                 for k, v in parts.items():
                     logs[k] = logs.get(k, 0) + v / n
-            d_norm, d_finite = step_optimizer(None, self.d_opt, self.disc.parameters(), scaler, clip, self.d_guard,
-                                              also=stepped)
+            d_norm, kept = step_optimizer(None, self.d_opt, self.disc.parameters(), scaler, clip, self.d_guard,
+                                          also=stepped)
             logs["disc_grad_norm"] = d_norm
-            kept = stepped & d_finite
         self.buffers.keep_where(kept)  # no BatchNorm statistics from a skipped step
         scaler.update()
         step_schedulers(self.schedulers.values())

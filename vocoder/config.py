@@ -115,8 +115,8 @@ class OptimizerArgs:
     eps: PositiveFloat = 1e-8
     weight_decay: NonNegativeFloat = 0.0
     muon_weight_decay: NonNegativeFloat | None = None  # Muon_AdamW only; None = weight_decay
-    fused: bool | None = None  # torch's fused AdamW kernel: null = on CUDA only (common.muon.fused_adamw_default), true/false = on any device / never
-    batched_ns: bool | None = None  # Muon's Newton-Schulz batched over weights of one shape (MuonAdamW): null/false = one at a time
+    fused: bool | None = None  # torch's fused AdamW: null = CUDA only; true/false = any device / never (common.muon)
+    batched_ns: bool | None = None  # MuonAdamW's Newton-Schulz batched by weight shape; null/false = off (common.muon)
 
     def __post_init__(self) -> None:
         # The seeds name their own copy of the optimizer; ours lives in common.muon.

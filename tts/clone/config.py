@@ -100,8 +100,8 @@ class OptimConfig:
     eps: PositiveFloat = 1e-9
     weight_decay: NonNegativeFloat = 0.01
     clip_grad_norm: NonNegativeFloat = 1.0  # 0 disables clipping (the norm is still logged)
-    fused: bool | None = None  # torch's fused AdamW kernel: null = on CUDA only (common.muon.fused_adamw_default), true/false = on any device / never
-    batched_ns: bool | None = None  # Muon's Newton-Schulz batched over weights of one shape (MuonAdamW): null/false = one at a time
+    fused: bool | None = None  # torch's fused AdamW: null = CUDA only; true/false = any device / never (common.muon)
+    batched_ns: bool | None = None  # MuonAdamW's Newton-Schulz batched by weight shape; null/false = off (common.muon)
 
 
 @dataclass

@@ -198,8 +198,8 @@ class TrainConfig(CadenceKeys):
     betas: Annotated[list[Fraction], Length(2)] = field(default_factory=lambda: [0.8, 0.99])
     eps: PositiveFloat = 1e-9
     weight_decay: NonNegativeFloat = 0.01  # AdamW's; jaywalnut310 (torch's default) and Coqui both use 0.01
-    optimizer_fused: bool | None = None  # torch's fused AdamW kernel: null = on CUDA only (common.muon.fused_adamw_default), true/false = on any device / never
-    optimizer_batched_ns: bool | None = None  # Muon's Newton-Schulz batched over weights of one shape (MuonAdamW): null/false = one at a time
+    optimizer_fused: bool | None = None  # torch's fused AdamW: null = CUDA only; true/false = any device / never (common.muon)
+    optimizer_batched_ns: bool | None = None  # MuonAdamW's Newton-Schulz batched by weight shape; null/false = off (common.muon)
     lr_gamma: Decay = 0.999875  # exponential decay factor ...
     # ... applied once per EPOCH as jaywalnut310 (scheduler.step() after each epoch) and Coqui
     # (scheduler_after_epoch) do; "step" applies it after every optimizer step (far faster decay)
