@@ -266,7 +266,7 @@ def _run_section(chk: Check, sec: Section, todo: list[str], end_all: float, budg
     title, fn = SECTIONS[sec.name]
     print(f"[gpu_check] {title} (budget {sec.budget_s:.0f} s)", flush=True)
     sec.status, sec.started = "running", time.monotonic()
-    sec.deadline = min(sec.started + sec.budget_s, end_all)
+    sec.deadline, sec.run_end = min(sec.started + sec.budget_s, end_all), end_all
     log.write(f"\n===== {title} =====\n")
     log.flush()
     try:
@@ -295,7 +295,7 @@ def _write(out: Path, report: dict, sections: list[Section], chk: Check, t_all: 
 
 def _section_json(s: Section) -> dict:
     d = asdict(s)
-    for k in ("markdown", "deadline", "started"):
+    for k in ("markdown", "deadline", "started", "run_end"):
         d.pop(k)
     return d
 
@@ -312,6 +312,8 @@ def render_markdown(report: dict, sections: list[Section]) -> str:
     for s in sections:
         lines += ["", f"## {s.title}", "", f"status **{s.status}**" + (": " + "; ".join(s.notes) if s.notes else ""),
                   "", *s.markdown]
+        if s.data.get("phases_s"):  # where the time went besides the measurement (Section.phase)
+            lines += ["", "Set-up, s: " + ", ".join(f"{k} {v:g}" for k, v in s.data["phases_s"].items())]
     return "\n".join(lines) + "\n"
 
 

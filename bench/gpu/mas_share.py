@@ -64,7 +64,8 @@ def section_vits_mas(chk: Check, sec: Section) -> None:
     data = root / "p" if (root / "p").is_dir() else synthetic_corpus(root, items, seconds=ITEM_SECONDS, text=TEXT)
     sec.check_time("VITS build")
     loader_batch = 2 if chk.dry else 8  # the loader's batch (few 8-s items); tiled to the config's batch below
-    st = build(spec, "base", [f"batch_size={loader_batch}"], data, chk.run_dir("vits_mas"), chk.device, chk.dry)
+    with sec.phase("build"):
+        st = build(spec, "base", [f"batch_size={loader_batch}"], data, chk.run_dir("vits_mas"), chk.device, chk.dry)
     size = 2 if chk.dry else spec._config(spec.base, [], data, chk.tmp).batch_size  # the shipped batch (64)
     batch = tile_batch(next(st.batches()), size)
     impl = alignment.implementation_for(chk.device).__name__

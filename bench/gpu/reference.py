@@ -66,13 +66,17 @@ def section_reference(chk: Check, sec: Section) -> None:
 
     steps, warmup = (2, 1) if chk.dry else (10, 3)
     spec = TRAINERS["vocoder"]
-    ours = build(spec, "rtx5090", [], chk.data(spec), chk.run_dir("vocoder_ours_5090"), chk.device, chk.dry)
+    with sec.phase("data"):
+        data = chk.data(spec)
+    with sec.phase("build ours"):
+        ours = build(spec, "rtx5090", [], data, chk.run_dir("vocoder_ours_5090"), chk.device, chk.dry)
     # theirs at the base width (the recipe's 128 channels are the CPU demo's), built from the base config
     recipe = [o for o in REFERENCE_RECIPE if not o.startswith("model_args.upsample_initial_channel=")]
     base_cfg = spec._config(spec.base, [*spec.tiny(), *recipe] if chk.dry else recipe)
-    ref = ReferenceTrainer(import_reference(chk.reference_dir), base_cfg, base_cfg.seed)
-    for module in (ref.generator, ref.discriminator, ref.mix_loss):
-        module.to(chk.device)  # parameters keep their identity: the optimizers built on the CPU still hold them
+    with sec.phase("build theirs"):
+        ref = ReferenceTrainer(import_reference(chk.reference_dir), base_cfg, base_cfg.seed)
+        for module in (ref.generator, ref.discriminator, ref.mix_loss):
+            module.to(chk.device)  # parameters keep their identity: the optimizers built on the CPU still hold them
     same = {k: v for k, v in reference_config(ours.trainer.cfg).items() if k.startswith(("audio_", "hop", "fft", "win"))}
     if same != {k: v for k, v in reference_config(base_cfg).items() if k in same}:
         raise RuntimeError(f"the 5090 and base configs differ in audio settings: {same}")
@@ -95,6 +99,8 @@ def section_reference(chk: Check, sec: Section) -> None:
         batch = next(it)
         for name, step in sides.items():  # interleaved, the same batch: drift in the card's clocks hits both
             seconds, peak = _timed(chk, step, batch)
+            if i == 0:  # cuDNN's first calls (ours autotunes every conv), the optimizer states
+                sec.data.setdefault("phases_s", {})[f"first step {name.split(' (')[0]}"] = round(seconds, 2)
             if i >= warmup:
                 times[name].append(seconds)
                 peaks[name] = peak if peaks[name] is None else max(peaks[name], peak)

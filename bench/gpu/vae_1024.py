@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from bench.gpu.base import Check, OverBudget, Section, fmt
+from bench.gpu.base import MIN_TIMED, Check, OverBudget, Section, fmt
 from bench.gpu.trainers import TRAINERS, build
 
 BATCH = 2
@@ -29,15 +29,18 @@ def vae_row(chk: Check, sec: Section, label: str, overrides: list[str], warmup: 
     spec = TRAINERS["vae"]
     sec.check_time(f"VAE 1024 {label}")
     size = [] if chk.dry else [f"batch_size={BATCH}", "num_workers=2"]  # the loader feeds one batch only
-    st = build(spec, "rtx5090", [*size, *overrides], chk.data(spec), chk.run_dir("vae_1024"), chk.device, chk.dry)
-    batch = next(st.batches())
-    for _ in range(warmup):
-        st.step(batch)
-    chk.sync()
+    with sec.phase(f"{label}: build"):
+        st = build(spec, "rtx5090", [*size, *overrides], chk.data(spec), chk.run_dir("vae_1024"), chk.device,
+                   chk.dry)
+        batch = next(st.batches())
+    with sec.phase(f"{label}: warm-up"):
+        for _ in range(warmup):
+            st.step(batch)
+        chk.sync()
     chk.reset_memory()
     times = []
-    for i in range(steps):
-        sec.check_time(f"VAE 1024 {label} step {i}")
+    for i in range(steps):  # past the section's budget too once built (MIN_TIMED)
+        sec.check_time(f"VAE 1024 {label} step {i}", finishing=i < MIN_TIMED)
         t0 = time.perf_counter()
         st.step(batch)
         chk.sync()

@@ -218,6 +218,33 @@ def test_a_compile_starts_only_when_its_time_is_left(tmp_path):
     assert chk.compile_need_s == 120.0 and "run's compile allowance" in chk.compile_skip(sec, "x")
 
 
+def test_a_measurement_past_its_set_up_takes_its_minimum_steps_within_the_runs_end():
+    """The third lent H200: sections 2 and 3 spent their budgets on set-up (the first step's cuDNN autotuning)
+    and measured nothing. Past the section's budget a measurement still takes its warm-up and MIN_TIMED timed
+    steps, up to the run's own end, and says it overran; a new measurement (a build) is still refused."""
+    import time
+
+    from bench.gpu.base import MIN_TIMED, OverBudget, Section
+
+    now = time.monotonic()
+    sec = Section("reference", "t", 80.0, status="running", deadline=now - 1, run_end=now + 100)
+    with pytest.raises(OverBudget, match="budget is used up"):
+        sec.check_time("a new row's build")
+    warmup, steps = 2, 10
+    taken = [i for i in range(warmup + steps) if sec.timed_steps_left(i, warmup, steps, "step") is None]
+    assert taken == list(range(warmup + MIN_TIMED))  # warm-up, then the minimum, then it stops
+    assert sec.status == "partial" and any("after its set-up" in n for n in sec.notes)
+    assert any(f"{MIN_TIMED} of {steps} timed steps" in n for n in sec.notes)
+    sec.run_end = now - 1  # the run's own end is past: nothing more, not even the minimum
+    with pytest.raises(OverBudget):
+        sec.timed_steps_left(0, warmup, steps, "step")
+    with pytest.raises(OverBudget):
+        sec.check_time("profiled steps", finishing=True)
+    with sec.phase("build"):
+        pass
+    assert sec.data["phases_s"]["build"] >= 0
+
+
 def test_a_run_stopped_by_a_signal_keeps_its_report(tmp_path):
     """A command killed at its time limit (SIGINT / SIGTERM) still brings back report.md with what it measured."""
     import signal

@@ -85,20 +85,26 @@ def test_vocoder_period_critics_channels_last_match_contiguous():
     """The vocoder's only 4-D convs (MPD): channels_last gives the contiguous scores and gradients."""
     from vocoder.discriminators import PeriodDiscriminator
 
+    precision = torch.backends.cudnn.conv.fp32_precision
     torch.backends.cudnn.conv.fp32_precision = "ieee"  # compare fp32 with fp32, not TF32
-    torch.manual_seed(0)
-    critic = PeriodDiscriminator(3).to(CUDA)
-    y = torch.randn(2, 1, 8192, device=CUDA)
-    outs = []
-    for fmt in (torch.contiguous_format, torch.channels_last):
-        critic.to(memory_format=fmt)
-        critic.zero_grad()
-        score, fmap = critic(y)
-        (score.sum() + sum(f.sum() for f in fmap)).backward()
-        outs.append((score.detach().clone(), [p.grad.clone() for p in critic.parameters()]))
+    try:
+        torch.manual_seed(0)
+        critic = PeriodDiscriminator(3).to(CUDA)
+        y = torch.randn(2, 1, 8192, device=CUDA)
+        outs = []
+        for fmt in (torch.contiguous_format, torch.channels_last):
+            critic.to(memory_format=fmt)
+            critic.zero_grad()
+            score, fmap = critic(y)
+            (score.sum() + sum(f.sum() for f in fmap)).backward()
+            outs.append((score.detach().clone(), [p.grad.clone() for p in critic.parameters()]))
+    finally:
+        torch.backends.cudnn.conv.fp32_precision = precision
     torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-4, atol=1e-5)
     for g0, g1 in zip(outs[0][1], outs[1][1], strict=True):
-        torch.testing.assert_close(g0, g1, rtol=1e-3, atol=1e-4)
+        # a weight gradient sums thousands of products, in another order per layout's kernel: its rounding
+        # scales with the tensor, not the element (the H200 saw 2.7e-4 on one element of 0.11; a layout bug is O(1))
+        torch.testing.assert_close(g0, g1, rtol=1e-3, atol=1e-3 * g0.abs().max().item())
 
 
 def test_vae_pinned_memory_loading_with_workers(tiny_data, tmp_path):
