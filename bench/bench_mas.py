@@ -5,7 +5,9 @@ For each (tokens x frames) size, batch 64 by default, each item's lengths drawn 
 the padded size (a length bucket): ms per call of `maximum_path_numba` and of `maximum_path_torch` (float64,
 the default, and float32), and numba / torch (above 1: torch is faster). On CUDA numba's time includes
 the copies to the host and back, and the wait for the GPU, as the training step pays it. Each size also
-checks that the two paths are equal (float64).
+checks that the two paths are equal (float64), and counts the ops one torch call dispatches: on a GPU each is
+a kernel launch, and a loop of small launches is bound by them, not by the arithmetic (the CPU's time says
+little about the GPU's there).
 
     python -m bench.bench_mas [--batch 64] [--sizes 60x172,100x344,200x688,300x1034] [--repeats 3]
                               [--device cpu|cuda|all] [--threads 1]
@@ -16,6 +18,8 @@ from __future__ import annotations
 import argparse
 
 import torch
+
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench.timing import seconds_per_step
 from tts.alignment import implementation_for, maximum_path_numba, maximum_path_torch
@@ -35,6 +39,32 @@ def batch_at(batch: int, n_text: int, n_frames: int, device: torch.device,
     return value.to(device), mask.float().to(device)
 
 
+class OpCount(TorchDispatchMode):
+    """Counts the ATen ops dispatched inside it: all of them (`dispatches`: each costs the host a few µs,
+    which bounds a loop of small ops) and those that compute (`ops`: about one kernel launch each on a GPU;
+    views such as slices and permutes launch nothing)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = self.dispatches = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.dispatches += 1
+        self.ops += not func.is_view
+        return func(*args, **(kwargs or {}))
+
+
+def ops_per_call(fn, *args) -> int:
+    """Computing ops (kernel launches on a GPU) of one call of `fn`."""
+    return op_count(fn, *args).ops
+
+
+def op_count(fn, *args) -> OpCount:
+    with OpCount() as count:
+        fn(*args)
+    return count
+
+
 def measure(device: torch.device, sizes: list[tuple[int, int]], batch: int, repeats: int) -> list[dict]:
     rows = []
     for n_text, n_frames in sizes:
@@ -43,9 +73,12 @@ def measure(device: torch.device, sizes: list[tuple[int, int]], batch: int, repe
         ms = {name: 1000 * seconds_per_step(lambda fn=fn, v=value, m=mask: fn(v, m), repeats, device)
               for name, fn in (("numba", maximum_path_numba), ("torch_fp64", maximum_path_torch),
                                ("torch_fp32", lambda v, m: maximum_path_torch(v, m, dtype=torch.float32)))}
-        rows.append({"device": device.type, "size": f"{n_text}x{n_frames}", "same": same, **ms})
+        count = op_count(maximum_path_torch, value, mask)
+        rows.append({"device": device.type, "size": f"{n_text}x{n_frames}", "same": same, "ops": count.ops,
+                     "dispatches": count.dispatches, **ms})
         print(f"{device.type} {n_text}x{n_frames}: numba {ms['numba']:.1f} ms, torch fp64 {ms['torch_fp64']:.1f} ms, "
-              f"fp32 {ms['torch_fp32']:.1f} ms, same path {same}", flush=True)
+              f"fp32 {ms['torch_fp32']:.1f} ms, torch {count.ops} kernels / {count.dispatches} dispatches a call, "
+              f"same path {same}", flush=True)
     return rows
 
 
@@ -65,12 +98,14 @@ def main(argv: list[str] | None = None) -> int:
     rows = [row for device in devices for row in measure(device, sizes, args.batch, args.repeats)]
     print(f"\nbatch {args.batch}, ms per call (mean of {args.repeats} after one warm-up), torch threads {args.threads}; "
           "ratio = numba / torch fp64 (above 1: torch faster)")
-    print("| device | tokens x frames | numba | torch fp64 | torch fp32 | numba / torch | same path | maximum_path uses |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| device | tokens x frames | numba | torch fp64 | torch fp32 | numba / torch | torch kernels / dispatches a call "
+          "| same path "
+          "| maximum_path uses |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         used = implementation_for(torch.device(r["device"])).__name__
         print(f"| {r['device']} | {r['size']} | {r['numba']:.1f} | {r['torch_fp64']:.1f} | {r['torch_fp32']:.1f} | "
-              f"{r['numba'] / r['torch_fp64']:.2f}x | {'yes' if r['same'] else 'NO'} | {used} |")
+              f"{r['numba'] / r['torch_fp64']:.2f}x | {r['ops']} / {r['dispatches']} | {'yes' if r['same'] else 'NO'} | {used} |")
     return 0
 
 

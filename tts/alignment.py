@@ -8,9 +8,9 @@ for the gradient, as in the paper).
 
 Two implementations give the same path (same values in float64, same tie rule):
 - `maximum_path_numba`: item by item on the CPU (no C extension to build; numba ships with librosa);
-- `maximum_path_torch`: the whole batch at once, one loop step per frame of vectorised ops over
-  [B, T_text], on the tensors' own device: on a GPU no copy to the host and no host sync, so the
-  training step does not stall on MAS.
+- `maximum_path_torch`: the whole batch at once, one loop step per frame of two vectorised ops over
+  [B, T_text] and a backtrack of ~log2(frames) ops, on the tensors' own device: on a GPU no copy to the
+  host and no host sync, so the training step does not stall on MAS.
 `maximum_path` picks one by device (`implementation_for`).
 """
 
@@ -82,23 +82,23 @@ def maximum_path_torch(neg_cent: torch.Tensor, mask: torch.Tensor,
                        dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """`maximum_path` for the whole batch in PyTorch, on ``neg_cent``'s device: no host copy, no sync.
 
-    The same recursion as `_maximum_path_one`, a loop over frames whose every step is a few ops over
-    all items and tokens at once ([B, T_text]); items of different lengths run side by side, each
-    kept inside its own band of reachable cells (token i on frame j needs i <= j, and enough frames
-    left for the tokens after it). Only the running column of scores is kept, in ``dtype``; the
-    backtrack needs one bool per cell (did the path come from the previous token?), then walks the
-    frames backwards for all items at once. Cells outside an item's band score exactly -1e9, as in
-    the numba version, so even degenerate inputs give the same path.
+    The same recursion as `_maximum_path_one`, a loop over frames whose every step is two ops over all
+    items and tokens at once ([B, T_text]): the better of "stay" and "move", plus the frame's scores.
+    Items of different lengths run side by side, each inside its own band of reachable cells (token i on
+    frame j needs i <= j, and enough frames left for the tokens after it); cells outside it score -inf
+    (numba's -1e9: both lose every comparison to a reachable cell, and every reachable cell has a
+    reachable predecessor). Every frame's scores are kept, so the directions (did the path come from the
+    previous token?) are one op after the loop, and the backtrack is ~log2(T_frames) rounds of composing
+    the frames' token maps (pointer doubling) instead of a second loop over frames. On a GPU such a loop
+    is bound by kernel launches, not arithmetic: the third lent H200 timed the earlier six-ops-a-frame
+    version at 93 ms of a 0.50-s VITS step (batch 64 x 208 tokens x 704 frames).
 
     ``dtype`` float64 (default) gives the numba path exactly: both add the same float32 inputs in
     float64 in the same order, and ties break the same way (the path stays on its token unless the
-    previous token scored strictly more: numba's ``value[i, j-1] < value[i-1, j-1]``). In float32
-    the sums round differently, so a near-tie (scores within float32 rounding) can flip. The
-    float64 cost is only the [B, T_text] column: per frame a few ops on ~20k numbers, which GPU
-    kernel launches dominate, not the arithmetic (even at consumer cards' 1/64 float64 rate).
-    (On the CPU float32 measured no faster; bench/README.md.) Memory: a float32 copy of the scores
-    (frames first) and about four one-byte tensors of that size (band, directions, path): ~160 MB
-    beside the output at batch 64 x 300 tokens x 1034 frames.
+    previous token scored strictly more: numba's ``value[i, j-1] < value[i-1, j-1]``). In float32 the
+    sums round differently, so a near-tie can flip. Memory at batch 64 x 300 tokens x 1034 frames: the
+    kept scores and a copy of the inputs (160 MB each in float64), then the token maps of the backtrack
+    (160 MB of int64, twice while composing) and a few one-byte tensors of that size.
     """
     if neg_cent.dim() != 3:
         raise ValueError(f"neg_cent must be [B, T_text, T_frames], got shape {tuple(neg_cent.shape)}")
@@ -108,33 +108,45 @@ def maximum_path_torch(neg_cent: torch.Tensor, mask: torch.Tensor,
         return torch.zeros_like(neg_cent)
     mask = mask.detach().expand_as(neg_cent)
     t_texts, t_frames = _lengths(mask)
-    # float32 as numba reads them, 0 outside the mask; frames first so each step reads one block
-    x = neg_cent.detach().float().masked_fill(mask == 0, 0.0).permute(2, 0, 1).contiguous()
     tok = torch.arange(n_text, device=device)
     frame = torch.arange(n_frames, device=device)[:, None, None]
     # [T_frames, B, T_text]: the cells a path of this item can pass through (empty for an empty item)
     band = (tok <= frame) & (tok >= (t_texts - t_frames)[:, None] + frame) & (tok < t_texts[:, None])
+    # float32 as numba reads them (0 outside the mask), then in ``dtype`` (an add of two dtypes would cast
+    # every frame: one more op each), -inf outside the band; frames first
+    x = neg_cent.detach().float().masked_fill(mask == 0, 0.0).to(dtype).permute(2, 0, 1)
+    x = x.masked_fill(~band, float("-inf"))
 
-    # score[:, 1 + i]: best score of a path ending on token i at the previous frame; column 0 is a
-    # token before the first one (never reachable), so "come from token i-1" is a shifted view.
-    score = torch.full((b, n_text + 1), _NEG, dtype=dtype, device=device)
-    score[:, 1] = 0.0  # before frame 0 the path stands on token 0
-    neg = torch.full((), _NEG, dtype=dtype, device=device)  # made on the device: no host copy
-    from_prev = torch.empty((n_frames, b, n_text), dtype=torch.bool, device=device)
-    for j in range(n_frames):
-        stay, move = score[:, 1:], score[:, :-1]
-        torch.lt(stay, move, out=from_prev[j])  # the previous token strictly better: the tie rule
-        best = torch.maximum(stay, move)
-        torch.where(band[j], x[j] + best, neg, out=score[:, 1:])
+    # score[j, :, 1 + i]: best score of a path on token i after frame j - 1 (row 0: before frame 0, where the
+    # path stands on token 0); column 0 is a token before the first one, never reachable, so "come from
+    # token i-1" is the same rows shifted by one column.
+    score = torch.full((n_frames + 1, b, n_text + 1), float("-inf"), dtype=dtype, device=device)
+    score[0, :, 1] = 0.0
+    stay, move, new = score[:-1, :, 1:].unbind(0), score[:-1, :, :-1].unbind(0), score[1:, :, 1:].unbind(0)
+    best = torch.empty((b, n_text), dtype=dtype, device=device)
+    for j, x_j in enumerate(x.unbind(0)):
+        torch.maximum(stay[j], move[j], out=best)
+        torch.add(best, x_j, out=new[j])
+    from_prev = score[:-1, :, 1:] < score[:-1, :, :-1]  # the previous token strictly better: the tie rule
+    del score
 
-    # numba's backtrack steps down a token at (i, j) iff i > 0 and (i == j or from_prev);
-    # outside the band (frames past an item's end) it never steps, so each item starts at its own end
-    step_down = ((from_prev | (tok == frame)) & (tok > 0) & band).to(torch.uint8)  # a number to subtract
-    token = torch.empty((n_frames, b), dtype=torch.long, device=device)  # token of each frame
-    token[-1] = (t_texts - 1).clamp(min=0)
-    for j in range(n_frames - 1, 0, -1):
-        torch.sub(token[j], step_down[j].gather(1, token[j, :, None]).squeeze(1), out=token[j - 1])
-    path = (tok == token[:, :, None]) & band
+    # numba's backtrack steps down a token at (i, j) iff i > 0 and (i == j or from_prev); outside the band
+    # (frames past an item's end) it never steps, so each item starts at its own end. back[j][i]: the token
+    # on frame j given token i on frame j + 1 (the last frame maps to itself); composing these maps in
+    # doubling strides makes back[j] the map from the last frame to frame j.
+    step_down = (from_prev | (tok == frame)) & (tok > 0) & band
+    back = torch.cat([tok - step_down[1:].long(), tok.expand(1, b, n_text)])
+    spare = torch.empty_like(back)
+    stride = 1
+    while stride < n_frames:  # frames within `stride` of the last already map from it
+        torch.gather(back[:-stride], 2, back[stride:], out=spare[:-stride])
+        spare[-stride:] = back[-stride:]
+        back, spare = spare, back
+        stride *= 2
+    del spare
+    last = (t_texts - 1).clamp(min=0)
+    token = back.gather(2, last[None, :, None].expand(n_frames, b, 1))  # [T_frames, B, 1]
+    path = (tok == token) & band
     return path.permute(1, 2, 0).to(neg_cent.dtype).contiguous()
 
 
