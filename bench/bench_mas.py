@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 
 import torch
-
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench.timing import seconds_per_step
