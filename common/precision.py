@@ -17,6 +17,7 @@ import contextlib
 import importlib.util
 import os
 import shutil
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ import torch
 from torch import nn
 
 from common.distributed import DistInfo, wrap_ddp
+from common.errors import ConfigError
 
 PRECISIONS = ("32-true", "16-mixed", "bf16-mixed")
 _ALIASES = {
@@ -115,6 +117,10 @@ class MixedPrecisionSwitch:
         return dtype if below_mixed and dtype else below
 
 
+# CUDA graph trees run a compiled function once to warm up, record it the second time, replay from the third
+CUDA_GRAPHS_RECORDED_AFTER = 2
+
+
 def compile_unavailable(device: torch.device) -> str | None:
     """Why `torch.compile` cannot work on `device` here, or None. Inductor writes Triton kernels for CUDA
     and C++ for the CPU: PyTorch ships no Triton for Windows, and no C++ compiler anywhere."""
@@ -141,6 +147,7 @@ class Precision:
         channels_last: bool = False,
         compile: bool = False,
         deterministic: bool = False,
+        cuda_graphs: bool = False,
     ) -> None:
         self.device = torch.device(device)
         self.applied: list[str] = []
@@ -188,6 +195,42 @@ class Precision:
             self.notes.append(f"torch.compile requested but {why_not}: the model trains eager")
         elif compile:
             self.applied.append("torch.compile on the model")
+        self.cuda_graphs = self._check_cuda_graphs(cuda_graphs, compile, is_cuda)
+
+    def _check_cuda_graphs(self, asked: bool, compile: bool, is_cuda: bool) -> bool:
+        """CUDA graphs through torch.compile's "reduce-overhead" mode (its CUDA graph trees: each compiled
+        forward and backward replayed as one graph, no launch per kernel). Refused, in one line, where it
+        would change nothing: without compile, or off CUDA."""
+        if not asked:
+            return False
+        if not compile:
+            raise ConfigError("cuda_graphs: true needs compile: true (the graphs are torch.compile's "
+                              "reduce-overhead mode); set compile: true, or drop cuda_graphs")
+        if not is_cuda:
+            raise ConfigError(f"cuda_graphs: CUDA graphs need a CUDA device and this run is on {self.device.type}; "
+                              "drop cuda_graphs (compile alone works here)")
+        if self.compile:  # (compile can still have been turned off above: no Triton)
+            self.applied.append("CUDA graphs (torch.compile mode reduce-overhead)")
+        return self.compile
+
+    def step_begin(self) -> None:
+        """Marks a new training step for the CUDA graph trees: the outputs of the last step's replays may be
+        overwritten from here on (without it a graph replayed twice across steps refuses to run). Once the
+        graphs are recorded (a warm-up step, a recording step), says whether torch.compile ran any compiled
+        graph without them: it skips them quietly (a mutated input, a CPU tensor inside), and the key would
+        then change nothing."""
+        if not self.cuda_graphs:
+            return
+        torch.compiler.cudagraph_mark_step_begin()
+        self._graph_steps = getattr(self, "_graph_steps", 0) + 1
+        if self._graph_steps == CUDA_GRAPHS_RECORDED_AFTER + 1:
+            from torch._dynamo.utils import counters
+
+            skipped = counters["inductor"]["cudagraph_skips"]
+            if skipped:
+                warnings.warn(f"cuda_graphs: torch.compile ran {skipped} compiled graph(s) of this process without "
+                              "CUDA graphs (TORCH_LOGS=cudagraphs names why); they run as compiled kernels",
+                              stacklevel=2)
 
     def _make_deterministic(self, is_cuda: bool, cudnn_benchmark: bool) -> None:
         """Same inputs → same results run to run: deterministic kernels (a warning names any op that
@@ -225,7 +268,7 @@ class Precision:
         if info is not None:
             model = wrap_ddp(model, info)
         if self.compile:
-            model = torch.compile(model)
+            model = torch.compile(model, mode="reduce-overhead" if self.cuda_graphs else None)
         return model
 
     def prepare_input(self, x: torch.Tensor) -> torch.Tensor:

@@ -293,6 +293,10 @@ class VocoderConfig(CadenceKeys):
     # torch.compile the generator and the critics (fixed-shape crops; Precision.prepare_model). Off: 1.04x on the
     # CPU in bf16 after ~400 s of compiling, 1.01x in fp32 on an H200 after 123 s (bench/README.md, "Fast-path keys")
     compile: bool = False
+    # CUDA only, with compile: torch.compile's reduce-overhead mode, which replays the generator's and critics'
+    # compiled forward and backward as CUDA graphs (one launch, not one per kernel; the step is sync-free and its
+    # crops fixed, what graphs need). Off: not yet measured on a card (bench/README.md, "Fast-path keys")
+    cuda_graphs: bool = False
     # The MPD's 2-D convs (the only 4-D ones besides the MRD's) on channels_last (NHWC) activations
     # (vocoder/discriminators.py). Same numbers in fp32 (tests/vocoder/test_fast_path.py). Off: slower on the CPU
     # (0.85x fp32, 0.93x bf16), and a CPU figure cannot decide a GPU default; gpu-check's vocoder "plain +
@@ -343,6 +347,9 @@ class VocoderConfig(CadenceKeys):
         if self.mpd_channels_last and "mpd" not in self.discriminator_names:  # it would change nothing
             raise ValueError(f"mpd_channels_last: the critics are {self.discriminator_names}, with no mpd; drop the "
                              "key, or add mpd to model_args.discriminators")
+        if self.cuda_graphs and self.pc_aug:  # a graph's outputs are its replay's: the second call would overwrite them
+            raise ValueError("cuda_graphs with pc_aug: pc_aug runs the generator several times a step, and a CUDA "
+                             "graph's outputs are overwritten by its next replay; drop one of the two")
         if self.aug_min > self.aug_max:
             raise ValueError(f"aug_min ({self.aug_min}) must be <= aug_max ({self.aug_max})")
         for name in ("generator_optimizer_args", "discriminator_optimizer_args"):

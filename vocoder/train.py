@@ -76,7 +76,8 @@ class VocoderTrainer:
             raise ConfigError("pc_aug runs the generator several times per step, which DDP does not support here; "
                               "train pc_aug on one GPU")
         self.precision = Precision(cfg.precision, self.device, tf32=cfg.tf32,
-                                   cudnn_benchmark=cfg.cudnn_benchmark, compile=cfg.compile)
+                                   cudnn_benchmark=cfg.cudnn_benchmark, compile=cfg.compile,
+                                   cuda_graphs=cfg.cuda_graphs)
         self.train_set, self.valid_set, self.sampler, self.loader = build_data(cfg, data_dir, self.info.world_size,
                                                                                 self.device)
         self.data_source = read_data_source(data_dir)  # carried in the checkpoints into every export's card
@@ -148,6 +149,7 @@ class VocoderTrainer:
 
     def train_step(self, batch: dict) -> dict:
         cfg, dev = self.cfg, self.device
+        self.precision.step_begin()
         mel = batch["mel"].to(dev, non_blocking=True)
         f0 = batch["f0"].to(dev, non_blocking=True)
         real = batch["audio"].to(dev, non_blocking=True)

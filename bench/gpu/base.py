@@ -22,6 +22,7 @@ NA_CPU = {
     "torch.compile": "n/a on CPU: compiling takes minutes here and gained nothing on conv1d (DESIGN.md); "
                      "the GPU run measures it",
     "cudnn benchmark": "n/a on CPU: cuDNN autotuning is CUDA's",
+    "torch.compile + CUDA graphs": "n/a on CPU: CUDA graphs are CUDA's (the vocoder's cuda_graphs key refuses a CPU)",
 }
 
 

@@ -106,7 +106,8 @@ class Vocoder(TrainerSpec):
             "TF32": ["tf32=true"],
             # the MPD's 2-D convs (the generator's are 1-D); the critics named are base's own
             "channels_last": ["model_args.discriminators=[mpd,msd]", "mpd_channels_last=true"],
-            "torch.compile": ["compile=true"], "cudnn benchmark": ["cudnn_benchmark=true"]},
+            "torch.compile": ["compile=true"], "cudnn benchmark": ["cudnn_benchmark=true"],
+            "torch.compile + CUDA graphs": ["compile=true", "cuda_graphs=true"]},
             plain=["precision=32-true", "tf32=false", "compile=false", "cudnn_benchmark=false",
                    "mpd_channels_last=false"], full_items=256,
             # the tiny critics are fast_mpd only and mpd_channels_last needs an MPD: the MPD alone (with base's

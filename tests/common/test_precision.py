@@ -134,3 +134,47 @@ def test_compile_where_it_cannot_work_trains_eager_and_says_so(monkeypatch):
     monkeypatch.undo()
     if compile_unavailable(torch.device("cpu")) is None:  # this machine has a compiler: compile is kept
         assert Precision("32-true", "cpu", compile=True).compile is True
+
+
+def test_cuda_graphs_are_compiles_reduce_overhead_mode_and_refused_where_they_change_nothing(monkeypatch):
+    """`cuda_graphs`: torch.compile(mode="reduce-overhead") on CUDA, each step marked for the graph trees, and a
+    warning once the graphs are recorded if torch.compile ran any graph without them; without compile, or off
+    CUDA, one line naming the key. (The graphs themselves: tests/cuda/test_cuda_training.py on a GPU.)"""
+    import warnings
+
+    from torch._dynamo.utils import counters
+
+    from common import precision as prec
+    from common.precision import CUDA_GRAPHS_RECORDED_AFTER, Precision
+
+    with pytest.raises(ConfigError, match="cuda_graphs: true needs compile: true"):
+        Precision("32-true", "cpu", cuda_graphs=True)
+    with pytest.raises(ConfigError, match="cuda_graphs: CUDA graphs need a CUDA device and this run is on cpu"):
+        Precision("32-true", "cpu", compile=True, cuda_graphs=True)
+    assert Precision("32-true", "cpu", compile=True).cuda_graphs is False
+
+    # on CUDA (flags only: nothing here touches a device), torch.compile and the step mark recorded
+    monkeypatch.setattr(prec, "compile_unavailable", lambda device: None)
+    modes, marks = [], []
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None: modes.append(mode) or model)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    saved = torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision
+    try:
+        p = Precision("32-true", "cuda", compile=True, cuda_graphs=True)
+        q = Precision("32-true", "cuda", compile=True)
+    finally:
+        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = saved
+    assert p.cuda_graphs and "applied: CUDA graphs (torch.compile mode reduce-overhead)" in p.report()
+    p.prepare_model(torch.nn.Linear(2, 2))
+    q.prepare_model(torch.nn.Linear(2, 2))
+    assert modes == ["reduce-overhead", None]
+    q.step_begin()
+    assert marks == []  # compile alone marks nothing
+    monkeypatch.setitem(counters["inductor"], "cudagraph_skips", 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(CUDA_GRAPHS_RECORDED_AFTER + 3):
+            p.step_begin()
+    assert len(marks) == CUDA_GRAPHS_RECORDED_AFTER + 3
+    said = [str(w.message) for w in caught]
+    assert len(said) == 1 and said[0].startswith("cuda_graphs: torch.compile ran 2 compiled graph(s)")

@@ -48,6 +48,18 @@ def test_vocoder_compiled_bf16(tiny_data, tmp_path):
     assert all(all_finite(m) for m in checkpoint_models(tmp_path / "run"))
 
 
+def test_vocoder_cuda_graphs_bf16(tiny_data, tmp_path):
+    """compile + cuda_graphs (torch.compile's reduce-overhead mode): six steps (a warm-up run, the recording,
+    replays across steps), finite weights, and no compiled graph of the run ran without CUDA graphs."""
+    from torch._dynamo.utils import counters
+
+    counters["inductor"]["cudagraph_skips"] = 0
+    assert train("vocoder", tiny_data("vocoder"), tmp_path / "run", "compile=true", "cuda_graphs=true",
+                 "precision=bf16-mixed", steps=6) == 0
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    assert all(all_finite(m) for m in checkpoint_models(tmp_path / "run"))
+
+
 def _states(ckpt: Path) -> dict:
     c = load_checkpoint(ckpt)
     return {"models": c["models"], "optimizers": c["optimizers"], "counters": c["counters"]}

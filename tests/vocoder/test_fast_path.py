@@ -63,6 +63,24 @@ def test_mpd_channels_last_key_reaches_every_period_critic_and_needs_an_mpd():
         tiny_config("mpd_channels_last=true")
 
 
+def test_cuda_graphs_on_a_cpu_or_with_pc_aug_is_one_line_naming_the_key(tiny_data, tmp_path, capsys):
+    """On the CPU `cuda_graphs` would change nothing: the command stops with exit 2 and one line, before any
+    data is read; with pc_aug (the generator several times a step) the config refuses it."""
+    from vocoder.train import main as train_main
+
+    from .conftest import TINY_YAML
+
+    argv = ["--config", str(TINY_YAML), "--data_dir", str(tiny_data), "--run_dir", str(tmp_path / "run"),
+            "--device", "cpu", "--set", "max_updates=1", "--set", "compile=true", "--set", "cuda_graphs=true"]
+    assert train_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert any(line.endswith("cuda_graphs: CUDA graphs need a CUDA device and this run is on cpu; drop cuda_graphs "
+                             "(compile alone works here)") for line in err), err
+    assert not (tmp_path / "run" / "checkpoints").exists()
+    with pytest.raises((ConfigError, ValueError), match="cuda_graphs with pc_aug"):
+        tiny_config("cuda_graphs=true", "pc_aug=true", "model_args.mini_nsf=true")
+
+
 NO_COMPILE = pytest.mark.skipif(compile_unavailable(torch.device("cpu")) is not None,
                                 reason="torch.compile unavailable here (no C++ compiler)")
 
