@@ -75,6 +75,9 @@ class VocoderTrainer:
         if cfg.pc_aug and self.info.world_size > 1:
             raise ConfigError("pc_aug runs the generator several times per step, which DDP does not support here; "
                               "train pc_aug on one GPU")
+        if cfg.cuda_graphs and self.info.world_size > 1:  # untried: DDP's gradient hooks beside the graph trees
+            raise ConfigError("cuda_graphs under torchrun is not supported yet (DDP's all-reduce beside CUDA graph "
+                              "trees is untried); train it on one GPU, or drop cuda_graphs")
         self.precision = Precision(cfg.precision, self.device, tf32=cfg.tf32,
                                    cudnn_benchmark=cfg.cudnn_benchmark, compile=cfg.compile,
                                    cuda_graphs=cfg.cuda_graphs)
