@@ -81,6 +81,16 @@ def test_cuda_graphs_on_a_cpu_or_with_pc_aug_is_one_line_naming_the_key(tiny_dat
         tiny_config("cuda_graphs=true", "pc_aug=true", "model_args.mini_nsf=true")
 
 
+def test_cuda_graphs_under_torchrun_is_refused(tiny_data, tmp_path, monkeypatch):
+    from common import distributed
+    from common.distributed import DistInfo
+
+    two = DistInfo(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"), enabled=True)
+    monkeypatch.setattr(distributed, "setup_distributed", lambda device=None: two)
+    with pytest.raises(ConfigError, match="cuda_graphs under torchrun is not supported yet"):
+        VocoderTrainer(tiny_config("compile=true", "cuda_graphs=true"), tiny_data, tmp_path, **QUIET)
+
+
 NO_COMPILE = pytest.mark.skipif(compile_unavailable(torch.device("cpu")) is not None,
                                 reason="torch.compile unavailable here (no C++ compiler)")
 
