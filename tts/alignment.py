@@ -113,9 +113,9 @@ def maximum_path_torch(neg_cent: torch.Tensor, mask: torch.Tensor,
     # [T_frames, B, T_text]: the cells a path of this item can pass through (empty for an empty item)
     band = (tok <= frame) & (tok >= (t_texts - t_frames)[:, None] + frame) & (tok < t_texts[:, None])
     # float32 as numba reads them (0 outside the mask), then in ``dtype`` (an add of two dtypes would cast
-    # every frame: one more op each), -inf outside the band; frames first
-    x = neg_cent.detach().float().masked_fill(mask == 0, 0.0).to(dtype).permute(2, 0, 1)
-    x = x.masked_fill(~band, float("-inf"))
+    # every frame: one more op each), -inf outside the band; frames first, so each frame is one block
+    x = neg_cent.detach().float().masked_fill(mask == 0, 0.0).to(dtype).permute(2, 0, 1).contiguous()
+    x.masked_fill_(~band, float("-inf"))
 
     # score[j, :, 1 + i]: best score of a path on token i after frame j - 1 (row 0: before frame 0, where the
     # path stands on token 0); column 0 is a token before the first one, never reachable, so "come from

@@ -1,6 +1,7 @@
 """Exact resume across fresh processes, and DDP replicas staying equal (2-process gloo)."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,12 +34,20 @@ def run_torchrun(args: list[str], timeout: int = 300) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+def resume_copy(straight: Path, split: Path, step: int) -> None:
+    """`split` holds `straight`'s checkpoint of `step` alone, as a run stopped there would."""
+    ckpt = f"model_{step:08d}.pt"
+    (split / "ckpt").mkdir(parents=True)
+    shutil.copy2(straight / "ckpt" / ckpt, split / "ckpt" / ckpt)
+
+
 def test_exact_resume_is_bitwise_with_loader_workers(tmp_path):
-    # 14 steps with batch 4 over 40 samples: the stop (step 7) is mid-epoch.
-    run("--run_dir", str(tmp_path / "straight"), "--steps", "14")
-    run("--run_dir", str(tmp_path / "split"), "--steps", "14", "--stop_after", "7")
-    assert (tmp_path / "split" / "ckpt" / "model_00000007.pt").is_file()
-    run("--run_dir", str(tmp_path / "split"), "--steps", "14", "--resume", "auto")
+    # 14 steps with batch 4 over 40 samples: the checkpoint (step 7) is mid-epoch. The straight run saves it and
+    # goes on; a fresh process resumes a folder holding only that checkpoint.
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    run("--run_dir", str(straight), "--steps", "14", "--save_at", "7")
+    resume_copy(straight, split, 7)
+    run("--run_dir", str(split), "--steps", "14", "--resume", "auto")
     a = load_checkpoint(tmp_path / "straight" / "final.pt")
     b = load_checkpoint(tmp_path / "split" / "final.pt")
     for pa, pb in zip(a["params"], b["params"]):
@@ -51,11 +60,13 @@ def test_exact_resume_is_bitwise_with_loader_workers(tmp_path):
 
 
 def test_two_process_gloo_ddp_keeps_replicas_equal_and_resumes_exactly(tmp_path):
-    """A straight 2-process run keeps both replicas equal (and trains); then a stop at step 3 and
-    `--resume auto` under torchrun (rank 0 picks the checkpoint, every rank takes its answer): both
-    replicas end equal and equal to the straight run of the same steps."""
+    """A straight 2-process run keeps both replicas equal (and trains); then `--resume auto` under torchrun from
+    its checkpoint of step 3 (rank 0 picks the checkpoint, every rank takes its answer): both replicas end equal
+    and equal to the straight run of the same steps. (A stop's own save is the same `save`: the loader-workers
+    test above and tests/test_run_contract.py stop real trainers.)"""
     straight, split = tmp_path / "straight", tmp_path / "split"
-    run_torchrun(["--master_port", "29519", SCRIPT, "--run_dir", str(straight), "--steps", "6", "--workers", "0"])
+    run_torchrun(["--master_port", "29519", SCRIPT, "--run_dir", str(straight), "--steps", "6", "--save_at", "3",
+                  "--workers", "0"])
     rank0, rank1 = load_checkpoint(straight / "final.pt")["all_ranks"]
     assert len(rank0) == len(rank1) > 0
     assert all(torch.equal(a, b) for a, b in zip(rank0, rank1))
@@ -63,8 +74,7 @@ def test_two_process_gloo_ddp_keeps_replicas_equal_and_resumes_exactly(tmp_path)
     initial = torch.nn.Linear(16, 32)  # toy_train.build_model's first layer at its seed
     assert not torch.equal(initial.weight, rank0[0])  # it really trained
 
-    run_torchrun(["--master_port", "29519", SCRIPT, "--run_dir", str(split), "--steps", "6", "--stop_after", "3",
-                  "--workers", "0"])
+    resume_copy(straight, split, 3)
     run_torchrun(["--master_port", "29519", SCRIPT, "--run_dir", str(split), "--steps", "6", "--resume", "auto",
                   "--workers", "0"])
     a, b = load_checkpoint(straight / "final.pt"), load_checkpoint(split / "final.pt")

@@ -48,6 +48,8 @@ def main() -> None:
     ap.add_argument("--run_dir", required=True)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--stop_after", type=int, default=None, help="save and exit after this many steps")
+    ap.add_argument("--save_at", type=int, default=None, help="save after this many steps and go on (a copy of the "
+                    "run folder then resumes from there: one process fewer than a stop and a resume)")
     ap.add_argument("--resume", default=None)
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
@@ -83,16 +85,15 @@ def main() -> None:
             losses.append(distributed.all_reduce_mean(loss.detach()).item())
             step += 1
             batch_in_epoch += 1
+            if step == args.save_at:
+                save(manager, info, model, optimizer, scheduler, ema, step, epoch, batch_in_epoch)
             if step == args.stop_after or step >= args.steps:
                 break
         else:
             epoch, batch_in_epoch = epoch + 1, 0
             continue
         if step == args.stop_after:
-            state = make_state({"model": model}, {"opt": optimizer}, {"sched": scheduler}, ema={"ema": ema},
-                               counters={"step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch})
-            if info.is_main:
-                manager.save(state, step)
+            save(manager, info, model, optimizer, scheduler, ema, step, epoch, batch_in_epoch)
             distributed.barrier()  # leave together: a rank tearing gloo down while the other still writes aborts
             distributed.cleanup()
             return
@@ -105,6 +106,14 @@ def main() -> None:
         (out / "losses.json").write_text(json.dumps(losses))
     distributed.barrier()  # as above: rank 1 must not destroy the process group while rank 0 still writes
     distributed.cleanup()
+
+
+def save(manager: CheckpointManager, info, model, optimizer, scheduler, ema, step: int, epoch: int,
+         batch_in_epoch: int) -> None:
+    state = make_state({"model": model}, {"opt": optimizer}, {"sched": scheduler}, ema={"ema": ema},
+                       counters={"step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch})
+    if info.is_main:
+        manager.save(state, step)
 
 
 if __name__ == "__main__":
