@@ -14,12 +14,13 @@ unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup test lint serve demo bench bench-learning check clean-demo gpu-check gpu-wheels
 
-$(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
+$(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml shell/warm_caches.py
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q --no-compile -r requirements.txt  # no byte-compiling all of torch up front (~25 s): imports compile what they use
 	$(PY) -m pip install -q --no-compile --no-deps -r requirements-nodeps.txt  # their dependencies are not needed (the file says why)
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PY) shell/warm_caches.py  # the byte-code and numba caches every run uses, once (~10 s; the file says why)
 	@touch $@
 
 # Debian packages for demo speech: espeak-ng (voice `uz`) and sox; installed only where missing.
