@@ -53,12 +53,8 @@ class OpCount(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def ops_per_call(fn, *args) -> int:
-    """Computing ops (kernel launches on a GPU) of one call of `fn`."""
-    return op_count(fn, *args).ops
-
-
 def op_count(fn, *args) -> OpCount:
+    """The ops one call of `fn` dispatches."""
     with OpCount() as count:
         fn(*args)
     return count
@@ -97,9 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = [row for device in devices for row in measure(device, sizes, args.batch, args.repeats)]
     print(f"\nbatch {args.batch}, ms per call (mean of {args.repeats} after one warm-up), torch threads {args.threads}; "
           "ratio = numba / torch fp64 (above 1: torch faster)")
-    print("| device | tokens x frames | numba | torch fp64 | torch fp32 | numba / torch | torch kernels / dispatches a call "
-          "| same path "
-          "| maximum_path uses |")
+    print("| device | tokens x frames | numba | torch fp64 | torch fp32 | numba / torch "
+          "| torch kernels / dispatches a call | same path | maximum_path uses |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         used = implementation_for(torch.device(r["device"])).__name__

@@ -196,6 +196,7 @@ class Precision:
         elif compile:
             self.applied.append("torch.compile on the model")
         self.cuda_graphs = self._check_cuda_graphs(cuda_graphs, compile, is_cuda)
+        self._graph_steps = 0  # training steps marked for the CUDA graph trees (`step_begin`)
 
     def _check_cuda_graphs(self, asked: bool, compile: bool, is_cuda: bool) -> bool:
         """CUDA graphs through torch.compile's "reduce-overhead" mode (its CUDA graph trees: each compiled
@@ -222,7 +223,7 @@ class Precision:
         if not self.cuda_graphs:
             return
         torch.compiler.cudagraph_mark_step_begin()
-        self._graph_steps = getattr(self, "_graph_steps", 0) + 1
+        self._graph_steps += 1
         if self._graph_steps == CUDA_GRAPHS_RECORDED_AFTER + 1:
             from torch._dynamo.utils import counters
 

@@ -98,7 +98,11 @@ class Section:
         try:
             yield
         finally:
-            self.data.setdefault("phases_s", {})[name] = round(time.perf_counter() - t0, 2)
+            self.record_phase(name, time.perf_counter() - t0)
+
+    def record_phase(self, name: str, seconds: float) -> None:
+        """One set-up phase's seconds, measured by the caller (a step timed anyway)."""
+        self.data.setdefault("phases_s", {})[name] = round(seconds, 2)
 
     def left_s(self) -> float:
         return self.deadline - time.monotonic()

@@ -100,7 +100,7 @@ def section_reference(chk: Check, sec: Section) -> None:
         for name, step in sides.items():  # interleaved, the same batch: drift in the card's clocks hits both
             seconds, peak = _timed(chk, step, batch)
             if i == 0:  # cuDNN's first calls (ours autotunes every conv), the optimizer states
-                sec.data.setdefault("phases_s", {})[f"first step {name.split(' (')[0]}"] = round(seconds, 2)
+                sec.record_phase(f"first step {name.split(' (')[0]}", seconds)
             if i >= warmup:
                 times[name].append(seconds)
                 peaks[name] = peak if peaks[name] is None else max(peaks[name], peak)

@@ -111,10 +111,10 @@ def test_a_frame_costs_two_ops_and_the_backtrack_a_few_per_doubling():
     """On a GPU every op is a kernel launch and the loop over frames is bound by them (the third lent H200:
     93 ms of a 0.50-s VITS step with six ops a frame): two ops a frame, and a backtrack whose ops grow with
     log2(frames), not with the frames."""
-    from bench.bench_mas import ops_per_call
+    from bench.bench_mas import op_count
 
     g = torch.Generator().manual_seed(0)
     short, long = (torch.randn(2, 8, n, generator=g) for n in (64, 1024))
-    ops_short, ops_long = (ops_per_call(maximum_path_torch, v, torch.ones_like(v)) for v in (short, long))
+    ops_short, ops_long = (op_count(maximum_path_torch, v, torch.ones_like(v)).ops for v in (short, long))
     assert ops_long - ops_short <= 2 * (1024 - 64) + 2 * 4  # 4 more doublings, a gather and a copy each
     assert ops_short <= 2 * 64 + 60  # the band, the inputs, the directions, the path: a fixed few
